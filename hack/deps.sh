@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# deps.sh installs the Debian packages that gpurack's build and tests use, when any is
+# missing. It is idempotent: with everything present it only checks.
+set -euo pipefail
+
+packages=(
+  protobuf-compiler # make generate
+  iproute2          # network namespaces in tests
+  openssl           # cross-checks of signatures and pins
+  ca-certificates
+  git
+  gcc libc6-dev     # cgo: gpuagent links dynamically for NVML
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "deps: Debian packages present"
+  exit 0
+fi
+if [ "$(id -u)" != 0 ]; then
+  echo "deps: missing Debian packages: ${missing[*]}; install them as root: apt-get install ${missing[*]}" >&2
+  exit 1
+fi
+echo "deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -q
+apt-get install -y -q --no-install-recommends "${missing[@]}"

@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# k8s-bins.sh builds the pinned Kubernetes, etcd and test-tool binaries from the Go
+# module proxy into a cache outside the repository, and does nothing for a binary that
+# is already there.
+#
+#   GPURACK_CACHE   cache root            (default: ${XDG_CACHE_HOME:-~/.cache}/gpurack)
+#   GPURACK_K8S_DIR this version's folder (default: $GPURACK_CACHE/k8s/v1.34.2)
+#
+# Layout:  $GPURACK_K8S_DIR/bin/{kube-apiserver,...,etcd,etcdctl,grpcurl,promtool,
+#          protoc-gen-go,protoc-gen-go-grpc,staticcheck}
+#          $GPURACK_K8S_DIR/images/pause.tar  (docker archive, tag $PAUSE_IMAGE)
+#
+# Why a throwaway module: k8s.io/kubernetes and etcd's server carry replace directives,
+# so `go install pkg@version` refuses them. A scratch module that requires them and pins
+# each k8s.io staging module to the matching v0.x release builds them unchanged.
+set -euo pipefail
+
+K8S_VERSION=v1.34.2
+ETCD_VERSION=v3.6.16
+GRPCURL_VERSION=v1.9.4
+PROMETHEUS_VERSION=v0.316.0
+PROTOC_GEN_GO_VERSION=v1.36.12
+PROTOC_GEN_GO_GRPC_VERSION=v1.6.0
+STATICCHECK_VERSION=v0.8.2
+PAUSE_IMAGE=registry.k8s.io/pause:3.10.1
+
+repo=$(cd "$(dirname "$0")/.." && pwd)
+cache=${GPURACK_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpurack}
+dir=${GPURACK_K8S_DIR:-$cache/k8s/$K8S_VERSION}
+bin=$dir/bin
+mkdir -p "$bin" "$dir/images" "$dir/work"
+
+K8S_CMDS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl kubeadm)
+
+log() { printf 'k8s-bins: %s\n' "$*"; }
+need() { [ ! -x "$bin/$1" ]; }
+
+built=0
+started=$(date +%s)
+
+# --- Kubernetes -------------------------------------------------------------------
+missing=()
+for c in "${K8S_CMDS[@]}"; do need "$c" && missing+=("$c"); done
+if [ ${#missing[@]} -gt 0 ]; then
+  log "building Kubernetes $K8S_VERSION: ${missing[*]} (cold: about 6 min on 2 cores)"
+  w=$dir/work/kubernetes
+  mkdir -p "$w"
+  minor=${K8S_VERSION#v1.}; minor=${minor%%.*}
+  staging=v0.${K8S_VERSION#v1.}
+  gomod=$(cd "$w" && GOFLAGS= go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
+  [ -n "$gomod" ] || { echo "k8s-bins: could not download k8s.io/kubernetes@$K8S_VERSION from the Go module proxy (check GOPROXY)" >&2; exit 1; }
+  {
+    echo "module gpurack.local/k8sbuild"
+    echo "go 1.24.0"
+    echo "godebug default=go1.24"
+    echo "require k8s.io/kubernetes $K8S_VERSION"
+    echo "replace ("
+    sed -n 's#^[[:space:]]*\(k8s.io/[^ ]*\) => ./staging/.*#\t\1 => \1 '"$staging"'#p' "$gomod"
+    echo ")"
+  } >"$w/go.mod"
+  log "pinned $(grep -c '=>' "$w/go.mod") staging modules to $staging"
+  vpkgs=(k8s.io/component-base/version k8s.io/client-go/pkg/version)
+  ld="-s -w"
+  for p in "${vpkgs[@]}"; do
+    ld+=" -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor"
+    ld+=" -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
+  done
+  pkgs=()
+  for c in "${missing[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$c"); done
+  (cd "$w" && GOFLAGS=-mod=mod go list -deps "${pkgs[@]}" >/dev/null)
+  (cd "$w" && GOFLAGS=-mod=mod CGO_ENABLED=0 go build -trimpath -ldflags "$ld" -o "$bin/" "${pkgs[@]}")
+  built=$((built + ${#missing[@]}))
+fi
+
+# --- etcd -------------------------------------------------------------------------
+if need etcd || need etcdctl; then
+  log "building etcd $ETCD_VERSION"
+  w=$dir/work/etcd
+  mkdir -p "$w"
+  cat >"$w/go.mod" <<EOF
+module gpurack.local/etcdbuild
+go 1.26.0
+require (
+	go.etcd.io/etcd/server/v3 $ETCD_VERSION
+	go.etcd.io/etcd/etcdctl/v3 $ETCD_VERSION
+)
+EOF
+  (cd "$w" && GOFLAGS=-mod=mod go list -deps go.etcd.io/etcd/server/v3 go.etcd.io/etcd/etcdctl/v3 >/dev/null)
+  (cd "$w" && GOFLAGS=-mod=mod CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$bin/etcd" go.etcd.io/etcd/server/v3)
+  (cd "$w" && GOFLAGS=-mod=mod CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$bin/etcdctl" go.etcd.io/etcd/etcdctl/v3)
+  built=$((built + 2))
+fi
+
+# --- test and code-generation tools ----------------------------------------------
+install_tool() { # name module@version
+  if need "$1"; then
+    log "installing $2"
+    (cd "$dir/work" && GOFLAGS= GOBIN="$bin" CGO_ENABLED=0 go install -trimpath "$2")
+    built=$((built + 1))
+  fi
+}
+install_tool protoc-gen-go "google.golang.org/protobuf/cmd/protoc-gen-go@$PROTOC_GEN_GO_VERSION"
+install_tool protoc-gen-go-grpc "google.golang.org/grpc/cmd/protoc-gen-go-grpc@$PROTOC_GEN_GO_GRPC_VERSION"
+install_tool staticcheck "honnef.co/go/tools/cmd/staticcheck@$STATICCHECK_VERSION"
+install_tool grpcurl "github.com/fullstorydev/grpcurl/cmd/grpcurl@$GRPCURL_VERSION"
+install_tool promtool "github.com/prometheus/prometheus/cmd/promtool@$PROMETHEUS_VERSION" # about 4 min cold
+
+# --- pause image ------------------------------------------------------------------
+if [ ! -s "$dir/images/pause.tar" ]; then
+  log "building the pause image $PAUSE_IMAGE"
+  (cd "$repo" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$dir/work/pause" ./hack/pause)
+  (cd "$repo" && go run ./hack/imagearchive -binary "$dir/work/pause" -tag "$PAUSE_IMAGE" -out "$dir/images/pause.tar.tmp")
+  mv "$dir/images/pause.tar.tmp" "$dir/images/pause.tar"
+  echo "$PAUSE_IMAGE" >"$dir/images/pause.tag"
+  built=$((built + 1))
+fi
+
+if [ "$built" -eq 0 ]; then
+  log "everything present in $dir; nothing built"
+else
+  log "built $built artifact(s) in $(( $(date +%s) - started )) s into $dir"
+fi
+"$bin/kube-apiserver" --version
+"$bin/etcd" --version | head -1

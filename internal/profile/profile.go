@@ -1,0 +1,173 @@
+// Package profile is the schema of gpurack node profiles (profiles/NAME.yaml) and of
+// their lock files (profiles/NAME.lock.json, CONTRACTS §8).
+//
+// A profile names one node class: the Debian base, the kernel, the GPU driver and the
+// hardware the node is expected to have, the Kubernetes version, extra packages, check
+// thresholds, node labels and taints, and extra kernel arguments. Parsing is strict: an
+// unknown field is an error, and every error names the file, the line and the field and
+// says what to fix.
+//
+// This package parses, defaults and validates; it does no I/O beyond reading the file it
+// is given. Resolving a profile against the Debian archive is imagebuilder's job.
+package profile
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+)
+
+// Profile is one node class.
+type Profile struct {
+	// Name is the profile's name: lowercase letters, digits and '-', matching the file
+	// name without its extension.
+	Name string `yaml:"name" json:"name"`
+	// Description is free text for humans.
+	Description string     `yaml:"description,omitempty" json:"description,omitempty"`
+	Base        Base       `yaml:"base" json:"base"`
+	Kernel      Kernel     `yaml:"kernel" json:"kernel"`
+	GPU         *GPU       `yaml:"gpu,omitempty" json:"gpu,omitempty"`
+	Kubernetes  Kubernetes `yaml:"kubernetes" json:"kubernetes"`
+	// Packages are extra Debian packages installed into the root filesystem.
+	Packages []string `yaml:"packages,omitempty" json:"packages,omitempty"`
+	// ExtraDebs are vendor packages that are not in Debian (NVIDIA Fabric Manager, say),
+	// given as a file and its sha256.
+	ExtraDebs []ExtraDeb `yaml:"extraDebs,omitempty" json:"extraDebs,omitempty"`
+	// Checks overrides the agent's check thresholds, keyed by check id (CONTRACTS §9).
+	Checks map[string]CheckOverride `yaml:"checks,omitempty" json:"checks,omitempty"`
+	Node   Node                     `yaml:"node,omitempty" json:"node"`
+	Boot   Boot                     `yaml:"boot,omitempty" json:"boot"`
+}
+
+// Base is the Debian system the image is built from.
+type Base struct {
+	// Distro is always "debian" for now.
+	Distro string `yaml:"distro" json:"distro"`
+	// Suite is a Debian codename such as bookworm or trixie.
+	Suite string `yaml:"suite" json:"suite"`
+	// Components default to main, contrib, non-free and non-free-firmware.
+	Components []string `yaml:"components,omitempty" json:"components"`
+	// Mirror is the archive base URL. Empty means the host's configured Debian source,
+	// resolved at lock and build time; the project never hard-codes a host name.
+	Mirror string `yaml:"mirror,omitempty" json:"mirror,omitempty"`
+}
+
+// Kernel is the kernel the image boots.
+type Kernel struct {
+	// Package is the Debian kernel image package, e.g. linux-image-6.1.0-50-amd64.
+	Package string `yaml:"package" json:"package"`
+	// Version is the kernel release it installs (`uname -r`, e.g. 6.1.0-50-amd64). It is
+	// required with a GPU driver, because kernel modules are built and checked against it.
+	Version string `yaml:"version,omitempty" json:"version,omitempty"`
+}
+
+// GPU describes the accelerators and their driver.
+type GPU struct {
+	// Vendor is "nvidia".
+	Vendor string `yaml:"vendor" json:"vendor"`
+	Driver Driver `yaml:"driver" json:"driver"`
+	Expect Expect `yaml:"expect" json:"expect"`
+}
+
+// Driver is the GPU driver release and kernel-module flavor.
+type Driver struct {
+	// Version is the full driver version, e.g. 535.261.03.
+	Version string `yaml:"version" json:"version"`
+	// Flavor is "open" (open GPU kernel modules) or "proprietary".
+	Flavor string `yaml:"flavor" json:"flavor"`
+}
+
+// Expect is the hardware a node of this class must have; the agent's checks compare
+// what NVML reports against it.
+type Expect struct {
+	Count int `yaml:"count" json:"count"`
+	// Product is NVML's product name, e.g. "NVIDIA H100 80GB HBM3".
+	Product string `yaml:"product" json:"product"`
+	// MemoryMiB is the total framebuffer per GPU in MiB as NVML reports it.
+	MemoryMiB   int  `yaml:"memoryMiB" json:"memoryMiB"`
+	PCIe        PCIe `yaml:"pcie" json:"pcie"`
+	NVLinkLinks int  `yaml:"nvlinkLinks,omitempty" json:"nvlinkLinks"`
+}
+
+// PCIe is the expected link of every GPU at full speed.
+type PCIe struct {
+	Gen   int `yaml:"gen" json:"gen"`
+	Width int `yaml:"width" json:"width"`
+}
+
+// Kubernetes is what the node runs to join the cluster.
+type Kubernetes struct {
+	// Version is the kubelet version, e.g. v1.34.2.
+	Version string `yaml:"version" json:"version"`
+	// ContainerRuntime is "containerd".
+	ContainerRuntime string `yaml:"containerRuntime,omitempty" json:"containerRuntime"`
+}
+
+// ExtraDeb is a vendor .deb that is not in the Debian archive.
+type ExtraDeb struct {
+	// File is a path relative to the profile's folder.
+	File   string `yaml:"file" json:"file"`
+	SHA256 string `yaml:"sha256" json:"sha256"`
+}
+
+// CheckOverride changes one check's thresholds. The meaning of Warn and Fail depends
+// on the check (a count, a rate, degrees below the slowdown threshold); the agent's
+// check documents its unit.
+type CheckOverride struct {
+	Disabled bool     `yaml:"disabled,omitempty" json:"disabled,omitempty"`
+	Warn     *float64 `yaml:"warn,omitempty" json:"warn,omitempty"`
+	Fail     *float64 `yaml:"fail,omitempty" json:"fail,omitempty"`
+}
+
+// Node is what the node carries in Kubernetes beyond gpurack's own labels.
+type Node struct {
+	Labels map[string]string `yaml:"labels,omitempty" json:"labels,omitempty"`
+	Taints []Taint           `yaml:"taints,omitempty" json:"taints,omitempty"`
+}
+
+// Taint is a Kubernetes node taint registered by kubelet.
+type Taint struct {
+	Key    string `yaml:"key" json:"key"`
+	Value  string `yaml:"value,omitempty" json:"value,omitempty"`
+	Effect string `yaml:"effect" json:"effect"`
+}
+
+// Boot holds extra kernel arguments for the image's command line.
+type Boot struct {
+	KernelArgs []string `yaml:"kernelArgs,omitempty" json:"kernelArgs,omitempty"`
+}
+
+// DefaultComponents are the archive areas used when a profile names none.
+var DefaultComponents = []string{"main", "contrib", "non-free", "non-free-firmware"}
+
+// applyDefaults fills the fields a profile may leave out.
+func (p *Profile) applyDefaults() {
+	if len(p.Base.Components) == 0 {
+		p.Base.Components = append([]string(nil), DefaultComponents...)
+	}
+	if p.Kubernetes.ContainerRuntime == "" {
+		p.Kubernetes.ContainerRuntime = "containerd"
+	}
+}
+
+// Canonical returns the profile as canonical JSON: defaults applied, fields in schema
+// order, maps sorted. It is what the image ships as /etc/gpurack/profile.json and what
+// the profile digest is computed over, so formatting or comments in the YAML do not
+// change an image.
+func (p *Profile) Canonical() []byte {
+	b, err := json.Marshal(p)
+	if err != nil {
+		// Only plain data types are reachable from Profile; Marshal cannot fail.
+		panic("profile: canonical JSON: " + err.Error())
+	}
+	return b
+}
+
+// Digest is "sha256:" plus the hex sha256 of Canonical.
+func (p *Profile) Digest() string {
+	sum := sha256.Sum256(p.Canonical())
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+// HasGPU reports whether the profile declares accelerators.
+func (p *Profile) HasGPU() bool { return p.GPU != nil }

@@ -1,0 +1,167 @@
+package profile
+
+import (
+	"errors"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestShippedProfilesAreValid(t *testing.T) {
+	paths, err := filepath.Glob("../../profiles/*.yaml")
+	if err != nil || len(paths) < 3 {
+		t.Fatalf("want the three shipped profiles, found %v (%v)", paths, err)
+	}
+	for _, path := range paths {
+		p, err := Load(path)
+		if err != nil {
+			t.Errorf("%s: %v", path, err)
+			continue
+		}
+		if want := strings.TrimSuffix(filepath.Base(path), ".yaml"); p.Name != want {
+			t.Errorf("%s: name %q, want the file name %q", path, p.Name, want)
+		}
+		if p.Name != "tiny" && !p.HasGPU() {
+			t.Errorf("%s: an NVIDIA profile without a gpu section", path)
+		}
+	}
+}
+
+const tiny = `name: tiny
+base:
+  distro: debian
+  suite: bookworm
+kernel:
+  package: linux-image-amd64
+kubernetes:
+  version: v1.34.2
+`
+
+const nvidia = `name: nv
+base:
+  distro: debian
+  suite: bookworm
+kernel:
+  package: linux-image-6.1.0-50-amd64
+  version: 6.1.0-50-amd64
+gpu:
+  vendor: nvidia
+  driver:
+    version: 535.261.03
+    flavor: open
+  expect:
+    count: 8
+    product: NVIDIA H100 80GB HBM3
+    memoryMiB: 81559
+    pcie: {gen: 5, width: 16}
+    nvlinkLinks: 18
+kubernetes:
+  version: v1.34.2
+`
+
+func TestDefaultsAndCanonicalForm(t *testing.T) {
+	p, err := Parse("tiny.yaml", []byte(tiny))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(p.Base.Components, ",") != "main,contrib,non-free,non-free-firmware" {
+		t.Errorf("default components = %v", p.Base.Components)
+	}
+	if p.Kubernetes.ContainerRuntime != "containerd" {
+		t.Errorf("default runtime = %q", p.Kubernetes.ContainerRuntime)
+	}
+	// Comments and formatting do not change the digest; content does.
+	reformatted := "# a comment\n" + strings.ReplaceAll(tiny, "suite: bookworm", "suite:   bookworm  # pinned")
+	q, err := Parse("tiny.yaml", []byte(reformatted))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Digest() != q.Digest() {
+		t.Error("a comment changed the profile digest")
+	}
+	r, _ := Parse("tiny.yaml", []byte(strings.ReplaceAll(tiny, "v1.34.2", "v1.34.3")))
+	if r.Digest() == p.Digest() {
+		t.Error("a different Kubernetes version gave the same digest")
+	}
+	if !strings.HasPrefix(p.Digest(), "sha256:") || len(p.Digest()) != 71 {
+		t.Errorf("digest %q is not sha256:HEX", p.Digest())
+	}
+}
+
+// errorCase edits a valid profile and expects an error naming field and line.
+type errorCase struct {
+	name      string
+	base      string
+	old, new  string
+	wantField string
+	wantLine  int
+	wantText  string
+}
+
+func TestProfileErrors(t *testing.T) {
+	cases := []errorCase{
+		{"unknown top-level key", tiny, "kubernetes:", "colour: blue\nkubernetes:", "colour", 7, `unknown field "colour"`},
+		{"unknown nested key suggests", nvidia, "    flavor: open", "    flavour: open", "gpu.driver.flavour", 12, `did you mean "flavor"`},
+		{"missing driver version", nvidia, "    version: 535.261.03\n", "", "gpu.driver.version", 10, "is required"},
+		{"flavor typo", nvidia, "flavor: open", "flavor: opne", "gpu.driver.flavor", 12, `unknown flavor "opne"`},
+		{"wrong type", nvidia, "count: 8", "count: eight", "gpu.expect.count", 14, "whole number"},
+		{"list expected", tiny, "  suite: bookworm", "  suite: bookworm\n  components: main", "base.components", 5, "expected a list"},
+		{"bad suite", tiny, "suite: bookworm", "suite: buster", "base.suite", 4, "unknown suite"},
+		{"bad component", tiny, "  suite: bookworm", "  suite: bookworm\n  components: [main, nonfree]", "base.components[1]", 5, "unknown archive area"},
+		{"meta kernel with GPU", nvidia, "package: linux-image-6.1.0-50-amd64", "package: linux-image-amd64", "kernel.package", 6, "pin a versioned package"},
+		{"kernel mismatch", nvidia, "version: 6.1.0-50-amd64", "version: 6.1.0-57-amd64", "kernel.version", 7, "does not match"},
+		{"bad k8s version", tiny, "v1.34.2", "1.34", "kubernetes.version", 8, "not a Kubernetes release"},
+		{"duplicate key", tiny, "name: tiny", "name: tiny\nname: other", "name", 2, "given twice"},
+		{"bad check id", tiny, "kubernetes:", "checks:\n  gpu.tempreature:\n    warn: 3\nkubernetes:", "checks[gpu.tempreature]", 8, "unknown check id"},
+		{"reserved label", tiny, "kubernetes:", "node:\n  labels:\n    nvidia.com/gpu.product: x\nkubernetes:", "node.labels[nvidia.com/gpu.product]", 9, "reserved"},
+		{"bad taint effect", tiny, "kubernetes:", "node:\n  taints:\n    - key: a\n      effect: NoSchedul\nkubernetes:", "node.taints[0].effect", 10, "unknown effect"},
+		{"reserved kernel arg", tiny, "kubernetes:", "boot:\n  kernelArgs: [gpurack.rootfs=x]\nkubernetes:", "boot.kernelArgs[0]", 8, "set by gpuimage"},
+		{"versioned package", tiny, "kubernetes:", "packages: [curl=7.88]\nkubernetes:", "packages[0]", 7, "carries a version"},
+		{"extra deb sha", tiny, "kubernetes:", "extraDebs:\n  - file: fm.deb\n    sha256: abc\nkubernetes:", "extraDebs[0].sha256", 9, "64 lowercase hex"},
+		{"alias", tiny, "name: tiny", "name: &n tiny\ndescription: *n", "description", 2, "aliases are not supported"},
+		{"bad mirror", tiny, "  suite: bookworm", "  suite: bookworm\n  mirror: ftp:/x", "base.mirror", 5, "not an http"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			src := strings.Replace(c.base, c.old, c.new, 1)
+			if src == c.base {
+				t.Fatalf("test edit %q did not apply", c.old)
+			}
+			_, err := Parse("p.yaml", []byte(src))
+			var es Errors
+			if !errors.As(err, &es) {
+				t.Fatalf("want Errors, got %v", err)
+			}
+			for _, e := range es {
+				if e.Field == c.wantField && e.Line == c.wantLine && strings.Contains(e.Msg, c.wantText) {
+					if !strings.HasPrefix(e.Error(), "p.yaml:") {
+						t.Errorf("error %q does not start with the file name", e)
+					}
+					return
+				}
+			}
+			t.Errorf("want an error at p.yaml:%d on %s containing %q; got:\n%v", c.wantLine, c.wantField, c.wantText, err)
+		})
+	}
+}
+
+func TestSyntaxAndEmpty(t *testing.T) {
+	for name, src := range map[string]string{
+		"empty":  "",
+		"syntax": "name: tiny\nbase: [unclosed\n",
+		"scalar": "just text",
+		"tabs":   "name: tiny\n\tbase: x\n",
+	} {
+		_, err := Parse("p.yaml", []byte(src))
+		if err == nil || !strings.HasPrefix(err.Error(), "p.yaml:") {
+			t.Errorf("%s: want a located error, got %v", name, err)
+		}
+	}
+}
+
+func TestLoadMissingFile(t *testing.T) {
+	_, err := Load(filepath.Join(t.TempDir(), "nope.yaml"))
+	if err == nil || !strings.Contains(err.Error(), "nope.yaml") {
+		t.Fatalf("want an error naming the file, got %v", err)
+	}
+}
