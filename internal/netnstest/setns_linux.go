@@ -7,6 +7,8 @@ import (
 	"runtime"
 	"runtime/debug"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // netnsDir is where `ip netns add` mounts named namespaces (iproute2's
@@ -87,9 +89,5 @@ func joinAndRun(ns string, fn func() error) (restored bool, err error) {
 
 // setns joins the network namespace that f refers to; see setns(2).
 func setns(f *os.File) error {
-	_, _, errno := syscall.Syscall(sysSetns, f.Fd(), syscall.CLONE_NEWNET, 0)
-	if errno != 0 {
-		return errno
-	}
-	return nil
+	return unix.Setns(int(f.Fd()), unix.CLONE_NEWNET)
 }
