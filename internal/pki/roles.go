@@ -1,0 +1,182 @@
+package pki
+
+import (
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"unicode"
+)
+
+// Role is what a certificate issued by the gpurack CA lets its holder do. It
+// is carried in the certificate subject's O field (CONTRACTS.md §4).
+type Role string
+
+// The gpurack roles (CONTRACTS.md §4).
+const (
+	// RoleServers is gpuboot's serving certificate (serverAuth).
+	RoleServers Role = "gpurack:servers"
+	// RoleAgents is a node's gpuagent: CN = node name, clientAuth +
+	// serverAuth, SANs = node name + the machine's IPs.
+	RoleAgents Role = "gpurack:agents"
+	// RoleOperators is a person or tool using AdminService, the REST API
+	// or the rack view (clientAuth).
+	RoleOperators Role = "gpurack:operators"
+)
+
+// ServerCommonName is the CN of gpuboot's serving certificate.
+const ServerCommonName = "gpuboot"
+
+// RoleOf returns the gpurack role named in cert's subject O field, or ""
+// when it names none or more than one (a certificate that claims two roles
+// is treated as having none).
+func RoleOf(cert *x509.Certificate) Role {
+	if cert == nil {
+		return ""
+	}
+	var found Role
+	for _, o := range cert.Subject.Organization {
+		switch r := Role(o); r {
+		case RoleServers, RoleAgents, RoleOperators:
+			if found != "" && found != r {
+				return ""
+			}
+			found = r
+		}
+	}
+	return found
+}
+
+// IssueServer issues gpuboot's serving certificate: role RoleServers,
+// serverAuth, with each of hosts (as given to `gpuboot init --advertise`) as
+// an IP SAN if it parses as an IP address and as a DNS SAN otherwise.
+func IssueServer(ca *CA, hosts []string) (*KeyPair, error) {
+	var dns []string
+	var ips []net.IP
+	seen := map[string]bool{}
+	for _, h := range hosts {
+		h = strings.TrimSpace(h)
+		ip := net.ParseIP(h)
+		key := strings.ToLower(h)
+		if ip != nil {
+			key = ip.String()
+		}
+		if h == "" || seen[key] {
+			continue
+		}
+		seen[key] = true
+		if ip != nil {
+			ips = append(ips, ip)
+			continue
+		}
+		if err := checkDNSName(h); err != nil {
+			return nil, fmt.Errorf("issue server certificate: advertised host %q: %w", h, err)
+		}
+		dns = append(dns, strings.ToLower(h))
+	}
+	if len(dns) == 0 && len(ips) == 0 {
+		return nil, errors.New("issue server certificate: no hosts: give the names and IP addresses agents use to reach gpuboot (--advertise HOST,IP,…)")
+	}
+	return ca.Issue(CertRequest{
+		CommonName:    ServerCommonName,
+		Organizations: []string{string(RoleServers)},
+		DNSNames:      dns,
+		IPs:           ips,
+		Usages:        []Usage{ServerAuth},
+	})
+}
+
+// IssueAgent issues a node's agent certificate: role RoleAgents, CN =
+// nodeName, clientAuth + serverAuth, SANs = nodeName and ips.
+func IssueAgent(ca *CA, nodeName string, ips []net.IP) (*KeyPair, error) {
+	if err := checkNodeName(nodeName); err != nil {
+		return nil, fmt.Errorf("issue agent certificate: %w", err)
+	}
+	var sans []net.IP
+	seen := map[string]bool{}
+	for _, ip := range ips {
+		if ip == nil {
+			continue
+		}
+		if len(ip) != net.IPv4len && len(ip) != net.IPv6len {
+			return nil, fmt.Errorf("issue agent certificate for %s: invalid IP address %v", nodeName, ip)
+		}
+		if k := ip.String(); !seen[k] {
+			seen[k] = true
+			sans = append(sans, ip)
+		}
+	}
+	return ca.Issue(CertRequest{
+		CommonName:    nodeName,
+		Organizations: []string{string(RoleAgents)},
+		DNSNames:      []string{nodeName},
+		IPs:           sans,
+		Usages:        []Usage{ClientAuth, ServerAuth},
+	})
+}
+
+// IssueOperator issues an operator's client certificate (`gpuboot certs
+// operator NAME`): role RoleOperators, CN = name, clientAuth.
+func IssueOperator(ca *CA, name string) (*KeyPair, error) {
+	if name == "" || len(name) > 64 {
+		return nil, fmt.Errorf("issue operator certificate: name %q must be 1 to 64 characters", name)
+	}
+	for _, r := range name {
+		if !unicode.IsPrint(r) {
+			return nil, fmt.Errorf("issue operator certificate: name %q contains a non-printable character", name)
+		}
+	}
+	return ca.Issue(CertRequest{
+		CommonName:    name,
+		Organizations: []string{string(RoleOperators)},
+		Usages:        []Usage{ClientAuth},
+	})
+}
+
+// checkNodeName accepts a Kubernetes node name: an RFC 1123 subdomain
+// (lowercase letters, digits, '-' and '.', each label starting and ending
+// with a letter or digit, at most 253 characters).
+func checkNodeName(name string) error {
+	if name == "" || len(name) > 253 {
+		return fmt.Errorf("node name %q must be 1 to 253 characters", name)
+	}
+	for _, label := range strings.Split(name, ".") {
+		if label == "" || len(label) > 63 {
+			return fmt.Errorf("node name %q: each dot-separated part must be 1 to 63 characters", name)
+		}
+		for i := 0; i < len(label); i++ {
+			c := label[i]
+			alnum := c >= 'a' && c <= 'z' || c >= '0' && c <= '9'
+			if !alnum && (c != '-' || i == 0 || i == len(label)-1) {
+				return fmt.Errorf("node name %q is not a valid Kubernetes node name: use lowercase letters, digits, '-' and '.', starting and ending with a letter or digit", name)
+			}
+		}
+	}
+	return nil
+}
+
+// checkDNSName accepts a host name for a DNS SAN: letters, digits, '-' and
+// '.', with an optional leading "*." wildcard.
+func checkDNSName(name string) error {
+	if strings.Contains(name, ":") {
+		return errors.New("not a host name or IP address (drop any port or scheme)")
+	}
+	name = strings.TrimPrefix(name, "*.")
+	if name == "" || len(name) > 253 {
+		return errors.New("a host name must be 1 to 253 characters")
+	}
+	for _, label := range strings.Split(name, ".") {
+		if label == "" || len(label) > 63 {
+			return errors.New("each dot-separated part of a host name must be 1 to 63 characters")
+		}
+		for i := 0; i < len(label); i++ {
+			c := label[i]
+			ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-'
+			if !ok {
+				return errors.New("a host name may hold only letters, digits, '-' and '.'")
+			}
+		}
+	}
+	return nil
+}
