@@ -10,6 +10,13 @@ packages=(
   ca-certificates
   git
   gcc libc6-dev     # cgo: gpuagent links dynamically for NVML
+  mmdebstrap squashfs-tools kmod # gpuimage build: root filesystem, squashfs, depmod
+  qemu-system-x86   # gpuimage tests: boot the tiny image (TCG)
+  ipxe              # gpuboot: undionly.kpxe, ipxe.efi, snponly.efi served over TFTP
+  udhcpc tftp-hpa   # pxe tests: real DHCP and TFTP clients
+  ipxe-qemu ovmf    # test/qemu: network boot through SeaBIOS iPXE and OVMF (with qemu-system-x86)
+  dnsmasq-base      # test/qemu: the site DHCP server and IPv6 RA beside gpuboot's proxy
+  linux-image-amd64 # test/qemu: the guest kernel (/boot/vmlinuz-*)
 )
 
 missing=()
