@@ -69,8 +69,17 @@ e2e-slow: ## build both NVIDIA images (minutes; lands with the gpuimage issue)
 	@echo "e2e-slow: not available yet: it needs gpuimage build (issue 3)."
 
 .PHONY: bench
-bench: ## run the Go benchmarks and print a table
-	$(GO) test -run '^$$' -bench . -benchmem ./... | tee /dev/stderr | awk '/^Benchmark/ {printf "%-50s %14s %s\n", $$1, $$3, $$4}'
+bench: bench-go bench-pxe ## every benchmark: Go benchmarks, then the peer comparisons
+
+.PHONY: bench-go
+bench-go: ## Go benchmarks, printed as a table
+	PATH="$(TOOLS):$$PATH" $(GO) test -run '^$$' -bench . -benchmem ./... | tee /dev/stderr | awk '/^Benchmark/ {printf "%-50s %14s %s\n", $$1, $$3, $$4}'
+
+.PHONY: bench-pxe
+bench-pxe: ## gpuboot HTTP/TFTP/DHCP against nginx, tftpd-hpa and dnsmasq, side by side
+	@for p in nginx tftpd-hpa dnsmasq-base; do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$p; done
+	test/bench/pxe.sh
 
 .PHONY: clean
 clean: ## remove ./bin (the cache outside the repository stays)
