@@ -17,6 +17,7 @@ packages=(
   ipxe-qemu ovmf    # test/qemu: network boot through SeaBIOS iPXE and OVMF (with qemu-system-x86)
   dnsmasq-base      # test/qemu: the site DHCP server and IPv6 RA beside gpuboot's proxy
   linux-image-amd64 # test/qemu: the guest kernel (/boot/vmlinuz-*)
+  containerd runc containernetworking-plugins # controlplane-bootstrap: a real kubelet joins and runs a pod
 )
 
 missing=()

@@ -2,8 +2,11 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
+	"os/signal"
+	"syscall"
 
 	"github.com/spf13/cobra"
 
@@ -11,22 +14,28 @@ import (
 )
 
 func main() {
-	if err := newRootCommand().Execute(); err != nil {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	err := newRootCommand().ExecuteContext(ctx)
+	stop()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "controlplane-bootstrap:", err)
 		os.Exit(1)
 	}
 }
 
 func newRootCommand() *cobra.Command {
-	return &cobra.Command{
+	root := &cobra.Command{
 		Use:   "controlplane-bootstrap",
 		Short: "Bring up the Kubernetes control plane that gpurack nodes join",
 		Long: `controlplane-bootstrap generates the cluster PKI, starts etcd, kube-apiserver,
 kube-controller-manager and kube-scheduler, and issues kubeadm-compatible join material.
 
-Its commands arrive with the controlplane-bootstrap issue (#6); see docs/ for the design.`,
+See docs/controlplane.md.`,
 		Version:       buildinfo.String(),
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
+	root.AddCommand(newInitCommand(), newStatusCommand(), newStopCommand(), newResetCommand(),
+		newTokenCommand(), newJoinConfigCommand())
+	return root
 }

@@ -1,0 +1,308 @@
+// Package clusterconfig is the schema of cluster.yaml, the file an operator
+// gives `controlplane-bootstrap init`: its defaults, its strict decoding and its
+// validation. Every error names the file, the line and the dotted field path,
+// and says what to write instead.
+//
+// It is pure: it parses bytes and never touches the disk or the network. It is
+// not the kubeadm configuration format; the kubeadm-config ConfigMap that stock
+// `kubeadm join` reads is rendered from it by package joinconfig.
+package clusterconfig
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"regexp"
+	"strconv"
+	"time"
+)
+
+// APIVersion and Kind identify a cluster.yaml document.
+const (
+	APIVersion = "gpurack.io/v1alpha1"
+	Kind       = "ClusterConfig"
+)
+
+// KubernetesVersion is the version of the pinned binaries (`make k8s-bins`).
+const KubernetesVersion = "v1.34.2"
+
+// Config is cluster.yaml. Zero values are replaced by the defaults of Default.
+type Config struct {
+	APIVersion string `yaml:"apiVersion"`
+	Kind       string `yaml:"kind"`
+	// ClusterName names the cluster in kubeconfigs and the kubeadm-config ConfigMap.
+	ClusterName string `yaml:"clusterName"`
+	// KubernetesVersion must equal the version of the pinned binaries.
+	KubernetesVersion string `yaml:"kubernetesVersion"`
+	// NodeName is this control-plane host's name (etcd member name, SANs).
+	NodeName          string            `yaml:"nodeName"`
+	APIServer         APIServer         `yaml:"apiServer"`
+	Etcd              Etcd              `yaml:"etcd"`
+	ControllerManager ControllerManager `yaml:"controllerManager"`
+	Scheduler         Scheduler         `yaml:"scheduler"`
+	Networking        Networking        `yaml:"networking"`
+	BootstrapTokens   BootstrapTokens   `yaml:"bootstrapTokens"`
+	// BinDir overrides where the pinned binaries are looked up.
+	BinDir string `yaml:"binDir"`
+}
+
+// APIServer configures kube-apiserver.
+type APIServer struct {
+	// AdvertiseAddress is the IP the apiserver advertises to the cluster.
+	AdvertiseAddress string `yaml:"advertiseAddress"`
+	// BindAddress is the IP the apiserver listens on (0.0.0.0 for all).
+	BindAddress string `yaml:"bindAddress"`
+	Port        int    `yaml:"port"`
+	// Endpoint is the host:port that nodes and gpuboot use to reach the API
+	// (a load balancer for several control-plane nodes). Default: the
+	// advertise address and port.
+	Endpoint string `yaml:"endpoint"`
+	// CertSANs are extra DNS names or IPs for the serving certificate.
+	CertSANs []string `yaml:"certSANs"`
+	// ExtraArgs are added to (or override) the generated flags, without "--".
+	ExtraArgs map[string]string `yaml:"extraArgs"`
+}
+
+// Etcd configures the local (stacked) etcd member.
+type Etcd struct {
+	ClientPort  int               `yaml:"clientPort"`
+	PeerPort    int               `yaml:"peerPort"`
+	MetricsPort int               `yaml:"metricsPort"`
+	ExtraArgs   map[string]string `yaml:"extraArgs"`
+}
+
+// ControllerManager configures kube-controller-manager.
+type ControllerManager struct {
+	Port      int               `yaml:"port"`
+	ExtraArgs map[string]string `yaml:"extraArgs"`
+}
+
+// Scheduler configures kube-scheduler.
+type Scheduler struct {
+	Port      int               `yaml:"port"`
+	ExtraArgs map[string]string `yaml:"extraArgs"`
+}
+
+// Networking holds the cluster's address ranges.
+type Networking struct {
+	ServiceSubnet string `yaml:"serviceSubnet"`
+	PodSubnet     string `yaml:"podSubnet"`
+	DNSDomain     string `yaml:"dnsDomain"`
+}
+
+// BootstrapTokens sets the defaults of `token create`.
+type BootstrapTokens struct {
+	// TTL is how long a token created without --ttl lives (Go duration).
+	TTL string `yaml:"ttl"`
+}
+
+// Default returns the configuration of a single-node control plane on
+// loopback with the ports kubeadm uses.
+func Default() Config {
+	return Config{
+		APIVersion:        APIVersion,
+		Kind:              Kind,
+		ClusterName:       "gpurack",
+		KubernetesVersion: KubernetesVersion,
+		NodeName:          "control-plane-1",
+		APIServer: APIServer{
+			AdvertiseAddress: "127.0.0.1",
+			BindAddress:      "127.0.0.1",
+			Port:             6443,
+		},
+		Etcd:              Etcd{ClientPort: 2379, PeerPort: 2380, MetricsPort: 2381},
+		ControllerManager: ControllerManager{Port: 10257},
+		Scheduler:         Scheduler{Port: 10259},
+		Networking: Networking{
+			ServiceSubnet: "10.96.0.0/12",
+			PodSubnet:     "10.244.0.0/16",
+			DNSDomain:     "cluster.local",
+		},
+		BootstrapTokens: BootstrapTokens{TTL: "24h"},
+	}
+}
+
+// applyDefaults fills every zero field of c from Default.
+func (c *Config) applyDefaults() {
+	d := Default()
+	str := func(p *string, v string) {
+		if *p == "" {
+			*p = v
+		}
+	}
+	num := func(p *int, v int) {
+		if *p == 0 {
+			*p = v
+		}
+	}
+	str(&c.APIVersion, d.APIVersion)
+	str(&c.Kind, d.Kind)
+	str(&c.ClusterName, d.ClusterName)
+	str(&c.KubernetesVersion, d.KubernetesVersion)
+	str(&c.NodeName, d.NodeName)
+	str(&c.APIServer.AdvertiseAddress, d.APIServer.AdvertiseAddress)
+	str(&c.APIServer.BindAddress, d.APIServer.BindAddress)
+	num(&c.APIServer.Port, d.APIServer.Port)
+	num(&c.Etcd.ClientPort, d.Etcd.ClientPort)
+	num(&c.Etcd.PeerPort, d.Etcd.PeerPort)
+	num(&c.Etcd.MetricsPort, d.Etcd.MetricsPort)
+	num(&c.ControllerManager.Port, d.ControllerManager.Port)
+	num(&c.Scheduler.Port, d.Scheduler.Port)
+	str(&c.Networking.ServiceSubnet, d.Networking.ServiceSubnet)
+	str(&c.Networking.PodSubnet, d.Networking.PodSubnet)
+	str(&c.Networking.DNSDomain, d.Networking.DNSDomain)
+	str(&c.BootstrapTokens.TTL, d.BootstrapTokens.TTL)
+	if c.APIServer.Endpoint == "" {
+		c.APIServer.Endpoint = net.JoinHostPort(c.APIServer.AdvertiseAddress, strconv.Itoa(c.APIServer.Port))
+	}
+}
+
+// FieldError is one invalid field: its dotted path and what to fix.
+type FieldError struct {
+	Field string
+	Msg   string
+}
+
+var dnsLabel = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
+var dnsName = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
+var flagName = regexp.MustCompile(`^[a-z0-9][a-z0-9-]*$`)
+
+// Validate checks a defaulted configuration and returns every problem.
+func (c *Config) Validate() []FieldError {
+	var errs []FieldError
+	add := func(field, format string, args ...any) {
+		errs = append(errs, FieldError{Field: field, Msg: fmt.Sprintf(format, args...)})
+	}
+	if c.APIVersion != APIVersion {
+		add("apiVersion", "is %q; write %q", c.APIVersion, APIVersion)
+	}
+	if c.Kind != Kind {
+		add("kind", "is %q; write %q", c.Kind, Kind)
+	}
+	if !dnsLabel.MatchString(c.ClusterName) || len(c.ClusterName) > 63 {
+		add("clusterName", "%q is not a DNS label (lowercase letters, digits and '-', at most 63)", c.ClusterName)
+	}
+	if c.KubernetesVersion != KubernetesVersion {
+		add("kubernetesVersion", "is %q, but the pinned binaries are %s: write %s (other versions need a different `make k8s-bins` pin)", c.KubernetesVersion, KubernetesVersion, KubernetesVersion)
+	}
+	if !dnsName.MatchString(c.NodeName) || len(c.NodeName) > 253 {
+		add("nodeName", "%q is not a DNS name (lowercase letters, digits, '-' and '.')", c.NodeName)
+	}
+	adv, err := netip.ParseAddr(c.APIServer.AdvertiseAddress)
+	switch {
+	case err != nil:
+		add("apiServer.advertiseAddress", "%q is not an IP address", c.APIServer.AdvertiseAddress)
+	case adv.IsUnspecified():
+		add("apiServer.advertiseAddress", "%q is unspecified: give the address other hosts reach this one on", c.APIServer.AdvertiseAddress)
+	}
+	if _, err := netip.ParseAddr(c.APIServer.BindAddress); err != nil {
+		add("apiServer.bindAddress", "%q is not an IP address (0.0.0.0 listens on all)", c.APIServer.BindAddress)
+	}
+	derived := c.APIServer.Endpoint == net.JoinHostPort(c.APIServer.AdvertiseAddress, strconv.Itoa(c.APIServer.Port))
+	if derived && (c.APIServer.Port < 1 || c.APIServer.Port > 65535) {
+		// The default endpoint repeats apiServer.port, reported below.
+	} else if host, port, err := net.SplitHostPort(c.APIServer.Endpoint); err != nil || host == "" {
+		add("apiServer.endpoint", "%q is not host:port (for example 192.0.2.10:6443)", c.APIServer.Endpoint)
+	} else if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
+		add("apiServer.endpoint", "%q: port %q is not 1-65535", c.APIServer.Endpoint, port)
+	}
+	for i, san := range c.APIServer.CertSANs {
+		if _, err := netip.ParseAddr(san); err == nil {
+			continue
+		}
+		if !dnsName.MatchString(san) {
+			add(fmt.Sprintf("apiServer.certSANs[%d]", i), "%q is neither an IP address nor a DNS name", san)
+		}
+	}
+	ports := []struct {
+		field string
+		v     int
+	}{
+		{"apiServer.port", c.APIServer.Port},
+		{"etcd.clientPort", c.Etcd.ClientPort},
+		{"etcd.peerPort", c.Etcd.PeerPort},
+		{"etcd.metricsPort", c.Etcd.MetricsPort},
+		{"controllerManager.port", c.ControllerManager.Port},
+		{"scheduler.port", c.Scheduler.Port},
+	}
+	seen := map[int]string{}
+	for _, p := range ports {
+		if p.v < 1 || p.v > 65535 {
+			add(p.field, "%d is not a port (1-65535)", p.v)
+			continue
+		}
+		if other, ok := seen[p.v]; ok {
+			add(p.field, "%d is also %s: give each component its own port", p.v, other)
+		}
+		seen[p.v] = p.field
+	}
+	svc, err := netip.ParsePrefix(c.Networking.ServiceSubnet)
+	if err != nil {
+		add("networking.serviceSubnet", "%q is not a CIDR (for example 10.96.0.0/12)", c.Networking.ServiceSubnet)
+	} else if svc.Addr().Is4() && svc.Bits() < 12 {
+		add("networking.serviceSubnet", "%q is larger than /12, which kube-apiserver refuses", c.Networking.ServiceSubnet)
+	}
+	pod, err := netip.ParsePrefix(c.Networking.PodSubnet)
+	if err != nil {
+		add("networking.podSubnet", "%q is not a CIDR (for example 10.244.0.0/16)", c.Networking.PodSubnet)
+	} else if svc.IsValid() && pod.Overlaps(svc) {
+		add("networking.podSubnet", "%q overlaps networking.serviceSubnet %q", c.Networking.PodSubnet, c.Networking.ServiceSubnet)
+	}
+	if !dnsName.MatchString(c.Networking.DNSDomain) {
+		add("networking.dnsDomain", "%q is not a DNS name", c.Networking.DNSDomain)
+	}
+	if d, err := time.ParseDuration(c.BootstrapTokens.TTL); err != nil || d <= 0 {
+		add("bootstrapTokens.ttl", "%q is not a positive duration (for example 24h or 15m)", c.BootstrapTokens.TTL)
+	}
+	for _, ea := range []struct {
+		field string
+		m     map[string]string
+	}{
+		{"apiServer.extraArgs", c.APIServer.ExtraArgs},
+		{"etcd.extraArgs", c.Etcd.ExtraArgs},
+		{"controllerManager.extraArgs", c.ControllerManager.ExtraArgs},
+		{"scheduler.extraArgs", c.Scheduler.ExtraArgs},
+	} {
+		for k := range ea.m {
+			if !flagName.MatchString(k) {
+				add(ea.field+"."+k, "%q is not a flag name: write it without leading dashes, for example audit-log-maxage", k)
+			}
+		}
+	}
+	return errs
+}
+
+// TokenTTL returns BootstrapTokens.TTL as a duration; call it on a valid Config.
+func (c *Config) TokenTTL() time.Duration {
+	d, _ := time.ParseDuration(c.BootstrapTokens.TTL)
+	return d
+}
+
+// APIServerURL is the URL that local clients (the admin kubeconfig, the
+// controller-manager and the scheduler) use: the advertise address.
+func (c *Config) APIServerURL() string {
+	return "https://" + net.JoinHostPort(c.APIServer.AdvertiseAddress, strconv.Itoa(c.APIServer.Port))
+}
+
+// EndpointURL is the URL nodes and gpuboot use (APIServer.Endpoint).
+func (c *Config) EndpointURL() string {
+	return "https://" + c.APIServer.Endpoint
+}
+
+// LoopbackAdvertised reports whether the apiserver advertises a loopback
+// address, which needs --endpoint-reconciler-type=none (the kubernetes
+// Service's Endpoints may not point at loopback).
+func (c *Config) LoopbackAdvertised() bool {
+	a, err := netip.ParseAddr(c.APIServer.AdvertiseAddress)
+	return err == nil && a.IsLoopback()
+}
+
+// ServiceIP returns the first address of the service subnet (the ClusterIP of
+// the kubernetes Service, a SAN of the apiserver certificate).
+func (c *Config) ServiceIP() net.IP {
+	p, err := netip.ParsePrefix(c.Networking.ServiceSubnet)
+	if err != nil {
+		return nil
+	}
+	return net.IP(p.Masked().Addr().Next().AsSlice())
+}

@@ -1,0 +1,111 @@
+package clusterconfig
+
+import (
+	"os"
+	"strings"
+	"testing"
+)
+
+func TestParseEmptyGivesDefaults(t *testing.T) {
+	cfg, err := Parse("cluster.yaml", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := Default()
+	d.applyDefaults()
+	if cfg.APIServer.Endpoint != "127.0.0.1:6443" || cfg.Etcd.ClientPort != 2379 || cfg.NodeName != d.NodeName {
+		t.Errorf("defaults: %+v", cfg)
+	}
+	if !cfg.LoopbackAdvertised() {
+		t.Error("the default advertises loopback")
+	}
+	if got := cfg.ServiceIP().String(); got != "10.96.0.1" {
+		t.Errorf("service IP %s", got)
+	}
+}
+
+func TestParseExampleFile(t *testing.T) {
+	data, err := os.ReadFile("../../docs/examples/cluster.yaml")
+	if err != nil {
+		t.Skipf("example: %v", err)
+	}
+	if _, err := Parse("docs/examples/cluster.yaml", data); err != nil {
+		t.Fatalf("the shipped example does not parse:\n%v", err)
+	}
+}
+
+func TestMarshalRoundTrips(t *testing.T) {
+	cfg, err := Parse("in.yaml", []byte("apiServer:\n  port: 7443\n  extraArgs:\n    v: \"2\"\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cfg.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := Parse("out.yaml", out)
+	if err != nil {
+		t.Fatalf("re-parse:\n%s\n%v", out, err)
+	}
+	if again.APIServer.Port != 7443 || again.APIServer.ExtraArgs["v"] != "2" || again.APIServer.Endpoint != "127.0.0.1:7443" {
+		t.Errorf("round trip lost fields: %+v", again.APIServer)
+	}
+}
+
+// Every bad input names the file, the line and the field.
+func TestParseErrorsNameTheField(t *testing.T) {
+	for _, tc := range []struct {
+		name, yaml string
+		want       []string
+	}{
+		{"unknown field", "apiServer:\n  prot: 6443\n", []string{"x.yaml:2: apiServer.prot: unknown field", "port"}},
+		{"case typo", "apiserver:\n  port: 6443\n", []string{"x.yaml:1: apiserver: unknown field (did you mean \"apiServer\"?)"}},
+		{"port not a number", "etcd:\n  clientPort: two\n", []string{"x.yaml:2: etcd.clientPort", "not a whole number"}},
+		{"port out of range", "scheduler:\n  port: 70000\n", []string{"x.yaml:2: scheduler.port: 70000 is not a port"}},
+		{"apiserver port out of range", "apiServer:\n  port: 99999\n", []string{"x.yaml:2: apiServer.port: 99999 is not a port"}},
+		{"port clash", "etcd:\n  clientPort: 6443\n", []string{"x.yaml:2: etcd.clientPort: 6443 is also apiServer.port"}},
+		{"bad CIDR", "networking:\n  serviceSubnet: 10.96.0.0/33\n", []string{"x.yaml:2: networking.serviceSubnet", "not a CIDR"}},
+		{"overlap", "networking:\n  podSubnet: 10.96.0.0/16\n", []string{"x.yaml:2: networking.podSubnet", "overlaps"}},
+		{"bad address", "apiServer:\n  advertiseAddress: my-host\n", []string{"x.yaml:2: apiServer.advertiseAddress: \"my-host\" is not an IP address"}},
+		{"unspecified address", "apiServer:\n  advertiseAddress: 0.0.0.0\n", []string{"apiServer.advertiseAddress", "unspecified"}},
+		{"bad endpoint", "apiServer:\n  endpoint: nohost\n", []string{"x.yaml:2: apiServer.endpoint", "host:port"}},
+		{"bad SAN", "apiServer:\n  certSANs: [ok.example, \"bad name\"]\n", []string{"apiServer.certSANs[1]"}},
+		{"wrong version", "kubernetesVersion: v1.35.0\n", []string{"x.yaml:1: kubernetesVersion", "v1.34.2"}},
+		{"wrong kind", "kind: Cluster\n", []string{"x.yaml:1: kind: is \"Cluster\"; write \"ClusterConfig\""}},
+		{"bad ttl", "bootstrapTokens:\n  ttl: forever\n", []string{"x.yaml:2: bootstrapTokens.ttl"}},
+		{"dashed flag", "apiServer:\n  extraArgs:\n    --v: \"2\"\n", []string{"x.yaml:3: apiServer.extraArgs.--v", "without leading dashes"}},
+		{"list for string", "clusterName: [a, b]\n", []string{"x.yaml:1: clusterName: must be a single value"}},
+		{"bad cluster name", "clusterName: My_Cluster\n", []string{"x.yaml:1: clusterName"}},
+		{"not yaml", "apiServer: [\n", []string{"x.yaml:", "not valid YAML"}},
+		{"two documents", "clusterName: a\n---\nclusterName: b\n", []string{"more than one YAML document"}},
+		{"duplicate key", "clusterName: a\nclusterName: b\n", []string{"x.yaml:"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse("x.yaml", []byte(tc.yaml))
+			if err == nil {
+				t.Fatalf("no error for:\n%s", tc.yaml)
+			}
+			if strings.HasPrefix(tc.name, "apiserver port") {
+				if strings.Contains(err.Error(), "apiServer.endpoint") {
+					t.Errorf("a bad port is reported again as the derived endpoint: %v", err)
+				}
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q lacks %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	f.Add([]byte("apiServer:\n  port: 6443\n"))
+	f.Add([]byte("networking: {podSubnet: 10.0.0.0/8}\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		cfg, err := Parse("fuzz.yaml", data)
+		if err == nil && len(cfg.Validate()) != 0 {
+			t.Fatalf("Parse accepted a config that does not validate: %+v", cfg)
+		}
+	})
+}

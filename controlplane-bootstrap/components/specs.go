@@ -1,0 +1,226 @@
+package components
+
+import (
+	"fmt"
+	"maps"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/gpurack/gpurack/controlplane-bootstrap/clusterconfig"
+	"github.com/gpurack/gpurack/controlplane-bootstrap/clusterpki"
+)
+
+// Component names, which are also the names of their pinned binaries.
+const (
+	Etcd              = "etcd"
+	APIServer         = "kube-apiserver"
+	ControllerManager = "kube-controller-manager"
+	Scheduler         = "kube-scheduler"
+)
+
+// Names lists the components in start order (stop in reverse).
+var Names = []string{Etcd, APIServer, ControllerManager, Scheduler}
+
+// Port is one TCP address a component listens on.
+type Port struct {
+	Host  string
+	Port  int
+	Field string // the cluster.yaml field that sets it
+}
+
+// Addr is host:port.
+func (p Port) Addr() string { return net.JoinHostPort(p.Host, strconv.Itoa(p.Port)) }
+
+// Component is one control-plane process: what to run and how to check it.
+type Component struct {
+	Name string
+	// Args are the command-line flags, sorted by name.
+	Args []string
+	// Ports are the addresses it listens on.
+	Ports []Port
+	// HealthURL answers 200 "ok" (or etcd's {"health":"true"}) when healthy.
+	HealthURL string
+}
+
+// Specs returns the four components for cfg laid out in l, in start order.
+func Specs(cfg *clusterconfig.Config, l Layout) []Component {
+	return []Component{etcdSpec(cfg, l), apiserverSpec(cfg, l), controllerManagerSpec(cfg, l), schedulerSpec(cfg, l)}
+}
+
+// Spec returns the component called name.
+func Spec(cfg *clusterconfig.Config, l Layout, name string) (Component, bool) {
+	for _, c := range Specs(cfg, l) {
+		if c.Name == name {
+			return c, true
+		}
+	}
+	return Component{}, false
+}
+
+func hostPort(host string, port int) string { return net.JoinHostPort(host, strconv.Itoa(port)) }
+
+func etcdSpec(cfg *clusterconfig.Config, l Layout) Component {
+	adv := cfg.APIServer.AdvertiseAddress
+	clientURL := "https://" + hostPort(adv, cfg.Etcd.ClientPort)
+	peerURL := "https://" + hostPort(adv, cfg.Etcd.PeerPort)
+	listenClient := "https://" + hostPort("127.0.0.1", cfg.Etcd.ClientPort)
+	if adv != "127.0.0.1" {
+		listenClient += "," + clientURL
+	}
+	flags := map[string]string{
+		"name":                        cfg.NodeName,
+		"data-dir":                    l.EtcdDataDir(),
+		"listen-client-urls":          listenClient,
+		"advertise-client-urls":       clientURL,
+		"listen-peer-urls":            peerURL,
+		"initial-advertise-peer-urls": peerURL,
+		"initial-cluster":             cfg.NodeName + "=" + peerURL,
+		"initial-cluster-state":       "new",
+		"listen-metrics-urls":         "http://" + hostPort("127.0.0.1", cfg.Etcd.MetricsPort),
+		"client-cert-auth":            "true",
+		"trusted-ca-file":             l.PKI(clusterpki.EtcdCACert),
+		"cert-file":                   l.PKI(clusterpki.EtcdServerCert),
+		"key-file":                    l.PKI(clusterpki.EtcdServerKey),
+		"peer-client-cert-auth":       "true",
+		"peer-trusted-ca-file":        l.PKI(clusterpki.EtcdCACert),
+		"peer-cert-file":              l.PKI(clusterpki.EtcdPeerCert),
+		"peer-key-file":               l.PKI(clusterpki.EtcdPeerKey),
+		"snapshot-count":              "10000",
+	}
+	ports := []Port{
+		{"127.0.0.1", cfg.Etcd.ClientPort, "etcd.clientPort"},
+		{adv, cfg.Etcd.PeerPort, "etcd.peerPort"},
+		{"127.0.0.1", cfg.Etcd.MetricsPort, "etcd.metricsPort"},
+	}
+	if adv != "127.0.0.1" {
+		ports = append(ports, Port{adv, cfg.Etcd.ClientPort, "etcd.clientPort"})
+	}
+	return Component{
+		Name:      Etcd,
+		Args:      render(flags, cfg.Etcd.ExtraArgs),
+		Ports:     ports,
+		HealthURL: "http://" + hostPort("127.0.0.1", cfg.Etcd.MetricsPort) + "/health",
+	}
+}
+
+func apiserverSpec(cfg *clusterconfig.Config, l Layout) Component {
+	flags := map[string]string{
+		"advertise-address":                  cfg.APIServer.AdvertiseAddress,
+		"bind-address":                       cfg.APIServer.BindAddress,
+		"secure-port":                        strconv.Itoa(cfg.APIServer.Port),
+		"allow-privileged":                   "true",
+		"anonymous-auth":                     "true", // kubeadm discovery reads kube-public/cluster-info anonymously
+		"authorization-mode":                 "Node,RBAC",
+		"enable-admission-plugins":           "NodeRestriction",
+		"enable-bootstrap-token-auth":        "true",
+		"client-ca-file":                     l.PKI(clusterpki.CACert),
+		"tls-cert-file":                      l.PKI(clusterpki.APIServerCert),
+		"tls-private-key-file":               l.PKI(clusterpki.APIServerKey),
+		"kubelet-client-certificate":         l.PKI(clusterpki.APIServerKubeletCert),
+		"kubelet-client-key":                 l.PKI(clusterpki.APIServerKubeletKey),
+		"kubelet-preferred-address-types":    "InternalIP,ExternalIP,Hostname",
+		"etcd-servers":                       "https://" + hostPort("127.0.0.1", cfg.Etcd.ClientPort),
+		"etcd-cafile":                        l.PKI(clusterpki.EtcdCACert),
+		"etcd-certfile":                      l.PKI(clusterpki.APIServerEtcdCert),
+		"etcd-keyfile":                       l.PKI(clusterpki.APIServerEtcdKey),
+		"service-account-issuer":             "https://kubernetes.default.svc." + cfg.Networking.DNSDomain,
+		"service-account-key-file":           l.PKI(clusterpki.SAPub),
+		"service-account-signing-key-file":   l.PKI(clusterpki.SAKey),
+		"service-cluster-ip-range":           cfg.Networking.ServiceSubnet,
+		"requestheader-client-ca-file":       l.PKI(clusterpki.FrontProxyCACert),
+		"requestheader-allowed-names":        clusterpki.FrontProxyClientUser,
+		"requestheader-extra-headers-prefix": "X-Remote-Extra-",
+		"requestheader-group-headers":        "X-Remote-Group",
+		"requestheader-username-headers":     "X-Remote-User",
+		"proxy-client-cert-file":             l.PKI(clusterpki.FrontProxyClientCert),
+		"proxy-client-key-file":              l.PKI(clusterpki.FrontProxyClientKey),
+		"encryption-provider-config":         l.EncryptionConfig(),
+		"audit-policy-file":                  l.AuditPolicy(),
+		"audit-log-path":                     l.AuditLog(),
+		"audit-log-maxage":                   "30",
+		"audit-log-maxbackup":                "10",
+		"audit-log-maxsize":                  "100",
+	}
+	if cfg.LoopbackAdvertised() {
+		// The kubernetes Service's Endpoints may not point at loopback
+		// ("may not be in the loopback range"): measured in
+		// research/k8s-feasibility.md §4.
+		flags["endpoint-reconciler-type"] = "none"
+	}
+	probeHost := cfg.APIServer.BindAddress
+	if ip := net.ParseIP(probeHost); ip == nil || ip.IsUnspecified() {
+		probeHost = "127.0.0.1"
+	}
+	return Component{
+		Name:      APIServer,
+		Args:      render(flags, cfg.APIServer.ExtraArgs),
+		Ports:     []Port{{cfg.APIServer.BindAddress, cfg.APIServer.Port, "apiServer.port"}},
+		HealthURL: "https://" + hostPort(probeHost, cfg.APIServer.Port) + "/readyz",
+	}
+}
+
+func controllerManagerSpec(cfg *clusterconfig.Config, l Layout) Component {
+	kc := l.Kubeconfig(clusterpki.ControllerManagerKubeconfig)
+	flags := map[string]string{
+		"kubeconfig":                       kc,
+		"authentication-kubeconfig":        kc,
+		"authorization-kubeconfig":         kc,
+		"bind-address":                     "127.0.0.1",
+		"secure-port":                      strconv.Itoa(cfg.ControllerManager.Port),
+		"cert-dir":                         l.PKI("controller-manager-serving"),
+		"client-ca-file":                   l.PKI(clusterpki.CACert),
+		"requestheader-client-ca-file":     l.PKI(clusterpki.FrontProxyCACert),
+		"root-ca-file":                     l.PKI(clusterpki.CACert),
+		"cluster-name":                     cfg.ClusterName,
+		"cluster-signing-cert-file":        l.PKI(clusterpki.CACert),
+		"cluster-signing-key-file":         l.PKI(clusterpki.CAKey),
+		"service-account-private-key-file": l.PKI(clusterpki.SAKey),
+		"use-service-account-credentials":  "true",
+		// bootstrapsigner signs kube-public/cluster-info with every token;
+		// tokencleaner deletes expired tokens. Both are off by default.
+		"controllers":              "*,bootstrapsigner,tokencleaner",
+		"leader-elect":             "false",
+		"allocate-node-cidrs":      "true",
+		"cluster-cidr":             cfg.Networking.PodSubnet,
+		"service-cluster-ip-range": cfg.Networking.ServiceSubnet,
+	}
+	return Component{
+		Name:      ControllerManager,
+		Args:      render(flags, cfg.ControllerManager.ExtraArgs),
+		Ports:     []Port{{"127.0.0.1", cfg.ControllerManager.Port, "controllerManager.port"}},
+		HealthURL: "https://" + hostPort("127.0.0.1", cfg.ControllerManager.Port) + "/healthz",
+	}
+}
+
+func schedulerSpec(cfg *clusterconfig.Config, l Layout) Component {
+	kc := l.Kubeconfig(clusterpki.SchedulerKubeconfig)
+	flags := map[string]string{
+		"kubeconfig":                kc,
+		"authentication-kubeconfig": kc,
+		"authorization-kubeconfig":  kc,
+		"bind-address":              "127.0.0.1",
+		"secure-port":               strconv.Itoa(cfg.Scheduler.Port),
+		"cert-dir":                  l.PKI("scheduler-serving"),
+		"leader-elect":              "false",
+	}
+	return Component{
+		Name:      Scheduler,
+		Args:      render(flags, cfg.Scheduler.ExtraArgs),
+		Ports:     []Port{{"127.0.0.1", cfg.Scheduler.Port, "scheduler.port"}},
+		HealthURL: "https://" + hostPort("127.0.0.1", cfg.Scheduler.Port) + "/healthz",
+	}
+}
+
+// render merges extra over flags and returns "--name=value" sorted by name.
+func render(flags, extra map[string]string) []string {
+	all := maps.Clone(flags)
+	maps.Copy(all, extra)
+	names := slices.Sorted(maps.Keys(all))
+	args := make([]string, 0, len(names))
+	for _, n := range names {
+		args = append(args, fmt.Sprintf("--%s=%s", strings.TrimLeft(n, "-"), all[n]))
+	}
+	return args
+}

@@ -1,0 +1,518 @@
+// Package controlplane is what `controlplane-bootstrap init|status|stop|reset`
+// do: it lays out a cluster directory, creates the PKI and configuration
+// files, starts etcd, kube-apiserver, kube-controller-manager and
+// kube-scheduler (supervised child processes, or systemd units), waits for
+// each to be healthy, and applies the join material.
+//
+// The parts it orders live elsewhere: cluster.yaml in clusterconfig, the
+// PKI in clusterpki, flags, units and the supervisor in components, and the
+// join objects in joinconfig.
+package controlplane
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/gpurack/gpurack/controlplane-bootstrap/clusterconfig"
+	"github.com/gpurack/gpurack/controlplane-bootstrap/clusterpki"
+	"github.com/gpurack/gpurack/controlplane-bootstrap/components"
+	"github.com/gpurack/gpurack/controlplane-bootstrap/joinconfig"
+)
+
+// Mode is how the components run.
+type Mode int
+
+const (
+	// Foreground runs them as children of this process (--foreground).
+	Foreground Mode = iota
+	// Systemd runs them as systemd units started over D-Bus.
+	Systemd
+)
+
+// Options configure Init.
+type Options struct {
+	// Dir is the cluster directory; created if missing.
+	Dir string
+	// Config is the parsed cluster.yaml; ConfigYAML its bytes, copied into
+	// Dir so later commands need only --dir. Nil Config means: read it back
+	// from Dir (a re-run).
+	Config     *clusterconfig.Config
+	ConfigYAML []byte
+	Mode       Mode
+	// Out receives progress and the health report; nil discards it.
+	Out io.Writer
+	// Logf receives the supervisor's events; nil writes them to Out.
+	Logf func(format string, args ...any)
+	// ReadyTimeout bounds the wait for each component; zero means 3 minutes.
+	ReadyTimeout time.Duration
+	// WritePIDFile records this process as the supervisor of Dir, for
+	// `status` and `stop` (the CLI sets it; test harnesses do not).
+	WritePIDFile bool
+	// UnitDir is where systemd units go; default /etc/systemd/system.
+	UnitDir string
+}
+
+// ControlPlane is a started (or found running) control plane.
+type ControlPlane struct {
+	Layout components.Layout
+	Config *clusterconfig.Config
+	PKI    *clusterpki.Set
+	// Supervisor runs the components in Foreground mode; nil otherwise, and
+	// nil when AlreadyRunning.
+	Supervisor *components.Supervisor
+	// AlreadyRunning is set when Init found another supervisor of Dir alive
+	// and only re-applied the join material.
+	AlreadyRunning bool
+	// Health is the per-component health at the end of Init.
+	Health []components.Health
+	// ReadyAfter is the time from the start of Init to all components healthy.
+	ReadyAfter time.Duration
+}
+
+// AdminKubeconfig is the path of the admin kubeconfig (system:masters).
+func (cp *ControlPlane) AdminKubeconfig() string {
+	return cp.Layout.Kubeconfig(clusterpki.AdminKubeconfig)
+}
+
+// Stop stops the supervised components (Foreground mode) and removes the
+// supervisor PID file if it is this process's.
+func (cp *ControlPlane) Stop() {
+	if cp.Supervisor != nil {
+		cp.Supervisor.Stop(20 * time.Second)
+	}
+	if pid, _ := readPIDFile(cp.Layout.SupervisorPIDFile()); pid == os.Getpid() {
+		os.Remove(cp.Layout.SupervisorPIDFile())
+	}
+}
+
+// ComponentError is a component that failed during init, with the end of
+// its log.
+type ComponentError struct {
+	Component string
+	Err       error
+	LogFile   string
+	LogTail   string
+}
+
+func (e *ComponentError) Error() string {
+	msg := fmt.Sprintf("%s: %v", e.Component, e.Err)
+	if e.LogTail != "" {
+		msg += "\n  last lines of " + e.LogFile + ":\n    " + strings.ReplaceAll(e.LogTail, "\n", "\n    ")
+	}
+	return msg
+}
+
+func (e *ComponentError) Unwrap() error { return e.Err }
+
+// Init brings the control plane in opts.Dir up. It is safe to run again on
+// the same directory: existing PKI and data are kept, and a control plane
+// already running there is left running (its join material re-applied).
+// Nothing is started before every input has been checked (configuration,
+// binaries, ports), and a failure while starting stops what was started.
+func Init(ctx context.Context, opts Options) (*ControlPlane, error) {
+	began := time.Now()
+	out := opts.Out
+	if out == nil {
+		out = io.Discard
+	}
+	logf := opts.Logf
+	if logf == nil {
+		logf = func(format string, args ...any) { fmt.Fprintf(out, "supervisor: "+format+"\n", args...) }
+	}
+	timeout := opts.ReadyTimeout
+	if timeout == 0 {
+		timeout = 3 * time.Minute
+	}
+	dir, err := filepath.Abs(opts.Dir)
+	if err != nil {
+		return nil, err
+	}
+	l := components.Layout{Dir: dir}
+	cfg := opts.Config
+	cfgYAML := opts.ConfigYAML
+	if cfg == nil {
+		if cfg, err = clusterconfig.Load(l.ConfigFile()); err != nil {
+			return nil, fmt.Errorf("no --config given and none in %s: %w", dir, err)
+		}
+		cfgYAML = nil
+	}
+	if cfgYAML == nil && opts.Config != nil {
+		if cfgYAML, err = cfg.Marshal(); err != nil {
+			return nil, err
+		}
+	}
+	specs := components.Specs(cfg, l)
+
+	if by, running := alreadyRunning(l); running {
+		fmt.Fprintf(out, "control plane in %s is already running (%s); re-applying join material\n", dir, by)
+		cp, err := load(l)
+		if err != nil {
+			return nil, err
+		}
+		cp.AlreadyRunning = true
+		if err := cp.applyJoinMaterial(ctx); err != nil {
+			return nil, err
+		}
+		cp.Health = cp.Probe(ctx)
+		return cp, nil
+	}
+
+	// Check every input before writing or starting anything.
+	binDir := components.BinDir(cfg.BinDir)
+	bins := map[string]string{}
+	for _, c := range specs {
+		p, err := components.FindBinary(binDir, c.Name)
+		if err != nil {
+			return nil, err
+		}
+		bins[c.Name] = p
+	}
+	if opts.Mode == Systemd && !components.SystemdBooted() {
+		return nil, errors.New("this host's PID 1 is not systemd, so the components cannot run as units: run `init --foreground` to supervise them from this process")
+	}
+	if err := components.CheckPorts(specs); err != nil {
+		return nil, err
+	}
+
+	// Files: each written whole (temporary file, then rename).
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("create cluster directory: %w", err)
+	}
+	removeStaleTemps(dir)
+	set, err := clusterpki.Ensure(l.PKIDir(), cfg)
+	if err != nil {
+		return nil, err
+	}
+	for _, kc := range []struct{ file, user, group string }{
+		{clusterpki.AdminKubeconfig, clusterpki.AdminUser, clusterpki.AdminGroup},
+		{clusterpki.ControllerManagerKubeconfig, clusterpki.ControllerManagerUser, ""},
+		{clusterpki.SchedulerKubeconfig, clusterpki.SchedulerUser, ""},
+	} {
+		var groups []string
+		if kc.group != "" {
+			groups = []string{kc.group}
+		}
+		if err := set.EnsureKubeconfig(l.Kubeconfig(kc.file), cfg.ClusterName, cfg.APIServerURL(), kc.user, groups...); err != nil {
+			return nil, err
+		}
+	}
+	for _, f := range []struct {
+		path string
+		data []byte
+		mode os.FileMode
+	}{
+		{l.EncryptionConfig(), components.EncryptionConfig(string(set.EncryptionKey)), 0o600},
+		{l.AuditPolicy(), components.AuditPolicy, 0o644},
+	} {
+		if err := clusterpki.WriteFileAtomic(f.path, f.data, f.mode); err != nil {
+			return nil, err
+		}
+	}
+	if cfgYAML != nil {
+		if err := clusterpki.WriteFileAtomic(l.ConfigFile(), cfgYAML, 0o644); err != nil {
+			return nil, err
+		}
+	}
+	if err := os.MkdirAll(l.LogDir(), 0o755); err != nil {
+		return nil, err
+	}
+
+	cp := &ControlPlane{Layout: l, Config: cfg, PKI: set}
+	switch opts.Mode {
+	case Foreground:
+		if opts.WritePIDFile {
+			if err := writePIDFile(l.SupervisorPIDFile(), os.Getpid()); err != nil {
+				return nil, err
+			}
+		}
+		cp.Supervisor = components.NewSupervisor(logf)
+		if err := cp.startForeground(ctx, specs, bins, out, timeout); err != nil {
+			cp.Stop()
+			return nil, err
+		}
+	case Systemd:
+		if err := cp.startSystemd(ctx, specs, bins, opts.UnitDir, out, timeout); err != nil {
+			return nil, err
+		}
+	}
+	cp.ReadyAfter = time.Since(began)
+	if err := cp.applyJoinMaterial(ctx); err != nil {
+		cp.Stop()
+		return nil, err
+	}
+	cp.Health = cp.Probe(ctx)
+	return cp, nil
+}
+
+// load builds the ControlPlane for an existing directory (no processes).
+func load(l components.Layout) (*ControlPlane, error) {
+	cfg, err := clusterconfig.Load(l.ConfigFile())
+	if err != nil {
+		return nil, fmt.Errorf("%s holds no control plane (run init first): %w", l.Dir, err)
+	}
+	set, err := clusterpki.Load(l.PKIDir())
+	if err != nil {
+		return nil, err
+	}
+	return &ControlPlane{Layout: l, Config: cfg, PKI: set}, nil
+}
+
+// Open returns the control plane in dir without starting anything, for
+// `token` and `join-config`.
+func Open(dir string) (*ControlPlane, error) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, err
+	}
+	return load(components.Layout{Dir: abs})
+}
+
+func (cp *ControlPlane) startForeground(ctx context.Context, specs []components.Component, bins map[string]string, out io.Writer, timeout time.Duration) error {
+	for _, c := range specs {
+		err := cp.Supervisor.Start(components.Process{
+			Name: c.Name, Path: bins[c.Name], Args: c.Args,
+			LogFile: cp.Layout.LogFile(c.Name), PIDFile: cp.Layout.PIDFile(c.Name),
+		})
+		if err != nil {
+			return err
+		}
+		if err := cp.waitHealthy(ctx, c, timeout, cp.Supervisor.Exits()); err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "%s healthy\n", c.Name)
+	}
+	return nil
+}
+
+func (cp *ControlPlane) startSystemd(ctx context.Context, specs []components.Component, bins map[string]string, unitDir string, out io.Writer, timeout time.Duration) error {
+	if unitDir == "" {
+		unitDir = "/etc/systemd/system"
+	}
+	units := map[string][]byte{}
+	var order []string
+	prev := ""
+	for _, c := range specs {
+		name := components.UnitName(c.Name)
+		units[name] = components.RenderUnit(c, bins[c.Name], prev)
+		order = append(order, name)
+		prev = c.Name
+		// A copy beside the cluster, for operators and for reset.
+		if err := clusterpki.WriteFileAtomic(filepath.Join(cp.Layout.UnitDir(), name), units[name], 0o644); err != nil {
+			return err
+		}
+	}
+	if err := (components.SystemdUnits{Dir: unitDir}).Install(ctx, order, units); err != nil {
+		return err
+	}
+	if err := clusterpki.WriteFileAtomic(cp.Layout.SystemdMarker(), []byte(strings.Join(order, "\n")+"\n"), 0o644); err != nil {
+		return err
+	}
+	for _, c := range specs {
+		if err := cp.waitHealthy(ctx, c, timeout, nil); err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "%s healthy\n", c.Name)
+	}
+	return nil
+}
+
+// waitHealthy polls c's health endpoint until it is ok. A component that
+// exits meanwhile fails the wait at once, with the end of its log.
+func (cp *ControlPlane) waitHealthy(ctx context.Context, c components.Component, timeout time.Duration, exits <-chan components.Exit) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	prober := cp.prober()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	var last components.Health
+	for {
+		last = prober.Probe(ctx, c, 2*time.Second)
+		if last.OK {
+			return nil
+		}
+		select {
+		case ev := <-exits:
+			return cp.componentError(ev.Name, fmt.Errorf("exited during startup (%v)", ev.Err))
+		case <-ctx.Done():
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				return cp.componentError(c.Name, fmt.Errorf("not healthy after %s: %s", timeout, last.Detail))
+			}
+			return ctx.Err()
+		case <-tick.C:
+		}
+	}
+}
+
+func (cp *ControlPlane) componentError(name string, err error) error {
+	logFile := cp.Layout.LogFile(name)
+	tail := components.TailFile(logFile, 8)
+	if strings.Contains(tail, "address already in use") {
+		err = fmt.Errorf("%w: one of its ports is in use by another process", err)
+	}
+	return &ComponentError{Component: name, Err: err, LogFile: logFile, LogTail: tail}
+}
+
+func (cp *ControlPlane) prober() components.Prober {
+	pool := x509.NewCertPool()
+	if cp.PKI != nil {
+		pool.AddCert(cp.PKI.CA.Cert)
+	}
+	return components.Prober{ClusterCA: pool}
+}
+
+// Probe checks every component once.
+func (cp *ControlPlane) Probe(ctx context.Context) []components.Health {
+	var hs []components.Health
+	for _, c := range components.Specs(cp.Config, cp.Layout) {
+		hs = append(hs, cp.prober().Probe(ctx, c, 3*time.Second))
+	}
+	return hs
+}
+
+// RESTConfig is the admin client configuration.
+func (cp *ControlPlane) RESTConfig() (*rest.Config, error) {
+	cfg, err := clientcmd.BuildConfigFromFlags("", cp.AdminKubeconfig())
+	if err != nil {
+		return nil, fmt.Errorf("admin kubeconfig: %w", err)
+	}
+	cfg.UserAgent = "controlplane-bootstrap"
+	return cfg, nil
+}
+
+// Clientset is an admin clientset.
+func (cp *ControlPlane) Clientset() (*kubernetes.Clientset, error) {
+	cfg, err := cp.RESTConfig()
+	if err != nil {
+		return nil, err
+	}
+	return kubernetes.NewForConfig(cfg)
+}
+
+// applyJoinMaterial applies joinconfig.Objects, retrying while the
+// apiserver finishes its own bootstrap (default RBAC, namespaces).
+func (cp *ControlPlane) applyJoinMaterial(ctx context.Context) error {
+	cfg, err := cp.RESTConfig()
+	if err != nil {
+		return err
+	}
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	objs, err := joinconfig.Objects(cp.Config, cp.PKI.CACertPEM())
+	if err != nil {
+		return err
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		err = joinconfig.Apply(ctx, dyn, objs)
+		if err == nil || time.Now().After(deadline) || ctx.Err() != nil {
+			break
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	if err != nil {
+		return fmt.Errorf("apply join material: %w", err)
+	}
+	return joinconfig.WaitEnrollerPolicy(ctx, cfg)
+}
+
+// removeStaleTemps deletes temporary files and directories an interrupted
+// earlier run left (".NAME.tmp-*"), so they cannot be mistaken for data.
+func removeStaleTemps(dir string) {
+	for _, pattern := range []string{".*.tmp-*", "pki/.*.tmp-*", "pki/etcd/.*.tmp-*", "config/.*.tmp-*", "units/.*.tmp-*"} {
+		matches, _ := filepath.Glob(filepath.Join(dir, pattern))
+		for _, m := range matches {
+			os.RemoveAll(m)
+		}
+	}
+}
+
+// PID files hold "PID STARTTIME" so that a recycled PID is not mistaken for
+// the supervisor (STARTTIME is field 22 of /proc/PID/stat).
+func writePIDFile(path string, pid int) error {
+	st, err := procStartTime(pid)
+	if err != nil {
+		return err
+	}
+	return clusterpki.WriteFileAtomic(path, fmt.Appendf(nil, "%d %s\n", pid, st), 0o644)
+}
+
+func readPIDFile(path string) (int, string) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return 0, ""
+	}
+	f := strings.Fields(string(data))
+	if len(f) == 0 {
+		return 0, ""
+	}
+	pid, _ := strconv.Atoi(f[0])
+	if len(f) < 2 {
+		return pid, ""
+	}
+	return pid, f[1]
+}
+
+func procStartTime(pid int) (string, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return "", err
+	}
+	s := string(data)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return "", fmt.Errorf("/proc/%d/stat: unexpected format", pid)
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 20 {
+		return "", fmt.Errorf("/proc/%d/stat: unexpected format", pid)
+	}
+	return f[19], nil
+}
+
+// runningSupervisor returns the PID of the supervisor recorded in l and
+// whether that process is still the one that wrote it.
+func runningSupervisor(l components.Layout) (int, bool) {
+	pid, start := readPIDFile(l.SupervisorPIDFile())
+	if pid <= 0 {
+		return 0, false
+	}
+	st, err := procStartTime(pid)
+	if err != nil || (start != "" && st != start) {
+		return pid, false
+	}
+	return pid, syscall.Kill(pid, 0) == nil
+}
+
+// alreadyRunning reports whether a control plane is running in l: a live
+// supervisor other than this process, or every component alive under the
+// PIDs recorded for it.
+func alreadyRunning(l components.Layout) (string, bool) {
+	if pid, alive := runningSupervisor(l); alive && pid != os.Getpid() {
+		return fmt.Sprintf("supervisor pid %d", pid), true
+	}
+	var pids []string
+	for _, name := range components.Names {
+		pid, _ := readPIDFile(l.PIDFile(name))
+		if pid <= 0 || !isComponent(pid, name) {
+			return "", false
+		}
+		pids = append(pids, fmt.Sprintf("%s pid %d", name, pid))
+	}
+	return strings.Join(pids, ", "), true
+}

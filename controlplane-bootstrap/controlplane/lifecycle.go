@@ -1,0 +1,166 @@
+package controlplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/gpurack/gpurack/controlplane-bootstrap/components"
+)
+
+// ComponentStatus is one component in a Status report.
+type ComponentStatus struct {
+	Name   string
+	PID    int // 0 when unknown (systemd mode) or not running
+	Health components.Health
+}
+
+// Status is what `controlplane-bootstrap status` prints.
+type Status struct {
+	Dir           string
+	Mode          string // "foreground (supervisor pid N)", "systemd units", "stopped"
+	SupervisorPID int
+	Components    []ComponentStatus
+}
+
+// Healthy reports whether every component is healthy.
+func (s Status) Healthy() bool {
+	for _, c := range s.Components {
+		if !c.Health.OK {
+			return false
+		}
+	}
+	return len(s.Components) > 0
+}
+
+// GetStatus probes the control plane in dir.
+func GetStatus(ctx context.Context, dir string) (Status, error) {
+	cp, err := Open(dir)
+	if err != nil {
+		return Status{}, err
+	}
+	l := cp.Layout
+	st := Status{Dir: l.Dir, Mode: "stopped"}
+	if pid, alive := runningSupervisor(l); alive {
+		st.SupervisorPID = pid
+		st.Mode = fmt.Sprintf("foreground (supervisor pid %d)", pid)
+	} else if _, err := os.Stat(l.SystemdMarker()); err == nil {
+		st.Mode = "systemd units"
+	}
+	for _, h := range cp.Probe(ctx) {
+		cs := ComponentStatus{Name: h.Component, Health: h}
+		if pid, _ := readPIDFile(l.PIDFile(h.Component)); pid > 0 && isComponent(pid, h.Component) {
+			cs.PID = pid
+		}
+		st.Components = append(st.Components, cs)
+	}
+	return st, nil
+}
+
+// isComponent reports whether pid is alive and runs the binary name.
+func isComponent(pid int, name string) bool {
+	exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+	if err != nil {
+		return false
+	}
+	return filepath.Base(strings.TrimSuffix(exe, " (deleted)")) == name
+}
+
+// Stop stops the control plane in dir: it asks its supervisor to stop (and
+// waits), stops its systemd units, and terminates any component process a
+// vanished supervisor left behind. Stopping a stopped control plane is not
+// an error.
+func Stop(ctx context.Context, dir string) error {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return err
+	}
+	l := components.Layout{Dir: abs}
+	if pid, alive := runningSupervisor(l); alive {
+		if pid == os.Getpid() {
+			return errors.New("this process supervises the control plane; stop it with its handle, not with Stop")
+		}
+		if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
+			return fmt.Errorf("signal supervisor pid %d: %w", pid, err)
+		}
+		if !waitGone(ctx, pid, 60*time.Second) {
+			return fmt.Errorf("supervisor pid %d did not exit within 60s after SIGTERM", pid)
+		}
+	}
+	if data, err := os.ReadFile(l.SystemdMarker()); err == nil {
+		if err := (components.SystemdUnits{}).Stop(ctx, strings.Fields(string(data))); err != nil {
+			return err
+		}
+	}
+	for i := len(components.Names) - 1; i >= 0; i-- {
+		name := components.Names[i]
+		pid, _ := readPIDFile(l.PIDFile(name))
+		if pid > 0 && isComponent(pid, name) {
+			syscall.Kill(pid, syscall.SIGTERM)
+			if !waitGone(ctx, pid, 20*time.Second) {
+				syscall.Kill(pid, syscall.SIGKILL)
+				waitGone(ctx, pid, 5*time.Second)
+			}
+		}
+		os.Remove(l.PIDFile(name))
+	}
+	os.Remove(l.SupervisorPIDFile())
+	return nil
+}
+
+func waitGone(ctx context.Context, pid int, d time.Duration) bool {
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		if syscall.Kill(pid, 0) != nil {
+			return true
+		}
+		// A zombie child of ours would never go; only the supervisor's
+		// children are ours, and it reaps them.
+		time.Sleep(50 * time.Millisecond)
+	}
+	return syscall.Kill(pid, 0) != nil
+}
+
+// LooksLikeClusterDir reports whether dir holds a control plane made by init
+// (cluster.yaml or pki/ca.crt), the guard before Reset deletes it.
+func LooksLikeClusterDir(dir string) bool {
+	l := components.Layout{Dir: dir}
+	for _, p := range []string{l.ConfigFile(), l.PKI("ca.crt")} {
+		if _, err := os.Stat(p); err == nil {
+			return true
+		}
+	}
+	return false
+}
+
+// Reset stops the control plane in dir, removes its systemd units and
+// deletes dir with everything in it (etcd data, PKI, logs). The caller asks
+// the operator first.
+func Reset(ctx context.Context, dir string) error {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return err
+	}
+	if _, err := os.Stat(abs); errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if !LooksLikeClusterDir(abs) {
+		return fmt.Errorf("%s does not look like a cluster directory (no cluster.yaml, no pki/ca.crt); refusing to delete it", abs)
+	}
+	if err := Stop(ctx, abs); err != nil {
+		return err
+	}
+	l := components.Layout{Dir: abs}
+	if data, err := os.ReadFile(l.SystemdMarker()); err == nil {
+		if err := (components.SystemdUnits{Dir: "/etc/systemd/system"}).Remove(ctx, strings.Fields(string(data))); err != nil {
+			return err
+		}
+	}
+	return os.RemoveAll(abs)
+}

@@ -1,0 +1,226 @@
+// Package joinconfig is the join side of the control plane: the objects that
+// let a machine join the cluster the way `kubeadm join` does (RBAC for the
+// node bootstrapper and CSR auto-approval, the kube-public/cluster-info
+// ConfigMap, the kubeadm-config and kubelet-config ConfigMaps), bootstrap
+// tokens, and the enroller identity gpuboot uses to mint tokens and taint
+// Nodes (CONTRACTS.md §4, §5).
+//
+// Objects are built by pure functions and applied with server-side apply, so
+// running init again changes nothing that is already right. It does not start
+// or stop anything (package components) and does not talk to machines.
+package joinconfig
+
+import (
+	"fmt"
+
+	admissionv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	bootstrapapi "k8s.io/cluster-bootstrap/token/api"
+
+	"github.com/gpurack/gpurack/controlplane-bootstrap/clusterconfig"
+)
+
+// Well-known names, equal to kubeadm's where kubeadm has one.
+const (
+	// NodeBootstrapGroup is the group bootstrap tokens authenticate into
+	// (auth-extra-groups), kubeadm's default.
+	NodeBootstrapGroup = "system:bootstrappers:kubeadm:default-node-token"
+	NodesGroup         = "system:nodes"
+
+	// EnrollerUser is the user name (certificate CN) of the enroller
+	// credential written by `join-config`; EnrollerGroup its O.
+	EnrollerUser  = "gpurack:enroller"
+	EnrollerGroup = "gpurack:enrollers"
+	// EnrollerPolicy names the ValidatingAdmissionPolicy (and its binding)
+	// that narrows the enroller's Secret permissions to bootstrap tokens.
+	EnrollerPolicy = "gpurack-enroller-bootstrap-tokens-only"
+
+	KubeadmConfigMap = "kubeadm-config"
+	KubeletConfigMap = "kubelet-config"
+	FieldManager     = "controlplane-bootstrap"
+)
+
+// Object is one object to apply and the resource it lives in.
+type Object struct {
+	GVR schema.GroupVersionResource
+	Obj runtime.Object
+}
+
+// Name returns "resource namespace/name" for messages.
+func (o Object) Name() string {
+	m, err := metaOf(o.Obj)
+	if err != nil {
+		return o.GVR.Resource
+	}
+	if m.GetNamespace() != "" {
+		return fmt.Sprintf("%s %s/%s", o.GVR.Resource, m.GetNamespace(), m.GetName())
+	}
+	return fmt.Sprintf("%s %s", o.GVR.Resource, m.GetName())
+}
+
+var (
+	gvrConfigMap          = corev1.SchemeGroupVersion.WithResource("configmaps")
+	gvrClusterRole        = rbacv1.SchemeGroupVersion.WithResource("clusterroles")
+	gvrClusterRoleBinding = rbacv1.SchemeGroupVersion.WithResource("clusterrolebindings")
+	gvrRole               = rbacv1.SchemeGroupVersion.WithResource("roles")
+	gvrRoleBinding        = rbacv1.SchemeGroupVersion.WithResource("rolebindings")
+	gvrVAP                = admissionv1.SchemeGroupVersion.WithResource("validatingadmissionpolicies")
+	gvrVAPBinding         = admissionv1.SchemeGroupVersion.WithResource("validatingadmissionpolicybindings")
+)
+
+// Objects returns everything init applies for joining, for cfg with the
+// cluster CA certificate caPEM.
+func Objects(cfg *clusterconfig.Config, caPEM []byte) ([]Object, error) {
+	info, err := ClusterInfo(cfg, caPEM)
+	if err != nil {
+		return nil, err
+	}
+	objs := []Object{{gvrConfigMap, info}}
+	objs = append(objs, nodeBootstrapRBAC()...)
+	objs = append(objs, kubeadmConfigMaps(cfg)...)
+	objs = append(objs, enrollerObjects()...)
+	return objs, nil
+}
+
+// ClusterInfoKubeconfig is the kubeconfig in kube-public/cluster-info: the
+// endpoint nodes use and the cluster CA, no credentials. It is what the
+// bootstrapsigner signs with each token.
+func ClusterInfoKubeconfig(cfg *clusterconfig.Config, caPEM []byte) ([]byte, error) {
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters[""] = &clientcmdapi.Cluster{Server: cfg.EndpointURL(), CertificateAuthorityData: caPEM}
+	return clientcmd.Write(*kc)
+}
+
+// ClusterInfo is the kube-public/cluster-info ConfigMap (without the JWS
+// signatures, which the controller-manager's bootstrapsigner adds).
+func ClusterInfo(cfg *clusterconfig.Config, caPEM []byte) (*corev1.ConfigMap, error) {
+	kc, err := ClusterInfoKubeconfig(cfg, caPEM)
+	if err != nil {
+		return nil, fmt.Errorf("cluster-info kubeconfig: %w", err)
+	}
+	return &corev1.ConfigMap{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"},
+		ObjectMeta: metav1.ObjectMeta{Namespace: metav1.NamespacePublic, Name: bootstrapapi.ConfigMapClusterInfo},
+		Data:       map[string]string{bootstrapapi.KubeConfigKey: string(kc)},
+	}, nil
+}
+
+func clusterRoleBinding(name, role string, subjects ...rbacv1.Subject) Object {
+	return Object{gvrClusterRoleBinding, &rbacv1.ClusterRoleBinding{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRoleBinding"},
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role},
+		Subjects:   subjects,
+	}}
+}
+
+func clusterRole(name string, rules ...rbacv1.PolicyRule) Object {
+	return Object{gvrClusterRole, &rbacv1.ClusterRole{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRole"},
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Rules:      rules,
+	}}
+}
+
+func role(ns, name string, rules ...rbacv1.PolicyRule) Object {
+	return Object{gvrRole, &rbacv1.Role{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "Role"},
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Rules:      rules,
+	}}
+}
+
+func roleBinding(ns, name string, subjects ...rbacv1.Subject) Object {
+	return Object{gvrRoleBinding, &rbacv1.RoleBinding{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "RoleBinding"},
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: name},
+		Subjects:   subjects,
+	}}
+}
+
+func group(name string) rbacv1.Subject {
+	return rbacv1.Subject{Kind: rbacv1.GroupKind, APIGroup: rbacv1.GroupName, Name: name}
+}
+
+func user(name string) rbacv1.Subject {
+	return rbacv1.Subject{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: name}
+}
+
+// nodeBootstrapRBAC is what kubeadm init creates for TLS bootstrapping
+// (kubeadm's phases/bootstraptoken): token holders may create CSRs and get
+// Nodes, their node-client CSRs and the nodes' renewals are approved by the
+// controller-manager's csrapproving controller, and anyone may read
+// kube-public/cluster-info.
+func nodeBootstrapRBAC() []Object {
+	return []Object{
+		clusterRoleBinding("kubeadm:kubelet-bootstrap", "system:node-bootstrapper", group(NodeBootstrapGroup)),
+		clusterRole("kubeadm:get-nodes", rbacv1.PolicyRule{Verbs: []string{"get"}, APIGroups: []string{""}, Resources: []string{"nodes"}}),
+		clusterRoleBinding("kubeadm:get-nodes", "kubeadm:get-nodes", group(NodeBootstrapGroup)),
+		clusterRoleBinding("kubeadm:node-autoapprove-bootstrap", "system:certificates.k8s.io:certificatesigningrequests:nodeclient", group(NodeBootstrapGroup)),
+		clusterRoleBinding("kubeadm:node-autoapprove-certificate-rotation", "system:certificates.k8s.io:certificatesigningrequests:selfnodeclient", group(NodesGroup)),
+		role(metav1.NamespacePublic, "kubeadm:bootstrap-signer-clusterinfo",
+			rbacv1.PolicyRule{Verbs: []string{"get"}, APIGroups: []string{""}, Resources: []string{"configmaps"}, ResourceNames: []string{bootstrapapi.ConfigMapClusterInfo}}),
+		roleBinding(metav1.NamespacePublic, "kubeadm:bootstrap-signer-clusterinfo", user("system:anonymous")),
+	}
+}
+
+// enrollerObjects is the enroller identity's RBAC and the admission policy
+// that narrows it (CONTRACTS.md §4).
+func enrollerObjects() []Object {
+	failClosed := admissionv1.Fail
+	return []Object{
+		role(metav1.NamespaceSystem, "gpurack:enroller",
+			rbacv1.PolicyRule{Verbs: []string{"create", "delete"}, APIGroups: []string{""}, Resources: []string{"secrets"}}),
+		roleBinding(metav1.NamespaceSystem, "gpurack:enroller", user(EnrollerUser)),
+		clusterRole("gpurack:enroller",
+			rbacv1.PolicyRule{Verbs: []string{"get", "list", "watch", "patch", "delete"}, APIGroups: []string{""}, Resources: []string{"nodes"}}),
+		clusterRoleBinding("gpurack:enroller", "gpurack:enroller", user(EnrollerUser)),
+		{gvrVAP, &admissionv1.ValidatingAdmissionPolicy{
+			TypeMeta:   metav1.TypeMeta{APIVersion: "admissionregistration.k8s.io/v1", Kind: "ValidatingAdmissionPolicy"},
+			ObjectMeta: metav1.ObjectMeta{Name: EnrollerPolicy},
+			Spec: admissionv1.ValidatingAdmissionPolicySpec{
+				FailurePolicy: &failClosed,
+				MatchConstraints: &admissionv1.MatchResources{
+					ResourceRules: []admissionv1.NamedRuleWithOperations{{
+						RuleWithOperations: admissionv1.RuleWithOperations{
+							Operations: []admissionv1.OperationType{admissionv1.Create, admissionv1.Update, admissionv1.Delete},
+							Rule:       admissionv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"secrets"}},
+						},
+					}},
+				},
+				MatchConditions: []admissionv1.MatchCondition{{
+					Name:       "is-enroller",
+					Expression: fmt.Sprintf("request.userInfo.username == %q", EnrollerUser),
+				}},
+				Variables: []admissionv1.Variable{{
+					Name:       "secret",
+					Expression: "request.operation == 'DELETE' ? oldObject : object",
+				}},
+				Validations: []admissionv1.Validation{{
+					Expression: fmt.Sprintf("has(variables.secret.type) && variables.secret.type == %q && has(variables.secret.metadata.name) && variables.secret.metadata.name.startsWith(%q)",
+						string(bootstrapapi.SecretTypeBootstrapToken), bootstrapapi.BootstrapTokenSecretPrefix),
+					Message: fmt.Sprintf("%s may only create and delete Secrets of type %s named %s<id>",
+						EnrollerUser, bootstrapapi.SecretTypeBootstrapToken, bootstrapapi.BootstrapTokenSecretPrefix),
+					Reason: ptr(metav1.StatusReasonForbidden),
+				}},
+			},
+		}},
+		{gvrVAPBinding, &admissionv1.ValidatingAdmissionPolicyBinding{
+			TypeMeta:   metav1.TypeMeta{APIVersion: "admissionregistration.k8s.io/v1", Kind: "ValidatingAdmissionPolicyBinding"},
+			ObjectMeta: metav1.ObjectMeta{Name: EnrollerPolicy},
+			Spec: admissionv1.ValidatingAdmissionPolicyBindingSpec{
+				PolicyName:        EnrollerPolicy,
+				ValidationActions: []admissionv1.ValidationAction{admissionv1.Deny},
+			},
+		}},
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
