@@ -18,16 +18,20 @@ func main() {
 }
 
 func newRootCommand() *cobra.Command {
-	return &cobra.Command{
+	root := &cobra.Command{
 		Use:   "gpuboot",
 		Short: "Network-boot, enroll and inventory GPU servers",
 		Long: `gpuboot network-boots new servers (proxyDHCP or full DHCP, TFTP, iPXE, HTTP), enrolls
 them under an approval policy, hands approved machines their join secrets once, and
 keeps the inventory and the rack commissioning reports.
 
-Its commands arrive with the gpuboot issue (#4); see docs/ for the design.`,
+Set up once with "gpuboot init", run with "gpuboot serve --config gpuboot.yaml", and
+manage machines with "gpuboot machines …" and "gpuboot rack report …" (operator
+certificate required). See docs/enrollment.md.`,
 		Version:       buildinfo.String(),
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
+	root.AddCommand(newInitCommand(), newCertsCommand(), newServeCommand(), newMachinesCommand(), newRackCommand())
+	return root
 }

@@ -1,0 +1,389 @@
+// Package admin is gpuboot's operator surface on its TLS listener (CONTRACTS §3, §4):
+// gpurack.boot.v1.AdminService (gRPC), a read-only REST API over the inventory and an
+// HTML rack view with no external assets. Every request must come from an operator:
+// a client certificate of the gpurack CA with O=gpurack:operators (not revoked), or,
+// for the REST API and the rack view, an operator bearer token.
+//
+// It decides nothing about machines itself: lifecycle actions go to pxe/enroll, reads
+// to the inventory, reports to pxe/report.
+package admin
+
+import (
+	"context"
+	"crypto/x509"
+	"encoding/base64"
+	"errors"
+	"sort"
+	"strconv"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
+	machinev1 "github.com/gpurack/gpurack/api/machine/v1"
+	"github.com/gpurack/gpurack/internal/pki"
+	"github.com/gpurack/gpurack/pxe/enroll"
+	"github.com/gpurack/gpurack/pxe/inventory"
+	"github.com/gpurack/gpurack/pxe/report"
+)
+
+// Server implements AdminService and the HTTP handlers.
+type Server struct {
+	bootv1.UnimplementedAdminServiceServer
+	svc    *enroll.Service
+	tokens *Tokens
+	now    func() time.Time
+}
+
+// New returns a Server over the enrollment service. tokens may be nil (certificates
+// only).
+func New(svc *enroll.Service, tokens *Tokens) *Server {
+	return &Server{svc: svc, tokens: tokens, now: time.Now}
+}
+
+// OperatorFromCert returns the operator name of a verified client certificate chain's
+// leaf: issued by the gpurack CA, role gpurack:operators, not revoked.
+func (s *Server) OperatorFromCert(certs []*x509.Certificate) (string, error) {
+	if len(certs) == 0 {
+		return "", status.Error(codes.Unauthenticated, "an operator client certificate is required (gpuboot certs operator NAME)")
+	}
+	cfg := s.svc.Config()
+	leaf := certs[0]
+	if err := leaf.CheckSignatureFrom(cfg.CA.Cert); err != nil {
+		return "", status.Error(codes.Unauthenticated, "client certificate not issued by the gpurack CA")
+	}
+	if cfg.Revocations.Contains(leaf.SerialNumber) {
+		return "", status.Error(codes.Unauthenticated, "client certificate revoked")
+	}
+	if now := s.now(); now.After(leaf.NotAfter) || now.Before(leaf.NotBefore) {
+		return "", status.Error(codes.Unauthenticated, "client certificate expired or not yet valid")
+	}
+	if r := pki.RoleOf(leaf); r != pki.RoleOperators {
+		return "", status.Errorf(codes.PermissionDenied, "client certificate role %q; AdminService takes operators (%s) only", r, pki.RoleOperators)
+	}
+	return leaf.Subject.CommonName, nil
+}
+
+func (s *Server) operator(ctx context.Context) (string, error) {
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return "", status.Error(codes.Unauthenticated, "no peer")
+	}
+	ti, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok {
+		return "", status.Error(codes.Unauthenticated, "an operator client certificate over TLS is required")
+	}
+	return s.OperatorFromCert(ti.State.PeerCertificates)
+}
+
+func grpcError(err error) error {
+	if err == nil {
+		return nil
+	}
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	switch {
+	case errors.Is(err, inventory.ErrNotFound):
+		return status.Error(codes.NotFound, err.Error())
+	case errors.Is(err, enroll.ErrInvalid), errors.Is(err, enroll.ErrAmbiguous):
+		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, enroll.ErrPrecondition), errors.Is(err, inventory.ErrIllegalTransition):
+		return status.Error(codes.FailedPrecondition, err.Error())
+	}
+	return status.Error(codes.Internal, err.Error())
+}
+
+// ToProto converts an inventory machine (and optionally its history) for the API.
+func ToProto(m *inventory.Machine, history []inventory.Transition) *bootv1.Machine {
+	p := &bootv1.Machine{
+		Id: m.ID, Identity: enroll.IdentityProto(m.Identity), State: enroll.StateProto(m.State),
+		NodeName: m.NodeName, Rack: m.Rack, Slot: m.Slot, Labels: m.Labels, Profile: m.Profile, ImageId: m.ImageID,
+		KeyFingerprint: m.BoundKey, CreatedAt: ts(m.CreatedAt), UpdatedAt: ts(m.UpdatedAt), LastHeartbeatAt: ts(m.LastHeartbeat),
+	}
+	if len(m.Facts) > 0 {
+		p.Facts = new(machinev1.MachineFacts)
+		_ = proto.Unmarshal(m.Facts, p.Facts)
+	}
+	if len(m.Checklist) > 0 {
+		p.Checklist = new(machinev1.Checklist)
+		_ = proto.Unmarshal(m.Checklist, p.Checklist)
+	}
+	if len(m.Health) > 0 {
+		p.Health = new(machinev1.HealthSummary)
+		_ = proto.Unmarshal(m.Health, p.Health)
+	}
+	for _, k := range m.Keys {
+		p.Keys = append(p.Keys, &bootv1.RegisteredKey{Fingerprint: k.Fingerprint, PublicKey: k.PublicKey, Bound: k.Fingerprint == m.BoundKey,
+			RegisteredAt: ts(k.RegisteredAt), LastSeenAt: ts(k.LastSeen), BootId: k.BootID, RemoteAddress: k.Remote})
+	}
+	if p.KeyFingerprint == "" && len(m.Keys) == 1 {
+		p.KeyFingerprint = m.Keys[0].Fingerprint
+	}
+	for _, t := range history {
+		p.History = append(p.History, TransitionProto(t))
+	}
+	return p
+}
+
+// TransitionProto converts a transition.
+func TransitionProto(t inventory.Transition) *bootv1.Transition {
+	return &bootv1.Transition{MachineId: t.MachineID, From: enroll.StateProto(t.From), To: enroll.StateProto(t.To),
+		Time: ts(t.Time), Actor: t.Actor, Reason: t.Reason}
+}
+
+func ts(t time.Time) *timestamppb.Timestamp {
+	if t.IsZero() {
+		return nil
+	}
+	return timestamppb.New(t)
+}
+
+// sortMachines orders by rack, slot, node name, id.
+func sortMachines(ms []*inventory.Machine) {
+	sort.Slice(ms, func(i, j int) bool {
+		a, b := ms[i], ms[j]
+		if a.Rack != b.Rack {
+			return a.Rack < b.Rack
+		}
+		if a.Slot != b.Slot {
+			return a.Slot < b.Slot
+		}
+		if a.NodeName != b.NodeName {
+			return a.NodeName < b.NodeName
+		}
+		return a.ID < b.ID
+	})
+}
+
+// ListMachines implements AdminService.
+func (s *Server) ListMachines(ctx context.Context, req *bootv1.ListMachinesRequest) (*bootv1.ListMachinesResponse, error) {
+	if _, err := s.operator(ctx); err != nil {
+		return nil, err
+	}
+	return s.list(ctx, req)
+}
+
+func (s *Server) list(ctx context.Context, req *bootv1.ListMachinesRequest) (*bootv1.ListMachinesResponse, error) {
+	all, err := s.svc.Store().List(ctx)
+	if err != nil {
+		return nil, grpcError(err)
+	}
+	want := map[inventory.State]bool{}
+	for _, st := range req.GetStates() {
+		want[enroll.StateFromProto(st)] = true
+	}
+	var ms []*inventory.Machine
+	for _, m := range all {
+		if (len(want) == 0 || want[m.State]) && (req.GetRack() == "" || req.GetRack() == m.Rack) {
+			ms = append(ms, m)
+		}
+	}
+	sortMachines(ms)
+	start := 0
+	if tok := req.GetPageToken(); tok != "" {
+		b, err := base64.RawURLEncoding.DecodeString(tok)
+		n, err2 := strconv.Atoi(string(b))
+		if err != nil || err2 != nil || n < 0 || n > len(ms) {
+			return nil, status.Error(codes.InvalidArgument, "bad page_token: pass next_page_token from the previous page")
+		}
+		start = n
+	}
+	size := int(req.GetPageSize())
+	if size == 0 || size > 500 {
+		size = 500
+	}
+	end := min(start+size, len(ms))
+	resp := &bootv1.ListMachinesResponse{}
+	for _, m := range ms[start:end] {
+		resp.Machines = append(resp.Machines, ToProto(m, nil))
+	}
+	if end < len(ms) {
+		resp.NextPageToken = base64.RawURLEncoding.EncodeToString([]byte(strconv.Itoa(end)))
+	}
+	return resp, nil
+}
+
+// GetMachine implements AdminService.
+func (s *Server) GetMachine(ctx context.Context, req *bootv1.GetMachineRequest) (*bootv1.Machine, error) {
+	if _, err := s.operator(ctx); err != nil {
+		return nil, err
+	}
+	return s.get(ctx, req.GetMachine())
+}
+
+func (s *Server) get(ctx context.Context, ref string) (*bootv1.Machine, error) {
+	m, err := s.svc.Resolve(ctx, ref)
+	if err != nil {
+		return nil, grpcError(err)
+	}
+	h, err := s.svc.Store().History(ctx, m.ID)
+	if err != nil {
+		return nil, grpcError(err)
+	}
+	return ToProto(m, h), nil
+}
+
+// Approve implements AdminService.
+func (s *Server) Approve(ctx context.Context, req *bootv1.ApproveRequest) (*bootv1.Machine, error) {
+	op, err := s.operator(ctx)
+	if err != nil {
+		return nil, err
+	}
+	m, err := s.svc.Approve(ctx, req.GetMachine(), enroll.ApproveOptions{Actor: "operator:" + op, Reason: req.GetReason(),
+		NodeName: req.GetNodeName(), Rack: req.GetRack(), Slot: req.GetSlot()})
+	if err != nil {
+		return nil, grpcError(err)
+	}
+	return ToProto(m, nil), nil
+}
+
+// Reject implements AdminService.
+func (s *Server) Reject(ctx context.Context, req *bootv1.RejectRequest) (*bootv1.Machine, error) {
+	op, err := s.operator(ctx)
+	if err != nil {
+		return nil, err
+	}
+	m, err := s.svc.Reject(ctx, req.GetMachine(), "operator:"+op, req.GetReason())
+	if err != nil {
+		return nil, grpcError(err)
+	}
+	return ToProto(m, nil), nil
+}
+
+// Decommission implements AdminService.
+func (s *Server) Decommission(ctx context.Context, req *bootv1.DecommissionRequest) (*bootv1.Machine, error) {
+	op, err := s.operator(ctx)
+	if err != nil {
+		return nil, err
+	}
+	m, err := s.svc.Decommission(ctx, req.GetMachine(), "operator:"+op, req.GetReason())
+	if err != nil && m == nil {
+		return nil, grpcError(err)
+	}
+	if err != nil {
+		return nil, status.Error(codes.Unavailable, err.Error())
+	}
+	return ToProto(m, nil), nil
+}
+
+// ResolveConflict implements AdminService.
+func (s *Server) ResolveConflict(ctx context.Context, req *bootv1.ResolveConflictRequest) (*bootv1.Machine, error) {
+	op, err := s.operator(ctx)
+	if err != nil {
+		return nil, err
+	}
+	m, err := s.svc.ResolveConflict(ctx, req.GetMachine(), req.GetWinningKeyFingerprint(), "operator:"+op, req.GetReason())
+	if err != nil {
+		return nil, grpcError(err)
+	}
+	return ToProto(m, nil), nil
+}
+
+// History implements AdminService.
+func (s *Server) History(ctx context.Context, req *bootv1.HistoryRequest) (*bootv1.HistoryResponse, error) {
+	if _, err := s.operator(ctx); err != nil {
+		return nil, err
+	}
+	return s.history(ctx, req)
+}
+
+func (s *Server) history(ctx context.Context, req *bootv1.HistoryRequest) (*bootv1.HistoryResponse, error) {
+	var ts []inventory.Transition
+	if req.GetMachine() != "" {
+		m, err := s.svc.Resolve(ctx, req.GetMachine())
+		if err != nil {
+			return nil, grpcError(err)
+		}
+		if ts, err = s.svc.Store().History(ctx, m.ID); err != nil {
+			return nil, grpcError(err)
+		}
+	} else {
+		all, err := s.svc.Store().History(ctx, "")
+		if err != nil {
+			return nil, grpcError(err)
+		}
+		inRack := map[string]bool{}
+		if req.GetRack() != "" {
+			ms, err := s.svc.Store().List(ctx)
+			if err != nil {
+				return nil, grpcError(err)
+			}
+			for _, m := range ms {
+				inRack[m.ID] = m.Rack == req.GetRack()
+			}
+		}
+		for _, t := range all {
+			if req.GetRack() == "" || inRack[t.MachineID] {
+				ts = append(ts, t)
+			}
+		}
+	}
+	resp := &bootv1.HistoryResponse{}
+	for _, t := range ts {
+		if req.GetSince() != nil && t.Time.Before(req.GetSince().AsTime()) {
+			continue
+		}
+		resp.Transitions = append(resp.Transitions, TransitionProto(t))
+	}
+	if n := int(req.GetLimit()); n > 0 && len(resp.Transitions) > n {
+		resp.Transitions = resp.Transitions[len(resp.Transitions)-n:]
+	}
+	return resp, nil
+}
+
+// RackReport implements AdminService.
+func (s *Server) RackReport(ctx context.Context, req *bootv1.RackReportRequest) (*bootv1.RackReportResponse, error) {
+	if _, err := s.operator(ctx); err != nil {
+		return nil, err
+	}
+	return s.rackReport(ctx, req.GetRack(), req.GetFormat())
+}
+
+func (s *Server) rackReport(ctx context.Context, rack string, f bootv1.ReportFormat) (*bootv1.RackReportResponse, error) {
+	all, err := s.svc.Store().List(ctx)
+	if err != nil {
+		return nil, grpcError(err)
+	}
+	if rack == "" {
+		racks := s.racks(all)
+		if len(racks) != 1 {
+			return nil, status.Errorf(codes.InvalidArgument, "gpuboot serves %d racks (%v): name one", len(racks), racks)
+		}
+		rack = racks[0]
+	}
+	var ms []*bootv1.Machine
+	for _, m := range all {
+		ms = append(ms, ToProto(m, nil))
+	}
+	d := report.Build(rack, ms, s.now())
+	content, ct, name, err := report.Render(d, f)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "render report: %v", err)
+	}
+	return &bootv1.RackReportResponse{Content: content, ContentType: ct, Filename: name, Data: d}, nil
+}
+
+// racks lists the configured racks and those machines are in, sorted.
+func (s *Server) racks(ms []*inventory.Machine) []string {
+	set := map[string]bool{}
+	for name := range s.svc.Config().Racks {
+		set[name] = true
+	}
+	for _, m := range ms {
+		if m.Rack != "" {
+			set[m.Rack] = true
+		}
+	}
+	var out []string
+	for r := range set {
+		out = append(out, r)
+	}
+	sort.Strings(out)
+	return out
+}

@@ -1,0 +1,361 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
+	machinev1 "github.com/gpurack/gpurack/api/machine/v1"
+	"github.com/gpurack/gpurack/pxe/enroll"
+	"github.com/gpurack/gpurack/pxe/inventory"
+	"github.com/gpurack/gpurack/pxe/report"
+	"github.com/gpurack/gpurack/pxe/server"
+)
+
+// clientFlags are the operator connection flags of machines and rack.
+type clientFlags struct {
+	server, credentials string
+	timeout             time.Duration
+}
+
+func (f *clientFlags) register(cmd *cobra.Command) {
+	defServer := os.Getenv("GPUBOOT_SERVER")
+	if defServer == "" {
+		defServer = "localhost:8443"
+	}
+	defCreds := os.Getenv("GPUBOOT_CREDENTIALS")
+	if defCreds == "" {
+		defCreds = filepath.Join(defaultStateDir, "operators", "admin")
+	}
+	cmd.PersistentFlags().StringVar(&f.server, "server", defServer, "gpuboot's TLS address HOST:PORT ($GPUBOOT_SERVER)")
+	cmd.PersistentFlags().StringVar(&f.credentials, "credentials", defCreds, "operator credentials directory: ca.crt, operator.crt, operator.key ($GPUBOOT_CREDENTIALS)")
+	cmd.PersistentFlags().DurationVar(&f.timeout, "timeout", 30*time.Second, "how long to wait for gpuboot")
+}
+
+func (f *clientFlags) call(fn func(ctx context.Context, c bootv1.AdminServiceClient) error) error {
+	c, closeFn, err := server.DialAdmin(f.server, f.credentials)
+	if err != nil {
+		return err
+	}
+	defer closeFn()
+	ctx, cancel := context.WithTimeout(context.Background(), f.timeout)
+	defer cancel()
+	return fn(ctx, c)
+}
+
+func newMachinesCommand() *cobra.Command {
+	var f clientFlags
+	cmd := &cobra.Command{
+		Use:   "machines",
+		Short: "List, inspect and decide on machines (AdminService, operator certificate)",
+		Long:  `Machines are named by a MACHINE reference: the inventory id, the node name or the boot MAC.`,
+	}
+	f.register(cmd)
+	var states []string
+	var rack, output string
+	list := &cobra.Command{
+		Use:   "list [--state S]… [--rack R]",
+		Short: "List machines",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			req := &bootv1.ListMachinesRequest{Rack: rack}
+			for _, s := range states {
+				st, err := inventory.ParseState(s)
+				if err != nil {
+					return err
+				}
+				req.States = append(req.States, enroll.StateProto(st))
+			}
+			return f.call(func(ctx context.Context, c bootv1.AdminServiceClient) error {
+				var all []*bootv1.Machine
+				for {
+					resp, err := c.ListMachines(ctx, req)
+					if err != nil {
+						return err
+					}
+					all = append(all, resp.Machines...)
+					if resp.NextPageToken == "" {
+						break
+					}
+					req.PageToken = resp.NextPageToken
+				}
+				if output == "json" {
+					return writeJSON(cmd.OutOrStdout(), &bootv1.ListMachinesResponse{Machines: all})
+				}
+				tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "ID\tSTATE\tRACK\tSLOT\tNODE\tMAC\tSERIAL\tCHECKS\tKEY")
+				for _, m := range all {
+					checks := "-"
+					if m.Checklist != nil {
+						checks = report.StatusName(enroll.Overall(m.Checklist))
+					}
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", m.Id, report.StateName(m.State), dash(m.Rack), dash(m.Slot),
+						dash(m.NodeName), m.GetIdentity().GetBootMac(), dash(m.GetIdentity().GetSerial()), checks, dash(shortFP(m.KeyFingerprint)))
+				}
+				return tw.Flush()
+			})
+		},
+	}
+	list.Flags().StringSliceVar(&states, "state", nil, "only machines in these states")
+	list.Flags().StringVar(&rack, "rack", "", "only machines of this rack")
+	list.Flags().StringVarP(&output, "output", "o", "table", "table or json")
+
+	var showOut string
+	show := &cobra.Command{
+		Use:   "show MACHINE",
+		Short: "Show a machine: identity, facts, checklist, key fingerprint and history",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return f.call(func(ctx context.Context, c bootv1.AdminServiceClient) error {
+				m, err := c.GetMachine(ctx, &bootv1.GetMachineRequest{Machine: args[0]})
+				if err != nil {
+					return err
+				}
+				if showOut == "json" {
+					return writeJSON(cmd.OutOrStdout(), m)
+				}
+				printMachine(cmd.OutOrStdout(), m)
+				return nil
+			})
+		},
+	}
+	show.Flags().StringVarP(&showOut, "output", "o", "text", "text or json")
+
+	var reason, nodeName, apRack, slot, key string
+	approve := &cobra.Command{
+		Use:   "approve MACHINE [--reason R] [--node-name N] [--rack R] [--slot S]",
+		Short: "Approve a machine: it gets its JoinBundle once, for the key shown by `machines show`",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return f.call(func(ctx context.Context, c bootv1.AdminServiceClient) error {
+				m, err := c.Approve(ctx, &bootv1.ApproveRequest{Machine: args[0], Reason: reason, NodeName: nodeName, Rack: apRack, Slot: slot})
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "%s %s (key %s)\n", m.Id, report.StateName(m.State), dash(m.KeyFingerprint))
+				return nil
+			})
+		},
+	}
+	approve.Flags().StringVar(&reason, "reason", "", "why (recorded in the history)")
+	approve.Flags().StringVar(&nodeName, "node-name", "", "Kubernetes node name (default: gpuboot's naming rule)")
+	approve.Flags().StringVar(&apRack, "rack", "", "place the machine in this rack")
+	approve.Flags().StringVar(&slot, "slot", "", "place the machine in this slot")
+
+	simple := func(use, short string, call func(ctx context.Context, c bootv1.AdminServiceClient, ref string) (*bootv1.Machine, error)) *cobra.Command {
+		cmd := &cobra.Command{
+			Use: use, Short: short, Args: cobra.ExactArgs(1),
+			RunE: func(cmd *cobra.Command, args []string) error {
+				if reason == "" {
+					return fmt.Errorf("--reason is required: it is recorded in the machine's history")
+				}
+				return f.call(func(ctx context.Context, c bootv1.AdminServiceClient) error {
+					m, err := call(ctx, c, args[0])
+					if err != nil {
+						return err
+					}
+					fmt.Fprintf(cmd.OutOrStdout(), "%s %s\n", m.Id, report.StateName(m.State))
+					return nil
+				})
+			},
+		}
+		cmd.Flags().StringVar(&reason, "reason", "", "why (required, recorded in the history)")
+		return cmd
+	}
+	reject := simple("reject MACHINE --reason R", "Reject a discovered or registered machine", func(ctx context.Context, c bootv1.AdminServiceClient, ref string) (*bootv1.Machine, error) {
+		return c.Reject(ctx, &bootv1.RejectRequest{Machine: ref, Reason: reason})
+	})
+	decom := simple("decommission MACHINE --reason R", "Retire a machine: revoke its certificate, delete its Node and tokens", func(ctx context.Context, c bootv1.AdminServiceClient, ref string) (*bootv1.Machine, error) {
+		return c.Decommission(ctx, &bootv1.DecommissionRequest{Machine: ref, Reason: reason})
+	})
+	resolve := simple("resolve-conflict MACHINE --key FINGERPRINT --reason R", "End a conflict by choosing the key that keeps the identity", func(ctx context.Context, c bootv1.AdminServiceClient, ref string) (*bootv1.Machine, error) {
+		if key == "" {
+			return nil, fmt.Errorf("--key is required: the fingerprint (sha256:…) of the winning key, from `machines show`")
+		}
+		return c.ResolveConflict(ctx, &bootv1.ResolveConflictRequest{Machine: ref, WinningKeyFingerprint: key, Reason: reason})
+	})
+	resolve.Flags().StringVar(&key, "key", "", "fingerprint of the key that wins (required)")
+
+	var hRack string
+	var limit uint32
+	history := &cobra.Command{
+		Use:   "history [MACHINE] [--rack R] [--limit N]",
+		Short: "Show lifecycle transitions, oldest first",
+		Args:  cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			req := &bootv1.HistoryRequest{Rack: hRack, Limit: limit}
+			if len(args) == 1 {
+				req.Machine = args[0]
+			}
+			return f.call(func(ctx context.Context, c bootv1.AdminServiceClient) error {
+				resp, err := c.History(ctx, req)
+				if err != nil {
+					return err
+				}
+				printHistory(cmd.OutOrStdout(), resp.Transitions)
+				return nil
+			})
+		},
+	}
+	history.Flags().StringVar(&hRack, "rack", "", "only machines of this rack")
+	history.Flags().Uint32Var(&limit, "limit", 0, "only the latest N transitions")
+
+	cmd.AddCommand(list, show, approve, reject, resolve, decom, history)
+	return cmd
+}
+
+func newRackCommand() *cobra.Command {
+	var f clientFlags
+	cmd := &cobra.Command{Use: "rack", Short: "Rack commissioning reports (AdminService, operator certificate)"}
+	f.register(cmd)
+	var format, out string
+	rep := &cobra.Command{
+		Use:   "report RACK [--format md|json|html] [-o FILE]",
+		Short: "Render a rack's commissioning report",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			fm, err := report.ParseFormat(format)
+			if err != nil {
+				return err
+			}
+			return f.call(func(ctx context.Context, c bootv1.AdminServiceClient) error {
+				resp, err := c.RackReport(ctx, &bootv1.RackReportRequest{Rack: args[0], Format: fm})
+				if err != nil {
+					return err
+				}
+				if out != "" {
+					return os.WriteFile(out, resp.Content, 0o644)
+				}
+				_, err = cmd.OutOrStdout().Write(resp.Content)
+				return err
+			})
+		},
+	}
+	rep.Flags().StringVar(&format, "format", "md", "md, json or html")
+	rep.Flags().StringVarP(&out, "output", "o", "", "write to FILE instead of standard output")
+	cmd.AddCommand(rep)
+	return cmd
+}
+
+func writeJSON(w io.Writer, m proto.Message) error {
+	b, err := protojson.MarshalOptions{Multiline: true, Indent: "  "}.Marshal(m)
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(append(b, '\n'))
+	return err
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func shortFP(fp string) string {
+	if len(fp) > 23 {
+		return fp[:23] + "…"
+	}
+	return fp
+}
+
+func ts(t *timestamppb.Timestamp) string {
+	if t == nil {
+		return "-"
+	}
+	return t.AsTime().UTC().Format(time.RFC3339)
+}
+
+func printMachine(w io.Writer, m *bootv1.Machine) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, dash(v)) }
+	row("id:", m.Id)
+	row("state:", report.StateName(m.State))
+	row("boot MAC:", m.GetIdentity().GetBootMac())
+	row("SMBIOS UUID:", m.GetIdentity().GetSmbiosUuid())
+	row("serial:", m.GetIdentity().GetSerial())
+	row("rack / slot:", m.Rack+" / "+m.Slot)
+	row("node name:", m.NodeName)
+	row("image:", m.ImageId)
+	row("profile:", m.Profile)
+	row("key fingerprint:", m.KeyFingerprint)
+	if f := m.Facts; f != nil {
+		row("hostname:", f.Hostname)
+		row("IPs:", strings.Join(f.Ips, ", "))
+		row("CPU:", fmt.Sprintf("%s × %d", f.CpuModel, f.CpuCount))
+		row("memory:", fmt.Sprintf("%d GiB", f.MemoryBytes>>30))
+		row("kernel / driver:", f.KernelVersion+" / "+f.DriverVersion)
+		row("booted image:", f.ImageId)
+		for _, g := range f.Gpus {
+			row(fmt.Sprintf("GPU %d:", g.Index), fmt.Sprintf("%s %s PCIe Gen%d x%d NVLink %d/%d", g.ProductName, g.PciBusId, g.PcieCurrentGen, g.PcieCurrentWidth, g.NvlinkLinksActive, g.NvlinkLinksTotal))
+		}
+	}
+	for _, k := range m.Keys {
+		bound := ""
+		if k.Bound {
+			bound = " (bound)"
+		}
+		row("key:", fmt.Sprintf("%s%s registered %s, last seen %s from %s", k.Fingerprint, bound, ts(k.RegisteredAt), ts(k.LastSeenAt), dash(k.RemoteAddress)))
+	}
+	row("last heartbeat:", ts(m.LastHeartbeatAt))
+	tw.Flush()
+	if cl := m.Checklist; cl != nil {
+		phase := strings.ToLower(strings.TrimPrefix(cl.Phase.String(), "CHECK_PHASE_"))
+		fmt.Fprintf(w, "\nchecklist (%s, overall %s):\n", phase, report.StatusName(enroll.Overall(cl)))
+		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		res := append([]*machineResult(nil), toResults(cl)...)
+		sort.SliceStable(res, func(i, j int) bool { return res[i].rank > res[j].rank })
+		for _, r := range res {
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\n", r.status, r.id, r.observed, r.remedy)
+		}
+		tw.Flush()
+	}
+	if len(m.History) > 0 {
+		fmt.Fprintln(w, "\nhistory:")
+		printHistory(w, m.History)
+	}
+}
+
+type machineResult struct {
+	rank                         int
+	status, id, observed, remedy string
+}
+
+func toResults(cl *machinev1.Checklist) []*machineResult {
+	rank := map[machinev1.CheckStatus]int{machinev1.CheckStatus_CHECK_STATUS_FAIL: 4, machinev1.CheckStatus_CHECK_STATUS_WARN: 3, machinev1.CheckStatus_CHECK_STATUS_UNKNOWN: 2}
+	var out []*machineResult
+	for _, r := range cl.GetResults() {
+		id := r.GetId()
+		if r.GpuIndex != nil && r.GetGpuIndex() >= 0 {
+			id = fmt.Sprintf("%s (GPU %d)", id, r.GetGpuIndex())
+		}
+		out = append(out, &machineResult{rank: rank[r.GetStatus()], status: report.StatusName(r.GetStatus()), id: id, observed: r.GetObserved(), remedy: r.GetRemedy()})
+	}
+	return out
+}
+
+func printHistory(w io.Writer, ts []*bootv1.Transition) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "TIME\tMACHINE\tFROM\tTO\tACTOR\tREASON")
+	for _, t := range ts {
+		from := report.StateName(t.From)
+		if from == "unspecified" {
+			from = "(new)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", t.Time.AsTime().UTC().Format(time.RFC3339), t.MachineId, from, report.StateName(t.To), t.Actor, t.Reason)
+	}
+	tw.Flush()
+}

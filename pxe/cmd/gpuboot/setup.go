@@ -1,0 +1,133 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/gpurack/gpurack/pxe/admin"
+	"github.com/gpurack/gpurack/pxe/config"
+	"github.com/gpurack/gpurack/pxe/server"
+)
+
+const defaultStateDir = "/var/lib/gpuboot"
+
+func newInitCommand() *cobra.Command {
+	var o server.InitOptions
+	var advertise string
+	cmd := &cobra.Command{
+		Use:   "init --advertise HOST,IP,… [--state-dir DIR] [--rack NAME]…",
+		Short: "Create the gpurack CA, the server certificate, per-rack gossip keys and a first operator certificate",
+		Long: `init creates gpuboot's state directory once (CONTRACTS §4):
+  pki/ca.crt, pki/ca.key          the gpurack CA (separate from the cluster CA)
+  pki/server.crt, pki/server.key  gpuboot's serving certificate, SANs from --advertise
+                                  (plus localhost and 127.0.0.1 for the local CLI)
+  gossip/RACK.key                 one memberlist key per --rack
+  operators/NAME/                 the first operator's credentials (--operator)
+It refuses to run over an existing CA.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			for _, h := range strings.Split(advertise, ",") {
+				if h = strings.TrimSpace(h); h != "" {
+					o.Advertise = append(o.Advertise, h)
+				}
+			}
+			res, err := server.Init(o)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			fmt.Fprintf(out, "gpurack CA created in %s\n", filepath.Join(o.StateDir, "pki"))
+			fmt.Fprintf(out, "CA pin (gpurack.enroll.ca): %s\n", res.CAPin)
+			fmt.Fprintf(out, "server certificate: %s\n", res.ServerCert)
+			for _, k := range res.GossipKeys {
+				fmt.Fprintf(out, "gossip key: %s\n", k)
+			}
+			fmt.Fprintf(out, "operator credentials: %s (use with --credentials)\n", res.OperatorDir)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&o.StateDir, "state-dir", defaultStateDir, "gpuboot's state directory (stateDir in gpuboot.yaml)")
+	cmd.Flags().StringVar(&advertise, "advertise", "", "comma-separated host names and IP addresses machines reach gpuboot at (required)")
+	cmd.Flags().StringSliceVar(&o.Racks, "rack", []string{"r1"}, "rack names to create gossip keys for")
+	cmd.Flags().StringVar(&o.Operator, "operator", "admin", "name of the first operator certificate")
+	cmd.MarkFlagRequired("advertise")
+	return cmd
+}
+
+func newCertsCommand() *cobra.Command {
+	certs := &cobra.Command{Use: "certs", Short: "Issue certificates from the gpurack CA"}
+	var stateDir, out string
+	var token bool
+	op := &cobra.Command{
+		Use:   "operator NAME",
+		Short: "Issue an operator certificate (O=gpurack:operators) for AdminService, the REST API and the rack view",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			name := args[0]
+			if out == "" {
+				out = filepath.Join(stateDir, "operators", name)
+			}
+			if err := server.IssueOperator(stateDir, name, out); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "operator %s: credentials in %s (ca.crt, operator.crt, operator.key)\n", name, out)
+			if token {
+				tok, line, err := admin.NewToken(name)
+				if err != nil {
+					return err
+				}
+				f, err := os.OpenFile(filepath.Join(stateDir, "operator-tokens"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				if _, err := f.WriteString(line); err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "operator token (shown once; restart gpuboot serve to load it): %s\n", tok)
+			}
+			return nil
+		},
+	}
+	op.Flags().StringVar(&stateDir, "state-dir", defaultStateDir, "gpuboot's state directory holding pki/ca.key")
+	op.Flags().StringVar(&out, "out", "", "directory for the credentials (default STATEDIR/operators/NAME)")
+	op.Flags().BoolVar(&token, "token", false, "also create a bearer token for the REST API and rack view")
+	certs.AddCommand(op)
+	return certs
+}
+
+func newServeCommand() *cobra.Command {
+	var path string
+	cmd := &cobra.Command{
+		Use:   "serve --config gpuboot.yaml",
+		Short: "Serve DHCP, TFTP, HTTP boot, enrollment and the operator API",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := config.Load(path)
+			if err != nil {
+				return err
+			}
+			var level slog.Level
+			_ = level.UnmarshalText([]byte(cfg.LogLevel))
+			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			err = server.Run(ctx, cfg, log)
+			if errors.Is(err, context.Canceled) {
+				return nil
+			}
+			return err
+		},
+	}
+	cmd.Flags().StringVar(&path, "config", "/etc/gpuboot/gpuboot.yaml", "configuration file (see docs/examples/gpuboot.yaml)")
+	return cmd
+}

@@ -1,0 +1,440 @@
+// Package config is gpuboot's configuration file (gpuboot.yaml): its schema, defaults,
+// strict parsing (unknown fields, wrong types and duplicate keys are errors naming the
+// file and line) and validation (errors name the field and what to fix). See
+// docs/examples/gpuboot.yaml for a commented example.
+//
+// It only describes settings; pxe/server turns them into running parts.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/gpurack/gpurack/pxe/policy"
+)
+
+// Config is gpuboot.yaml.
+type Config struct {
+	// StateDir holds gpuboot's state: inventory.db, the gpurack CA and server
+	// certificate (pki/), per-rack gossip keys (gossip/), the revocation list and the
+	// operator token file. `gpuboot init` fills it.
+	StateDir string `yaml:"stateDir"`
+	// Advertise is the host (IP or name) machines reach gpuboot at: it goes into the
+	// iPXE script URLs, the DHCP answers and gpurack.enroll=.
+	Advertise string `yaml:"advertise"`
+	Listen    Listen `yaml:"listen"`
+	// Interfaces DHCP and TFTP serve on.
+	Interfaces []Interface `yaml:"interfaces"`
+	DHCP       DHCP        `yaml:"dhcp"`
+	TFTP       TFTP        `yaml:"tftp"`
+	Images     Images      `yaml:"images"`
+	Enrollment Enrollment  `yaml:"enrollment"`
+	Policy     Policy      `yaml:"policy"`
+	// Racks gpuboot serves; DefaultRack is where machines the allowlist does not
+	// place go (default: the only rack).
+	Racks       []Rack            `yaml:"racks"`
+	DefaultRack string            `yaml:"defaultRack"`
+	Selectors   []policy.Selector `yaml:"selectors"`
+	Cluster     Cluster           `yaml:"cluster"`
+	Admin       Admin             `yaml:"admin"`
+	// LogLevel: debug, info (default), warn, error.
+	LogLevel string `yaml:"logLevel"`
+
+	// Source is the file the configuration was read from (not a YAML field).
+	Source string `yaml:"-"`
+}
+
+// Listen are the listener addresses (CONTRACTS §3).
+type Listen struct {
+	// HTTP serves /boot.ipxe, /images and /metrics in plain HTTP; default ":8080".
+	HTTP string `yaml:"http"`
+	// TLS serves EnrollmentService, AdminService, the REST API and the rack view;
+	// default ":8443".
+	TLS string `yaml:"tls"`
+}
+
+// Interface is one network interface DHCP and TFTP serve on.
+type Interface struct {
+	Name string `yaml:"name"`
+}
+
+// DHCP configures the DHCPv4 side.
+type DHCP struct {
+	// Enabled: default true.
+	Enabled *bool `yaml:"enabled"`
+	// Mode: proxy (default) or full.
+	Mode string `yaml:"mode"`
+	// EFIBootFile: snponly.efi (default) or ipxe.efi.
+	EFIBootFile  string `yaml:"efiBootFile"`
+	BIOSBootFile string `yaml:"biosBootFile"`
+	// Full mode only.
+	Pool         *Pool         `yaml:"pool"`
+	Reservations []Reservation `yaml:"reservations"`
+}
+
+// Pool is full mode's address pool.
+type Pool struct {
+	Start     string        `yaml:"start"`
+	End       string        `yaml:"end"`
+	Netmask   string        `yaml:"netmask"`
+	Routers   []string      `yaml:"routers"`
+	DNS       []string      `yaml:"dns"`
+	LeaseTime time.Duration `yaml:"leaseTime"`
+}
+
+// Reservation pins an address to a MAC in full mode.
+type Reservation struct {
+	MAC string `yaml:"mac"`
+	IP  string `yaml:"ip"`
+}
+
+// TFTP configures the TFTP server.
+type TFTP struct {
+	Enabled *bool `yaml:"enabled"`
+	// Dir holds the iPXE binaries; default /usr/lib/ipxe (Debian's ipxe package).
+	Dir        string `yaml:"dir"`
+	SinglePort bool   `yaml:"singlePort"`
+}
+
+// Images configures the image store.
+type Images struct {
+	// Store is the directory of <image-id>/ directories (CONTRACTS §7).
+	Store string `yaml:"store"`
+	// TrustedKeys are PKIX PEM ed25519 public keys; only images signed by one are
+	// served.
+	TrustedKeys []string `yaml:"trustedKeys"`
+}
+
+// Enrollment configures the enrollment flow (CONTRACTS §2).
+type Enrollment struct {
+	// UnknownMachines: discover (default) or hold.
+	UnknownMachines string `yaml:"unknownMachines"`
+	// Reenroll: auto (default) or manual.
+	Reenroll string `yaml:"reenroll"`
+	// Bounds on records unauthenticated traffic creates.
+	MaxUnapproved int     `yaml:"maxUnapproved"`
+	CreateRate    float64 `yaml:"createRate"`
+	CreateBurst   int     `yaml:"createBurst"`
+	// NodeNamePrefix starts generated node names; default "gpu".
+	NodeNamePrefix string `yaml:"nodeNamePrefix"`
+}
+
+// Policy is the approval policy.
+type Policy struct {
+	// Approval: manual (default), allowlist or auto (labs only).
+	Approval string `yaml:"approval"`
+	// Allowlist is the rack manifest CSV (serial, mac, rack, slot).
+	Allowlist string `yaml:"allowlist"`
+}
+
+// Rack is one rack.
+type Rack struct {
+	Name string `yaml:"name"`
+	// DefaultImage boots machines no selector matches (image id).
+	DefaultImage string `yaml:"defaultImage"`
+}
+
+// Cluster is the Kubernetes side (CONTRACTS §4, §5); optional.
+type Cluster struct {
+	// Kubeconfig is the enroller kubeconfig from controlplane-bootstrap
+	// (DIR/enroller.kubeconfig). Empty: bundles carry no Kubernetes credentials and
+	// the node controller does not run.
+	Kubeconfig string   `yaml:"kubeconfig"`
+	DNS        []string `yaml:"dns"`
+	Domain     string   `yaml:"domain"`
+	// UnhealthyEffect of gpurack.io/gpu-unhealthy: NoSchedule (default) or NoExecute.
+	UnhealthyEffect string `yaml:"unhealthyEffect"`
+	// ClearAfter is the hysteresis before the taint is removed once GPUHealthy is True
+	// again; default 30s.
+	ClearAfter time.Duration `yaml:"clearAfter"`
+}
+
+// Admin configures operator access.
+type Admin struct {
+	// TokensFile holds operator bearer tokens (hashes) for the REST API and rack view;
+	// default STATEDIR/operator-tokens.
+	TokensFile string `yaml:"tokensFile"`
+}
+
+// Paths inside StateDir.
+func (c *Config) InventoryPath() string   { return filepath.Join(c.StateDir, "inventory.db") }
+func (c *Config) PKIDir() string          { return filepath.Join(c.StateDir, "pki") }
+func (c *Config) GossipDir() string       { return filepath.Join(c.StateDir, "gossip") }
+func (c *Config) RevocationsPath() string { return filepath.Join(c.StateDir, "pki", "revoked.json") }
+func (c *Config) ServerCertPath() string  { return filepath.Join(c.StateDir, "pki", "server.crt") }
+func (c *Config) ServerKeyPath() string   { return filepath.Join(c.StateDir, "pki", "server.key") }
+
+// DHCPEnabled and TFTPEnabled apply the defaults.
+func (c *Config) DHCPEnabled() bool { return c.DHCP.Enabled == nil || *c.DHCP.Enabled }
+func (c *Config) TFTPEnabled() bool { return c.TFTP.Enabled == nil || *c.TFTP.Enabled }
+
+// Load reads, parses and validates the file at path.
+func Load(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	return Parse(path, data)
+}
+
+var yamlLine = regexp.MustCompile(`line (\d+): `)
+
+// Parse parses and validates data read from source.
+func Parse(source string, data []byte) (*Config, error) {
+	c := &Config{}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(c); err != nil {
+		if errors.Is(err, errEOF) || strings.Contains(err.Error(), "EOF") {
+			return nil, fmt.Errorf("%s: empty configuration", source)
+		}
+		return nil, fmt.Errorf("%s", friendly(source, err))
+	}
+	var extra yaml.Node
+	if dec.Decode(&extra) == nil {
+		return nil, fmt.Errorf("%s: more than one YAML document; gpuboot reads one", source)
+	}
+	c.Source = source
+	c.applyDefaults()
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+var errEOF = errors.New("EOF")
+
+// friendly rewrites yaml.v3's errors ("yaml: unmarshal errors:\n  line 3: field x not
+// found in type config.Config") into "FILE:3: unknown field x".
+func friendly(source string, err error) string {
+	msg := strings.TrimPrefix(err.Error(), "yaml: ")
+	msg = strings.TrimPrefix(msg, "unmarshal errors:\n")
+	var out []string
+	for _, line := range strings.Split(msg, "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" {
+			continue
+		}
+		loc := source
+		if m := yamlLine.FindStringSubmatch(line); m != nil {
+			loc += ":" + m[1]
+			line = yamlLine.ReplaceAllString(line, "")
+		}
+		if f, t, ok := strings.Cut(line, " not found in type "); ok {
+			line = "unknown " + f + " in " + strings.TrimPrefix(t, "config.") + ": check the spelling against docs/examples/gpuboot.yaml"
+		}
+		line = strings.ReplaceAll(line, "config.", "")
+		out = append(out, loc+": "+line)
+	}
+	return strings.Join(out, "\n")
+}
+
+func (c *Config) applyDefaults() {
+	if c.Listen.HTTP == "" {
+		c.Listen.HTTP = ":8080"
+	}
+	if c.Listen.TLS == "" {
+		c.Listen.TLS = ":8443"
+	}
+	if c.DHCP.Mode == "" {
+		c.DHCP.Mode = "proxy"
+	}
+	if c.Enrollment.UnknownMachines == "" {
+		c.Enrollment.UnknownMachines = "discover"
+	}
+	if c.Enrollment.Reenroll == "" {
+		c.Enrollment.Reenroll = "auto"
+	}
+	if c.Policy.Approval == "" {
+		c.Policy.Approval = "manual"
+	}
+	if c.DefaultRack == "" && len(c.Racks) == 1 {
+		c.DefaultRack = c.Racks[0].Name
+	}
+	if c.Cluster.UnhealthyEffect == "" {
+		c.Cluster.UnhealthyEffect = "NoSchedule"
+	}
+	if c.Cluster.ClearAfter == 0 {
+		c.Cluster.ClearAfter = 30 * time.Second
+	}
+	if c.Admin.TokensFile == "" && c.StateDir != "" {
+		c.Admin.TokensFile = filepath.Join(c.StateDir, "operator-tokens")
+	}
+	if c.LogLevel == "" {
+		c.LogLevel = "info"
+	}
+	base := filepath.Dir(c.Source)
+	rel := func(p *string) {
+		if *p != "" && !filepath.IsAbs(*p) {
+			*p = filepath.Join(base, *p)
+		}
+	}
+	rel(&c.StateDir)
+	rel(&c.Images.Store)
+	rel(&c.Policy.Allowlist)
+	rel(&c.Cluster.Kubeconfig)
+	rel(&c.Admin.TokensFile)
+	if c.TFTP.Dir != "" {
+		rel(&c.TFTP.Dir)
+	}
+	for i := range c.Images.TrustedKeys {
+		rel(&c.Images.TrustedKeys[i])
+	}
+}
+
+var rackName = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$`)
+
+// Validate checks the settings and returns every problem, one per line, each naming
+// the field and what to fix.
+func (c *Config) Validate() error {
+	var errs []string
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, fmt.Sprintf("%s: %s: %s", c.Source, field, fmt.Sprintf(format, args...)))
+	}
+	if c.StateDir == "" {
+		bad("stateDir", "required: the directory `gpuboot init` created")
+	}
+	if c.Advertise == "" {
+		bad("advertise", "required: the IP address or host name machines reach gpuboot at")
+	} else if strings.ContainsAny(c.Advertise, ":/ ") {
+		if _, err := netip.ParseAddr(c.Advertise); err != nil {
+			bad("advertise", "%q: give a host name or IP address without scheme or port", c.Advertise)
+		}
+	}
+	for field, addr := range map[string]string{"listen.http": c.Listen.HTTP, "listen.tls": c.Listen.TLS} {
+		if _, _, err := splitHostPort(addr); err != nil {
+			bad(field, "%q: want [HOST]:PORT", addr)
+		}
+	}
+	if c.DHCPEnabled() || c.TFTPEnabled() {
+		if len(c.Interfaces) == 0 {
+			bad("interfaces", "at least one interface is needed for DHCP and TFTP (or set dhcp.enabled and tftp.enabled to false)")
+		}
+	}
+	for i, in := range c.Interfaces {
+		if in.Name == "" {
+			bad(fmt.Sprintf("interfaces[%d].name", i), "required")
+		}
+	}
+	switch c.DHCP.Mode {
+	case "proxy":
+		if c.DHCP.Pool != nil || len(c.DHCP.Reservations) > 0 {
+			bad("dhcp.pool", "only used with dhcp.mode: full")
+		}
+	case "full":
+		if c.DHCP.Pool == nil {
+			bad("dhcp.pool", "required with dhcp.mode: full (start, end, netmask)")
+		} else {
+			for f, v := range map[string]string{"start": c.DHCP.Pool.Start, "end": c.DHCP.Pool.End} {
+				if a, err := netip.ParseAddr(v); err != nil || !a.Is4() {
+					bad("dhcp.pool."+f, "%q is not an IPv4 address", v)
+				}
+			}
+			if a, err := netip.ParseAddr(c.DHCP.Pool.Netmask); err != nil || !a.Is4() {
+				bad("dhcp.pool.netmask", "%q: give a dotted netmask such as 255.255.255.0", c.DHCP.Pool.Netmask)
+			}
+		}
+		for i, r := range c.DHCP.Reservations {
+			if a, err := netip.ParseAddr(r.IP); err != nil || !a.Is4() {
+				bad(fmt.Sprintf("dhcp.reservations[%d].ip", i), "%q is not an IPv4 address", r.IP)
+			}
+			if r.MAC == "" {
+				bad(fmt.Sprintf("dhcp.reservations[%d].mac", i), "required")
+			}
+		}
+	default:
+		bad("dhcp.mode", "%q: use proxy (coexists with the site's DHCP server) or full", c.DHCP.Mode)
+	}
+	switch c.DHCP.EFIBootFile {
+	case "", "snponly.efi", "ipxe.efi":
+	default:
+		bad("dhcp.efiBootFile", "%q: use snponly.efi or ipxe.efi", c.DHCP.EFIBootFile)
+	}
+	if c.Images.Store == "" {
+		bad("images.store", "required: the image store directory")
+	}
+	if len(c.Images.TrustedKeys) == 0 {
+		bad("images.trustedKeys", "at least one image signing public key is required; unsigned images are never served")
+	}
+	switch c.Enrollment.UnknownMachines {
+	case "discover", "hold":
+	default:
+		bad("enrollment.unknownMachines", "%q: use discover or hold", c.Enrollment.UnknownMachines)
+	}
+	switch c.Enrollment.Reenroll {
+	case "auto", "manual":
+	default:
+		bad("enrollment.reenroll", "%q: use auto or manual", c.Enrollment.Reenroll)
+	}
+	if c.Enrollment.MaxUnapproved < 0 || c.Enrollment.CreateRate < 0 || c.Enrollment.CreateBurst < 0 {
+		bad("enrollment", "maxUnapproved, createRate and createBurst must not be negative")
+	}
+	mode, err := policy.ParseMode(c.Policy.Approval)
+	if err != nil {
+		bad("policy.approval", "%v", err)
+	}
+	if mode == policy.Allowlist && c.Policy.Allowlist == "" {
+		bad("policy.allowlist", "required with approval: allowlist (the rack manifest CSV)")
+	}
+	if len(c.Racks) == 0 {
+		bad("racks", "at least one rack is required")
+	}
+	seen := map[string]bool{}
+	for i, r := range c.Racks {
+		f := fmt.Sprintf("racks[%d]", i)
+		if !rackName.MatchString(r.Name) {
+			bad(f+".name", "%q: use 1 to 32 lowercase letters, digits and '-'", r.Name)
+		}
+		if seen[r.Name] {
+			bad(f+".name", "rack %q listed twice", r.Name)
+		}
+		seen[r.Name] = true
+		if r.DefaultImage != "" && !imageID.MatchString(r.DefaultImage) {
+			bad(f+".defaultImage", "%q is not an image id (40 lowercase hex characters)", r.DefaultImage)
+		}
+	}
+	if c.DefaultRack == "" && len(c.Racks) > 1 {
+		bad("defaultRack", "required when several racks are configured")
+	} else if c.DefaultRack != "" && !seen[c.DefaultRack] {
+		bad("defaultRack", "%q is not one of racks[].name", c.DefaultRack)
+	}
+	if err := policy.ValidateSelectors(c.Selectors); err != nil {
+		bad("selectors", "%v", err)
+	}
+	switch c.Cluster.UnhealthyEffect {
+	case "NoSchedule", "NoExecute":
+	default:
+		bad("cluster.unhealthyEffect", "%q: use NoSchedule or NoExecute", c.Cluster.UnhealthyEffect)
+	}
+	if c.Cluster.ClearAfter < 0 {
+		bad("cluster.clearAfter", "must not be negative")
+	}
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		bad("logLevel", "%q: use debug, info, warn or error", c.LogLevel)
+	}
+	if len(errs) > 0 {
+		return errors.New(strings.Join(errs, "\n"))
+	}
+	return nil
+}
+
+var imageID = regexp.MustCompile(`^[0-9a-f]{40}$`)
+
+func splitHostPort(s string) (string, string, error) {
+	i := strings.LastIndex(s, ":")
+	if i < 0 || i == len(s)-1 {
+		return "", "", errors.New("no port")
+	}
+	return s[:i], s[i+1:], nil
+}

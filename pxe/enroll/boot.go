@@ -1,0 +1,177 @@
+package enroll
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	machinev1 "github.com/gpurack/gpurack/api/machine/v1"
+	"github.com/gpurack/gpurack/pxe/identity"
+	"github.com/gpurack/gpurack/pxe/inventory"
+	"github.com/gpurack/gpurack/pxe/policy"
+)
+
+// BootAction is what a /boot.ipxe request gets.
+type BootAction int
+
+// The boot actions.
+const (
+	// BootImage boots ImageID.
+	BootImage BootAction = iota + 1
+	// BootHold shows "waiting for approval" and re-chains /boot.ipxe (CONTRACTS §2.2).
+	BootHold
+)
+
+// BootDecision is the answer to a boot request.
+type BootDecision struct {
+	Action  BootAction
+	ImageID string
+	// MachineID is the inventory id, empty when the request was not recorded.
+	MachineID string
+	// Reason says why, for logs and the hold script.
+	Reason string
+}
+
+// DecideBoot handles a /boot.ipxe request for id from remote (CONTRACTS §2.1, §2.2):
+// an unknown identity is recorded as discovered (within the bounds on unauthenticated
+// creations); any key registered for a known identity stops being live (the machine
+// rebooted); a decommissioned machine starts over as discovered. remote is logged
+// only: nothing is decided on it.
+func (s *Service) DecideBoot(ctx context.Context, id identity.Identity, remote netip.Addr) (BootDecision, error) {
+	now := s.cfg.Now()
+	iid := FromIdentity(id)
+	if iid.MAC == "" {
+		return BootDecision{}, errors.New("boot request without a MAC address")
+	}
+	m, err := s.store.Lookup(ctx, iid.Key())
+	if errors.Is(err, inventory.ErrNotFound) {
+		m, err = s.discover(ctx, iid, remote, now)
+		if errors.Is(err, inventory.ErrExists) {
+			m, err = s.store.Lookup(ctx, iid.Key())
+		}
+		if errors.Is(err, ErrLimited) {
+			s.log.Warn("boot request not recorded", "mac", iid.MAC, "remote", remote, "err", err)
+			return BootDecision{Action: BootHold, Reason: "gpuboot is not recording new machines right now; retrying"}, nil
+		}
+		if err != nil {
+			return BootDecision{}, err
+		}
+		return s.bootDecision(m), nil
+	}
+	if err != nil {
+		return BootDecision{}, err
+	}
+	m, err = s.update(ctx, m.ID, func(m *inventory.Machine) ([]inventory.Transition, error) {
+		m.LastBootAt = now.UTC()
+		for i := range m.Keys {
+			m.Keys[i].Ended = true
+		}
+		if m.State == inventory.Decommissioned {
+			m.Keys, m.BoundKey, m.Approval, m.NodeName = nil, "", nil, ""
+			m.Facts, m.Checklist, m.CommissioningReport, m.Health = nil, nil, nil, nil
+			t, err := inventory.Move(m, inventory.Discovered, "gpuboot", fmt.Sprintf("decommissioned machine booted again (from %s)", remote), now)
+			if err != nil {
+				return nil, err
+			}
+			m.ImageID, m.Profile = s.imageAndProfile(m)
+			return []inventory.Transition{t}, nil
+		}
+		m.ImageID, m.Profile = s.imageAndProfile(m)
+		return nil, nil
+	})
+	if err != nil {
+		return BootDecision{}, err
+	}
+	return s.bootDecision(m), nil
+}
+
+func (s *Service) discover(ctx context.Context, id inventory.Identity, remote netip.Addr, now time.Time) (*inventory.Machine, error) {
+	m := &inventory.Machine{ID: inventory.NewID(), Identity: id, CreatedAt: now.UTC(), LastBootAt: now.UTC(), Rack: s.cfg.DefaultRack}
+	d := s.cfg.Policy.Decide(candidate(id))
+	if d.Rack != "" {
+		m.Rack = d.Rack
+	}
+	m.Slot = d.Slot
+	m.ImageID, m.Profile = s.imageAndProfile(m)
+	t, err := inventory.Move(m, inventory.Discovered, "gpuboot", fmt.Sprintf("first boot request (from %s)", remote), now)
+	if err != nil {
+		return nil, err
+	}
+	ts := []inventory.Transition{t}
+	if d.Approve {
+		t2, err := inventory.Move(m, inventory.Approved, d.Actor, d.Reason, now)
+		if err != nil {
+			return nil, err
+		}
+		ts = append(ts, t2)
+	}
+	if err := s.create(ctx, m, ts...); err != nil {
+		return nil, err
+	}
+	s.log.Info("machine discovered", "machine", m.ID, "mac", id.MAC, "serial", id.Serial, "remote", remote, "state", m.State)
+	return m, nil
+}
+
+// bootDecision is the pure part of DecideBoot.
+func (s *Service) bootDecision(m *inventory.Machine) BootDecision {
+	d := BootDecision{MachineID: m.ID}
+	switch m.State {
+	case inventory.Rejected:
+		d.Action, d.Reason = BootHold, "rejected by an operator"
+		return d
+	case inventory.Discovered, inventory.Registered:
+		if s.cfg.UnknownMachines == Hold {
+			d.Action, d.Reason = BootHold, "waiting for approval"
+			return d
+		}
+	}
+	img, _ := s.ImageFor(m)
+	if img == "" {
+		d.Action, d.Reason = BootHold, fmt.Sprintf("no image for rack %q: configure a selector or the rack's defaultImage", m.Rack)
+		return d
+	}
+	d.Action, d.ImageID, d.Reason = BootImage, img, "state "+string(m.State)
+	return d
+}
+
+// Labels returns the selector labels of m: its inventory labels plus rack, slot, sku,
+// mac, serial, id and node.
+func Labels(m *inventory.Machine) policy.Labels {
+	l := policy.Labels{}
+	for k, v := range m.Labels {
+		l[k] = v
+	}
+	l[policy.LabelRack], l[policy.LabelSlot] = m.Rack, m.Slot
+	l[policy.LabelMAC], l[policy.LabelSerial], l[policy.LabelID], l[policy.LabelNode] = m.Identity.MAC, m.Identity.Serial, m.ID, m.NodeName
+	var f machinev1.MachineFacts
+	if proto.Unmarshal(m.Facts, &f) == nil {
+		var products []string
+		for _, g := range f.GetGpus() {
+			products = append(products, g.GetProductName())
+		}
+		if sku := policy.SKU(products); sku != "" {
+			l[policy.LabelSKU] = sku
+		}
+	}
+	return l
+}
+
+// ImageFor returns the image m boots and the selector that chose it ("" for the
+// rack's default image).
+func (s *Service) ImageFor(m *inventory.Machine) (image, selector string) {
+	if sel, ok := policy.Select(s.cfg.Selectors, Labels(m)); ok {
+		return sel.Image, sel.Name
+	}
+	return s.cfg.Racks[m.Rack].DefaultImage, ""
+}
+
+func (s *Service) imageAndProfile(m *inventory.Machine) (string, string) {
+	if sel, ok := policy.Select(s.cfg.Selectors, Labels(m)); ok {
+		return sel.Image, sel.Profile
+	}
+	return s.cfg.Racks[m.Rack].DefaultImage, ""
+}

@@ -1,0 +1,350 @@
+package enroll
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"crypto/subtle"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"errors"
+	"fmt"
+	"math/big"
+	"net"
+	"sort"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
+	machinev1 "github.com/gpurack/gpurack/api/machine/v1"
+	"github.com/gpurack/gpurack/internal/pki"
+	"github.com/gpurack/gpurack/pxe/inventory"
+	"github.com/gpurack/gpurack/pxe/policy"
+)
+
+// GossipPort is memberlist's port on every agent (CONTRACTS §3).
+const GossipPort = 7946
+
+// maxSeeds is how many gossip seeds a bundle lists.
+const maxSeeds = 5
+
+// GetJoinBundle implements EnrollmentService.GetJoinBundle (CONTRACTS §2.5, §4): the
+// bundle goes once, to the holder of the key the token was issued to, for an approved
+// machine only.
+func (s *Service) GetJoinBundle(ctx context.Context, req *bootv1.GetJoinBundleRequest) (*bootv1.GetJoinBundleResponse, error) {
+	resp, err := s.getJoinBundle(ctx, req)
+	s.stats.mu.Lock()
+	if err != nil {
+		s.stats.BundlesRefused[status.Code(err).String()]++
+	} else {
+		s.stats.BundlesReleased++
+	}
+	s.stats.mu.Unlock()
+	return resp, err
+}
+
+func (s *Service) getJoinBundle(ctx context.Context, req *bootv1.GetJoinBundleRequest) (*bootv1.GetJoinBundleResponse, error) {
+	now := s.cfg.Now()
+	pub, err := bootv1.VerifyRequest(bootv1.EnrollmentService_GetJoinBundle_FullMethodName, req, now)
+	if err != nil {
+		return nil, status.Error(codes.Unauthenticated, err.Error())
+	}
+	token := req.GetToken()
+	id, _, ok := strings.Cut(token, ".")
+	if !ok || id == "" || len(token) > 128 {
+		return nil, status.Error(codes.NotFound, "unknown or expired token: call Register again")
+	}
+	lock := s.machineLock(id)
+	lock.Lock()
+	defer lock.Unlock()
+
+	m, err := s.store.Get(ctx, id)
+	if errors.Is(err, inventory.ErrNotFound) {
+		return nil, status.Error(codes.NotFound, "unknown or expired token: call Register again")
+	}
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "join bundle: %v", err)
+	}
+	fp := bootv1.KeyFingerprint(pub)
+	if err := checkRedeem(m, token, fp, pub, req.GetSignature(), now); err != nil {
+		s.log.Warn("join bundle refused", "machine", m.ID, "key", short(fp), "remote", remoteOf(ctx), "err", err)
+		return nil, err
+	}
+	if m.NodeName == "" {
+		name, err := s.assignNodeName(ctx, m)
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "join bundle: %v", err)
+		}
+		m.NodeName = name
+	}
+
+	// Credentials are made outside the transaction (I/O); if the transaction then
+	// fails they are withdrawn.
+	var facts machinev1.MachineFacts
+	_ = proto.Unmarshal(m.Facts, &facts)
+	cert, err := IssueAgentCertificate(s.cfg.CA, m.NodeName, factsIPs(&facts), pub)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "join bundle: %v", err)
+	}
+	serial := cert.SerialNumber.Text(16)
+	var tokenID, bootstrapToken string
+	if s.cfg.Cluster != nil {
+		tokenID, bootstrapToken, err = s.cfg.Cluster.MintBootstrapToken(ctx, m.NodeName, s.cfg.BootstrapTTL)
+		if err != nil {
+			s.revoke(serial)
+			return nil, status.Errorf(codes.Unavailable, "join bundle: mint bootstrap token: %v", err)
+		}
+	}
+	nodeName := m.NodeName
+	m, err = s.update(ctx, id, func(m *inventory.Machine) ([]inventory.Transition, error) {
+		if err := checkRedeem(m, token, fp, pub, req.GetSignature(), now); err != nil {
+			return nil, err
+		}
+		m.NodeName = nodeName
+		m.Approval.Used = true
+		m.Keys[m.FindKey(fp)].BundleReleased = true
+		m.Keys[m.FindKey(fp)].LastSeen = now.UTC()
+		m.AgentCertSerials = append(m.AgentCertSerials, serial)
+		if tokenID != "" {
+			m.BootstrapTokenIDs = append(m.BootstrapTokenIDs, tokenID)
+		}
+		t, err := inventory.Move(m, inventory.Joining, agentActor(fp), fmt.Sprintf("JoinBundle released for node %s", nodeName), now)
+		if err != nil {
+			return nil, err
+		}
+		return []inventory.Transition{t}, nil
+	})
+	if err != nil {
+		s.revoke(serial)
+		if tokenID != "" {
+			_ = s.cfg.Cluster.DeleteBootstrapToken(context.WithoutCancel(ctx), tokenID)
+		}
+		if _, ok := status.FromError(err); ok {
+			return nil, err
+		}
+		return nil, status.Errorf(codes.Internal, "join bundle: %v", err)
+	}
+	b, err := s.bundle(ctx, m, cert, bootstrapToken, fp, now)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "join bundle: %v", err)
+	}
+	s.log.Info("join bundle released", "machine", m.ID, "node", m.NodeName, "key", short(fp))
+	return &bootv1.GetJoinBundleResponse{Bundle: b}, nil
+}
+
+// checkRedeem decides whether the token, key and signature redeem m's approval now.
+// It is pure; the errors are gRPC statuses as enroll.proto documents them.
+func checkRedeem(m *inventory.Machine, token, fp string, pub ed25519.PublicKey, sig []byte, now time.Time) error {
+	a := m.Approval
+	if a == nil || subtle.ConstantTimeCompare([]byte(a.Token), []byte(token)) != 1 {
+		return status.Error(codes.NotFound, "unknown or expired token: call Register again")
+	}
+	if a.Used {
+		return status.Error(codes.FailedPrecondition, "the JoinBundle for this token was already released")
+	}
+	if !now.Before(a.ExpiresAt) {
+		return status.Error(codes.NotFound, "unknown or expired token: call Register again")
+	}
+	if a.KeyFingerprint != fp || m.BoundKey != fp || m.FindKey(fp) < 0 {
+		return status.Error(codes.PermissionDenied, "the token was issued to another key")
+	}
+	if err := bootv1.VerifyJoinBundle(pub, a.Challenge, token, sig); err != nil {
+		return status.Error(codes.PermissionDenied, err.Error())
+	}
+	if m.State != inventory.Approved {
+		return status.Errorf(codes.FailedPrecondition, "machine is %s, not approved", m.State)
+	}
+	return nil
+}
+
+func (s *Service) revoke(serial string) {
+	n, ok := new(big.Int).SetString(serial, 16)
+	if !ok {
+		return
+	}
+	if s.cfg.Revocations.Revoke(n) && s.cfg.RevocationsPath != "" {
+		if err := s.cfg.Revocations.Save(s.cfg.RevocationsPath); err != nil {
+			s.log.Error("save revocation list", "path", s.cfg.RevocationsPath, "err", err)
+		}
+	}
+}
+
+// bundle assembles the JoinBundle (CONTRACTS §4).
+func (s *Service) bundle(ctx context.Context, m *inventory.Machine, cert *x509.Certificate, bootstrapToken, fp string, now time.Time) (*bootv1.JoinBundle, error) {
+	rack := s.cfg.Racks[m.Rack]
+	b := &bootv1.JoinBundle{
+		BootstrapToken:      bootstrapToken,
+		NodeName:            m.NodeName,
+		AgentCertificatePem: string(pki.EncodeCertPEM(cert)),
+		AgentKeyRef:         fp,
+		GpurackCaPem:        string(pki.EncodeCertPEM(s.cfg.CA.Cert)),
+		Gossip:              &bootv1.GossipConfig{Key: append([]byte(nil), rack.GossipKey...), Rack: m.Rack},
+		ImageId:             m.ImageID,
+		ExpiresAt:           timestamppb.New(now.Add(s.cfg.BootstrapTTL)),
+		IssuedAt:            timestamppb.New(now),
+		Identity:            IdentityProto(m.Identity),
+		ClusterDns:          s.cfg.ClusterDNS,
+		ClusterDomain:       s.cfg.ClusterDomain,
+	}
+	if sel, ok := policy.Select(s.cfg.Selectors, Labels(m)); ok {
+		b.NodeLabels = sel.NodeLabels
+		for _, raw := range sel.NodeTaints {
+			if t, err := policy.ParseTaint(raw); err == nil {
+				b.NodeTaints = append(b.NodeTaints, &bootv1.Taint{Key: t.Key, Value: t.Value, Effect: t.Effect})
+			}
+		}
+	}
+	if s.cfg.Cluster != nil {
+		b.ApiServerEndpoint = s.cfg.Cluster.Endpoint()
+		b.ClusterCaPem = s.cfg.Cluster.CAPEM()
+	}
+	seeds, err := s.gossipSeeds(ctx, m)
+	if err != nil {
+		return nil, err
+	}
+	b.Gossip.Seeds = seeds
+	return b, nil
+}
+
+// gossipSeeds lists the first address of up to maxSeeds other machines of the rack
+// that hold a bundle, ordered by node name.
+func (s *Service) gossipSeeds(ctx context.Context, self *inventory.Machine) ([]string, error) {
+	all, err := s.store.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].NodeName < all[j].NodeName })
+	var seeds []string
+	for _, m := range all {
+		if m.ID == self.ID || m.Rack != self.Rack || len(seeds) >= maxSeeds {
+			continue
+		}
+		switch m.State {
+		case inventory.Joining, inventory.Commissioning, inventory.Ready, inventory.Quarantined:
+		default:
+			continue
+		}
+		var f machinev1.MachineFacts
+		if proto.Unmarshal(m.Facts, &f) != nil {
+			continue
+		}
+		if ips := factsIPs(&f); len(ips) > 0 {
+			seeds = append(seeds, net.JoinHostPort(ips[0].String(), fmt.Sprint(GossipPort)))
+		}
+	}
+	return seeds, nil
+}
+
+func factsIPs(f *machinev1.MachineFacts) []net.IP {
+	var ips []net.IP
+	for _, s := range f.GetIps() {
+		if ip := net.ParseIP(s); ip != nil && !ip.IsLoopback() && !ip.IsLinkLocalUnicast() {
+			if v4 := ip.To4(); v4 != nil {
+				ip = v4
+			}
+			ips = append(ips, ip)
+		}
+	}
+	return ips
+}
+
+// assignNodeName picks the node name for m: "<prefix>-<rack>-<slot>" when the slot is
+// known and the name is free, else "<prefix>-<rack>-<id>" (sanitised to an RFC 1123
+// subdomain).
+func (s *Service) assignNodeName(ctx context.Context, m *inventory.Machine) (string, error) {
+	s.names.Lock()
+	defer s.names.Unlock()
+	all, err := s.store.List(ctx)
+	if err != nil {
+		return "", err
+	}
+	taken := map[string]bool{}
+	for _, o := range all {
+		if o.ID != m.ID && o.NodeName != "" && o.State != inventory.Decommissioned {
+			taken[o.NodeName] = true
+		}
+	}
+	rack := m.Rack
+	if rack == "" {
+		rack = "rack"
+	}
+	if m.Slot != "" {
+		if n := nodeName(s.cfg.NodeNamePrefix, rack, m.Slot); n != "" && !taken[n] {
+			return n, nil
+		}
+	}
+	return nodeName(s.cfg.NodeNamePrefix, rack, m.ID), nil
+}
+
+// nodeName joins parts into a lowercase RFC 1123 label sequence.
+func nodeName(parts ...string) string {
+	var b strings.Builder
+	for _, p := range parts {
+		p = strings.ToLower(p)
+		if b.Len() > 0 {
+			b.WriteByte('-')
+		}
+		for _, r := range p {
+			if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' {
+				b.WriteRune(r)
+			} else if r == '-' || r == '_' || r == ' ' || r == '.' || r == '/' {
+				b.WriteByte('-')
+			}
+		}
+	}
+	n := strings.Trim(b.String(), "-")
+	for strings.Contains(n, "--") {
+		n = strings.ReplaceAll(n, "--", "-")
+	}
+	if len(n) > 63 {
+		n = strings.Trim(n[:63], "-")
+	}
+	return n
+}
+
+// IssueAgentCertificate certifies the agent's own ed25519 key (the key never travels,
+// JoinBundle.agent_key_ref) with the gpurack CA: role gpurack:agents, CN = nodeName,
+// clientAuth + serverAuth, SANs = nodeName and ips (CONTRACTS §4). internal/pki's
+// IssueAgent generates a fresh key instead, which the bundle format rules out, so the
+// template is built here with the same fields.
+func IssueAgentCertificate(ca *pki.CA, nodeName string, ips []net.IP, pub ed25519.PublicKey) (*x509.Certificate, error) {
+	if ca == nil || ca.Cert == nil || ca.Key == nil {
+		return nil, errors.New("issue agent certificate: no CA")
+	}
+	if len(pub) != ed25519.PublicKeySize {
+		return nil, errors.New("issue agent certificate: not an ed25519 public key")
+	}
+	if nodeName == "" {
+		return nil, errors.New("issue agent certificate: no node name")
+	}
+	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 128))
+	if err != nil {
+		return nil, err
+	}
+	start := time.Now().Add(-pki.Backdate)
+	end := start.Add(pki.Backdate + pki.DefaultLeafValidity)
+	if end.After(ca.Cert.NotAfter) {
+		end = ca.Cert.NotAfter
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          serial,
+		Subject:               pkix.Name{CommonName: nodeName, Organization: []string{string(pki.RoleAgents)}},
+		DNSNames:              []string{nodeName},
+		IPAddresses:           ips,
+		NotBefore:             start,
+		NotAfter:              end,
+		KeyUsage:              x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth},
+		BasicConstraintsValid: true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, pub, ca.Key)
+	if err != nil {
+		return nil, fmt.Errorf("issue agent certificate for %s: %w", nodeName, err)
+	}
+	return x509.ParseCertificate(der)
+}

@@ -1,0 +1,329 @@
+package enroll
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/big"
+	"sort"
+	"strings"
+
+	"github.com/gpurack/gpurack/pxe/inventory"
+)
+
+// Errors of the operator operations; pxe/admin maps them to gRPC codes.
+var (
+	// ErrPrecondition: the machine's state does not allow the action.
+	ErrPrecondition = errors.New("not allowed in the machine's state")
+	// ErrInvalid: a malformed or missing argument.
+	ErrInvalid = errors.New("invalid argument")
+	// ErrAmbiguous: a machine ref matches several machines.
+	ErrAmbiguous = errors.New("ambiguous machine reference")
+)
+
+// Resolve finds the machine a MachineRef names: its id, node name or boot MAC.
+func (s *Service) Resolve(ctx context.Context, ref string) (*inventory.Machine, error) {
+	ref = strings.TrimSpace(ref)
+	if ref == "" {
+		return nil, fmt.Errorf("%w: empty machine reference: give an id, node name or boot MAC", ErrInvalid)
+	}
+	if m, err := s.store.Get(ctx, ref); err == nil {
+		return m, nil
+	}
+	all, err := s.store.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	lref := strings.ToLower(ref)
+	var hits []*inventory.Machine
+	for _, m := range all {
+		if (m.NodeName != "" && m.NodeName == lref) || m.Identity.MAC == lref {
+			hits = append(hits, m)
+		}
+	}
+	switch len(hits) {
+	case 0:
+		return nil, fmt.Errorf("machine %q: %w", ref, inventory.ErrNotFound)
+	case 1:
+		return hits[0], nil
+	}
+	ids := make([]string, len(hits))
+	for i, m := range hits {
+		ids[i] = m.ID
+	}
+	sort.Strings(ids)
+	return nil, fmt.Errorf("%w: %q matches machines %s; use an id", ErrAmbiguous, ref, strings.Join(ids, ", "))
+}
+
+// ApproveOptions are an operator's approval details.
+type ApproveOptions struct {
+	Actor, Reason string
+	NodeName      string
+	Rack, Slot    string
+}
+
+// Approve lets a machine join (CONTRACTS §2.4): registered → approved binding the live
+// registration's key; discovered → approved (pre-approval: the first key that
+// registers is bound); rejected → approved.
+func (s *Service) Approve(ctx context.Context, ref string, o ApproveOptions) (*inventory.Machine, error) {
+	m, err := s.Resolve(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	if o.Reason == "" {
+		o.Reason = "approved by an operator"
+	}
+	if o.NodeName != "" {
+		if n := nodeName(o.NodeName); n != o.NodeName {
+			return nil, fmt.Errorf("%w: node name %q is not a valid Kubernetes node name (lowercase letters, digits and '-')", ErrInvalid, o.NodeName)
+		}
+		all, err := s.store.List(ctx)
+		if err != nil {
+			return nil, err
+		}
+		for _, other := range all {
+			if other.ID != m.ID && other.NodeName == o.NodeName && other.State != inventory.Decommissioned {
+				return nil, fmt.Errorf("%w: node name %q is used by machine %s", ErrInvalid, o.NodeName, other.ID)
+			}
+		}
+	}
+	now := s.cfg.Now()
+	return s.update(ctx, m.ID, func(m *inventory.Machine) ([]inventory.Transition, error) {
+		switch m.State {
+		case inventory.Discovered, inventory.Registered, inventory.Rejected:
+		default:
+			return nil, fmt.Errorf("%w: machine %s is %s; approve works on discovered, registered or rejected machines", ErrPrecondition, m.ID, m.State)
+		}
+		var live []inventory.Key
+		for _, k := range m.Keys {
+			if k.Live(now) {
+				live = append(live, k)
+			}
+		}
+		if len(live) > 1 {
+			return nil, fmt.Errorf("%w: machine %s has %d live keys; resolve that first", ErrPrecondition, m.ID, len(live))
+		}
+		m.BoundKey, m.Approval = "", nil
+		if len(live) == 1 {
+			m.BoundKey = live[0].Fingerprint
+			m.Keys = live
+		}
+		if o.NodeName != "" {
+			m.NodeName = o.NodeName
+		}
+		if o.Rack != "" {
+			m.Rack = o.Rack
+		}
+		if o.Slot != "" {
+			m.Slot = o.Slot
+		}
+		m.ImageID, m.Profile = s.imageAndProfile(m)
+		reason := o.Reason
+		if m.BoundKey != "" {
+			reason += fmt.Sprintf(" (key %s)", short(m.BoundKey))
+		}
+		t, err := inventory.Move(m, inventory.Approved, o.Actor, reason, now)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrPrecondition, err)
+		}
+		return []inventory.Transition{t}, nil
+	})
+}
+
+// Reject refuses a discovered or registered machine.
+func (s *Service) Reject(ctx context.Context, ref, actor, reason string) (*inventory.Machine, error) {
+	if strings.TrimSpace(reason) == "" {
+		return nil, fmt.Errorf("%w: a reason is required", ErrInvalid)
+	}
+	m, err := s.Resolve(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	return s.update(ctx, m.ID, func(m *inventory.Machine) ([]inventory.Transition, error) {
+		if m.State != inventory.Discovered && m.State != inventory.Registered {
+			return nil, fmt.Errorf("%w: machine %s is %s; reject works on discovered or registered machines (use decommission for one that joined)", ErrPrecondition, m.ID, m.State)
+		}
+		m.Approval, m.BoundKey = nil, ""
+		t, err := inventory.Move(m, inventory.Rejected, actor, reason, s.cfg.Now())
+		if err != nil {
+			return nil, err
+		}
+		return []inventory.Transition{t}, nil
+	})
+}
+
+// Decommission retires a machine from any state (CONTRACTS §4): its agent certificates
+// are revoked, its keys dropped, and its Node and bootstrap tokens deleted.
+func (s *Service) Decommission(ctx context.Context, ref, actor, reason string) (*inventory.Machine, error) {
+	if strings.TrimSpace(reason) == "" {
+		return nil, fmt.Errorf("%w: a reason is required", ErrInvalid)
+	}
+	m, err := s.Resolve(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	var serials, tokens []string
+	var node string
+	m, err = s.update(ctx, m.ID, func(m *inventory.Machine) ([]inventory.Transition, error) {
+		if m.State == inventory.Decommissioned {
+			return nil, fmt.Errorf("%w: machine %s is already decommissioned", ErrPrecondition, m.ID)
+		}
+		serials, tokens, node = m.AgentCertSerials, m.BootstrapTokenIDs, m.NodeName
+		// Revoke before the record says decommissioned, so no window where a
+		// certificate of a decommissioned machine is accepted.
+		for _, sn := range serials {
+			s.revoke(sn)
+		}
+		m.AgentCertSerials, m.Keys, m.BoundKey, m.Approval = nil, nil, "", nil
+		t, err := inventory.Move(m, inventory.Decommissioned, actor, reason, s.cfg.Now())
+		if err != nil {
+			return nil, err
+		}
+		return []inventory.Transition{t}, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if s.cfg.Cluster != nil {
+		var errs []error
+		for _, id := range tokens {
+			if err := s.cfg.Cluster.DeleteBootstrapToken(ctx, id); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		if node != "" {
+			if err := s.cfg.Cluster.DeleteNode(ctx, node); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		if err := errors.Join(errs...); err != nil {
+			return m, fmt.Errorf("machine %s decommissioned and its certificates revoked, but cleaning up the cluster failed (retry `gpuboot machines decommission` is not needed; delete by hand): %w", m.ID, err)
+		}
+		_, _ = s.store.Update(ctx, m.ID, func(m *inventory.Machine) ([]inventory.Transition, error) {
+			m.BootstrapTokenIDs = nil
+			return nil, nil
+		})
+	}
+	return m, nil
+}
+
+// ResolveConflict ends a conflict by choosing the key that keeps the identity.
+func (s *Service) ResolveConflict(ctx context.Context, ref, winner, actor, reason string) (*inventory.Machine, error) {
+	if strings.TrimSpace(reason) == "" {
+		return nil, fmt.Errorf("%w: a reason is required", ErrInvalid)
+	}
+	m, err := s.Resolve(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	var revoke []string
+	m, err = s.update(ctx, m.ID, func(m *inventory.Machine) ([]inventory.Transition, error) {
+		if m.State != inventory.Conflict {
+			return nil, fmt.Errorf("%w: machine %s is %s, not in conflict", ErrPrecondition, m.ID, m.State)
+		}
+		i := m.FindKey(winner)
+		if i < 0 {
+			var fps []string
+			for _, k := range m.Keys {
+				fps = append(fps, k.Fingerprint)
+			}
+			return nil, fmt.Errorf("%w: key %q is not registered for machine %s (keys: %s)", ErrInvalid, winner, m.ID, strings.Join(fps, ", "))
+		}
+		win := m.Keys[i]
+		to := m.PreConflict
+		if winner != m.BoundKey {
+			// The newer key wins: it gets a new bundle; the old key's certificates go.
+			revoke = m.AgentCertSerials
+			m.AgentCertSerials = nil
+			if m.PreConflict.Bound() {
+				to = inventory.Approved
+				m.BoundKey = winner
+			} else {
+				to = inventory.Registered
+			}
+		}
+		if to == inventory.None || !inventory.Allowed(inventory.Conflict, to) {
+			to = inventory.Registered
+		}
+		m.Keys = []inventory.Key{win}
+		m.Approval = nil
+		t, err := inventory.Move(m, to, actor, fmt.Sprintf("%s (key %s kept)", reason, short(winner)), s.cfg.Now())
+		if err != nil {
+			return nil, err
+		}
+		m.PreConflict = ""
+		return []inventory.Transition{t}, nil
+	})
+	for _, sn := range revoke {
+		s.revoke(sn)
+	}
+	return m, err
+}
+
+// NodeRegistered is called by the node controller when the Node named nodeName
+// exists: a joining machine moves to commissioning, its bootstrap tokens are deleted,
+// and a commissioning report that arrived early is applied (CONTRACTS §2.7, §4).
+func (s *Service) NodeRegistered(ctx context.Context, nodeName string) (*inventory.Machine, error) {
+	all, err := s.store.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var m *inventory.Machine
+	for _, c := range all {
+		if c.NodeName == nodeName && c.State == inventory.Joining {
+			m = c
+		}
+	}
+	if m == nil {
+		return nil, nil
+	}
+	tokens := m.BootstrapTokenIDs
+	if s.cfg.Cluster != nil {
+		for _, id := range tokens {
+			if err := s.cfg.Cluster.DeleteBootstrapToken(ctx, id); err != nil {
+				s.log.Warn("delete bootstrap token", "node", nodeName, "token", id, "err", err)
+			}
+		}
+	}
+	now := s.cfg.Now()
+	return s.update(ctx, m.ID, func(m *inventory.Machine) ([]inventory.Transition, error) {
+		if m.State != inventory.Joining {
+			return nil, nil
+		}
+		m.BootstrapTokenIDs = nil
+		t, err := inventory.Move(m, inventory.Commissioning, "gpuboot", fmt.Sprintf("Node %s registered", nodeName), now)
+		if err != nil {
+			return nil, err
+		}
+		ts := []inventory.Transition{t}
+		if len(m.CommissioningReport) > 0 {
+			cl, err := decodeChecklist(m.CommissioningReport)
+			if err == nil {
+				to, reason := commissioningMove(cl)
+				t2, err := inventory.Move(m, to, "gpuboot", reason+" (report received before the Node registered)", now)
+				if err == nil {
+					ts = append(ts, t2)
+				}
+			}
+			m.CommissioningReport = nil
+		}
+		return ts, nil
+	})
+}
+
+// Revoked reports whether the agent certificate serial is revoked.
+func (s *Service) Revoked(serial *big.Int) bool { return s.cfg.Revocations.Contains(serial) }
+
+// StateByNode returns the state of the machine holding nodeName (not decommissioned).
+func (s *Service) StateByNode(ctx context.Context, nodeName string) (inventory.State, bool, error) {
+	all, err := s.store.List(ctx)
+	if err != nil {
+		return inventory.None, false, err
+	}
+	for _, m := range all {
+		if m.NodeName == nodeName && m.State != inventory.Decommissioned {
+			return m.State, true, nil
+		}
+	}
+	return inventory.None, false, nil
+}

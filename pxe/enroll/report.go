@@ -1,0 +1,256 @@
+package enroll
+
+import (
+	"context"
+	"crypto/ed25519"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
+	machinev1 "github.com/gpurack/gpurack/api/machine/v1"
+	"github.com/gpurack/gpurack/internal/pki"
+	"github.com/gpurack/gpurack/pxe/inventory"
+)
+
+// caller is an authenticated agent: its machine and key fingerprint.
+type caller struct {
+	m        *inventory.Machine
+	fp       string
+	viaCert  bool
+	nodeName string
+}
+
+// authenticateAgent authenticates a post-Register call (CONTRACTS §2.6): a RequestAuth
+// signature by a key registered for the identity, or else an agent certificate issued
+// to that machine and not revoked.
+func (s *Service) authenticateAgent(ctx context.Context, method string, req bootv1.AuthenticatedRequest, idp *machinev1.MachineIdentity, now time.Time) (*caller, error) {
+	id, err := IdentityFromProto(idp)
+	if err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "%s: %v", method, err)
+	}
+	if req.GetAuth() != nil {
+		pub, err := bootv1.VerifyRequest(method, req, now)
+		if err != nil {
+			return nil, status.Error(codes.Unauthenticated, err.Error())
+		}
+		m, err := s.store.Lookup(ctx, id.Key())
+		if errors.Is(err, inventory.ErrNotFound) {
+			return nil, status.Error(codes.PermissionDenied, "this key is not registered for that identity: call Register first")
+		} else if err != nil {
+			return nil, status.Errorf(codes.Internal, "%s: %v", method, err)
+		}
+		fp := bootv1.KeyFingerprint(pub)
+		if m.FindKey(fp) < 0 {
+			return nil, status.Error(codes.PermissionDenied, "this key is not registered for that identity: call Register first")
+		}
+		return &caller{m: m, fp: fp}, nil
+	}
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return nil, status.Error(codes.Unauthenticated, "no auth and no client certificate")
+	}
+	ti, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok || len(ti.State.PeerCertificates) == 0 {
+		return nil, status.Error(codes.Unauthenticated, "no auth and no client certificate: sign the request or call with the agent certificate")
+	}
+	cert := ti.State.PeerCertificates[0]
+	if err := cert.CheckSignatureFrom(s.cfg.CA.Cert); err != nil {
+		return nil, status.Error(codes.Unauthenticated, "client certificate not issued by the gpurack CA")
+	}
+	if pki.RoleOf(cert) != pki.RoleAgents {
+		return nil, status.Errorf(codes.PermissionDenied, "client certificate role %q; EnrollmentService takes agent certificates", pki.RoleOf(cert))
+	}
+	if s.cfg.Revocations.Contains(cert.SerialNumber) {
+		return nil, status.Error(codes.Unauthenticated, "client certificate revoked")
+	}
+	m, err := s.store.Lookup(ctx, id.Key())
+	if err != nil {
+		return nil, status.Error(codes.PermissionDenied, "the agent certificate is not for that identity")
+	}
+	serial := cert.SerialNumber.Text(16)
+	ok = false
+	for _, sn := range m.AgentCertSerials {
+		ok = ok || sn == serial
+	}
+	if !ok || m.NodeName != cert.Subject.CommonName {
+		return nil, status.Error(codes.PermissionDenied, "the agent certificate is not for that identity")
+	}
+	pub, _ := cert.PublicKey.(ed25519.PublicKey)
+	return &caller{m: m, fp: bootv1.KeyFingerprint(pub), viaCert: true, nodeName: cert.Subject.CommonName}, nil
+}
+
+// Overall recomputes a checklist's overall status (the order machine.proto defines).
+func Overall(cl *machinev1.Checklist) machinev1.CheckStatus {
+	rank := map[machinev1.CheckStatus]int{
+		machinev1.CheckStatus_CHECK_STATUS_FAIL: 5, machinev1.CheckStatus_CHECK_STATUS_WARN: 4,
+		machinev1.CheckStatus_CHECK_STATUS_UNKNOWN: 3, machinev1.CheckStatus_CHECK_STATUS_UNSPECIFIED: 3,
+		machinev1.CheckStatus_CHECK_STATUS_PASS: 2, machinev1.CheckStatus_CHECK_STATUS_NOT_APPLICABLE: 1,
+	}
+	best := machinev1.CheckStatus_CHECK_STATUS_NOT_APPLICABLE
+	for _, r := range cl.GetResults() {
+		st := r.GetStatus()
+		if st == machinev1.CheckStatus_CHECK_STATUS_UNSPECIFIED {
+			st = machinev1.CheckStatus_CHECK_STATUS_UNKNOWN
+		}
+		if rank[st] > rank[best] {
+			best = st
+		}
+	}
+	return best
+}
+
+// FailingChecks lists "id" or "id on GPU n" for each failing result.
+func FailingChecks(cl *machinev1.Checklist) []string {
+	var out []string
+	for _, r := range cl.GetResults() {
+		if r.GetStatus() != machinev1.CheckStatus_CHECK_STATUS_FAIL {
+			continue
+		}
+		if r.GpuIndex != nil && r.GetGpuIndex() >= 0 {
+			out = append(out, fmt.Sprintf("%s on GPU %d", r.GetId(), r.GetGpuIndex()))
+		} else {
+			out = append(out, r.GetId())
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// commissioningMove returns the state a COMMISSIONING report moves a machine to and
+// the reason.
+func commissioningMove(cl *machinev1.Checklist) (inventory.State, string) {
+	if Overall(cl) == machinev1.CheckStatus_CHECK_STATUS_FAIL {
+		return inventory.Quarantined, "commissioning report failed " + strings.Join(FailingChecks(cl), ", ")
+	}
+	return inventory.Ready, "commissioning report passed"
+}
+
+// ReportCommissioning implements EnrollmentService.ReportCommissioning (CONTRACTS
+// §2.3, §2.7).
+func (s *Service) ReportCommissioning(ctx context.Context, req *bootv1.ReportCommissioningRequest) (*bootv1.ReportCommissioningResponse, error) {
+	now := s.cfg.Now()
+	report := req.GetReport()
+	if report == nil {
+		return nil, status.Error(codes.InvalidArgument, "report is missing")
+	}
+	c, err := s.authenticateAgent(ctx, bootv1.EnrollmentService_ReportCommissioning_FullMethodName, req, report.GetIdentity(), now)
+	if err != nil {
+		return nil, err
+	}
+	raw, _ := proto.Marshal(report)
+	var msg string
+	m, err := s.update(ctx, c.m.ID, func(m *inventory.Machine) ([]inventory.Transition, error) {
+		if i := m.FindKey(c.fp); i >= 0 {
+			m.Keys[i].LastSeen = now.UTC()
+		}
+		current := m.BoundKey == c.fp || (m.BoundKey == "" && len(m.Keys) == 1 && m.Keys[0].Fingerprint == c.fp) || c.viaCert
+		if !current {
+			msg = "not stored: another key is current for this identity"
+			return nil, nil
+		}
+		if m.State == inventory.Decommissioned {
+			return nil, status.Error(codes.PermissionDenied, "machine decommissioned")
+		}
+		m.Checklist = raw
+		phase := report.GetPhase()
+		if phase != machinev1.CheckPhase_CHECK_PHASE_COMMISSIONING {
+			msg = "stored"
+			if phase == machinev1.CheckPhase_CHECK_PHASE_PRE_APPROVAL {
+				msg = "stored for approval"
+			}
+			return nil, nil
+		}
+		switch m.State {
+		case inventory.Commissioning, inventory.Ready, inventory.Quarantined:
+			to, reason := commissioningMove(report)
+			msg = string(to) + ": " + reason
+			if to == m.State {
+				return nil, nil
+			}
+			t, err := inventory.Move(m, to, agentActor(c.fp), reason, now)
+			if err != nil {
+				return nil, err
+			}
+			return []inventory.Transition{t}, nil
+		case inventory.Joining:
+			m.CommissioningReport = raw
+			msg = "stored; applied when the Node registers"
+		default:
+			msg = "stored for the operator; changes no state before the machine joins"
+		}
+		return nil, nil
+	})
+	if err != nil {
+		if _, ok := status.FromError(err); ok {
+			return nil, err
+		}
+		return nil, status.Errorf(codes.Internal, "report: %v", err)
+	}
+	return &bootv1.ReportCommissioningResponse{MachineState: StateProto(m.State), Message: msg}, nil
+}
+
+// Heartbeat implements EnrollmentService.Heartbeat (CONTRACTS §2.6, §2.8).
+func (s *Service) Heartbeat(ctx context.Context, req *bootv1.HeartbeatRequest) (*bootv1.HeartbeatResponse, error) {
+	now := s.cfg.Now()
+	c, err := s.authenticateAgent(ctx, bootv1.EnrollmentService_Heartbeat_FullMethodName, req, req.GetIdentity(), now)
+	if err != nil {
+		return nil, err
+	}
+	if c.m.State == inventory.Decommissioned {
+		return nil, status.Error(codes.PermissionDenied, "machine decommissioned")
+	}
+	health, _ := proto.Marshal(req.GetHealth())
+	remote := remoteOf(ctx)
+	m, err := s.update(ctx, c.m.ID, func(m *inventory.Machine) ([]inventory.Transition, error) {
+		if m.State == inventory.Decommissioned {
+			return nil, status.Error(codes.PermissionDenied, "machine decommissioned")
+		}
+		stale := false
+		if i := m.FindKey(c.fp); i >= 0 {
+			k := &m.Keys[i]
+			k.LastSeen, k.Remote = now.UTC(), remote
+			// A heartbeat after a boot request for the identity (which ended the
+			// key) shows the agent still runs: the key is live again.
+			k.Ended = false
+			if started := req.GetAgentStartedAt(); started != nil {
+				if started.AsTime().Equal(k.HeartbeatStartedAt) && req.GetSequence() <= k.HeartbeatSeq {
+					stale = true // a late duplicate of an older heartbeat of this process
+				} else {
+					k.HeartbeatStartedAt, k.HeartbeatSeq = started.AsTime().UTC(), req.GetSequence()
+				}
+			}
+		}
+		if !stale && (m.BoundKey == c.fp || c.viaCert || m.BoundKey == "") {
+			if req.GetHealth() != nil {
+				m.Health = health
+			}
+			m.LastHeartbeat = now.UTC()
+		}
+		if t, ok := s.checkConflict(m, now); ok {
+			return []inventory.Transition{t}, nil
+		}
+		return nil, nil
+	})
+	if err != nil {
+		if _, ok := status.FromError(err); ok {
+			return nil, err
+		}
+		return nil, status.Errorf(codes.Internal, "heartbeat: %v", err)
+	}
+	return &bootv1.HeartbeatResponse{MachineState: StateProto(m.State), Interval: durationpb.New(DefaultHeartbeatEvery)}, nil
+}
+
+func decodeChecklist(b []byte) (*machinev1.Checklist, error) {
+	cl := new(machinev1.Checklist)
+	return cl, proto.Unmarshal(b, cl)
+}

@@ -1,0 +1,335 @@
+// Package enroll is gpuboot's enrollment logic: what a boot request, an agent's
+// Register, GetJoinBundle, ReportCommissioning and Heartbeat, an operator's decision
+// and a Node registering do to a machine's inventory record (CONTRACTS §2), and the
+// JoinBundle it releases once (CONTRACTS §4).
+//
+// Service implements gpurack.boot.v1.EnrollmentService (the gRPC surface agents call)
+// and the operations pxe/admin (operators), pxe/nodecontrol (Node watch) and the
+// /boot.ipxe handler (DecideBoot) call. Every change goes through the lifecycle table of
+// pxe/inventory and is stored with its transitions in one transaction. Nothing is
+// decided on a source IP or MAC address: secrets go only to the holder of the key an
+// approval bound, once, against a one-time token and a signed challenge.
+//
+// It is not the store (pxe/inventory), the approval rules (pxe/policy) or the
+// Kubernetes side (pxe/nodecontrol implements Cluster).
+package enroll
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"golang.org/x/time/rate"
+
+	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
+	"github.com/gpurack/gpurack/internal/pki"
+	"github.com/gpurack/gpurack/pxe/inventory"
+	"github.com/gpurack/gpurack/pxe/policy"
+)
+
+// UnknownMachines says what a boot request from an unknown identity gets.
+type UnknownMachines string
+
+// The unknownMachines settings (CONTRACTS §2.2).
+const (
+	// Discover boots the rack's default image so its agent can register and report.
+	Discover UnknownMachines = "discover"
+	// Hold answers with a script that waits for approval.
+	Hold UnknownMachines = "hold"
+)
+
+// Reenroll says what a new key for an approved identity whose old key is gone gets
+// (CONTRACTS §2.8).
+type Reenroll string
+
+// The reenroll settings.
+const (
+	ReenrollAuto   Reenroll = "auto"
+	ReenrollManual Reenroll = "manual"
+)
+
+// Defaults of Config.
+const (
+	DefaultTokenTTL       = 5 * time.Minute
+	DefaultBootstrapTTL   = 15 * time.Minute
+	DefaultMaxUnapproved  = 1000
+	DefaultCreateRate     = 5 // records per second
+	DefaultCreateBurst    = 50
+	DefaultHeartbeatEvery = 10 * time.Second
+	DefaultPollEvery      = 10 * time.Second
+)
+
+// Cluster is the Kubernetes side gpuboot needs for enrollment: the API endpoint and CA
+// nodes use (from the enroller kubeconfig), per-machine bootstrap tokens and Node
+// deletion. pxe/nodecontrol implements it with the enroller credential.
+type Cluster interface {
+	// Endpoint is the API server URL nodes use; CAPEM the cluster CA certificate.
+	Endpoint() string
+	CAPEM() string
+	// MintBootstrapToken creates a bootstrap token for nodeName valid for ttl and
+	// returns its id and the full "id.secret" token.
+	MintBootstrapToken(ctx context.Context, nodeName string, ttl time.Duration) (id, token string, err error)
+	// DeleteBootstrapToken deletes the token with id; a missing token is not an error.
+	DeleteBootstrapToken(ctx context.Context, id string) error
+	// DeleteNode deletes the Node; a missing Node is not an error.
+	DeleteNode(ctx context.Context, name string) error
+}
+
+// Rack is one rack's enrollment settings.
+type Rack struct {
+	Name string
+	// DefaultImage is booted by machines no selector matches.
+	DefaultImage string
+	// GossipKey is the rack's memberlist key (16, 24 or 32 bytes).
+	GossipKey []byte
+}
+
+// Config configures a Service.
+type Config struct {
+	Store     inventory.Store
+	Policy    policy.Policy
+	Selectors []policy.Selector
+	// Racks by name; DefaultRack is where machines the allowlist does not place go.
+	Racks       map[string]Rack
+	DefaultRack string
+
+	UnknownMachines UnknownMachines
+	Reenroll        Reenroll
+
+	// CA is the gpurack CA: it issues agent certificates. Revocations is gpuboot's
+	// revocation list; RevocationsPath, when set, is where it is saved after a change.
+	CA              *pki.CA
+	Revocations     *pki.RevocationList
+	RevocationsPath string
+
+	// Cluster is optional: without it a JoinBundle carries no Kubernetes endpoint or
+	// bootstrap token (a lab without a control plane yet).
+	Cluster       Cluster
+	ClusterDNS    []string
+	ClusterDomain string
+
+	// NodeNamePrefix starts generated node names; default "gpu".
+	NodeNamePrefix string
+
+	// Bounds on records created by unauthenticated traffic: at most MaxUnapproved
+	// machines in discovered or registered, created at CreateRate per second with
+	// CreateBurst.
+	MaxUnapproved int
+	CreateRate    float64
+	CreateBurst   int
+
+	TokenTTL     time.Duration
+	BootstrapTTL time.Duration
+
+	// Now is the clock; default time.Now.
+	Now func() time.Time
+	Log *slog.Logger
+	// OnChange, when set, is called after every stored change of a machine (the node
+	// controller uses it to act on ready and decommissioned machines).
+	OnChange func(*inventory.Machine)
+}
+
+// Service is the enrollment logic. It is safe for concurrent use.
+type Service struct {
+	bootv1.UnimplementedEnrollmentServiceServer
+
+	cfg     Config
+	store   inventory.Store
+	log     *slog.Logger
+	limiter *rate.Limiter
+
+	// unapproved counts machines in discovered or registered, for the cap.
+	mu         sync.Mutex
+	unapproved int
+
+	locks sync.Map // machine id → *sync.Mutex, serialising bundle releases
+	names sync.Mutex
+
+	stats counters
+}
+
+// counters count enrollment events (exported as metrics by the server).
+type counters struct {
+	mu               sync.Mutex
+	Registrations    map[string]uint64 // by answer
+	BundlesReleased  uint64
+	BundlesRefused   map[string]uint64 // by gRPC code
+	CreationsLimited uint64
+}
+
+// New returns a Service over cfg. It counts the unapproved records in the store.
+func New(ctx context.Context, cfg Config) (*Service, error) {
+	if cfg.Store == nil {
+		return nil, errors.New("enroll: no inventory store")
+	}
+	if cfg.CA == nil {
+		return nil, errors.New("enroll: no gpurack CA (run `gpuboot init` first)")
+	}
+	if err := cfg.Policy.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.UnknownMachines == "" {
+		cfg.UnknownMachines = Discover
+	}
+	if cfg.Reenroll == "" {
+		cfg.Reenroll = ReenrollAuto
+	}
+	if cfg.Revocations == nil {
+		cfg.Revocations = pki.NewRevocationList()
+	}
+	if cfg.NodeNamePrefix == "" {
+		cfg.NodeNamePrefix = "gpu"
+	}
+	if cfg.MaxUnapproved == 0 {
+		cfg.MaxUnapproved = DefaultMaxUnapproved
+	}
+	if cfg.CreateRate == 0 {
+		cfg.CreateRate = DefaultCreateRate
+	}
+	if cfg.CreateBurst == 0 {
+		cfg.CreateBurst = DefaultCreateBurst
+	}
+	if cfg.TokenTTL == 0 {
+		cfg.TokenTTL = DefaultTokenTTL
+	}
+	if cfg.BootstrapTTL == 0 {
+		cfg.BootstrapTTL = DefaultBootstrapTTL
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	if cfg.Racks == nil {
+		cfg.Racks = map[string]Rack{}
+	}
+	s := &Service{
+		cfg:     cfg,
+		store:   cfg.Store,
+		log:     cfg.Log,
+		limiter: rate.NewLimiter(rate.Limit(cfg.CreateRate), cfg.CreateBurst),
+		stats:   counters{Registrations: map[string]uint64{}, BundlesRefused: map[string]uint64{}},
+	}
+	all, err := cfg.Store.List(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("enroll: read inventory: %w", err)
+	}
+	for _, m := range all {
+		if unapproved(m.State) {
+			s.unapproved++
+		}
+	}
+	return s, nil
+}
+
+// Store returns the inventory the service writes.
+func (s *Service) Store() inventory.Store { return s.store }
+
+// Config returns the service's configuration (after defaults).
+func (s *Service) Config() Config { return s.cfg }
+
+// Snapshot returns a copy of the counters.
+func (s *Service) Snapshot() (registrations map[string]uint64, released uint64, refused map[string]uint64, limited uint64) {
+	s.stats.mu.Lock()
+	defer s.stats.mu.Unlock()
+	registrations = map[string]uint64{}
+	for k, v := range s.stats.Registrations {
+		registrations[k] = v
+	}
+	refused = map[string]uint64{}
+	for k, v := range s.stats.BundlesRefused {
+		refused[k] = v
+	}
+	return registrations, s.stats.BundlesReleased, refused, s.stats.CreationsLimited
+}
+
+func unapproved(st inventory.State) bool {
+	return st == inventory.Discovered || st == inventory.Registered
+}
+
+// ErrLimited is returned when a new record would exceed the bounds on unauthenticated
+// creations.
+var ErrLimited = errors.New("too many unapproved machines or new machines too fast")
+
+// admit reserves room for one new unapproved record, or returns ErrLimited.
+func (s *Service) admit() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.unapproved >= s.cfg.MaxUnapproved || !s.limiter.Allow() {
+		s.stats.mu.Lock()
+		s.stats.CreationsLimited++
+		s.stats.mu.Unlock()
+		return fmt.Errorf("%w (limit %d unapproved, %.0f/s): approve or reject waiting machines", ErrLimited, s.cfg.MaxUnapproved, s.cfg.CreateRate)
+	}
+	s.unapproved++
+	return nil
+}
+
+func (s *Service) release() {
+	s.mu.Lock()
+	s.unapproved--
+	s.mu.Unlock()
+}
+
+// create stores a new machine after admit; on failure the reservation is released.
+func (s *Service) create(ctx context.Context, m *inventory.Machine, ts ...inventory.Transition) error {
+	if err := s.admit(); err != nil {
+		return err
+	}
+	if err := s.store.Create(ctx, m, ts...); err != nil {
+		s.release()
+		return err
+	}
+	if !unapproved(m.State) {
+		s.release()
+	}
+	s.changed(m)
+	return nil
+}
+
+// update runs a store update and keeps the unapproved count and observers in step.
+func (s *Service) update(ctx context.Context, id string, fn func(*inventory.Machine) ([]inventory.Transition, error)) (*inventory.Machine, error) {
+	var before inventory.State
+	m, err := s.store.Update(ctx, id, func(m *inventory.Machine) ([]inventory.Transition, error) {
+		before = m.State
+		return fn(m)
+	})
+	if err != nil {
+		return nil, err
+	}
+	if a, b := unapproved(before), unapproved(m.State); a != b {
+		s.mu.Lock()
+		if a {
+			s.unapproved--
+		} else {
+			s.unapproved++
+		}
+		s.mu.Unlock()
+	}
+	s.changed(m)
+	return m, nil
+}
+
+func (s *Service) changed(m *inventory.Machine) {
+	if s.cfg.OnChange != nil {
+		s.cfg.OnChange(m.Clone())
+	}
+}
+
+func (s *Service) machineLock(id string) *sync.Mutex {
+	l, _ := s.locks.LoadOrStore(id, new(sync.Mutex))
+	return l.(*sync.Mutex)
+}
+
+func randomBytes(n int) []byte {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		panic("crypto/rand: " + err.Error())
+	}
+	return b
+}

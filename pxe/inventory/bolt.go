@@ -1,0 +1,280 @@
+package inventory
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
+)
+
+// Bucket names of the bbolt layout (schema version 1):
+//
+//	machines:   id → Machine as JSON
+//	identities: Identity.Key → id
+//	history:    id → bucket of 8-byte big-endian Seq → Transition as JSON
+//	meta:       "schema" → "1"
+var (
+	bucketMachines   = []byte("machines")
+	bucketIdentities = []byte("identities")
+	bucketHistory    = []byte("history")
+	bucketMeta       = []byte("meta")
+	keySchema        = []byte("schema")
+	schemaVersion    = []byte("1")
+)
+
+// BoltStore is the Store kept in one bbolt file. bbolt commits each transaction with
+// fsync, so a machine and its transitions survive a crash together or not at all.
+type BoltStore struct {
+	db *bolt.DB
+}
+
+// OpenBolt opens (creating it if needed) the inventory at path. It fails after a second
+// if another process holds the file, naming the file.
+func OpenBolt(path string) (*BoltStore, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("open inventory %s: %w", path, err)
+	}
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
+	if errors.Is(err, bolterrors.ErrTimeout) {
+		return nil, fmt.Errorf("open inventory %s: another process (a running gpuboot?) holds it open", path)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open inventory %s: %w", path, err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		for _, b := range [][]byte{bucketMachines, bucketIdentities, bucketHistory, bucketMeta} {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return err
+			}
+		}
+		meta := tx.Bucket(bucketMeta)
+		switch v := meta.Get(keySchema); {
+		case v == nil:
+			return meta.Put(keySchema, schemaVersion)
+		case !bytes.Equal(v, schemaVersion):
+			return fmt.Errorf("schema version %q, this gpuboot reads %q: use a matching gpuboot", v, schemaVersion)
+		}
+		return nil
+	})
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("open inventory %s: %w", path, err)
+	}
+	return &BoltStore{db: db}, nil
+}
+
+// Close closes the file.
+func (s *BoltStore) Close() error { return s.db.Close() }
+
+// Create implements Store.
+func (s *BoltStore) Create(_ context.Context, m *Machine, ts ...Transition) error {
+	if m.ID == "" || m.Identity.MAC == "" {
+		return fmt.Errorf("create machine: id and identity MAC are required")
+	}
+	if err := checkChain(m.ID, None, m.State, ts); err != nil {
+		return fmt.Errorf("create machine %s: %w", m.ID, err)
+	}
+	return s.db.Update(func(tx *bolt.Tx) error {
+		ids := tx.Bucket(bucketIdentities)
+		key := []byte(m.Identity.Key())
+		if id := ids.Get(key); id != nil {
+			return fmt.Errorf("create machine for identity %s: %w as %s", m.Identity.Key(), ErrExists, id)
+		}
+		machines := tx.Bucket(bucketMachines)
+		if machines.Get([]byte(m.ID)) != nil {
+			return fmt.Errorf("create machine %s: %w", m.ID, ErrExists)
+		}
+		if err := ids.Put(key, []byte(m.ID)); err != nil {
+			return err
+		}
+		if err := putMachine(machines, m); err != nil {
+			return err
+		}
+		return appendHistory(tx, m.ID, ts)
+	})
+}
+
+// Get implements Store.
+func (s *BoltStore) Get(_ context.Context, id string) (*Machine, error) {
+	var m *Machine
+	err := s.db.View(func(tx *bolt.Tx) error {
+		var err error
+		m, err = getMachine(tx, id)
+		return err
+	})
+	return m, err
+}
+
+// Lookup implements Store.
+func (s *BoltStore) Lookup(_ context.Context, identityKey string) (*Machine, error) {
+	var m *Machine
+	err := s.db.View(func(tx *bolt.Tx) error {
+		id := tx.Bucket(bucketIdentities).Get([]byte(identityKey))
+		if id == nil {
+			return fmt.Errorf("identity %s: %w", identityKey, ErrNotFound)
+		}
+		var err error
+		m, err = getMachine(tx, string(id))
+		return err
+	})
+	return m, err
+}
+
+// List implements Store.
+func (s *BoltStore) List(_ context.Context) ([]*Machine, error) {
+	var out []*Machine
+	err := s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketMachines).ForEach(func(k, v []byte) error {
+			m := new(Machine)
+			if err := json.Unmarshal(v, m); err != nil {
+				return fmt.Errorf("machine %s: stored record does not decode: %w", k, err)
+			}
+			out = append(out, m)
+			return nil
+		})
+	})
+	return out, err
+}
+
+// Update implements Store.
+func (s *BoltStore) Update(_ context.Context, id string, fn func(*Machine) ([]Transition, error)) (*Machine, error) {
+	var out *Machine
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		old, err := getMachine(tx, id)
+		if err != nil {
+			return err
+		}
+		m := old.Clone()
+		ts, err := fn(m)
+		if err != nil {
+			return err
+		}
+		if m.ID != old.ID || m.Identity != old.Identity {
+			return fmt.Errorf("update machine %s: the id and identity of a machine never change", id)
+		}
+		if err := checkChain(id, old.State, m.State, ts); err != nil {
+			return fmt.Errorf("update machine %s: %w", id, err)
+		}
+		if err := putMachine(tx.Bucket(bucketMachines), m); err != nil {
+			return err
+		}
+		if err := appendHistory(tx, id, ts); err != nil {
+			return err
+		}
+		out = m
+		return nil
+	})
+	return out, err
+}
+
+// History implements Store.
+func (s *BoltStore) History(_ context.Context, id string) ([]Transition, error) {
+	var out []Transition
+	err := s.db.View(func(tx *bolt.Tx) error {
+		hist := tx.Bucket(bucketHistory)
+		read := func(b *bolt.Bucket) error {
+			return b.ForEach(func(_, v []byte) error {
+				var t Transition
+				if err := json.Unmarshal(v, &t); err != nil {
+					return fmt.Errorf("history of %s: stored transition does not decode: %w", id, err)
+				}
+				out = append(out, t)
+				return nil
+			})
+		}
+		if id != "" {
+			if tx.Bucket(bucketMachines).Get([]byte(id)) == nil {
+				return fmt.Errorf("machine %s: %w", id, ErrNotFound)
+			}
+			if b := hist.Bucket([]byte(id)); b != nil {
+				return read(b)
+			}
+			return nil
+		}
+		return hist.ForEachBucket(func(k []byte) error { return read(hist.Bucket(k)) })
+	})
+	if id == "" {
+		sort.SliceStable(out, func(i, j int) bool {
+			if !out[i].Time.Equal(out[j].Time) {
+				return out[i].Time.Before(out[j].Time)
+			}
+			if out[i].MachineID != out[j].MachineID {
+				return out[i].MachineID < out[j].MachineID
+			}
+			return out[i].Seq < out[j].Seq
+		})
+	}
+	return out, err
+}
+
+// checkChain verifies that ts moves a machine from → to through allowed transitions.
+func checkChain(id string, from, to State, ts []Transition) error {
+	cur := from
+	for _, t := range ts {
+		if t.MachineID != id {
+			return fmt.Errorf("transition for machine %q stored with machine %q", t.MachineID, id)
+		}
+		if t.From != cur || !Allowed(t.From, t.To) {
+			return fmt.Errorf("%s → %s from state %s: %w", stateName(t.From), t.To, stateName(cur), ErrIllegalTransition)
+		}
+		cur = t.To
+	}
+	if cur != to {
+		return fmt.Errorf("state changed %s → %s without a transition: %w", stateName(from), stateName(to), ErrIllegalTransition)
+	}
+	return nil
+}
+
+func getMachine(tx *bolt.Tx, id string) (*Machine, error) {
+	v := tx.Bucket(bucketMachines).Get([]byte(id))
+	if v == nil {
+		return nil, fmt.Errorf("machine %s: %w", id, ErrNotFound)
+	}
+	m := new(Machine)
+	if err := json.Unmarshal(v, m); err != nil {
+		return nil, fmt.Errorf("machine %s: stored record does not decode: %w", id, err)
+	}
+	return m, nil
+}
+
+func putMachine(b *bolt.Bucket, m *Machine) error {
+	v, err := json.Marshal(m)
+	if err != nil {
+		return fmt.Errorf("encode machine %s: %w", m.ID, err)
+	}
+	return b.Put([]byte(m.ID), v)
+}
+
+func appendHistory(tx *bolt.Tx, id string, ts []Transition) error {
+	if len(ts) == 0 {
+		return nil
+	}
+	b, err := tx.Bucket(bucketHistory).CreateBucketIfNotExists([]byte(id))
+	if err != nil {
+		return err
+	}
+	for _, t := range ts {
+		seq, err := b.NextSequence()
+		if err != nil {
+			return err
+		}
+		t.Seq = seq
+		v, err := json.Marshal(t)
+		if err != nil {
+			return err
+		}
+		if err := b.Put(binary.BigEndian.AppendUint64(nil, seq), v); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,147 @@
+package inventory
+
+import (
+	"crypto/rand"
+	"encoding/base32"
+	"strings"
+	"time"
+)
+
+// KeyLiveness is how long a key stays live without a call (CONTRACTS §2.8: no heartbeat
+// for 3 minutes).
+const KeyLiveness = 3 * time.Minute
+
+// Identity is a machine's identity in normalised text form (CONTRACTS §1; pxe/identity
+// normalises it). MAC is required; UUID and Serial are empty when absent or
+// placeholders.
+type Identity struct {
+	MAC    string `json:"mac"`
+	UUID   string `json:"uuid,omitempty"`
+	Serial string `json:"serial,omitempty"`
+}
+
+// Key is the inventory's index key for the identity: MAC, UUID and serial together,
+// never the UUID alone. It equals pxe/identity.Identity.Key for the same identity.
+func (id Identity) Key() string { return id.MAC + "|" + id.UUID + "|" + id.Serial }
+
+// Machine is one inventory entry. Protobuf payloads (facts, checklists, health) are
+// kept as their binary encoding, so this package does not interpret them.
+type Machine struct {
+	// ID is assigned at creation (NewID) and never reused.
+	ID       string   `json:"id"`
+	Identity Identity `json:"identity"`
+	State    State    `json:"state"`
+	// PreConflict is the state the machine had when it entered Conflict.
+	PreConflict State `json:"preConflict,omitempty"`
+
+	NodeName string            `json:"nodeName,omitempty"`
+	Rack     string            `json:"rack,omitempty"`
+	Slot     string            `json:"slot,omitempty"`
+	Labels   map[string]string `json:"labels,omitempty"`
+	Profile  string            `json:"profile,omitempty"`
+	ImageID  string            `json:"imageId,omitempty"`
+
+	// Facts is the latest gpurack.machine.v1.MachineFacts from Register.
+	Facts []byte `json:"facts,omitempty"`
+	// Checklist is the latest gpurack.machine.v1.Checklist (any phase).
+	Checklist []byte `json:"checklist,omitempty"`
+	// CommissioningReport is the latest COMMISSIONING-phase checklist received while
+	// joining, kept so the move to commissioning can apply it at once.
+	CommissioningReport []byte `json:"commissioningReport,omitempty"`
+	// Health is the latest gpurack.machine.v1.HealthSummary from Heartbeat.
+	Health        []byte    `json:"health,omitempty"`
+	LastHeartbeat time.Time `json:"lastHeartbeat,omitzero"`
+
+	// Keys registered for the identity: one normally, two while a newer key waits
+	// for the older one to go away or while in conflict.
+	Keys []Key `json:"keys,omitempty"`
+	// BoundKey is the fingerprint of the key an approval bound; empty when none.
+	BoundKey string `json:"boundKey,omitempty"`
+	// Approval is the outstanding one-time token for the bound key.
+	Approval *Approval `json:"approval,omitempty"`
+	// AgentCertSerials are the serial numbers (hex) of agent certificates issued to
+	// the machine and not yet revoked.
+	AgentCertSerials []string `json:"agentCertSerials,omitempty"`
+	// BootstrapTokenIDs are the ids of bootstrap tokens minted for it and not yet
+	// deleted.
+	BootstrapTokenIDs []string `json:"bootstrapTokenIds,omitempty"`
+
+	LastBootAt time.Time `json:"lastBootAt,omitzero"`
+	CreatedAt  time.Time `json:"createdAt"`
+	UpdatedAt  time.Time `json:"updatedAt"`
+}
+
+// Key is one agent key registered for an identity.
+type Key struct {
+	Fingerprint  string    `json:"fingerprint"`
+	PublicKey    []byte    `json:"publicKey"`
+	RegisteredAt time.Time `json:"registeredAt"`
+	LastSeen     time.Time `json:"lastSeen"`
+	BootID       string    `json:"bootId,omitempty"`
+	Remote       string    `json:"remote,omitempty"`
+	// Ended is set when a boot request for the identity ended the key's liveness (the
+	// machine rebooted, CONTRACTS §2.1).
+	Ended bool `json:"ended,omitempty"`
+	// BundleReleased is set once the JoinBundle was released to this key.
+	BundleReleased bool `json:"bundleReleased,omitempty"`
+	// HeartbeatStartedAt and HeartbeatSeq are the agent process start and sequence
+	// number of the latest heartbeat accepted from this key (late duplicates are
+	// ignored).
+	HeartbeatStartedAt time.Time `json:"heartbeatStartedAt,omitzero"`
+	HeartbeatSeq       uint64    `json:"heartbeatSeq,omitempty"`
+}
+
+// Live reports whether the key is live at now: not ended by a boot request and seen
+// within KeyLiveness.
+func (k Key) Live(now time.Time) bool {
+	return !k.Ended && now.Sub(k.LastSeen) < KeyLiveness
+}
+
+// Approval is an issued one-time JoinBundle token (CONTRACTS §2.3).
+type Approval struct {
+	Token          string    `json:"token"`
+	Challenge      []byte    `json:"challenge"`
+	KeyFingerprint string    `json:"keyFingerprint"`
+	IssuedAt       time.Time `json:"issuedAt"`
+	ExpiresAt      time.Time `json:"expiresAt"`
+	Used           bool      `json:"used,omitempty"`
+}
+
+// FindKey returns the index of the key with fingerprint fp in m.Keys, or -1.
+func (m *Machine) FindKey(fp string) int {
+	for i, k := range m.Keys {
+		if k.Fingerprint == fp {
+			return i
+		}
+	}
+	return -1
+}
+
+// Clone returns a deep copy of m.
+func (m *Machine) Clone() *Machine {
+	c := *m
+	if m.Labels != nil {
+		c.Labels = make(map[string]string, len(m.Labels))
+		for k, v := range m.Labels {
+			c.Labels[k] = v
+		}
+	}
+	c.Keys = append([]Key(nil), m.Keys...)
+	if m.Approval != nil {
+		a := *m.Approval
+		c.Approval = &a
+	}
+	c.AgentCertSerials = append([]string(nil), m.AgentCertSerials...)
+	c.BootstrapTokenIDs = append([]string(nil), m.BootstrapTokenIDs...)
+	return &c
+}
+
+var idEncoding = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadding(base32.NoPadding)
+
+// NewID returns a fresh machine id: "m" followed by 16 random base32 characters
+// (lowercase letters and digits, URL-safe, valid in a Kubernetes name).
+func NewID() string {
+	b := make([]byte, 10)
+	rand.Read(b)
+	return "m" + strings.ToLower(idEncoding.EncodeToString(b))
+}

@@ -1,0 +1,180 @@
+package policy
+
+import (
+	"bytes"
+	"encoding/csv"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/gpurack/gpurack/pxe/identity"
+)
+
+// Entry is one row of a rack manifest.
+type Entry struct {
+	// Serial and MAC identify the machine; at least one is set. When both are, both
+	// must match.
+	Serial string
+	MAC    string
+	// Rack and Slot place it; optional.
+	Rack string
+	Slot string
+	// Line is the row's line number in the file (for transition records).
+	Line int
+}
+
+// List is a parsed rack manifest.
+type List struct {
+	// Source names the file, for messages.
+	Source   string
+	Entries  []Entry
+	bySerial map[string]int
+	byMAC    map[string]int
+}
+
+// manifestColumns are the columns a manifest may have; serial and/or mac are required.
+var manifestColumns = []string{"serial", "mac", "rack", "slot"}
+
+// LoadList reads the rack manifest at path (see ParseList).
+func LoadList(path string) (*List, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("allowlist: %w", err)
+	}
+	defer f.Close()
+	return ParseList(path, f)
+}
+
+// ParseList parses a rack manifest: CSV with a header row naming its columns, from
+// serial, mac, rack and slot (any order, case-insensitive; serial and/or mac required).
+// Lines starting with '#' and blank lines are skipped. MACs are normalised as in
+// CONTRACTS §1; a placeholder serial ("To Be Filled By O.E.M.") is an error, since it
+// would match any machine with the same placeholder. A serial or MAC listed twice is an
+// error. Errors name the source and line.
+func ParseList(source string, r io.Reader) (*List, error) {
+	cr := csv.NewReader(r)
+	cr.Comment = '#'
+	cr.FieldsPerRecord = -1
+	cr.TrimLeadingSpace = true
+	header, err := cr.Read()
+	if errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("allowlist %s: empty: the first line must name the columns (%s)", source, strings.Join(manifestColumns, ","))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("allowlist %s: %w", source, err)
+	}
+	col := map[string]int{}
+	for i, h := range header {
+		h = strings.ToLower(strings.TrimSpace(h))
+		known := false
+		for _, c := range manifestColumns {
+			known = known || c == h
+		}
+		if !known {
+			return nil, fmt.Errorf("allowlist %s line 1: unknown column %q: columns are %s (serial and/or mac required)", source, header[i], strings.Join(manifestColumns, ", "))
+		}
+		if _, dup := col[h]; dup {
+			return nil, fmt.Errorf("allowlist %s line 1: column %q appears twice", source, h)
+		}
+		col[h] = i
+	}
+	_, hasSerial := col["serial"]
+	_, hasMAC := col["mac"]
+	if !hasSerial && !hasMAC {
+		return nil, fmt.Errorf("allowlist %s line 1: no serial or mac column: the header must name at least one of them", source)
+	}
+	l := &List{Source: source, bySerial: map[string]int{}, byMAC: map[string]int{}}
+	for {
+		rec, err := cr.Read()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("allowlist %s: %w", source, err)
+		}
+		line, _ := cr.FieldPos(0)
+		if len(rec) != len(header) {
+			return nil, fmt.Errorf("allowlist %s line %d: %d fields, the header has %d", source, line, len(rec), len(header))
+		}
+		get := func(name string) string {
+			if i, ok := col[name]; ok {
+				return strings.TrimSpace(rec[i])
+			}
+			return ""
+		}
+		e := Entry{Rack: get("rack"), Slot: get("slot"), Line: line}
+		if raw := get("serial"); raw != "" {
+			s, err := identity.NormalizeSerial(raw)
+			if err != nil {
+				return nil, fmt.Errorf("allowlist %s line %d: serial %q: %w", source, line, raw, err)
+			}
+			if s == "" {
+				return nil, fmt.Errorf("allowlist %s line %d: serial %q is a placeholder that many machines share; list the MAC instead", source, line, raw)
+			}
+			e.Serial = s
+		}
+		if raw := get("mac"); raw != "" {
+			m, err := identity.NormalizeMAC(raw)
+			if err != nil {
+				return nil, fmt.Errorf("allowlist %s line %d: %w", source, line, err)
+			}
+			e.MAC = strings.ToLower(m.String())
+		}
+		if e.Serial == "" && e.MAC == "" {
+			return nil, fmt.Errorf("allowlist %s line %d: neither serial nor mac is set", source, line)
+		}
+		idx := len(l.Entries)
+		if e.Serial != "" {
+			if prev, dup := l.bySerial[e.Serial]; dup {
+				return nil, fmt.Errorf("allowlist %s line %d: serial %q already listed on line %d", source, line, e.Serial, l.Entries[prev].Line)
+			}
+			l.bySerial[e.Serial] = idx
+		}
+		if e.MAC != "" {
+			if prev, dup := l.byMAC[e.MAC]; dup {
+				return nil, fmt.Errorf("allowlist %s line %d: mac %s already listed on line %d", source, line, e.MAC, l.Entries[prev].Line)
+			}
+			l.byMAC[e.MAC] = idx
+		}
+		l.Entries = append(l.Entries, e)
+	}
+	return l, nil
+}
+
+// Match returns the entry for c: one whose every given field (serial, MAC) equals c's.
+func (l *List) Match(c Candidate) (Entry, bool) {
+	if l == nil {
+		return Entry{}, false
+	}
+	try := func(idx int, ok bool) (Entry, bool) {
+		if !ok {
+			return Entry{}, false
+		}
+		e := l.Entries[idx]
+		if e.Serial != "" && e.Serial != c.Serial {
+			return Entry{}, false
+		}
+		if e.MAC != "" && e.MAC != c.MAC {
+			return Entry{}, false
+		}
+		return e, true
+	}
+	if c.Serial != "" {
+		if e, ok := try(l.bySerial[c.Serial], hasKey(l.bySerial, c.Serial)); ok {
+			return e, true
+		}
+	}
+	if c.MAC != "" {
+		return try(l.byMAC[c.MAC], hasKey(l.byMAC, c.MAC))
+	}
+	return Entry{}, false
+}
+
+func hasKey(m map[string]int, k string) bool { _, ok := m[k]; return ok }
+
+// ParseListBytes is ParseList over a byte slice.
+func ParseListBytes(source string, b []byte) (*List, error) {
+	return ParseList(source, bytes.NewReader(b))
+}

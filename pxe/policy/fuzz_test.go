@@ -1,0 +1,23 @@
+package policy
+
+import "testing"
+
+// FuzzParseList: a rack manifest comes from a vendor; parsing it must never panic, and
+// every entry it accepts must match itself.
+func FuzzParseList(f *testing.F) {
+	f.Fuzz(func(t *testing.T, data []byte) {
+		l, err := ParseListBytes("fuzz.csv", data)
+		if err != nil {
+			return
+		}
+		for _, e := range l.Entries {
+			if e.Serial == "" && e.MAC == "" {
+				t.Fatalf("entry without serial or mac accepted: %+v", e)
+			}
+			got, ok := l.Match(Candidate{MAC: e.MAC, Serial: e.Serial})
+			if !ok || got.Line != e.Line {
+				t.Fatalf("entry %+v does not match itself (got %+v, %v)", e, got, ok)
+			}
+		}
+	})
+}

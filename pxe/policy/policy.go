@@ -1,0 +1,111 @@
+// Package policy decides, without I/O, whether a machine is approved without an
+// operator and which image it boots.
+//
+// Approval modes (issue 4, CONTRACTS §2.4):
+//   - manual (the default): only an operator approves;
+//   - allowlist: a machine whose serial and/or MAC appear in the rack manifest (CSV, the
+//     file a vendor ships with a rack) is approved, and placed at the manifest's rack and
+//     slot;
+//   - auto: every machine is approved. For labs only: anyone on the provisioning network
+//     who claims an identity gets a JoinBundle. gpuboot logs Warning at every start.
+//
+// Selectors map a machine's labels (rack, sku, slot, an explicit machine) to an image,
+// like matchbox groups: the selector with the most matching terms wins.
+//
+// It is not the lifecycle (pxe/inventory) nor the enrollment flow (pxe/enroll), which
+// call it.
+package policy
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Mode is an approval mode.
+type Mode string
+
+// The approval modes.
+const (
+	Manual    Mode = "manual"
+	Allowlist Mode = "allowlist"
+	Auto      Mode = "auto"
+)
+
+// ParseMode returns the mode named s; "" is Manual.
+func ParseMode(s string) (Mode, error) {
+	switch Mode(strings.ToLower(strings.TrimSpace(s))) {
+	case "", Manual:
+		return Manual, nil
+	case Allowlist:
+		return Allowlist, nil
+	case Auto:
+		return Auto, nil
+	}
+	return "", fmt.Errorf("approval mode %q: use manual, allowlist or auto", s)
+}
+
+// Candidate is what the policy knows about a machine asking to be approved.
+type Candidate struct {
+	MAC    string // normalised, lowercase colon-separated
+	UUID   string
+	Serial string
+}
+
+// Decision is the policy's answer for one candidate.
+type Decision struct {
+	// Approve is true when the policy approves the machine without an operator.
+	Approve bool
+	// Actor names the rule for the transition record: "policy:allowlist:LINE" or
+	// "policy:auto".
+	Actor string
+	// Reason is one sentence for the transition record.
+	Reason string
+	// Rack and Slot are the placement the allowlist gives; empty when it gives none.
+	Rack, Slot string
+}
+
+// Policy is an approval mode with its allowlist.
+type Policy struct {
+	Mode Mode
+	// List is the rack manifest; required for Allowlist, optional otherwise (it then
+	// only places machines in racks and slots).
+	List *List
+}
+
+// Warning returns what gpuboot must log at every start for this policy; empty when
+// nothing.
+func (p Policy) Warning() string {
+	if p.Mode == Auto {
+		return "approval mode auto: every machine that registers is approved and receives join secrets on the strength of the identity it claims; use it in labs only, never on a shared provisioning network"
+	}
+	return ""
+}
+
+// Validate reports a configuration the policy cannot work with.
+func (p Policy) Validate() error {
+	if p.Mode == Allowlist && p.List == nil {
+		return fmt.Errorf("approval mode allowlist needs an allowlist file (policy.allowlist)")
+	}
+	return nil
+}
+
+// Decide returns the policy's decision for c. It is pure.
+func (p Policy) Decide(c Candidate) Decision {
+	var d Decision
+	if p.List != nil {
+		if e, ok := p.List.Match(c); ok {
+			d.Rack, d.Slot = e.Rack, e.Slot
+			if p.Mode == Allowlist {
+				d.Approve = true
+				d.Actor = fmt.Sprintf("policy:allowlist:%d", e.Line)
+				d.Reason = fmt.Sprintf("listed in the rack manifest %s line %d", p.List.Source, e.Line)
+			}
+		}
+	}
+	if p.Mode == Auto {
+		d.Approve = true
+		d.Actor = "policy:auto"
+		d.Reason = "approval mode auto approves every machine"
+	}
+	return d
+}

@@ -1,0 +1,158 @@
+package policy
+
+import (
+	"strings"
+	"testing"
+)
+
+const manifest = `# rack r1 manifest from the vendor
+serial,mac,rack,slot
+SN-0001,52:54:00:00:01:01,r1,U01
+SN-0002,,r1,U02
+,52-54-00-00-01-03,r1,U03
+`
+
+func TestParseListAndMatch(t *testing.T) {
+	l, err := ParseListBytes("r1.csv", []byte(manifest))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(l.Entries) != 3 {
+		t.Fatalf("%d entries, want 3", len(l.Entries))
+	}
+	cases := []struct {
+		name string
+		c    Candidate
+		slot string
+		ok   bool
+	}{
+		{"serial and mac match", Candidate{MAC: "52:54:00:00:01:01", Serial: "SN-0001"}, "U01", true},
+		{"serial right, mac wrong: both listed so both must match", Candidate{MAC: "52:54:00:00:09:09", Serial: "SN-0001"}, "", false},
+		{"serial only entry", Candidate{MAC: "52:54:00:00:09:09", Serial: "SN-0002"}, "U02", true},
+		{"mac only entry, normalised", Candidate{MAC: "52:54:00:00:01:03", Serial: "whatever"}, "U03", true},
+		{"unknown", Candidate{MAC: "52:54:00:00:09:09", Serial: "SN-9"}, "", false},
+		{"empty candidate", Candidate{}, "", false},
+	}
+	for _, c := range cases {
+		e, ok := l.Match(c.c)
+		if ok != c.ok || e.Slot != c.slot {
+			t.Errorf("%s: Match = %+v, %v; want slot %q, %v", c.name, e, ok, c.slot, c.ok)
+		}
+	}
+}
+
+func TestParseListErrors(t *testing.T) {
+	cases := map[string]string{
+		"":                                       "empty",
+		"serial,color\nA,red\n":                  `unknown column "color"`,
+		"rack,slot\nr1,U1\n":                     "no serial or mac column",
+		"serial,mac\nSN1,zz:zz\n":                "line 2",
+		"serial\nTo Be Filled By O.E.M.\n":       "placeholder",
+		"serial\nSN1\nSN1\n":                     "already listed on line 2",
+		"serial,mac\n,\n":                        "neither serial nor mac",
+		"serial,mac,rack\nSN1,52:54:00:00:00:01": "3",
+	}
+	for in, want := range cases {
+		_, err := ParseListBytes("m.csv", []byte(in))
+		if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "m.csv") {
+			t.Errorf("ParseList(%q) err = %v, want one naming m.csv and containing %q", in, err, want)
+		}
+	}
+}
+
+func TestDecide(t *testing.T) {
+	l, _ := ParseListBytes("r1.csv", []byte(manifest))
+	listed := Candidate{MAC: "52:54:00:00:01:01", Serial: "SN-0001"}
+	stranger := Candidate{MAC: "52:54:00:00:09:09", Serial: "SN-9"}
+
+	if d := (Policy{Mode: Manual, List: l}).Decide(listed); d.Approve || d.Slot != "U01" {
+		t.Errorf("manual: %+v; want placement without approval", d)
+	}
+	if d := (Policy{Mode: Allowlist, List: l}).Decide(listed); !d.Approve || d.Rack != "r1" || !strings.HasPrefix(d.Actor, "policy:allowlist") {
+		t.Errorf("allowlist listed: %+v", d)
+	}
+	if d := (Policy{Mode: Allowlist, List: l}).Decide(stranger); d.Approve {
+		t.Errorf("allowlist approved a stranger: %+v", d)
+	}
+	if d := (Policy{Mode: Auto}).Decide(stranger); !d.Approve || d.Actor != "policy:auto" {
+		t.Errorf("auto: %+v", d)
+	}
+	if (Policy{Mode: Auto}).Warning() == "" || (Policy{Mode: Manual}).Warning() != "" {
+		t.Error("only auto warns")
+	}
+	if (Policy{Mode: Allowlist}).Validate() == nil {
+		t.Error("allowlist without a list validated")
+	}
+	for in, want := range map[string]Mode{"": Manual, "Manual": Manual, "allowlist": Allowlist, "auto": Auto} {
+		if got, err := ParseMode(in); err != nil || got != want {
+			t.Errorf("ParseMode(%q) = %q, %v", in, got, err)
+		}
+	}
+	if _, err := ParseMode("yes"); err == nil {
+		t.Error("ParseMode(yes) succeeded")
+	}
+}
+
+func TestSelect(t *testing.T) {
+	img := func(c byte) string { return strings.Repeat(string(c), 40) }
+	ss := []Selector{
+		{Name: "default", Image: img('a')},
+		{Name: "rack-r1", Match: map[string]string{"rack": "r1"}, Image: img('b')},
+		{Name: "r1-h100", Match: map[string]string{"rack": "r1", "sku": "NVIDIA-H100-80GB-HBM3"}, Image: img('c')},
+		{Name: "canary", Match: map[string]string{"machine": "52:54:00:00:01:07"}, Image: img('d')},
+		{Name: "r1-h100-dup", Match: map[string]string{"rack": "r1", "sku": "NVIDIA-H100-80GB-HBM3"}, Image: img('e')},
+	}
+	if err := ValidateSelectors(ss); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		labels Labels
+		want   string
+	}{
+		{Labels{"rack": "r2"}, "default"},
+		{Labels{"rack": "r1"}, "rack-r1"},
+		{Labels{"rack": "r1", "sku": "NVIDIA-H100-80GB-HBM3"}, "r1-h100"}, // tie with dup: first wins
+		{Labels{"rack": "r2", "mac": "52:54:00:00:01:07"}, "canary"},
+	}
+	for _, c := range cases {
+		s, ok := Select(ss, c.labels)
+		if !ok || s.Name != c.want {
+			t.Errorf("Select(%v) = %q, %v; want %q", c.labels, s.Name, ok, c.want)
+		}
+	}
+	if _, ok := Select(ss[1:2], Labels{"rack": "r2"}); ok {
+		t.Error("a non-matching selector was selected")
+	}
+	bad := []Selector{{Name: "x", Image: "not-an-id"}}
+	if err := ValidateSelectors(bad); err == nil {
+		t.Error("bad image id validated")
+	}
+}
+
+func TestSKU(t *testing.T) {
+	if got := SKU([]string{"NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3"}); got != "NVIDIA-H100-80GB-HBM3" {
+		t.Errorf("SKU = %q", got)
+	}
+	if got := SKU(nil); got != "" {
+		t.Errorf("SKU(nil) = %q", got)
+	}
+	if got := SanitizeLabelValue(" a/b (c) "); got != "ab-c" {
+		t.Errorf("SanitizeLabelValue = %q", got)
+	}
+}
+
+func TestParseTaint(t *testing.T) {
+	for in, want := range map[string]Taint{
+		"nvidia.com/gpu=present:NoSchedule": {"nvidia.com/gpu", "present", "NoSchedule"},
+		"dedicated:NoExecute":               {"dedicated", "", "NoExecute"},
+	} {
+		if got, err := ParseTaint(in); err != nil || got != want {
+			t.Errorf("ParseTaint(%q) = %+v, %v", in, got, err)
+		}
+	}
+	for _, bad := range []string{"x", "x:Sometimes", ":NoSchedule", "x=y"} {
+		if _, err := ParseTaint(bad); err == nil {
+			t.Errorf("ParseTaint(%q) accepted", bad)
+		}
+	}
+}

@@ -1,0 +1,164 @@
+package policy
+
+import (
+	"fmt"
+	"regexp"
+	"sort"
+	"strings"
+)
+
+// Selector maps machines whose labels match to an image, like a matchbox group.
+type Selector struct {
+	// Name identifies the selector in messages.
+	Name string `yaml:"name"`
+	// Match lists label terms that must all equal the machine's labels. Keys: rack,
+	// slot, sku, machine (matches the machine's id, boot MAC, serial or node name) or
+	// any inventory label. Empty: matches every machine (a default).
+	Match map[string]string `yaml:"match"`
+	// Image is the image id (CONTRACTS §7) the machine boots.
+	Image string `yaml:"image"`
+	// Profile names the profile the image was built from, for display.
+	Profile string `yaml:"profile"`
+	// Labels are added to the machine's inventory labels.
+	Labels map[string]string `yaml:"labels"`
+	// NodeLabels and NodeTaints go into the JoinBundle: kubelet registers the Node with
+	// them (CONTRACTS §4). Taints are written "key[=value]:Effect".
+	NodeLabels map[string]string `yaml:"nodeLabels"`
+	NodeTaints []string          `yaml:"nodeTaints"`
+}
+
+// Taint is a parsed NodeTaints entry.
+type Taint struct{ Key, Value, Effect string }
+
+// ParseTaint parses "key[=value]:Effect" with Effect NoSchedule, PreferNoSchedule or
+// NoExecute.
+func ParseTaint(s string) (Taint, error) {
+	kv, effect, ok := strings.Cut(s, ":")
+	switch effect {
+	case "NoSchedule", "PreferNoSchedule", "NoExecute":
+	default:
+		ok = false
+	}
+	k, v, _ := strings.Cut(kv, "=")
+	if !ok || k == "" {
+		return Taint{}, fmt.Errorf("taint %q: write key[=value]:NoSchedule|PreferNoSchedule|NoExecute", s)
+	}
+	return Taint{Key: k, Value: v, Effect: effect}, nil
+}
+
+// Labels are a machine's selector inputs.
+type Labels map[string]string
+
+// Label keys gpuboot sets on every machine for selectors.
+const (
+	LabelRack   = "rack"
+	LabelSlot   = "slot"
+	LabelSKU    = "sku"
+	LabelMAC    = "mac"
+	LabelSerial = "serial"
+	LabelID     = "id"
+	LabelNode   = "node"
+)
+
+var imageIDPattern = regexp.MustCompile(`^[0-9a-f]{40}$`)
+
+// ValidateSelectors checks a selector list: names unique and set, images valid ids.
+func ValidateSelectors(ss []Selector) error {
+	seen := map[string]bool{}
+	for i, s := range ss {
+		if s.Name == "" {
+			return fmt.Errorf("selector %d: name is required", i+1)
+		}
+		if seen[s.Name] {
+			return fmt.Errorf("selector %q: name used twice", s.Name)
+		}
+		seen[s.Name] = true
+		if !imageIDPattern.MatchString(s.Image) {
+			return fmt.Errorf("selector %q: image %q is not an image id (40 lowercase hex characters, CONTRACTS §7)", s.Name, s.Image)
+		}
+		for _, t := range s.NodeTaints {
+			if _, err := ParseTaint(t); err != nil {
+				return fmt.Errorf("selector %q: nodeTaints: %w", s.Name, err)
+			}
+		}
+	}
+	return nil
+}
+
+// Select returns the selector for a machine with labels: among the selectors all of
+// whose terms match, the one with the most terms; on a tie the first listed. The
+// "machine" term matches the labels id, mac, serial or node.
+func Select(ss []Selector, labels Labels) (Selector, bool) {
+	best, bestN := -1, -1
+	for i, s := range ss {
+		if !matches(s, labels) {
+			continue
+		}
+		if n := len(s.Match); n > bestN {
+			best, bestN = i, n
+		}
+	}
+	if best < 0 {
+		return Selector{}, false
+	}
+	return ss[best], true
+}
+
+func matches(s Selector, labels Labels) bool {
+	for k, v := range s.Match {
+		if k == "machine" {
+			v = strings.ToLower(v)
+			if !(strings.ToLower(labels[LabelID]) == v || labels[LabelMAC] == v ||
+				strings.ToLower(labels[LabelSerial]) == v || labels[LabelNode] == v) || v == "" {
+				return false
+			}
+			continue
+		}
+		if labels[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// SKU returns the sku label for a machine's GPUs: the product name of its GPUs
+// sanitised the way GPU feature discovery does (characters outside [A-Za-z0-9._-]
+// dropped, spaces to '-', CONTRACTS §5), e.g. "NVIDIA-H100-80GB-HBM3"; mixed products
+// are joined with '_' in sorted order; "" for no GPUs.
+func SKU(products []string) string {
+	set := map[string]bool{}
+	for _, p := range products {
+		if s := SanitizeLabelValue(p); s != "" {
+			set[s] = true
+		}
+	}
+	var out []string
+	for s := range set {
+		out = append(out, s)
+	}
+	sort.Strings(out)
+	v := strings.Join(out, "_")
+	if len(v) > 63 {
+		v = strings.Trim(v[:63], "-_.")
+	}
+	return v
+}
+
+// SanitizeLabelValue drops characters outside [A-Za-z0-9._-] after turning spaces into
+// '-', and trims to a valid Kubernetes label value.
+func SanitizeLabelValue(s string) string {
+	var b strings.Builder
+	for _, r := range strings.TrimSpace(s) {
+		switch {
+		case r == ' ':
+			b.WriteByte('-')
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '.', r == '_', r == '-':
+			b.WriteRune(r)
+		}
+	}
+	v := b.String()
+	if len(v) > 63 {
+		v = v[:63]
+	}
+	return strings.Trim(v, "-_.")
+}

@@ -1,0 +1,84 @@
+package report
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
+	machinev1 "github.com/gpurack/gpurack/api/machine/v1"
+)
+
+func machines() []*bootv1.Machine {
+	gpu := func(i int32) *int32 { return &i }
+	gpus := []*machinev1.GPU{{Index: 0}, {Index: 1}, {Index: 2}, {Index: 3}}
+	return []*bootv1.Machine{
+		{Id: "m2", Rack: "r1", Slot: "U10", NodeName: "gpu-r1-u10", State: bootv1.MachineState_MACHINE_STATE_QUARANTINED,
+			Identity: &machinev1.MachineIdentity{BootMac: "52:54:00:00:00:10", Serial: "SN|10"},
+			Facts:    &machinev1.MachineFacts{Gpus: gpus},
+			Checklist: &machinev1.Checklist{Results: []*machinev1.CheckResult{
+				{Id: "gpu.pcie.link-width", Status: machinev1.CheckStatus_CHECK_STATUS_FAIL, GpuIndex: gpu(3)},
+				{Id: "gpu.count", Status: machinev1.CheckStatus_CHECK_STATUS_PASS},
+			}}},
+		{Id: "m1", Rack: "r1", Slot: "U2", NodeName: "gpu-r1-u2", State: bootv1.MachineState_MACHINE_STATE_READY,
+			Identity: &machinev1.MachineIdentity{BootMac: "52:54:00:00:00:02"}, Facts: &machinev1.MachineFacts{Gpus: gpus},
+			Checklist: &machinev1.Checklist{Results: []*machinev1.CheckResult{{Id: "gpu.count", Status: machinev1.CheckStatus_CHECK_STATUS_PASS}}}},
+		{Id: "m3", Rack: "r2", State: bootv1.MachineState_MACHINE_STATE_READY},
+		{Id: "m4", Rack: "r1", State: bootv1.MachineState_MACHINE_STATE_DECOMMISSIONED},
+		{Id: "m5", Rack: "r1", State: bootv1.MachineState_MACHINE_STATE_REGISTERED, Identity: &machinev1.MachineIdentity{BootMac: "52:54:00:00:00:05"}},
+	}
+}
+
+func TestBuild(t *testing.T) {
+	d := Build("r1", machines(), time.Unix(1764400000, 0))
+	if len(d.Machines) != 3 {
+		t.Fatalf("%d rows, want 3 (other rack and decommissioned excluded)", len(d.Machines))
+	}
+	if d.Machines[0].MachineId != "m1" || d.Machines[1].MachineId != "m2" || d.Machines[2].MachineId != "m5" {
+		t.Fatalf("order %s %s %s, want m1 (U2) m2 (U10) m5 (no slot)", d.Machines[0].MachineId, d.Machines[1].MachineId, d.Machines[2].MachineId)
+	}
+	if d.GpuCount != 8 || d.HealthyGpuCount != 7 {
+		t.Fatalf("gpus %d healthy %d, want 8 and 7", d.GpuCount, d.HealthyGpuCount)
+	}
+	if d.MachinesByState["ready"] != 1 || d.MachinesByState["quarantined"] != 1 {
+		t.Fatalf("by state %v", d.MachinesByState)
+	}
+	if len(d.Checks) != 2 || d.Checks[0].Id != "gpu.count" || d.Checks[0].Pass != 2 || d.Checks[1].Fail != 1 {
+		t.Fatalf("tallies %v", d.Checks)
+	}
+}
+
+func TestRender(t *testing.T) {
+	d := Build("r1", machines(), time.Unix(1764400000, 0))
+	md, ct, name, err := Render(d, bootv1.ReportFormat_REPORT_FORMAT_MARKDOWN)
+	if err != nil || !strings.HasPrefix(ct, "text/markdown") || name != "rack-r1-report.md" {
+		t.Fatal(ct, name, err)
+	}
+	for _, want := range []string{"# Rack r1", "gpu.pcie.link-width (GPU 3)", `SN\|10`, "| U2 |"} {
+		if !strings.Contains(string(md), want) {
+			t.Errorf("markdown lacks %q:\n%s", want, md)
+		}
+	}
+	js, _, _, err := Render(d, bootv1.ReportFormat_REPORT_FORMAT_JSON)
+	if err != nil || !json.Valid(js) || !strings.Contains(string(js), `"healthyGpuCount": 7`) {
+		t.Fatalf("json: %v\n%s", err, js)
+	}
+	h, _, _, err := Render(d, bootv1.ReportFormat_REPORT_FORMAT_HTML)
+	if err != nil || !strings.Contains(string(h), `<td class="quarantined">`) {
+		t.Fatalf("html: %v", err)
+	}
+	for _, banned := range []string{"<script src", "<link", "http://", "https://"} {
+		if strings.Contains(string(h), banned) {
+			t.Errorf("html report references external assets (%q)", banned)
+		}
+	}
+	for in, want := range map[string]bootv1.ReportFormat{"md": 1, "json": 2, "html": 3} {
+		if got, err := ParseFormat(in); err != nil || got != want {
+			t.Errorf("ParseFormat(%q) = %v, %v", in, got, err)
+		}
+	}
+	if _, err := ParseFormat("pdf"); err == nil {
+		t.Error("ParseFormat(pdf) succeeded")
+	}
+}

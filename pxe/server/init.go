@@ -1,0 +1,147 @@
+package server
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/gpurack/gpurack/internal/pki"
+)
+
+// Files of an operator credentials directory (`gpuboot certs operator NAME --out DIR`).
+const (
+	OperatorCAFile   = "ca.crt"
+	OperatorCertFile = "operator.crt"
+	OperatorKeyFile  = "operator.key"
+)
+
+// InitOptions are `gpuboot init`'s inputs.
+type InitOptions struct {
+	StateDir string
+	// Advertise lists the host names and IP addresses agents and operators reach
+	// gpuboot at; they become the server certificate's SANs (localhost and 127.0.0.1
+	// are added for the operator CLI on the server itself).
+	Advertise []string
+	// Racks get a gossip key each.
+	Racks []string
+	// Operator names the first operator certificate.
+	Operator string
+}
+
+// InitResult says what Init wrote.
+type InitResult struct {
+	CAPin       string
+	OperatorDir string
+	GossipKeys  []string
+	ServerCert  string
+}
+
+// Init creates gpuboot's state directory (CONTRACTS §4): the gpurack CA, the server
+// certificate (role gpurack:servers), a gossip key per rack and a first operator
+// certificate. It refuses to replace an existing CA.
+func Init(o InitOptions) (*InitResult, error) {
+	if o.StateDir == "" {
+		return nil, errors.New("init: --state-dir is required")
+	}
+	if len(o.Advertise) == 0 {
+		return nil, errors.New("init: --advertise is required: the host names and IP addresses machines reach gpuboot at")
+	}
+	if o.Operator == "" {
+		o.Operator = "admin"
+	}
+	pkiDir := filepath.Join(o.StateDir, "pki")
+	if _, err := os.Stat(filepath.Join(pkiDir, pki.CACertFile)); err == nil {
+		return nil, fmt.Errorf("init: %s already holds a gpurack CA; gpuboot init runs once (issue operators with `gpuboot certs operator NAME`)", pkiDir)
+	}
+	ca, err := pki.NewCA(pki.CARequest{CommonName: "gpurack CA", Organizations: []string{"gpurack"}})
+	if err != nil {
+		return nil, err
+	}
+	if err := pki.SaveCA(pkiDir, ca); err != nil {
+		return nil, err
+	}
+	hosts := append(append([]string(nil), o.Advertise...), "localhost", "127.0.0.1")
+	server, err := pki.IssueServer(ca, hosts)
+	if err != nil {
+		return nil, err
+	}
+	res := &InitResult{CAPin: ca.Pin(), ServerCert: filepath.Join(pkiDir, "server.crt")}
+	if err := pki.SaveKeyPair(res.ServerCert, filepath.Join(pkiDir, "server.key"), server); err != nil {
+		return nil, err
+	}
+	if err := (pki.NewRevocationList()).Save(filepath.Join(pkiDir, "revoked.json")); err != nil {
+		return nil, err
+	}
+	for _, r := range o.Racks {
+		p, _, err := EnsureGossipKey(o.StateDir, r)
+		if err != nil {
+			return nil, err
+		}
+		res.GossipKeys = append(res.GossipKeys, p)
+	}
+	res.OperatorDir = filepath.Join(o.StateDir, "operators", o.Operator)
+	if err := IssueOperator(o.StateDir, o.Operator, res.OperatorDir); err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+// EnsureGossipKey returns the path of rack's gossip key under stateDir, creating a
+// 32-byte key (hex, mode 0600) if there is none.
+func EnsureGossipKey(stateDir, rack string) (string, []byte, error) {
+	if rack == "" || strings.ContainsAny(rack, "/\\.") {
+		return "", nil, fmt.Errorf("gossip key: rack name %q", rack)
+	}
+	dir := filepath.Join(stateDir, "gossip")
+	p := filepath.Join(dir, rack+".key")
+	if b, err := os.ReadFile(p); err == nil {
+		key, err := hex.DecodeString(strings.TrimSpace(string(b)))
+		if err != nil || (len(key) != 16 && len(key) != 24 && len(key) != 32) {
+			return "", nil, fmt.Errorf("gossip key %s: want 16, 24 or 32 bytes in hex", p)
+		}
+		return p, key, nil
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return "", nil, err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", nil, err
+	}
+	key := make([]byte, 32)
+	if _, err := rand.Read(key); err != nil {
+		return "", nil, err
+	}
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return "", nil, fmt.Errorf("gossip key: %w", err)
+	}
+	defer f.Close()
+	if _, err := f.WriteString(hex.EncodeToString(key) + "\n"); err != nil {
+		return "", nil, err
+	}
+	return p, key, f.Sync()
+}
+
+// IssueOperator issues an operator certificate for name from the CA under stateDir and
+// writes outDir/{ca.crt,operator.crt,operator.key}.
+func IssueOperator(stateDir, name, outDir string) error {
+	ca, err := pki.LoadCA(filepath.Join(stateDir, "pki"))
+	if err != nil {
+		return err
+	}
+	kp, err := pki.IssueOperator(ca, name)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(outDir, 0o700); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(outDir, OperatorCAFile), pki.EncodeCertPEM(ca.Cert), 0o644); err != nil {
+		return err
+	}
+	return pki.SaveKeyPair(filepath.Join(outDir, OperatorCertFile), filepath.Join(outDir, OperatorKeyFile), kp)
+}
