@@ -1,0 +1,104 @@
+// Package facts reads what the agent reports about its own machine: identity
+// (CONTRACTS §1) from /proc/cmdline and /sys/class/dmi/id, hostname, image id, boot id.
+// Enrollment sends these; Status shows them.
+package facts
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// Identity is the machine identity of CONTRACTS §1.
+type Identity struct {
+	BootMAC, SMBIOSUUID, Serial string
+}
+
+// Root is prefixed to every path read (tests point it at a fake tree).
+type Root string
+
+func (r Root) read(p string) string {
+	b, err := os.ReadFile(filepath.Join(string(r), p))
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// placeholders are values firmware ships instead of real ones (CONTRACTS §1).
+var placeholders = map[string]bool{
+	"": true, "default string": true, "to be filled by o.e.m.": true, "not specified": true,
+	"none": true, "0": true, "system serial number": true, "0123456789": true,
+	"00000000-0000-0000-0000-000000000000": true, "ffffffff-ffff-ffff-ffff-ffffffffffff": true,
+}
+
+// clean returns "" for placeholders.
+func clean(s string) string {
+	if placeholders[strings.ToLower(s)] {
+		return ""
+	}
+	return s
+}
+
+// ReadIdentity reads the identity: BOOTIF= from the kernel command line, SMBIOS UUID
+// (lowercased) and serial from /sys/class/dmi/id. Unreadable or placeholder values are
+// empty.
+func (r Root) ReadIdentity() Identity {
+	id := Identity{
+		SMBIOSUUID: clean(strings.ToLower(r.read("sys/class/dmi/id/product_uuid"))),
+		Serial:     clean(r.read("sys/class/dmi/id/product_serial")),
+	}
+	for _, f := range strings.Fields(r.read("proc/cmdline")) {
+		if v, ok := strings.CutPrefix(f, "BOOTIF="); ok {
+			id.BootMAC = bootifMAC(v)
+		}
+	}
+	return id
+}
+
+// bootifMAC turns "01-aa-bb-cc-dd-ee-ff" into "aa:bb:cc:dd:ee:ff".
+func bootifMAC(v string) string {
+	parts := strings.Split(strings.ToLower(v), "-")
+	if len(parts) == 7 {
+		parts = parts[1:]
+	}
+	if len(parts) != 6 {
+		return ""
+	}
+	for _, p := range parts {
+		if len(p) != 2 {
+			return ""
+		}
+	}
+	return strings.Join(parts, ":")
+}
+
+// CmdlineValue returns the value of key=VALUE on the kernel command line.
+func (r Root) CmdlineValue(key string) string {
+	for _, f := range strings.Fields(r.read("proc/cmdline")) {
+		if v, ok := strings.CutPrefix(f, key+"="); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// ImageID reads GPURACK_IMAGE_ID from /etc/os-release (written by gpuimage); empty
+// outside a gpurack image.
+func (r Root) ImageID() string {
+	for _, l := range strings.Split(r.read("etc/os-release"), "\n") {
+		if v, ok := strings.CutPrefix(l, "GPURACK_IMAGE_ID="); ok {
+			return strings.Trim(v, `"`)
+		}
+	}
+	return ""
+}
+
+// BootID is /proc/sys/kernel/random/boot_id.
+func (r Root) BootID() string { return r.read("proc/sys/kernel/random/boot_id") }
+
+// Hostname is the kernel hostname.
+func Hostname() string {
+	h, _ := os.Hostname()
+	return h
+}

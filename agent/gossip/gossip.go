@@ -1,0 +1,388 @@
+// Package gossip shares node health within a rack over hashicorp/memberlist: each
+// agent announces a compact health summary (Meta) as its node metadata, re-announces
+// it at once when health changes, and keeps the rack view (every member, its liveness
+// and its last announced health) that Status returns and rack.peer-outlier compares.
+//
+// Gossip is encrypted with the rack's key from the JoinBundle; a member with another
+// key cannot join. This package does not judge health: agent/health does, and
+// agent/checks compares peers.
+package gossip
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"math"
+	"net"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+)
+
+// MemberState is a member's liveness.
+type MemberState int
+
+// Member states.
+const (
+	Alive MemberState = iota + 1
+	Suspect
+	Dead
+	Left
+)
+
+func (s MemberState) String() string {
+	switch s {
+	case Alive:
+		return "alive"
+	case Suspect:
+		return "suspect"
+	case Dead:
+		return "dead"
+	case Left:
+		return "left"
+	}
+	return "unknown"
+}
+
+// Member is one rack member as this agent sees it.
+type Member struct {
+	Name      string
+	Address   string
+	State     MemberState
+	Meta      Meta
+	MetaErr   string // why Meta could not be decoded, if it could not
+	Self      bool
+	UpdatedAt time.Time
+}
+
+// Change is what happened to a member.
+type Change int
+
+// Changes.
+const (
+	Joined Change = iota + 1
+	Updated
+	LeftGracefully
+	Failed
+)
+
+// Config configures an Agent.
+type Config struct {
+	// Name is the node name (memberlist member name).
+	Name string
+	// Rack names the rack; it is the memberlist label, so racks do not mix.
+	Rack string
+	// Key is the rack's AES key: 16, 24 or 32 bytes. Required.
+	Key []byte
+	// BindAddr is host:port to listen on (TCP and UDP); port 0 picks one.
+	BindAddr string
+	// AdvertiseAddr is host:port others reach this member at; empty: BindAddr.
+	AdvertiseAddr string
+	// Seeds are members to join, host:port; this member's own address is skipped.
+	Seeds []string
+	// Local uses memberlist's loopback timings (fast failure detection, for tests).
+	Local bool
+	// Transport replaces the network (memberlist.MockNetwork in benchmarks).
+	Transport memberlist.Transport
+	// Meta returns the metadata to announce now.
+	Meta func() Meta
+	// RetryJoin keeps trying the seeds in the background (1 s doubling to 30 s) when
+	// none answers at start, instead of failing Start: a rack's seeds may be rebooting.
+	RetryJoin bool
+	// Tune, when set, adjusts memberlist's configuration last (tests and benchmarks).
+	Tune func(*memberlist.Config)
+	// OnChange is called for every membership or metadata change (not for self).
+	OnChange func(Change, Member)
+	Log      *slog.Logger
+}
+
+// Agent is one rack member.
+type Agent struct {
+	cfg  Config
+	ml   *memberlist.Memberlist
+	stop chan struct{}
+	once sync.Once
+
+	mu      sync.Mutex
+	members map[string]*Member
+}
+
+// Start creates the member and joins the seeds (joining fails only when no seed
+// answers; an empty seed list starts a new rack).
+func Start(cfg Config) (*Agent, error) {
+	switch len(cfg.Key) {
+	case 16, 24, 32:
+	default:
+		return nil, fmt.Errorf("gossip: key is %d bytes; want 16, 24 or 32 (AES-128/192/256)", len(cfg.Key))
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	a := &Agent{cfg: cfg, members: map[string]*Member{}, stop: make(chan struct{})}
+	mc := memberlist.DefaultLANConfig()
+	if cfg.Local {
+		mc = memberlist.DefaultLocalConfig()
+	}
+	mc.Name = cfg.Name
+	mc.Label = "gpurack/" + cfg.Rack
+	mc.SecretKey = cfg.Key
+	mc.GossipVerifyIncoming, mc.GossipVerifyOutgoing = true, true
+	mc.Delegate = (*delegate)(a)
+	mc.Events = (*events)(a)
+	mc.LogOutput = nil
+	mc.Logger = log.New(slogWriter{cfg.Log}, "", 0)
+	if cfg.Transport != nil {
+		mc.Transport = cfg.Transport
+	} else {
+		host, port, err := splitHostPort(cfg.BindAddr)
+		if err != nil {
+			return nil, fmt.Errorf("gossip bind address: %w", err)
+		}
+		mc.BindAddr, mc.BindPort = host, port
+		mc.AdvertisePort = port
+		if cfg.AdvertiseAddr != "" {
+			ah, ap, err := splitHostPort(cfg.AdvertiseAddr)
+			if err != nil {
+				return nil, fmt.Errorf("gossip advertise address: %w", err)
+			}
+			mc.AdvertiseAddr, mc.AdvertisePort = ah, ap
+		}
+	}
+	if cfg.Tune != nil {
+		cfg.Tune(mc)
+	}
+	ml, err := memberlist.Create(mc)
+	if err != nil {
+		return nil, fmt.Errorf("gossip: %w", err)
+	}
+	a.ml = ml
+	self := ml.LocalNode()
+	var seeds []string
+	for _, s := range cfg.Seeds {
+		if s != self.Address() && s != cfg.AdvertiseAddr && s != cfg.BindAddr {
+			seeds = append(seeds, s)
+		}
+	}
+	if len(seeds) > 0 {
+		if _, err := ml.Join(seeds); err != nil {
+			err = fmt.Errorf("gossip: join %v: %w (wrong rack key, or no seed reachable)", seeds, err)
+			if !cfg.RetryJoin {
+				ml.Shutdown()
+				return nil, err
+			}
+			cfg.Log.Warn("gossip: no seed answered; retrying in the background", "error", err)
+			go a.retryJoin(seeds)
+		}
+	}
+	return a, nil
+}
+
+func (a *Agent) retryJoin(seeds []string) {
+	wait := time.Second
+	for {
+		select {
+		case <-a.stop:
+			return
+		case <-time.After(wait):
+		}
+		if _, err := a.ml.Join(seeds); err == nil {
+			a.cfg.Log.Info("gossip: joined the rack", "seeds", seeds)
+			return
+		} else {
+			a.cfg.Log.Warn("gossip: join failed", "seeds", seeds, "error", err)
+		}
+		wait = min(2*wait, 30*time.Second)
+	}
+}
+
+func splitHostPort(s string) (string, int, error) {
+	h, p, err := net.SplitHostPort(s)
+	if err != nil {
+		return "", 0, err
+	}
+	n, err := strconv.Atoi(p)
+	if err != nil || n < 0 || n > 65535 {
+		return "", 0, fmt.Errorf("port %q", p)
+	}
+	if h == "" {
+		h = "0.0.0.0"
+	}
+	return h, n, nil
+}
+
+// Address is where this member listens, host:port.
+func (a *Agent) Address() string { return a.ml.LocalNode().Address() }
+
+// Announce re-broadcasts this member's metadata now (call it when health changes).
+func (a *Agent) Announce() error { return a.ml.UpdateNode(5 * time.Second) }
+
+// Leave tells the rack this member leaves, then shuts it down.
+func (a *Agent) Leave() {
+	a.once.Do(func() { close(a.stop) })
+	a.ml.Leave(2 * time.Second)
+	a.ml.Shutdown()
+}
+
+// Kill stops the member without telling anyone (tests: a crashed node).
+func (a *Agent) Kill() {
+	a.once.Do(func() { close(a.stop) })
+	a.ml.Shutdown()
+}
+
+// Members returns every member seen, including self and dead ones, by name.
+func (a *Agent) Members() []Member {
+	out := []Member{a.self()}
+	a.mu.Lock()
+	for _, m := range a.members {
+		out = append(out, *m)
+	}
+	a.mu.Unlock()
+	// memberlist's own view may say suspect.
+	for _, n := range a.ml.Members() {
+		for i := range out {
+			if out[i].Name == n.Name && n.State == memberlist.StateSuspect && !out[i].Self {
+				out[i].State = Suspect
+			}
+		}
+	}
+	slices.SortFunc(out, func(x, y Member) int {
+		switch {
+		case x.Name < y.Name:
+			return -1
+		case x.Name > y.Name:
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+func (a *Agent) self() Member {
+	n := a.ml.LocalNode()
+	m := Member{Name: n.Name, Address: n.Address(), State: Alive, Self: true, UpdatedAt: time.Now()}
+	if a.cfg.Meta != nil {
+		m.Meta = a.cfg.Meta()
+	}
+	return m
+}
+
+func (a *Agent) record(n *memberlist.Node, st MemberState) (Member, bool) {
+	if n.Name == a.cfg.Name {
+		return Member{}, false
+	}
+	m := Member{Name: n.Name, Address: n.Address(), State: st, UpdatedAt: time.Now()}
+	meta, err := DecodeMeta(n.Meta)
+	if err != nil {
+		m.MetaErr = err.Error()
+	} else {
+		m.Meta = meta
+	}
+	a.mu.Lock()
+	if old, ok := a.members[n.Name]; ok && err != nil {
+		m.Meta = old.Meta // keep the last good metadata of a dead member
+	}
+	a.members[n.Name] = &m
+	a.mu.Unlock()
+	return m, true
+}
+
+type delegate Agent
+
+func (d *delegate) NodeMeta(limit int) []byte {
+	if d.cfg.Meta == nil {
+		return nil
+	}
+	b := d.cfg.Meta().Encode()
+	if len(b) > limit {
+		return nil
+	}
+	return b
+}
+func (d *delegate) NotifyMsg([]byte)                           {}
+func (d *delegate) GetBroadcasts(overhead, limit int) [][]byte { return nil }
+func (d *delegate) LocalState(join bool) []byte                { return nil }
+func (d *delegate) MergeRemoteState(buf []byte, join bool)     {}
+
+type events Agent
+
+func (e *events) notify(c Change, n *memberlist.Node, st MemberState) {
+	a := (*Agent)(e)
+	m, ok := a.record(n, st)
+	if ok && a.cfg.OnChange != nil {
+		a.cfg.OnChange(c, m)
+	}
+}
+
+func (e *events) NotifyJoin(n *memberlist.Node)   { e.notify(Joined, n, Alive) }
+func (e *events) NotifyUpdate(n *memberlist.Node) { e.notify(Updated, n, Alive) }
+func (e *events) NotifyLeave(n *memberlist.Node) {
+	if n.State == memberlist.StateLeft {
+		e.notify(LeftGracefully, n, Left)
+		return
+	}
+	e.notify(Failed, n, Dead)
+}
+
+// PeerFigures returns the alive, non-observer peers' figures (rack.peer-outlier
+// input), excluding self.
+func (a *Agent) PeerFigures() map[string][3]float64 {
+	out := map[string][3]float64{}
+	for _, m := range a.Members() {
+		if m.Self || m.State != Alive || m.Meta.Observer || m.MetaErr != "" {
+			continue
+		}
+		out[m.Name] = [3]float64{f64(m.Meta.MaxTemperatureC), f64(m.Meta.PCIeReplaysPerMin), f64(m.Meta.ECCCorrectedPerHour)}
+	}
+	return out
+}
+
+func f64(f float32) float64 {
+	if math.IsNaN(float64(f)) {
+		return math.NaN()
+	}
+	return float64(f)
+}
+
+// slogWriter routes memberlist's log lines ("[DEBUG] memberlist: …") into slog.
+type slogWriter struct{ l *slog.Logger }
+
+func (w slogWriter) Write(p []byte) (int, error) {
+	s := string(p)
+	lvl := slog.LevelDebug
+	switch {
+	case len(s) > 6 && s[:6] == "[WARN]":
+		lvl = slog.LevelWarn
+	case len(s) > 5 && s[:5] == "[ERR]":
+		lvl = slog.LevelError
+	}
+	w.l.Log(context.Background(), lvl, "memberlist", "line", trimNL(s))
+	return len(p), nil
+}
+
+func trimNL(s string) string {
+	for len(s) > 0 && (s[len(s)-1] == '\n' || s[len(s)-1] == '\r') {
+		s = s[:len(s)-1]
+	}
+	return s
+}
+
+var _ io.Writer = slogWriter{}
+
+func (c Change) String() string {
+	switch c {
+	case Joined:
+		return "joined"
+	case Updated:
+		return "updated"
+	case LeftGracefully:
+		return "left"
+	case Failed:
+		return "failed"
+	}
+	return "unknown"
+}

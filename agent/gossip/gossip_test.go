@@ -1,0 +1,287 @@
+package gossip
+
+import (
+	"fmt"
+	"math"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+)
+
+var rackKey = []byte("0123456789abcdef0123456789abcdef")
+
+func TestMetaRoundTrip(t *testing.T) {
+	m := Meta{State: 3, Failing: []string{"gpu.ecc.uncorrected", "gpu.xid.fatal"}, ImageID: "0123456789abcdef0123456789abcdef01234567",
+		Driver: "535.261.03", GPUs: 8, HealthyGPUs: 7, MaxTemperatureC: 41, PCIeReplaysPerMin: float32(math.NaN()), ECCCorrectedPerHour: 2}
+	b := m.Encode()
+	if len(b) > memberlist.MetaMaxSize {
+		t.Fatalf("meta is %d bytes, over memberlist's %d", len(b), memberlist.MetaMaxSize)
+	}
+	got, err := DecodeMeta(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.State != 3 || len(got.Failing) != 2 || got.Failing[1] != "gpu.xid.fatal" || got.ImageID != m.ImageID || got.Driver != m.Driver ||
+		got.HealthyGPUs != 7 || got.MaxTemperatureC != 41 || !math.IsNaN(float64(got.PCIeReplaysPerMin)) {
+		t.Fatalf("round trip %+v", got)
+	}
+	for _, bad := range [][]byte{nil, {2}, b[:10], append(append([]byte{}, b...), 0)} {
+		if _, err := DecodeMeta(bad); err == nil {
+			t.Errorf("DecodeMeta(%x) accepted", bad)
+		}
+	}
+}
+
+// FuzzDecodeMeta: metadata arrives from the network.
+func FuzzDecodeMeta(f *testing.F) {
+	f.Add(Meta{State: 1, GPUs: 8, HealthyGPUs: 8, ImageID: "abc", Driver: "535.261.03"}.Encode())
+	f.Add([]byte{1})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := DecodeMeta(b)
+		if err != nil {
+			return
+		}
+		again, err := DecodeMeta(m.Encode())
+		if err != nil || again.State != m.State || again.ImageID != m.ImageID || len(again.Failing) != len(m.Failing) {
+			t.Fatalf("%x decoded to %+v, re-encoded to %+v, %v", b, m, again, err)
+		}
+	})
+}
+
+type testNode struct {
+	*Agent
+	mu   sync.Mutex
+	meta Meta
+}
+
+func (n *testNode) setMeta(m Meta) {
+	n.mu.Lock()
+	n.meta = m
+	n.mu.Unlock()
+}
+
+func start(t testing.TB, name string, key []byte, seeds []string, tr memberlist.Transport) (*testNode, error) {
+	n := &testNode{meta: Meta{State: 1, GPUs: 8, HealthyGPUs: 8, Driver: "535.261.03"}}
+	a, err := Start(Config{Name: name, Rack: "r1", Key: key, BindAddr: "127.0.0.1:0", Seeds: seeds, Local: true, Transport: tr,
+		Meta: func() Meta { n.mu.Lock(); defer n.mu.Unlock(); return n.meta }})
+	if err != nil {
+		return nil, err
+	}
+	n.Agent = a
+	return n, nil
+}
+
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func stateOf(a *Agent, name string) (Member, bool) {
+	for _, m := range a.Members() {
+		if m.Name == name {
+			return m, true
+		}
+	}
+	return Member{}, false
+}
+
+func TestThreeAgentsOnLoopback(t *testing.T) {
+	a, err := start(t, "node-a", rackKey, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Leave()
+	b, err := start(t, "node-b", rackKey, []string{a.Address()}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Leave()
+	c, err := start(t, "node-c", rackKey, []string{a.Address()}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := []*testNode{a, b, c}
+	waitFor(t, 10*time.Second, "three members everywhere", func() bool {
+		for _, n := range all {
+			alive := 0
+			for _, m := range n.Members() {
+				if m.State == Alive {
+					alive++
+				}
+			}
+			if alive != 3 {
+				return false
+			}
+		}
+		return true
+	})
+	// A health change on b reaches a and c.
+	b.setMeta(Meta{State: 3, Failing: []string{"gpu.xid.fatal"}, GPUs: 8, HealthyGPUs: 7, Driver: "535.261.03"})
+	if err := b.Announce(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "b's new health at a and c", func() bool {
+		for _, n := range []*testNode{a, c} {
+			m, ok := stateOf(n.Agent, "node-b")
+			if !ok || m.Meta.State != 3 || len(m.Meta.Failing) != 1 {
+				return false
+			}
+		}
+		return true
+	})
+	// c crashes: a and b see it dead.
+	c.Kill()
+	waitFor(t, 30*time.Second, "c dead at a and b", func() bool {
+		for _, n := range []*testNode{a, b} {
+			m, ok := stateOf(n.Agent, "node-c")
+			if !ok || m.State != Dead {
+				return false
+			}
+		}
+		return true
+	})
+	if m, _ := stateOf(a.Agent, "node-c"); m.Meta.Driver != "535.261.03" {
+		t.Errorf("dead member lost its last metadata: %+v", m)
+	}
+}
+
+func TestWrongKeyCannotJoin(t *testing.T) {
+	a, err := start(t, "node-a", rackKey, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Leave()
+	_, err = start(t, "intruder", []byte("fedcba9876543210fedcba9876543210"), []string{a.Address()}, nil)
+	if err == nil {
+		t.Fatal("a member with another rack key joined")
+	}
+	t.Logf("join refused: %v", err)
+	time.Sleep(200 * time.Millisecond)
+	if _, ok := stateOf(a.Agent, "intruder"); ok {
+		t.Fatal("intruder appears in the rack view")
+	}
+	if _, err := Start(Config{Name: "x", Key: []byte("short"), BindAddr: "127.0.0.1:0"}); err == nil {
+		t.Error("a 5-byte key was accepted")
+	}
+}
+
+// BenchmarkConvergence measures how long a health change takes to reach every member
+// of a rack of in-process members on loopback sockets (LAN timings: 200 ms gossip
+// interval, 3 gossip nodes). memberlist's MockNetwork is not used: its unbuffered
+// channels deadlock when two members answer each other at once.
+func BenchmarkConvergence(b *testing.B) {
+	for _, n := range []int{100, 500} {
+		b.Run(fmt.Sprintf("members=%d", n), func(b *testing.B) {
+			nodes := make([]*testNode, n)
+			for i := range nodes {
+				// Join through up to three earlier members, not all through one: a
+				// single seed answering hundreds of push-pulls in a row times out.
+				var seeds []string
+				for _, k := range []int{i - 1, i / 2, i / 3} {
+					if k >= 0 && k < i {
+						seeds = append(seeds, nodes[k].Address())
+					}
+				}
+				nd, err := startLAN(fmt.Sprintf("node-%03d", i), seeds, nil)
+				if err != nil {
+					b.Fatalf("member %d of %d: %v", i, n, err)
+				}
+				nodes[i] = nd
+			}
+			defer func() {
+				for _, nd := range nodes {
+					nd.Kill()
+				}
+			}()
+			deadline := time.Now().Add(5 * time.Minute)
+			joined := time.Now()
+			for _, nd := range nodes {
+				for nd.ml.NumMembers() < n {
+					if time.Now().After(deadline) {
+						b.Fatalf("%s sees %d of %d members", nd.cfg.Name, nd.ml.NumMembers(), n)
+					}
+					time.Sleep(10 * time.Millisecond)
+				}
+			}
+			b.Logf("%d members: full membership everywhere %v after the last join", n, time.Since(joined).Round(time.Millisecond))
+			b.ResetTimer()
+			var total time.Duration
+			for i := 0; i < b.N; i++ {
+				src := nodes[(i*7919)%n]
+				want := uint8(1 + (i+1)%3)
+				src.setMeta(Meta{State: want, GPUs: 8, HealthyGPUs: 7})
+				t0 := time.Now()
+				src.Announce()
+				for _, nd := range nodes {
+					if nd == src {
+						continue
+					}
+					for {
+						nd.mu.Lock()
+						m, ok := nd.members[src.cfg.Name]
+						got := ok && m.Meta.State == want
+						nd.mu.Unlock()
+						if got {
+							break
+						}
+						if time.Since(t0) > time.Minute {
+							b.Fatalf("change did not converge in a minute")
+						}
+						time.Sleep(time.Millisecond)
+					}
+				}
+				total += time.Since(t0)
+			}
+			b.ReportMetric(total.Seconds()/float64(b.N), "s/converge")
+		})
+	}
+}
+
+func startLAN(name string, seeds []string, tr memberlist.Transport) (*testNode, error) {
+	n := &testNode{meta: Meta{State: 1, GPUs: 8, HealthyGPUs: 8}}
+	a, err := Start(Config{Name: name, Rack: "bench", Key: rackKey, BindAddr: "127.0.0.1:0", Seeds: seeds, Transport: tr,
+		Meta: func() Meta { n.mu.Lock(); defer n.mu.Unlock(); return n.meta },
+		// Hundreds of members share this machine's cores: give joins' TCP push-pull
+		// time. Gossip timings (what convergence measures) stay LAN defaults.
+		Tune: func(c *memberlist.Config) { c.TCPTimeout = time.Minute }})
+	if err != nil {
+		return nil, err
+	}
+	n.Agent = a
+	return n, nil
+}
+
+// TestRetryJoin: a member started before its seed joins once the seed is up.
+func TestRetryJoin(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	seedAddr := l.Addr().String()
+	l.Close()
+	n := &testNode{meta: Meta{State: 1}}
+	b, err := Start(Config{Name: "early", Rack: "r1", Key: rackKey, BindAddr: "127.0.0.1:0", Seeds: []string{seedAddr}, Local: true, RetryJoin: true,
+		Meta: func() Meta { return n.meta }})
+	if err != nil {
+		t.Fatalf("RetryJoin start failed: %v", err)
+	}
+	defer b.Leave()
+	seed, err := Start(Config{Name: "seed", Rack: "r1", Key: rackKey, BindAddr: seedAddr, Local: true, Meta: func() Meta { return Meta{State: 1} }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer seed.Leave()
+	waitFor(t, 20*time.Second, "the early member joins", func() bool {
+		m, ok := stateOf(seed, "early")
+		return ok && m.State == Alive
+	})
+}

@@ -1,0 +1,205 @@
+// Package kubejoin joins the node to Kubernetes and keeps what the agent owns on the
+// Node object (CONTRACTS §5): the gpurack.io/* labels and the GPUHealthy condition.
+//
+// This build implements the simulation mode of the issue: with no kubelet on the
+// machine (a simulated GPU node), the agent itself does the kubelet's TLS bootstrap
+// with the JoinBundle's bootstrap token (CSR signed by kubernetes.io/kube-apiserver-
+// client-kubelet, approved by the cluster), registers the Node with the node's own
+// credentials (nvidia.com/gpu capacity from the simulator, registerWithTaints
+// gpurack.io/unvalidated), and renews its Lease in kube-node-lease. Everywhere it shows,
+// the Node says it is simulated (label gpurack.io/simulated=true). Writing kubelet's
+// bootstrap kubeconfig and config.yaml and starting kubelet over D-Bus, for real nodes,
+// are not here yet.
+package kubejoin
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	certificatesv1 "k8s.io/api/certificates/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	certutil "k8s.io/client-go/util/cert"
+	"k8s.io/client-go/util/certificate/csr"
+	"k8s.io/client-go/util/keyutil"
+)
+
+// ConditionGPUHealthy is the Node condition type the agent owns.
+const ConditionGPUHealthy corev1.NodeConditionType = "GPUHealthy"
+
+// TaintUnvalidated is registered with the Node; gpuboot removes it (CONTRACTS §5).
+const TaintUnvalidated = "gpurack.io/unvalidated"
+
+// Bootstrap does kubelet TLS bootstrap: it authenticates with the bootstrap token,
+// submits a CSR for system:node:NAME, waits for the cluster to approve and sign it, and
+// returns a client configuration with the node's own credentials.
+func Bootstrap(ctx context.Context, server string, caPEM []byte, token, nodeName string) (*rest.Config, error) {
+	boot := &rest.Config{Host: server, BearerToken: token, TLSClientConfig: rest.TLSClientConfig{CAData: caPEM}, Timeout: 30 * time.Second}
+	client, err := kubernetes.NewForConfig(boot)
+	if err != nil {
+		return nil, fmt.Errorf("kubelet bootstrap: %w", err)
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	csrPEM, err := certutil.MakeCSR(key, &pkix.Name{CommonName: "system:node:" + nodeName, Organization: []string{"system:nodes"}}, nil, nil)
+	if err != nil {
+		return nil, fmt.Errorf("kubelet bootstrap: CSR: %w", err)
+	}
+	usages := []certificatesv1.KeyUsage{certificatesv1.UsageDigitalSignature, certificatesv1.UsageClientAuth}
+	name, uid, err := csr.RequestCertificateWithContext(ctx, client, csrPEM, "", certificatesv1.KubeAPIServerClientKubeletSignerName, nil, usages, key)
+	if err != nil {
+		return nil, fmt.Errorf("kubelet bootstrap: submit CSR with the bootstrap token: %w", err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	certPEM, err := csr.WaitForCertificate(wctx, client, name, uid)
+	if err != nil {
+		return nil, fmt.Errorf("kubelet bootstrap: CSR %s not approved and signed: %w (is CSR auto-approval for bootstrappers set up?)", name, err)
+	}
+	keyPEM, err := keyutil.MarshalPrivateKeyToPEM(key)
+	if err != nil {
+		return nil, err
+	}
+	return &rest.Config{Host: server, TLSClientConfig: rest.TLSClientConfig{CAData: caPEM, CertData: certPEM, KeyData: keyPEM}, Timeout: 30 * time.Second}, nil
+}
+
+// labelValueRE is what a label value may contain.
+var labelValueRE = regexp.MustCompile(`[^A-Za-z0-9._-]`)
+
+// SanitizeLabel makes a label value the way GPU feature discovery does: spaces become
+// '-', other characters outside [A-Za-z0-9._-] are dropped, the result is cut to 63
+// characters and trimmed to start and end alphanumerically.
+func SanitizeLabel(v string) string {
+	v = labelValueRE.ReplaceAllString(strings.ReplaceAll(v, " ", "-"), "")
+	if len(v) > 63 {
+		v = v[:63]
+	}
+	return strings.Trim(v, "._-")
+}
+
+// NodeSpec is what the agent registers.
+type NodeSpec struct {
+	Name string
+	// Labels are the profile's node labels plus the agent's gpurack.io/* labels.
+	Labels map[string]string
+	// Taints are the profile's; TaintUnvalidated is added.
+	Taints []corev1.Taint
+	// GPUs is the nvidia.com/gpu capacity to advertise (simulation mode).
+	GPUs int
+}
+
+// AgentLabels are the labels the agent owns (CONTRACTS §5).
+func AgentLabels(imageID, driver, product string, count int, simulated bool) map[string]string {
+	l := map[string]string{
+		"gpurack.io/driver-version": SanitizeLabel(driver),
+		"gpurack.io/gpu.product":    SanitizeLabel(product),
+		"gpurack.io/gpu.count":      fmt.Sprint(count),
+	}
+	if imageID != "" {
+		l["gpurack.io/image"] = SanitizeLabel(imageID)
+	}
+	if simulated {
+		l["gpurack.io/simulated"] = "true"
+	}
+	return l
+}
+
+// Node is a registered Node the agent keeps up to date with the node's credentials.
+type Node struct {
+	Client kubernetes.Interface
+	Name   string
+}
+
+// Register creates the Node (or adopts an existing one of the same name) the way a
+// kubelet registers: with labels, taints, capacity and a Ready condition, so the
+// scheduler and the node lifecycle controller treat it as a node. It then sets
+// GPUHealthy Unknown until the first checklist.
+func Register(ctx context.Context, client kubernetes.Interface, spec NodeSpec) (*Node, error) {
+	taints := append([]corev1.Taint{{Key: TaintUnvalidated, Effect: corev1.TaintEffectNoSchedule}}, spec.Taints...)
+	capacity := corev1.ResourceList{
+		corev1.ResourceCPU:    resource.MustParse("8"),
+		corev1.ResourceMemory: resource.MustParse("64Gi"),
+		corev1.ResourcePods:   resource.MustParse("110"),
+	}
+	if spec.GPUs > 0 {
+		capacity["nvidia.com/gpu"] = *resource.NewQuantity(int64(spec.GPUs), resource.DecimalSI)
+	}
+	node := &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: spec.Name, Labels: spec.Labels},
+		Spec:       corev1.NodeSpec{Taints: taints},
+	}
+	created, err := client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		created, err = client.CoreV1().Nodes().Get(ctx, spec.Name, metav1.GetOptions{})
+	}
+	if err != nil {
+		return nil, fmt.Errorf("register node %s: %w", spec.Name, err)
+	}
+	now := metav1.Now()
+	created.Status.Capacity = capacity
+	created.Status.Allocatable = capacity
+	created.Status.Conditions = []corev1.NodeCondition{
+		{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "SimulatedKubeletReady", Message: "gpuagent simulates kubelet (no kubelet on this machine)", LastHeartbeatTime: now, LastTransitionTime: now},
+		{Type: ConditionGPUHealthy, Status: corev1.ConditionUnknown, Reason: "ChecksNotRun", Message: "No checklist has completed yet.", LastHeartbeatTime: now, LastTransitionTime: now},
+	}
+	created.Status.NodeInfo.KubeletVersion = "gpuagent-simulated"
+	if _, err := client.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+		return nil, fmt.Errorf("register node %s: status: %w", spec.Name, err)
+	}
+	return &Node{Client: client, Name: spec.Name}, nil
+}
+
+// SetGPUHealthy patches the GPUHealthy condition (status "True", "False" or
+// "Unknown"). Conditions merge by type, so others' conditions are untouched.
+func (n *Node) SetGPUHealthy(ctx context.Context, status corev1.ConditionStatus, reason, message string) error {
+	now := metav1.Now()
+	patch := map[string]any{"status": map[string]any{"conditions": []corev1.NodeCondition{{
+		Type: ConditionGPUHealthy, Status: status, Reason: reason, Message: message, LastHeartbeatTime: now, LastTransitionTime: now,
+	}}}}
+	data, err := json.Marshal(patch)
+	if err != nil {
+		return err
+	}
+	if _, err := n.Client.CoreV1().Nodes().Patch(ctx, n.Name, types.StrategicMergePatchType, data, metav1.PatchOptions{}, "status"); err != nil {
+		return fmt.Errorf("set GPUHealthy on %s: %w", n.Name, err)
+	}
+	return nil
+}
+
+// RenewLease creates or renews the node's Lease in kube-node-lease, as kubelet does
+// every 10 s; the node lifecycle controller marks a node without renewals unreachable.
+func (n *Node) RenewLease(ctx context.Context, duration time.Duration) error {
+	leases := n.Client.CoordinationV1().Leases(corev1.NamespaceNodeLease)
+	now := metav1.NewMicroTime(time.Now())
+	secs := int32(duration.Seconds())
+	l, err := leases.Get(ctx, n.Name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		_, err = leases.Create(ctx, &coordinationv1.Lease{
+			ObjectMeta: metav1.ObjectMeta{Name: n.Name, Namespace: corev1.NamespaceNodeLease},
+			Spec:       coordinationv1.LeaseSpec{HolderIdentity: &n.Name, LeaseDurationSeconds: &secs, RenewTime: &now},
+		}, metav1.CreateOptions{})
+		return err
+	}
+	if err != nil {
+		return err
+	}
+	l.Spec.RenewTime, l.Spec.LeaseDurationSeconds, l.Spec.HolderIdentity = &now, &secs, &n.Name
+	_, err = leases.Update(ctx, l, metav1.UpdateOptions{})
+	return err
+}

@@ -1,0 +1,140 @@
+package kubejoin
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"testing"
+	"time"
+
+	authv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/gpurack/gpurack/agent/gpu/sim"
+	"github.com/gpurack/gpurack/agent/monitor"
+	"github.com/gpurack/gpurack/controlplane-bootstrap/testcluster"
+	"github.com/gpurack/gpurack/internal/profile"
+)
+
+func TestMain(m *testing.M) { os.Exit(testcluster.Main(m)) }
+
+func TestSanitizeLabel(t *testing.T) {
+	for in, want := range map[string]string{
+		"NVIDIA H100 80GB HBM3": "NVIDIA-H100-80GB-HBM3",
+		"535.261.03":            "535.261.03",
+		"-a/b (c)-":             "ab-c",
+	} {
+		if got := SanitizeLabel(in); got != want {
+			t.Errorf("SanitizeLabel(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func condition(n *corev1.Node, t corev1.NodeConditionType) *corev1.NodeCondition {
+	for i := range n.Status.Conditions {
+		if n.Status.Conditions[i].Type == t {
+			return &n.Status.Conditions[i]
+		}
+	}
+	return nil
+}
+
+// TestSimulatedJoin runs against a real kube-apiserver: TLS bootstrap with a bootstrap
+// token, Node registration with nvidia.com/gpu from the simulator, GPUHealthy from the
+// agent's health, an injected XID 79 turning it False and clearing turning it back.
+func TestSimulatedJoin(t *testing.T) {
+	c := testcluster.Shared(t)
+	token := c.JoinToken(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+
+	t0 := time.Now()
+	cfg, err := Bootstrap(ctx, c.Server, c.CAPEM, token, "gpu-node-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("TLS bootstrap (CSR approved and signed) in %v", time.Since(t0).Round(time.Millisecond))
+	nodeClient, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	who, err := nodeClient.AuthenticationV1().SelfSubjectReviews().Create(ctx, &authv1.SelfSubjectReview{}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u := who.Status.UserInfo.Username; u != "system:node:gpu-node-1" {
+		t.Fatalf("node credentials authenticate as %q", u)
+	}
+
+	p, err := profile.Load("../../profiles/debian12-nvidia535.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, _ := sim.New("dgxh100", sim.Options{DriverVersion: p.GPU.Driver.Version, Seed: "gpu-node-1"})
+	mon := monitor.New(monitor.Config{Backend: s, Profile: p, Interval: time.Second, ClearAfter: time.Second})
+	node, err := Register(ctx, nodeClient, NodeSpec{Name: "gpu-node-1", GPUs: s.GPUCount(),
+		Labels: AgentLabels("", p.GPU.Driver.Version, p.GPU.Expect.Product, s.GPUCount(), true)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin := c.Clientset(t)
+	n, err := admin.CoreV1().Nodes().Get(ctx, "gpu-node-1", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if q := n.Status.Capacity["nvidia.com/gpu"]; q.Value() != 8 {
+		t.Errorf("nvidia.com/gpu capacity %v, want 8", q.String())
+	}
+	if n.Labels["gpurack.io/gpu.product"] != "NVIDIA-H100-80GB-HBM3" || n.Labels["gpurack.io/gpu.count"] != "8" || n.Labels["gpurack.io/simulated"] != "true" {
+		t.Errorf("labels %v", n.Labels)
+	}
+	if len(n.Spec.Taints) == 0 || n.Spec.Taints[0].Key != TaintUnvalidated {
+		t.Errorf("taints %v", n.Spec.Taints)
+	}
+
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	go mon.Run(runCtx)
+	go Follow(runCtx, node, mon, 10*time.Second, slog.New(slog.DiscardHandler))
+
+	waitCondition := func(want corev1.ConditionStatus, what string) (*corev1.NodeCondition, time.Duration) {
+		t.Helper()
+		start := time.Now()
+		for {
+			n, err := admin.CoreV1().Nodes().Get(ctx, "gpu-node-1", metav1.GetOptions{})
+			if err == nil {
+				if c := condition(n, ConditionGPUHealthy); c != nil && c.Status == want {
+					return c, time.Since(start)
+				}
+			}
+			if ctx.Err() != nil {
+				t.Fatalf("%s: GPUHealthy never %s", what, want)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	if c, _ := waitCondition(corev1.ConditionTrue, "after validation"); c.Reason != "AllChecksPassed" {
+		t.Errorf("GPUHealthy True with reason %q", c.Reason)
+	}
+	if _, err := admin.CoordinationV1().Leases(corev1.NamespaceNodeLease).Get(ctx, "gpu-node-1", metav1.GetOptions{}); err != nil {
+		t.Errorf("node lease: %v", err)
+	}
+
+	f, _ := sim.ParseFault("gpu-lost@gpu3")
+	injected := time.Now()
+	if _, err := s.Inject(f, 0); err != nil {
+		t.Fatal(err)
+	}
+	mon.Kick()
+	cond, _ := waitCondition(corev1.ConditionFalse, "after XID 79")
+	t.Logf("injected GPU loss (XID 79) -> GPUHealthy=False (%s) visible in the apiserver after %v", cond.Reason, time.Since(injected).Round(time.Millisecond))
+	if cond.Reason != "XidFatal" {
+		t.Errorf("reason %q, want XidFatal", cond.Reason)
+	}
+	s.Clear()
+	mon.GPUsReset([]int{3})
+	_, d := waitCondition(corev1.ConditionTrue, "after clearing")
+	t.Logf("cleared -> GPUHealthy=True after %v (1 s hysteresis)", d.Round(time.Millisecond))
+}

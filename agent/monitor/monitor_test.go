@@ -1,0 +1,156 @@
+package monitor
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/gpurack/gpurack/agent/checks"
+	"github.com/gpurack/gpurack/agent/gpu/sim"
+	"github.com/gpurack/gpurack/agent/health"
+	"github.com/gpurack/gpurack/internal/checkid"
+	"github.com/gpurack/gpurack/internal/profile"
+)
+
+func newMon(t *testing.T, clearAfter time.Duration) (*Monitor, *sim.Sim) {
+	t.Helper()
+	p, err := profile.Load("../../profiles/debian12-nvidia535.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := sim.New("dgxh100", sim.Options{DriverVersion: p.GPU.Driver.Version})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return New(Config{Backend: s, Profile: p, Interval: 50 * time.Millisecond, ClearAfter: clearAfter}), s
+}
+
+func inject(t *testing.T, s *sim.Sim, spec string) {
+	t.Helper()
+	f, err := sim.ParseFault(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Inject(f, 0); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestLostGPUIsXID79UntilReset(t *testing.T) {
+	m, s := newMon(t, -1)
+	sub := m.Broker().Subscribe()
+	defer sub.Close()
+	if cl := m.RunChecks(PhaseContinuous); cl.Overall != checks.NotApplicable && cl.Overall != checks.Pass {
+		t.Fatalf("healthy overall %s", cl.Overall)
+	}
+	inject(t, s, "gpu-lost@gpu4")
+	m.RunChecks(PhaseContinuous)
+	h := m.Health()
+	if h.State != health.Unhealthy || len(h.UnhealthyGPUs) != 1 || h.UnhealthyGPUs[0] != 4 {
+		t.Fatalf("health after GPU lost: %+v", h)
+	}
+	ev := m.XIDs().Events(time.Now(), time.Hour)
+	if len(ev) != 1 || ev[0].Code != 79 || ev[0].Source != "nvml-lost" || ev[0].PCIBusID == "" {
+		t.Fatalf("XID history %+v", ev)
+	}
+	// Repeated reads of the lost GPU do not add XIDs.
+	m.RunChecks(PhaseContinuous)
+	if n := len(m.XIDs().Events(time.Now(), time.Hour)); n != 1 {
+		t.Fatalf("%d XIDs after two reads", n)
+	}
+	s.Clear()
+	m.RunChecks(PhaseContinuous)
+	if m.Health().State != health.Unhealthy {
+		t.Fatal("health cleared without a reset: the XID 79 still counts")
+	}
+	m.GPUsReset([]int{4})
+	m.RunChecks(PhaseContinuous)
+	if h := m.Health(); h.State != health.Healthy {
+		t.Fatalf("after reset: %+v", h)
+	}
+	var kinds []string
+	for len(sub.C) > 0 {
+		e := <-sub.C
+		switch {
+		case e.Health != nil:
+			kinds = append(kinds, "health:"+e.Health.Current.State.String())
+		case e.XID != nil:
+			kinds = append(kinds, "xid")
+		}
+	}
+	want := []string{"health:healthy", "xid", "health:unhealthy", "health:healthy"}
+	if len(kinds) != len(want) {
+		t.Fatalf("events %v, want %v", kinds, want)
+	}
+	for i := range want {
+		if kinds[i] != want[i] {
+			t.Fatalf("events %v, want %v", kinds, want)
+		}
+	}
+}
+
+func TestRunReactsToXIDAtOnce(t *testing.T) {
+	m, s := newMon(t, time.Hour)
+	m.cfg.Interval = time.Hour // only the XID can trigger the second run
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { m.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	sub := m.Broker().Subscribe()
+	defer sub.Close()
+	deadline := time.After(20 * time.Second)
+	for m.Last() == nil {
+		time.Sleep(10 * time.Millisecond)
+	}
+	// The event watch registers asynchronously; keep injecting until it hears one.
+	f, _ := sim.ParseFault("xid:48@gpu1")
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case e := <-sub.C:
+			if e.Health != nil && e.Health.Current.State == health.Unhealthy {
+				if e.Health.Current.Failing[0] != string(checkid.XIDFatal) {
+					t.Fatalf("failing %v", e.Health.Current.Failing)
+				}
+				return
+			}
+		case <-tick.C:
+			s.Inject(f, 0)
+		case <-deadline:
+			t.Fatal("an XID from the NVML event set did not make the node unhealthy")
+		}
+	}
+}
+
+func TestBrokerDropsSlowSubscriber(t *testing.T) {
+	b := NewBroker()
+	slow := b.Subscribe()
+	for i := 0; i < SubscriberBuffer+1; i++ {
+		b.Publish(Event{Time: time.Unix(int64(i), 0)})
+	}
+	select {
+	case <-slow.Overflowed:
+	default:
+		t.Fatal("subscriber not told it overflowed")
+	}
+	n := 0
+	for range slow.C {
+		n++
+	}
+	if n != SubscriberBuffer {
+		t.Errorf("drained %d events", n)
+	}
+	slow.Close() // after overflow: no panic
+}
+
+// BenchmarkChecklist is one validate-style run: read 8 simulated GPUs, run every
+// check.
+func BenchmarkChecklist(b *testing.B) {
+	p, _ := profile.Load("../../profiles/debian12-nvidia535.yaml")
+	s, _ := sim.New("dgxh100", sim.Options{DriverVersion: p.GPU.Driver.Version})
+	m := New(Config{Backend: s, Profile: p})
+	for b.Loop() {
+		m.RunChecks(PhaseCommissioning)
+	}
+}

@@ -1,0 +1,114 @@
+package server
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+const monitoringDir = "../../docs/monitoring"
+
+// exportedNames lists the metric names the collector can export.
+func exportedNames(t *testing.T) map[string]bool {
+	ch := make(chan *prometheus.Desc, 100)
+	(&Collector{}).Describe(ch)
+	close(ch)
+	names := map[string]bool{}
+	re := regexp.MustCompile(`fqName: "([^"]+)"`)
+	for d := range ch {
+		m := re.FindStringSubmatch(d.String())
+		if m == nil {
+			t.Fatalf("cannot read %s", d)
+		}
+		names[m[1]] = true
+	}
+	return names
+}
+
+// TestMonitoringAssetsUseExportedMetrics: every gpurack_* name in the alert rules and
+// the dashboard is one the agent exports, so a renamed metric breaks this test, not a
+// dashboard in production.
+func TestMonitoringAssetsUseExportedMetrics(t *testing.T) {
+	names := exportedNames(t)
+	re := regexp.MustCompile(`gpurack_[a-z_]+`)
+	for _, f := range []string{"gpurack-alerts.yaml", "gpurack-dashboard.json"} {
+		data, err := os.ReadFile(filepath.Join(monitoringDir, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		used := re.FindAllString(string(data), -1)
+		if len(used) == 0 {
+			t.Errorf("%s uses no gpurack metric", f)
+		}
+		for _, n := range used {
+			if !names[n] && !strings.HasPrefix(n, "gpurack_io") {
+				t.Errorf("%s uses %s, which the agent does not export", f, n)
+			}
+		}
+	}
+	var dash struct {
+		Title  string `json:"title"`
+		Panels []struct {
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	data, _ := os.ReadFile(filepath.Join(monitoringDir, "gpurack-dashboard.json"))
+	if err := json.Unmarshal(data, &dash); err != nil {
+		t.Fatalf("dashboard is not JSON: %v", err)
+	}
+	if dash.Title == "" || len(dash.Panels) < 10 {
+		t.Errorf("dashboard %q has %d panels", dash.Title, len(dash.Panels))
+	}
+	for _, p := range dash.Panels {
+		if len(p.Targets) == 0 || p.Targets[0].Expr == "" {
+			t.Errorf("panel %q has no query", p.Title)
+		}
+	}
+}
+
+// TestAlertRulesWithPromtool runs `promtool check rules` and `promtool test rules`.
+func TestAlertRulesWithPromtool(t *testing.T) {
+	promtool := findTool("promtool")
+	if promtool == "" {
+		t.Skip("promtool not found (make k8s-bins caches it); cannot check the alert rules")
+	}
+	for _, args := range [][]string{{"check", "rules", "gpurack-alerts.yaml"}, {"test", "rules", "gpurack-alerts.test.yaml"}} {
+		cmd := exec.Command(promtool, args...)
+		cmd.Dir = monitoringDir
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Errorf("promtool %v: %v\n%s", args, err, out)
+		} else {
+			t.Logf("promtool %v: %s", args, strings.TrimSpace(string(out)))
+		}
+	}
+}
+
+func findTool(name string) string {
+	dir := os.Getenv("GPURACK_K8S_DIR")
+	if dir == "" {
+		home, _ := os.UserHomeDir()
+		dir = filepath.Join(home, ".cache", "gpurack", "k8s", "v1.34.2")
+	}
+	if p := filepath.Join(dir, "bin", name); fileExecutable(p) {
+		return p
+	}
+	if p, err := exec.LookPath(name); err == nil {
+		return p
+	}
+	return ""
+}
+
+func fileExecutable(p string) bool {
+	fi, err := os.Stat(p)
+	return err == nil && fi.Mode()&0o111 != 0
+}

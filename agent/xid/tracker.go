@@ -1,0 +1,135 @@
+package xid
+
+import (
+	"slices"
+	"sync"
+	"time"
+)
+
+// Event is one XID the agent saw, attributed to a GPU.
+type Event struct {
+	// GPU is the NVML index, or -1 when the PCI id matches no GPU.
+	GPU      int
+	PCIBusID string
+	Code     uint32
+	Info     Info
+	At       time.Time
+	// Source is "kmsg", "nvml" (event set), "nvml-lost" (ERROR_GPU_IS_LOST) or "sim".
+	Source           string
+	PID              uint32
+	Process, Message string
+	Simulated        bool
+}
+
+// dedupWindow: the same XID on the same GPU from two sources (NVML event and kmsg
+// line) within this window is one event.
+const dedupWindow = 5 * time.Second
+
+// maxEvents bounds memory; older events drop first, fatal ones last.
+const maxEvents = 1024
+
+// Tracker remembers the XIDs seen since boot and the GPUs' resets. It is safe for
+// concurrent use.
+type Tracker struct {
+	mu     sync.Mutex
+	events []Event
+	resets map[int]time.Time
+	seqs   map[uint64]bool
+}
+
+// NewTracker returns an empty tracker.
+func NewTracker() *Tracker { return &Tracker{resets: map[int]time.Time{}, seqs: map[uint64]bool{}} }
+
+// Add records e unless it duplicates one already recorded, and reports whether it
+// was new. kmsgSeq, when not 0, dedups kernel log records re-read after a restart.
+func (t *Tracker) Add(e Event, kmsgSeq uint64) bool {
+	if e.Info.Code == 0 {
+		e.Info, _ = Classify(e.Code)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if kmsgSeq != 0 {
+		if t.seqs[kmsgSeq] {
+			return false
+		}
+		t.seqs[kmsgSeq] = true
+	}
+	for i := len(t.events) - 1; i >= 0; i-- {
+		p := t.events[i]
+		if e.At.Sub(p.At) > dedupWindow {
+			break
+		}
+		if p.GPU == e.GPU && p.Code == e.Code && p.Source != e.Source {
+			return false
+		}
+	}
+	// A lost GPU answers ERROR_GPU_IS_LOST to every read; one XID 79 per loss.
+	if e.Source == "nvml-lost" {
+		for _, p := range t.events {
+			if p.GPU == e.GPU && p.Code == 79 && p.At.After(t.resets[e.GPU]) {
+				return false
+			}
+		}
+	}
+	t.events = append(t.events, e)
+	if len(t.events) > maxEvents {
+		drop := slices.IndexFunc(t.events, func(x Event) bool { return !x.Info.Class.Counts() })
+		if drop < 0 {
+			drop = 0
+		}
+		t.events = slices.Delete(t.events, drop, drop+1)
+	}
+	return true
+}
+
+// Reset records that GPU gpu was reset (or, in the simulator, repaired) at: fatal XIDs
+// before it no longer count.
+func (t *Tracker) Reset(gpu int, at time.Time) {
+	t.mu.Lock()
+	t.resets[gpu] = at
+	t.mu.Unlock()
+}
+
+// Events returns what the checks consider, oldest first: XIDs of a class that counts
+// toward gpu.xid.fatal since their GPU's last reset, and other XIDs within window of
+// now.
+func (t *Tracker) Events(now time.Time, window time.Duration) []Event {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out []Event
+	for _, e := range t.events {
+		if e.Info.Class.Counts() {
+			if e.At.After(t.resets[e.GPU]) {
+				out = append(out, e)
+			}
+		} else if now.Sub(e.At) <= window {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// Recent returns every XID within window of now, oldest first (what ListGPUs shows).
+func (t *Tracker) Recent(now time.Time, window time.Duration) []Event {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out []Event
+	for _, e := range t.events {
+		if now.Sub(e.At) <= window {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// Counts returns how many XIDs were seen per GPU and code since the agent started (for
+// the gpurack_xid_errors_total metric).
+func (t *Tracker) Counts() map[[2]int]int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	m := map[[2]int]int{}
+	for _, e := range t.events {
+		m[[2]int{e.GPU, int(e.Code)}]++
+	}
+	return m
+}
