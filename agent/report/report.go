@@ -112,22 +112,38 @@ func fold(rs []checks.Result) []row {
 }
 
 func remedies(w io.Writer, rs []checks.Result, bullet string) {
-	first := true
+	// Consecutive problems with the same status, message and remedy (every check after a
+	// driver that does not load, say) are printed once, with their ids.
+	type group struct {
+		r     checks.Result
+		names []string
+	}
+	var groups []group
 	for _, r := range rs {
 		if r.Status != checks.Fail && r.Status != checks.Warn && r.Status != checks.Unknown {
 			continue
 		}
-		if first {
-			fmt.Fprintln(w, "\nproblems:")
-			first = false
-		}
-		where := ""
+		name := string(r.ID)
 		if r.GPU >= 0 {
-			where = fmt.Sprintf(" [gpu%d]", r.GPU)
+			name += fmt.Sprintf(" [gpu%d]", r.GPU)
 		}
-		fmt.Fprintf(w, "%s%s %s%s: %s", bullet, strings.ToUpper(r.Status.String()), r.ID, where, r.Message)
-		if r.Remedy != "" {
-			fmt.Fprintf(w, " Remedy: %s", r.Remedy)
+		if n := len(groups); n > 0 {
+			g := &groups[n-1]
+			if g.r.Status == r.Status && g.r.Message == r.Message && g.r.Remedy == r.Remedy {
+				g.names = append(g.names, name)
+				continue
+			}
+		}
+		groups = append(groups, group{r, []string{name}})
+	}
+	if len(groups) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "\nproblems:")
+	for _, g := range groups {
+		fmt.Fprintf(w, "%s%s %s: %s", bullet, strings.ToUpper(g.r.Status.String()), strings.Join(g.names, ", "), g.r.Message)
+		if g.r.Remedy != "" {
+			fmt.Fprintf(w, " Remedy: %s", g.r.Remedy)
 		}
 		fmt.Fprintln(w)
 	}

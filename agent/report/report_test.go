@@ -42,3 +42,21 @@ func TestText(t *testing.T) {
 		t.Error("unknown format accepted")
 	}
 }
+
+func TestRemediesGroupRepeatedProblems(t *testing.T) {
+	var rs []checks.Result
+	rs = append(rs, checks.Result{ID: checkid.DriverLoaded, Status: checks.Fail, GPU: -1, Message: "no NVML", Remedy: "Load the driver."})
+	for _, id := range []checkid.ID{checkid.Count, checkid.Product, checkid.Memory} {
+		rs = append(rs, checks.Result{ID: id, Status: checks.Unknown, GPU: -1, Message: "not readable", Remedy: "Fix gpu.driver.loaded first."})
+	}
+	rs = append(rs, checks.Result{ID: checkid.Temperature, Status: checks.Warn, GPU: 2, Message: "hot"})
+	var b strings.Builder
+	remedies(&b, rs, "- ")
+	want := "\nproblems:\n" +
+		"- FAIL gpu.driver.loaded: no NVML Remedy: Load the driver.\n" +
+		"- UNKNOWN gpu.count, gpu.product, gpu.memory: not readable Remedy: Fix gpu.driver.loaded first.\n" +
+		"- WARN gpu.temperature [gpu2]: hot\n"
+	if b.String() != want {
+		t.Errorf("got:\n%s\nwant:\n%s", b.String(), want)
+	}
+}
