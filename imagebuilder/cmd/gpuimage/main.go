@@ -30,6 +30,12 @@ netboot artifacts that gpuboot serves.`,
 		SilenceErrors: true,
 	}
 	root.AddCommand(newLintCommand())
+	root.AddCommand(newLockCommand())
+	root.AddCommand(newBuildCommand())
+	root.AddCommand(newVerifyCommand())
+	root.AddCommand(newInspectCommand())
+	root.AddCommand(newKeygenCommand())
+	root.AddCommand(newCacheCommand())
 	return root
 }
 

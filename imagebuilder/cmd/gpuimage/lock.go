@@ -1,0 +1,90 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/gpurack/gpurack/imagebuilder/build"
+	"github.com/gpurack/gpurack/internal/profile"
+)
+
+func newLockCommand() *cobra.Command {
+	var check bool
+	var cacheDir, out string
+	cmd := &cobra.Command{
+		Use:   "lock PROFILE",
+		Short: "Resolve a profile against the Debian archive into NAME.lock.json",
+		Long: `lock resolves the profile with apt itself, under a private configuration and state
+directory (the host's apt state is never read or written; only its list of Debian sources,
+unless the profile sets base.mirror). apt verifies every InRelease with the Debian archive
+keyring. Every root-filesystem package and every build-only input is recorded with its
+version, archive area, pool path, size and sha256 (CONTRACTS §8).
+
+With --check, nothing is written: the exit status is 1 and each stale package is named
+when the profile changed or a locked .deb is neither in the archive nor in the cache.`,
+		Example: "  gpuimage lock profiles/tiny.yaml\n  gpuimage lock --check profiles/tiny.yaml",
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			p, err := profile.Load(args[0])
+			if err != nil {
+				return err
+			}
+			lockPath := out
+			if lockPath == "" {
+				lockPath = profile.LockPath(args[0])
+			}
+			ctx := cmd.Context()
+			if check {
+				l, err := profile.LoadLock(lockPath)
+				if err != nil {
+					return fmt.Errorf("%w (run gpuimage lock %s)", err, args[0])
+				}
+				stale, err := build.CheckLock(ctx, cacheDir, p, l)
+				if err != nil {
+					return err
+				}
+				if len(stale) > 0 {
+					return &exitError{code: 1, msg: fmt.Sprintf("%s is stale (%d problem(s)); run gpuimage lock %s:\n  %s", lockPath, len(stale), args[0], strings.Join(stale, "\n  "))}
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "%s: fresh, %d packages, %d build inputs\n", lockPath, len(l.Packages), len(l.Build))
+				return nil
+			}
+			l, err := build.Lock(ctx, cacheDir, p)
+			if err != nil {
+				return err
+			}
+			data, err := l.Marshal()
+			if err != nil {
+				return err
+			}
+			if _, err := profile.ParseLock(lockPath, data); err != nil {
+				return fmt.Errorf("the lock gpuimage made does not validate (a bug): %w", err)
+			}
+			if err := writeFileAtomic(lockPath, data); err != nil {
+				return err
+			}
+			var size int64
+			for _, lp := range l.Packages {
+				size += lp.Size
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "wrote %s: %d packages (%.1f MiB of .debs), %d build inputs, from %d Release files\n",
+				lockPath, len(l.Packages), float64(size)/(1<<20), len(l.Build), len(l.Release))
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&check, "check", false, "only check the existing lock; exit 1 naming stale packages")
+	cmd.Flags().StringVar(&cacheDir, "cache", build.DefaultCacheDir(), "cache directory (private apt state, .deb cache)")
+	cmd.Flags().StringVar(&out, "out", "", "write the lock here instead of beside the profile")
+	return cmd
+}
+
+func writeFileAtomic(path string, data []byte) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}

@@ -1,0 +1,298 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gpurack/gpurack/imagebuilder/assemble"
+	"github.com/gpurack/gpurack/imagebuilder/build"
+	"github.com/gpurack/gpurack/internal/buildinfo"
+	"github.com/gpurack/gpurack/internal/manifest"
+	"github.com/gpurack/gpurack/internal/profile"
+)
+
+// requireImageTools skips, saying why, when this machine cannot build or boot images.
+// `make test` installs all of it first (make deps), so CI does not skip.
+func requireImageTools(t *testing.T) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("skipping: gpuimage build needs root (mmdebstrap --mode=root)")
+	}
+	for _, tool := range []string{"mmdebstrap", "mksquashfs", "unsquashfs", "qemu-system-x86_64", "apt-get", "dpkg-deb", "depmod"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("skipping: %s is not installed (run make deps)", tool)
+		}
+	}
+	k8s := os.Getenv("GPURACK_K8S_DIR")
+	if k8s == "" {
+		d, _ := os.UserCacheDir()
+		k8s = filepath.Join(d, "gpurack", "k8s", "v1.34.2")
+	}
+	for _, f := range []string{"bin/kubelet", "images/pause.tar"} {
+		if _, err := os.Stat(filepath.Join(k8s, f)); err != nil {
+			t.Skipf("skipping: %s is missing (run make k8s-bins)", filepath.Join(k8s, f))
+		}
+	}
+	if _, err := build.Sources(&profile.Profile{Base: profile.Base{Suite: "bookworm"}}); err != nil {
+		t.Skipf("skipping: %v", err)
+	}
+	return k8s
+}
+
+func repoRoot(t *testing.T) string {
+	root, err := filepath.Abs("../../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return root
+}
+
+func mustRun(t *testing.T, args ...string) string {
+	t.Helper()
+	out, errOut, code := runGPUImage(args...)
+	if code != 0 {
+		t.Fatalf("gpuimage %s: exit %d\n%s%s", strings.Join(args, " "), code, out, errOut)
+	}
+	return out + errOut
+}
+
+// TestTinyImage is the tiny profile end to end: lock against the live archive (the
+// committed lock rots as the mirror drops versions), build twice into different
+// directories and compare every byte, verify, inspect, boot it in QEMU with the rootfs
+// over HTTP, and refuse a tampered rootfs in gpurack-init and in gpuimage verify.
+func TestTinyImage(t *testing.T) {
+	k8s := requireImageTools(t)
+	root := repoRoot(t)
+	tmp := t.TempDir()
+	cache := build.DefaultCacheDir() // shared: the .deb cache and apt lists stay warm between runs
+
+	// Lock into a temporary directory.
+	tiny, err := os.ReadFile(filepath.Join(root, "profiles", "tiny.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	prof := filepath.Join(tmp, "tiny.yaml")
+	os.WriteFile(prof, tiny, 0o644)
+	t.Log(mustRun(t, "lock", prof, "--cache", cache))
+	t.Log(mustRun(t, "lock", "--check", prof, "--cache", cache))
+
+	priv, pub := filepath.Join(tmp, "key.pem"), filepath.Join(tmp, "key.pub.pem")
+	mustRun(t, "keygen", priv, pub)
+
+	// One gpuagent for both builds: others edit agent/ while this runs, and the
+	// reproducibility check is about gpuimage, not about a moving source tree.
+	agent := filepath.Join(tmp, "gpuagent")
+	if err := build.GoBuild(context.Background(), root, "./agent/cmd/gpuagent", agent, true, buildinfo.String()); err != nil {
+		t.Fatal(err)
+	}
+	common := []string{"--cache", cache, "--key", priv, "--src", root, "--agent-bin", agent, "--k8s-dir", k8s}
+
+	start := time.Now()
+	out1 := mustRun(t, append([]string{"build", prof, "--out", filepath.Join(tmp, "store1")}, common...)...)
+	t.Logf("build 1 took %s:\n%s", time.Since(start).Round(time.Second), lastLines(out1, 20))
+	dir1 := builtDir(t, out1)
+
+	// A corrupted cache entry is detected and fetched again, never used.
+	l, err := profile.LoadLock(profile.LockPath(prof))
+	if err != nil {
+		t.Fatal(err)
+	}
+	victim := l.Find("netbase")
+	c := filepath.Join(cache, "debs", "sha256", victim.SHA256[:2], victim.SHA256+".deb")
+	// Replace the file rather than write into it: a concurrent build may hold a hard
+	// link to the entry in its local repository.
+	if err := os.WriteFile(c+".corrupt", []byte("not a deb"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(c+".corrupt", c); err != nil {
+		t.Fatal(err)
+	}
+
+	start = time.Now()
+	out2 := mustRun(t, append([]string{"build", prof, "--out", filepath.Join(tmp, "store2")}, common...)...)
+	t.Logf("build 2 took %s:\n%s", time.Since(start).Round(time.Second), lastLines(out2, 20))
+	dir2 := builtDir(t, out2)
+	if !strings.Contains(out2, "netbase") || !strings.Contains(out2, "removing it and fetching again") {
+		t.Errorf("build 2 did not report refetching the corrupted cache entry of netbase:\n%s", out2)
+	}
+
+	t.Run("reproducible", func(t *testing.T) {
+		if filepath.Base(dir1) != filepath.Base(dir2) {
+			t.Errorf("image ids differ: %s vs %s", filepath.Base(dir1), filepath.Base(dir2))
+		}
+		for _, name := range []string{"vmlinuz", "initrd.img", "rootfs.squashfs", "cmdline", "manifest.json", "manifest.sig", "sbom.spdx.json"} {
+			a, b := sha256File(t, filepath.Join(dir1, name)), sha256File(t, filepath.Join(dir2, name))
+			if a != b {
+				t.Errorf("%s differs between two builds: %s vs %s", name, a, b)
+			} else {
+				t.Logf("%-16s sha256:%s identical", name, a)
+			}
+		}
+	})
+
+	t.Run("verify and inspect", func(t *testing.T) {
+		t.Log(mustRun(t, "verify", dir1, "--pubkey", pub))
+		out := mustRun(t, "inspect", dir1)
+		for _, want := range []string{"kernel      6.", "driver      none", "kubernetes  v1.34.2", "packages    ", "systemd", "files       ", "/usr/bin/kubelet"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("inspect lacks %q:\n%s", want, out)
+			}
+		}
+		t.Log(lastLines(out, 40))
+	})
+
+	t.Run("boots over HTTP", func(t *testing.T) {
+		srv := httptest.NewServer(http.FileServer(http.Dir(dir1)))
+		defer srv.Close()
+		port := srv.URL[strings.LastIndexByte(srv.URL, ':')+1:]
+		cmdline, _ := os.ReadFile(filepath.Join(dir1, "cmdline"))
+		id := filepath.Base(dir1)
+		args := strings.TrimSpace(string(cmdline)) + " gpurack.rootfs=http://10.0.2.2:" + port + "/rootfs.squashfs BOOTIF=01-52-54-00-12-34-56 gpurack.onfail=poweroff"
+		want := `gpurack: booted image ` + id + ` root=overlay lower=squashfs multi-user.target=active containerd.service=active \S+ `
+		if _, err := os.Stat(filepath.Join(root, "agent", "systemd", "gpuagent.service")); err == nil {
+			want += `gpuagent.service=active`
+		} else {
+			t.Log("agent/systemd/gpuagent.service does not exist yet: asserting switch_root and multi-user.target only")
+		}
+		log := bootQEMU(t, filepath.Join(dir1, "vmlinuz"), filepath.Join(dir1, "initrd.img"), args, regexp.MustCompile(want), nil)
+		for _, want := range []string{"DHCP lease 10.0.2.15/24", "rootfs sha256 ", " verified", "switch_root: exec /sbin/init", "gpurack-images.service=active", "cgroup=cgroup2fs"} {
+			if !strings.Contains(log, want) {
+				t.Errorf("serial console lacks %q", want)
+			}
+		}
+	})
+
+	t.Run("tampered rootfs", func(t *testing.T) {
+		bad := filepath.Join(tmp, "tampered", filepath.Base(dir1))
+		os.MkdirAll(bad, 0o755)
+		for _, name := range []string{"vmlinuz", "initrd.img", "rootfs.squashfs", "cmdline", "manifest.json", "manifest.sig", "sbom.spdx.json"} {
+			data, err := os.ReadFile(filepath.Join(dir1, name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if name == "rootfs.squashfs" {
+				data[len(data)/2] ^= 0x01
+			}
+			os.WriteFile(filepath.Join(bad, name), data, 0o644)
+		}
+		out, errOut, code := runGPUImage("verify", bad, "--pubkey", pub)
+		if code == 0 || !strings.Contains(errOut, "FAIL rootfs.squashfs") {
+			t.Errorf("verify of a tampered image: exit %d\n%s%s", code, out, errOut)
+		}
+		for _, ok := range []string{"vmlinuz", "initrd.img", "manifest.json"} {
+			if strings.Contains(errOut, "FAIL "+ok) {
+				t.Errorf("verify blamed the intact %s:\n%s", ok, errOut)
+			}
+		}
+		t.Log(errOut)
+		// Packed into the initramfs (the single-file boot): gpurack-init must refuse it.
+		packed := filepath.Join(tmp, "packed.img")
+		f, err := os.Create(packed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		initrd, err := os.Open(filepath.Join(dir1, "initrd.img"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer initrd.Close()
+		if err := assemble.AppendPacked(f, initrd, filepath.Join(bad, "rootfs.squashfs")); err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+		cmdline, _ := os.ReadFile(filepath.Join(dir1, "cmdline"))
+		log := bootQEMU(t, filepath.Join(dir1, "vmlinuz"), packed, strings.TrimSpace(string(cmdline))+" gpurack.onfail=poweroff",
+			regexp.MustCompile(`rootfs digest mismatch: refusing to boot`), regexp.MustCompile(`powering off`))
+		if strings.Contains(log, "switch_root: exec") {
+			t.Error("gpurack-init switched to a tampered rootfs")
+		}
+		if !strings.Contains(log, "what to do: ") || !strings.Contains(log, "gpuimage verify") {
+			t.Error("the refusal does not tell the operator what to do")
+		}
+	})
+}
+
+var builtRE = regexp.MustCompile(`(?m)^built (\S+)$`)
+
+func builtDir(t *testing.T, out string) string {
+	m := builtRE.FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("no 'built DIR' line in:\n%s", out)
+	}
+	return m[1]
+}
+
+func sha256File(t *testing.T, path string) string {
+	d, err := manifest.DigestFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d.SHA256
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// bootQEMU boots kernel+initrd under TCG and returns the serial console once want
+// matches; with then set it also waits for then. It fails the test after 12 minutes
+// (a generous guard for a loaded 2-core host, not a performance assertion).
+func bootQEMU(t *testing.T, kernel, initrd, cmdline string, want, then *regexp.Regexp) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "qemu-system-x86_64", "-accel", "tcg,thread=multi", "-m", "2048", "-smp", "2",
+		"-display", "none", "-serial", "stdio", "-monitor", "none", "-no-reboot",
+		"-kernel", kernel, "-initrd", initrd, "-append", cmdline,
+		"-netdev", "user,id=n0", "-device", "virtio-net-pci,netdev=n0,mac=52:54:00:12:34:56",
+		"-device", "virtio-rng-pci")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = cmd.Stdout
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	logPath := filepath.Join(t.TempDir(), "serial.log")
+	logFile, _ := os.Create(logPath)
+	defer logFile.Close()
+	var log strings.Builder
+	start := time.Now()
+	sc := bufio.NewScanner(io.TeeReader(stdout, logFile))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	matched := false
+	for sc.Scan() {
+		line := sc.Text()
+		log.WriteString(line + "\n")
+		if strings.Contains(line, "gpurack") {
+			t.Logf("%6.1fs %s", time.Since(start).Seconds(), strings.TrimSpace(line))
+		}
+		if !matched && want.MatchString(line) {
+			matched = true
+			if then == nil {
+				return log.String()
+			}
+		}
+		if matched && then.MatchString(line) {
+			return log.String()
+		}
+	}
+	t.Fatalf("the serial console never showed %q (QEMU: %v); last lines:\n%s", want, ctx.Err(), lastLines(log.String(), 60))
+	return ""
+}

@@ -1,0 +1,145 @@
+// Package kmod builds the NVIDIA kernel modules of an image ahead of time from the
+// driver's DKMS source package, against the image kernel's extracted headers (nothing is
+// compiled on nodes and no compiler ships in the image), caches them by kernel × driver ×
+// flavor, and checks their vermagic against the kernel. Errors name both versions when
+// the driver and the kernel do not fit together.
+package kmod
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strings"
+)
+
+// Key identifies one module build.
+type Key struct {
+	Kernel string // uname -r of the image kernel, e.g. 6.1.0-50-amd64
+	Driver string // 535.261.03
+	Flavor string // open or proprietary
+}
+
+func (k Key) String() string { return k.Kernel + "_" + k.Driver + "_" + k.Flavor }
+
+// Modules are the files a build produces, in Debian's names (nvidia-current*).
+var Modules = []string{"nvidia-current.ko", "nvidia-current-modeset.ko", "nvidia-current-drm.ko", "nvidia-current-uvm.ko", "nvidia-current-peermem.ko"}
+
+// upstream are the names the driver's Makefile writes.
+var upstream = map[string]string{
+	"nvidia.ko": "nvidia-current.ko", "nvidia-modeset.ko": "nvidia-current-modeset.ko",
+	"nvidia-drm.ko": "nvidia-current-drm.ko", "nvidia-uvm.ko": "nvidia-current-uvm.ko",
+	"nvidia-peermem.ko": "nvidia-current-peermem.ko",
+}
+
+// Vermagic is the kernel's module version magic as modinfo prints it, e.g.
+// "6.1.0-50-amd64 SMP preempt mod_unload modversions".
+func Vermagic(ko string) (string, error) {
+	out, err := exec.Command("modinfo", "-F", "vermagic", ko).Output()
+	if err != nil {
+		return "", fmt.Errorf("modinfo %s: %v", ko, err)
+	}
+	return strings.TrimSpace(string(out)), nil
+}
+
+// CheckVermagic returns an error unless every module's vermagic equals the kernel's
+// (taken from a module of the kernel itself).
+func CheckVermagic(kernelVermagic string, modules map[string]string) error {
+	var bad []string
+	for name, vm := range modules {
+		if vm != kernelVermagic {
+			bad = append(bad, fmt.Sprintf("%s has %q", name, vm))
+		}
+	}
+	if len(bad) > 0 {
+		return fmt.Errorf("vermagic mismatch: the image kernel has %q but %s; the modules were built against other headers: rebuild them (delete the kmod cache entry)", kernelVermagic, strings.Join(bad, ", "))
+	}
+	return nil
+}
+
+var compileErrRE = regexp.MustCompile(`(?m)^(\S+\.c):(\d+):\d+: error: (.*)$`)
+
+// Incompatibility explains a failed module build: the first compiler error, with the
+// driver and kernel versions, since that is almost always an API change in the kernel.
+func Incompatibility(k Key, kernelPkgVersion string, log string) error {
+	if m := compileErrRE.FindStringSubmatch(log); m != nil {
+		return fmt.Errorf("NVIDIA driver %s (%s) does not build against kernel %s (%s): %s:%s: %s; pin a kernel ABI this driver supports in the profile's kernel.package, or pick another driver version or flavor",
+			k.Driver, k.Flavor, k.Kernel, kernelPkgVersion, m[1], m[2], m[3])
+	}
+	return fmt.Errorf("NVIDIA driver %s (%s) failed to build against kernel %s (%s):\n%s", k.Driver, k.Flavor, k.Kernel, kernelPkgVersion, tail(log, 30))
+}
+
+func tail(s string, n int) string {
+	l := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(l) > n {
+		l = l[len(l)-n:]
+	}
+	return strings.Join(l, "\n")
+}
+
+// Build compiles the modules of src (the extracted DKMS source tree) against the
+// extracted headers (common = linux-headers-<abi>-common, arch =
+// linux-headers-<abi>-amd64) into out, unless out already holds them. The headers'
+// Makefile includes the common tree by absolute /usr/src path; it is re-pointed at the
+// extracted copy.
+func Build(ctx context.Context, k Key, kernelPkgVersion, src, common, arch, out string) error {
+	if haveAll(out) {
+		return nil
+	}
+	mk := filepath.Join(arch, "Makefile")
+	data, err := os.ReadFile(mk)
+	if err != nil {
+		return fmt.Errorf("kernel headers %s: %v", arch, err)
+	}
+	data = regexp.MustCompile(`(?m)^include /usr/src/linux-headers-[^/\s]+/Makefile`).ReplaceAll(data, []byte("include "+common+"/Makefile"))
+	if err := os.WriteFile(mk, data, 0o644); err != nil {
+		return err
+	}
+	cmd := exec.CommandContext(ctx, "make", fmt.Sprintf("-j%d", runtime.NumCPU()), "modules", "SYSSRC="+common, "SYSOUT="+arch)
+	cmd.Dir = src
+	var log bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &log, &log
+	if err := cmd.Run(); err != nil {
+		return Incompatibility(k, kernelPkgVersion, log.String())
+	}
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		return err
+	}
+	built := map[string]string{}
+	filepath.WalkDir(src, func(path string, d os.DirEntry, err error) error {
+		if err == nil && !d.IsDir() && strings.HasSuffix(path, ".ko") {
+			name := filepath.Base(path)
+			if deb, ok := upstream[name]; ok {
+				name = deb
+			}
+			built[name] = path
+		}
+		return nil
+	})
+	for _, m := range Modules {
+		from, ok := built[m]
+		if !ok {
+			if m == "nvidia-current-peermem.ko" {
+				continue // built only with the Mellanox peer-memory headers present
+			}
+			return fmt.Errorf("NVIDIA driver %s (%s): the build produced no %s (it produced %d modules)", k.Driver, k.Flavor, m, len(built))
+		}
+		if err := exec.CommandContext(ctx, "strip", "--strip-debug", "-o", filepath.Join(out, m), from).Run(); err != nil {
+			return fmt.Errorf("strip %s: %v", from, err)
+		}
+	}
+	return nil
+}
+
+func haveAll(out string) bool {
+	for _, m := range Modules[:4] {
+		if _, err := os.Stat(filepath.Join(out, m)); err != nil {
+			return false
+		}
+	}
+	return true
+}

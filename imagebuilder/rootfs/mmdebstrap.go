@@ -1,0 +1,100 @@
+// Package rootfs builds an image's root filesystem with mmdebstrap (which runs
+// maintainer scripts the way Debian does) from a local repository holding exactly the
+// locked .debs, then lays the node's own files over it (CONTRACTS §6). It needs root
+// (mmdebstrap --mode=root: chroot and device nodes); see docs/imagebuilder.md.
+package rootfs
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+)
+
+// Mmdebstrap describes one mmdebstrap run.
+type Mmdebstrap struct {
+	Suite string
+	// Repo is a flat repository directory (debcache.WriteRepo) with exactly the .debs
+	// to install.
+	Repo string
+	// Packages are installed by name; with only locked versions in Repo, apt can pick
+	// nothing else, so the installed set is the lock.
+	Packages []string
+	// Overlay is copied over the tree, then Commands run with $1 as the tree.
+	Overlay  string
+	Commands []string
+	Epoch    int64
+	Out      string // a .tar
+	// Log receives mmdebstrap's output lines.
+	Log func(string)
+}
+
+// Run runs mmdebstrap.
+func (m *Mmdebstrap) Run(ctx context.Context) error {
+	if _, err := exec.LookPath("mmdebstrap"); err != nil {
+		return fmt.Errorf("mmdebstrap is not installed: apt-get install mmdebstrap (hack/deps.sh)")
+	}
+	if os.Geteuid() != 0 {
+		return fmt.Errorf("building a root filesystem needs root (mmdebstrap --mode=root runs maintainer scripts in a chroot); run gpuimage build as root")
+	}
+	args := []string{
+		"--mode=root", "--variant=minbase", "--format=tar", "--architectures=amd64",
+		"--include=" + strings.Join(m.Packages, ","),
+		"--aptopt=Acquire::Languages \"none\"",
+		"--dpkgopt=path-exclude=/usr/share/man/*",
+		"--dpkgopt=path-exclude=/usr/share/locale/*",
+		"--dpkgopt=path-include=/usr/share/locale/locale.alias",
+		"--dpkgopt=path-exclude=/usr/share/doc/*",
+		"--dpkgopt=path-include=/usr/share/doc/*/copyright",
+		"--dpkgopt=path-exclude=/usr/share/info/*",
+		"--customize-hook=cp -a " + shellQuote(m.Overlay) + "/. \"$1\"/",
+	}
+	for _, c := range m.Commands {
+		args = append(args, "--customize-hook="+c)
+	}
+	args = append(args, m.Suite, m.Out, "deb [trusted=yes] copy://"+m.Repo+" ./")
+	cmd := exec.CommandContext(ctx, "mmdebstrap", args...)
+	cmd.Env = append(os.Environ(), "SOURCE_DATE_EPOCH="+strconv.FormatInt(m.Epoch, 10), "LC_ALL=C.UTF-8", "TMPDIR="+os.TempDir())
+	var out bytes.Buffer
+	w := &lineWriter{fn: m.Log, buf: &out}
+	cmd.Stdout, cmd.Stderr = w, w
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("mmdebstrap: %v\n%s", err, tail(out.String(), 30))
+	}
+	return nil
+}
+
+func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
+
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+type lineWriter struct {
+	fn  func(string)
+	buf *bytes.Buffer
+	cur []byte
+}
+
+func (w *lineWriter) Write(b []byte) (int, error) {
+	w.buf.Write(b)
+	w.cur = append(w.cur, b...)
+	for {
+		i := bytes.IndexByte(w.cur, '\n')
+		if i < 0 {
+			break
+		}
+		if w.fn != nil {
+			w.fn(string(w.cur[:i]))
+		}
+		w.cur = w.cur[i+1:]
+	}
+	return len(b), nil
+}

@@ -1,0 +1,253 @@
+package rootfs
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// Node is what gpuimage adds to the Debian system to make a gpurack node (CONTRACTS §6).
+type Node struct {
+	ImageID       string
+	ProfileJSON   []byte // the canonical profile, /etc/gpurack/profile.json
+	Kubelet       string // path of the kubelet binary
+	PauseImage    string // path of the pause image archive (docker archive)
+	PauseTag      string // its tag, containerd's sandbox_image
+	Agent         string // path of the gpuagent binary
+	AgentUnit     string // path of gpuagent.service from agent/, or "" while agent/ ships none
+	KernelVersion string
+	KernelModules string   // the extracted kernel's lib/modules/<version> directory
+	Modules       []string // module files to ship, relative to KernelModules
+	InstalledList string   // where the customize hook writes dpkg's installed list
+	// ExtraModules maps a module file under /usr/lib/modules/<version>/ (for example
+	// updates/dkms/nvidia-current.ko) to the built file to ship there.
+	ExtraModules map[string]string
+}
+
+// NodeModules are the kernel modules every node loads or may load: what kubelet,
+// containerd, the CNI plugins and kube-proxy need (with their dependencies).
+var NodeModules = []string{
+	"overlay", "br_netfilter", "bridge", "veth", "vxlan", "nf_conntrack", "nf_nat",
+	"ip_tables", "iptable_filter", "iptable_nat", "iptable_mangle", "iptable_raw",
+	"ip6_tables", "ip6table_filter", "ip6table_nat", "ip6table_mangle",
+	"xt_conntrack", "xt_MASQUERADE", "xt_addrtype", "xt_comment", "xt_mark", "xt_multiport",
+	"xt_nat", "xt_statistic", "xt_tcpudp", "ipt_REJECT", "ip6t_REJECT", "nf_tables", "nft_compat",
+	"nft_chain_nat", "ip_vs", "ip_vs_rr", "ip_vs_wrr", "ip_vs_sh", "ip_set", "autofs4", "loop", "squashfs",
+	"virtio_net", "virtio_blk", "virtio_pci", "virtio_console", "tls", "configfs", "efivarfs",
+}
+
+// Write lays the node's files out in overlay (copied over the tree by mmdebstrap) and
+// returns the customize-hook commands that finish the tree ($1 is the tree).
+func (n *Node) Write(overlay string) ([]string, error) {
+	files := map[string]string{
+		"etc/hostname":                                   "gpurack\n",
+		"etc/gpurack/image-id":                           n.ImageID + "\n",
+		"etc/containerd/config.toml":                     containerdConfig(n.PauseTag),
+		"etc/sysctl.d/90-gpurack-kubernetes.conf":        sysctls,
+		"etc/modules-load.d/gpurack-kubernetes.conf":     "overlay\nbr_netfilter\nnf_conntrack\n",
+		"etc/systemd/system/kubelet.service":             kubeletUnit,
+		"etc/systemd/system/gpurack-images.service":      fmt.Sprintf(imagesUnit, n.PauseTag),
+		"etc/systemd/system/gpurack-boot-report.service": bootReportUnit,
+		"usr/lib/gpurack/boot-report":                    bootReport,
+		"etc/systemd/network/80-gpurack-dhcp.network":    networkdConfig,
+		"etc/systemd/journald.conf.d/gpurack.conf":       "[Journal]\nStorage=volatile\n",
+	}
+	for name, content := range files {
+		mode := os.FileMode(0o644)
+		if strings.HasPrefix(name, "usr/lib/gpurack/") {
+			mode = 0o755
+		}
+		if err := writeFile(filepath.Join(overlay, name), []byte(content), mode); err != nil {
+			return nil, err
+		}
+	}
+	if err := writeFile(filepath.Join(overlay, "etc/gpurack/profile.json"), n.ProfileJSON, 0o644); err != nil {
+		return nil, err
+	}
+	copies := map[string]struct {
+		src  string
+		mode os.FileMode
+	}{
+		"usr/bin/kubelet":                    {n.Kubelet, 0o755},
+		"usr/bin/gpuagent":                   {n.Agent, 0o755},
+		"usr/share/gpurack/images/pause.tar": {n.PauseImage, 0o644},
+	}
+	enable := []string{"systemd-networkd.service", "systemd-resolved.service", "gpurack-images.service", "gpurack-boot-report.service"}
+	if n.AgentUnit != "" {
+		copies["etc/systemd/system/gpuagent.service"] = struct {
+			src  string
+			mode os.FileMode
+		}{n.AgentUnit, 0o644}
+		enable = append(enable, "gpuagent.service")
+	}
+	for dst, src := range n.ExtraModules {
+		copies[filepath.Join("usr/lib/modules", n.KernelVersion, dst)] = struct {
+			src  string
+			mode os.FileMode
+		}{src, 0o644}
+	}
+	for _, m := range n.Modules {
+		copies[filepath.Join("usr/lib/modules", n.KernelVersion, m)] = struct {
+			src  string
+			mode os.FileMode
+		}{filepath.Join(n.KernelModules, m), 0o644}
+	}
+	for _, f := range []string{"modules.order", "modules.builtin", "modules.builtin.modinfo"} {
+		if _, err := os.Stat(filepath.Join(n.KernelModules, f)); err == nil {
+			copies[filepath.Join("usr/lib/modules", n.KernelVersion, f)] = struct {
+				src  string
+				mode os.FileMode
+			}{filepath.Join(n.KernelModules, f), 0o644}
+		}
+	}
+	for dst, c := range copies {
+		if err := copyFile(c.src, filepath.Join(overlay, dst), c.mode); err != nil {
+			return nil, err
+		}
+	}
+	cmds := []string{}
+	if len(n.ExtraModules) > 0 {
+		// What nvidia-kernel-dkms would ship: modprobe.d entry for Debian's driver
+		// alternative, which maps nvidia* to the nvidia-current* module files.
+		cmds = append(cmds, "ln -sf /etc/nvidia/nvidia-modprobe.conf \"$1/etc/modprobe.d/nvidia.conf\"")
+	}
+	cmds = append(cmds, []string{
+		"depmod -b \"$1\" " + n.KernelVersion,
+		"systemctl --root=\"$1\" enable " + strings.Join(enable, " "),
+		"printf 'IMAGE_ID=gpurack\\nIMAGE_VERSION=" + n.ImageID + "\\n' >> \"$1/usr/lib/os-release\"",
+		"rm -f \"$1/etc/apt/sources.list\" && rm -rf \"$1\"/var/lib/apt/lists/* \"$1\"/var/cache/apt/*.bin",
+		"printf 'gpurack\\n' > \"$1/etc/hostname\"",
+		"chroot \"$1\" dpkg-query -W -f='${Package} ${Version} ${Architecture}\\n' > " + shellQuote(n.InstalledList),
+	}...)
+	return cmds, nil
+}
+
+func writeFile(path string, data []byte, mode os.FileMode) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(path, data, mode); err != nil {
+		return err
+	}
+	return os.Chmod(path, mode)
+}
+
+func copyFile(src, dst string, mode os.FileMode) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return err
+	}
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, mode)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	if err := out.Close(); err != nil {
+		return err
+	}
+	return os.Chmod(dst, mode)
+}
+
+func containerdConfig(pause string) string {
+	return fmt.Sprintf(`# gpurack: containerd for kubelet (CONTRACTS §6). Guests run cgroup v2 under systemd.
+version = 2
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = %q
+
+  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+    runtime_type = "io.containerd.runc.v2"
+
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+      SystemdCgroup = true
+
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "/etc/cni/net.d"
+`, pause)
+}
+
+const sysctls = `# gpurack: what kubelet and the CNI plugins need (CONTRACTS §6).
+net.ipv4.ip_forward = 1
+net.bridge.bridge-nf-call-iptables = 1
+net.bridge.bridge-nf-call-ip6tables = 1
+`
+
+const kubeletUnit = `# gpurack: kubelet (CONTRACTS §6). Not enabled: gpuagent writes its bootstrap
+# kubeconfig and config, then starts it over D-Bus.
+[Unit]
+Description=kubelet: the Kubernetes node agent
+Documentation=https://kubernetes.io/docs/reference/command-line-tools-reference/kubelet/
+Wants=containerd.service
+After=containerd.service gpurack-images.service network-online.target
+
+[Service]
+ExecStart=/usr/bin/kubelet --bootstrap-kubeconfig=/var/lib/kubelet/bootstrap-kubeconfig --kubeconfig=/var/lib/kubelet/kubeconfig --config=/var/lib/kubelet/config.yaml
+Restart=always
+RestartSec=5
+
+[Install]
+WantedBy=multi-user.target
+`
+
+// imagesUnit imports the pause image shipped in the image into containerd's k8s.io
+// namespace, so that pods start with no registry reachable.
+const imagesUnit = `# gpurack: import the pause image (%s) shipped in the image into containerd.
+[Unit]
+Description=Import the gpurack node's bundled container images
+After=containerd.service
+Requires=containerd.service
+Before=kubelet.service
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/usr/bin/ctr --namespace k8s.io images import --all-platforms /usr/share/gpurack/images/pause.tar
+
+[Install]
+WantedBy=multi-user.target
+`
+
+const bootReportUnit = `# gpurack: one line on the console (through /dev/kmsg, which a serial getty's hangup
+# does not silence) once the node reached multi-user.target: which image booted, what
+# the root is, and the state of the node's services.
+[Unit]
+Description=Report that the gpurack node booted
+After=multi-user.target
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/usr/lib/gpurack/boot-report
+
+[Install]
+WantedBy=multi-user.target
+`
+
+const bootReport = `#!/bin/sh
+# Writes the gpurack boot milestone to the kernel log.
+root=$(findmnt -n -o FSTYPE /)
+lower=$(findmnt -n -o FSTYPE /run/gpurack/ro 2>/dev/null || echo none)
+state() { printf '%s=%s' "$1" "$(systemctl is-active "$1" 2>/dev/null)"; }
+msg="gpurack: booted image $(cat /etc/gpurack/image-id) root=$root lower=$lower $(state multi-user.target) $(state containerd.service) $(state gpurack-images.service) $(state gpuagent.service) $(state systemd-timesyncd.service) cgroup=$(stat -fc %T /sys/fs/cgroup)"
+echo "<5>$msg" > /dev/kmsg
+echo "$msg"
+`
+
+const networkdConfig = `# gpurack: DHCP on every Ethernet NIC; keep the address gpurack-init configured.
+[Match]
+Type=ether
+
+[Network]
+DHCP=ipv4
+KeepConfiguration=dhcp-on-stop
+`

@@ -1,0 +1,56 @@
+package rootfs
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestNodeWrite(t *testing.T) {
+	src := t.TempDir()
+	for _, f := range []string{"kubelet", "pause.tar", "gpuagent", "gpuagent.service", "mods/kernel/fs/overlayfs/overlay.ko", "mods/modules.builtin", "nvidia.ko"} {
+		os.MkdirAll(filepath.Dir(filepath.Join(src, f)), 0o755)
+		os.WriteFile(filepath.Join(src, f), []byte(f), 0o644)
+	}
+	n := &Node{ImageID: "abc", ProfileJSON: []byte(`{"name":"tiny"}`), Kubelet: filepath.Join(src, "kubelet"), PauseImage: filepath.Join(src, "pause.tar"),
+		PauseTag: "registry.k8s.io/pause:3.10.1", Agent: filepath.Join(src, "gpuagent"), AgentUnit: filepath.Join(src, "gpuagent.service"),
+		KernelVersion: "6.1.0-57-amd64", KernelModules: filepath.Join(src, "mods"), Modules: []string{"kernel/fs/overlayfs/overlay.ko"},
+		InstalledList: "/tmp/x", ExtraModules: map[string]string{"updates/dkms/nvidia-current.ko": filepath.Join(src, "nvidia.ko")}}
+	ov := t.TempDir()
+	cmds, err := n.Write(ov)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checks := map[string]string{
+		"etc/containerd/config.toml":                                    "SystemdCgroup = true",
+		"etc/gpurack/profile.json":                                      `{"name":"tiny"}`,
+		"etc/systemd/system/kubelet.service":                            "--bootstrap-kubeconfig=/var/lib/kubelet/bootstrap-kubeconfig --kubeconfig=/var/lib/kubelet/kubeconfig --config=/var/lib/kubelet/config.yaml",
+		"etc/sysctl.d/90-gpurack-kubernetes.conf":                       "net.bridge.bridge-nf-call-iptables = 1",
+		"etc/modules-load.d/gpurack-kubernetes.conf":                    "br_netfilter",
+		"usr/bin/kubelet":                                               "kubelet",
+		"usr/bin/gpuagent":                                              "gpuagent",
+		"etc/systemd/system/gpuagent.service":                           "gpuagent.service",
+		"usr/lib/modules/6.1.0-57-amd64/kernel/fs/overlayfs/overlay.ko": "overlay.ko",
+		"usr/lib/modules/6.1.0-57-amd64/modules.builtin":                "modules.builtin",
+		"usr/lib/modules/6.1.0-57-amd64/updates/dkms/nvidia-current.ko": "nvidia.ko",
+	}
+	for f, want := range checks {
+		data, err := os.ReadFile(filepath.Join(ov, f))
+		if err != nil || !strings.Contains(string(data), want) {
+			t.Errorf("%s: %v, lacks %q", f, err, want)
+		}
+	}
+	if data, _ := os.ReadFile(filepath.Join(ov, "etc/containerd/config.toml")); !strings.Contains(string(data), `sandbox_image = "registry.k8s.io/pause:3.10.1"`) {
+		t.Errorf("containerd config has no sandbox_image:\n%s", data)
+	}
+	all := strings.Join(cmds, "\n")
+	for _, want := range []string{"depmod -b \"$1\" 6.1.0-57-amd64", "enable systemd-networkd.service systemd-resolved.service gpurack-images.service gpurack-boot-report.service gpuagent.service", "dpkg-query"} {
+		if !strings.Contains(all, want) {
+			t.Errorf("customize commands lack %q:\n%s", want, all)
+		}
+	}
+	if strings.Contains(all, "kubelet.service") {
+		t.Error("kubelet.service must not be enabled: gpuagent starts it")
+	}
+}
