@@ -59,17 +59,19 @@ demo: deps build ## set up and run the main demo
 	@hack/demo.sh
 
 .PHONY: e2e
-e2e: ## end-to-end QEMU network boot of the tiny image (lands with the gpuimage and gpuboot issues)
-	@echo "e2e: boots the tiny image over PXE in QEMU inside a test namespace."
-	@echo "e2e: not available yet: it needs gpuimage build (issue 3) and gpuboot serve (issue 4)."
+e2e: deps ## the end-to-end boots alone: tiny image in QEMU, PXE through SeaBIOS iPXE and OVMF
+	PATH="$(TOOLS):$$PATH" GPURACK_NETNS_REQUIRED=1 $(GO) test $(TEST_FLAGS) -v -run 'TestTinyImage|TestBIOSiPXEProxyBoot|TestOVMFNativePXEBoot' ./imagebuilder/cmd/gpuimage/ ./test/qemu/
 
 .PHONY: e2e-slow
-e2e-slow: ## build both NVIDIA images (minutes; lands with the gpuimage issue)
-	@echo "e2e-slow: builds debian12-nvidia535 and debian13-nvidia550 with their kernel modules."
-	@echo "e2e-slow: not available yet: it needs gpuimage build (issue 3)."
+e2e-slow: deps ## build the NVIDIA images with their kernel modules (about 20 min cold; outside make test)
+	PATH="$(TOOLS):$$PATH" GPURACK_E2E_SLOW=1 $(GO) test $(TEST_FLAGS) -v -run 'TestNvidiaImages' ./imagebuilder/cmd/gpuimage/
 
 .PHONY: bench
-bench: bench-go bench-pxe ## every benchmark: Go benchmarks, then the peer comparisons
+bench: bench-go bench-pxe bench-image ## every benchmark: Go benchmarks, then the peer comparisons
+
+.PHONY: bench-image
+bench-image: ## cold and warm gpuimage build of tiny, artifact sizes, squashfs against mksquashfs
+	imagebuilder/hack/bench.sh profiles/tiny.yaml
 
 .PHONY: bench-go
 bench-go: ## Go benchmarks, printed as a table
