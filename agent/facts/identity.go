@@ -102,3 +102,6 @@ func Hostname() string {
 	h, _ := os.Hostname()
 	return h
 }
+
+// Cmdline returns the kernel command line (/proc/cmdline); empty when unreadable.
+func (r Root) Cmdline() string { return r.read("proc/cmdline") }

@@ -24,7 +24,7 @@ func conditionOf(s health.Summary) (corev1.ConditionStatus, string, string) {
 
 // Follow keeps the Node's GPUHealthy condition equal to the monitor's health (written
 // as soon as health changes) and renews the node Lease every leaseEvery (kubelet: 10
-// s), until ctx ends.
+// s; zero: kubelet runs and keeps the Lease itself), until ctx ends.
 func Follow(ctx context.Context, n *Node, mon *monitor.Monitor, leaseEvery time.Duration, log *slog.Logger) {
 	sub := mon.Broker().Subscribe()
 	defer func() { sub.Close() }()
@@ -36,17 +36,22 @@ func Follow(ctx context.Context, n *Node, mon *monitor.Monitor, leaseEvery time.
 		}
 		log.Info("GPUHealthy written", "node", n.Name, "status", st, "reason", reason)
 	}
-	write(mon.Health())
-	if err := n.RenewLease(ctx, 40*time.Second); err != nil {
-		log.Warn("node lease", "error", err)
+	// The Lease first: once GPUHealthy is written the node is fully there.
+	var leaseC <-chan time.Time
+	if leaseEvery > 0 {
+		if err := n.RenewLease(ctx, 40*time.Second); err != nil {
+			log.Warn("node lease", "error", err)
+		}
+		lease := time.NewTicker(leaseEvery)
+		defer lease.Stop()
+		leaseC = lease.C
 	}
-	lease := time.NewTicker(leaseEvery)
-	defer lease.Stop()
+	write(mon.Health())
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-lease.C:
+		case <-leaseC:
 			if err := n.RenewLease(ctx, 40*time.Second); err != nil && ctx.Err() == nil {
 				log.Warn("node lease", "error", err)
 			}

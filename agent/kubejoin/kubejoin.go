@@ -1,15 +1,19 @@
 // Package kubejoin joins the node to Kubernetes and keeps what the agent owns on the
 // Node object (CONTRACTS §5): the gpurack.io/* labels and the GPUHealthy condition.
 //
-// This build implements the simulation mode of the issue: with no kubelet on the
-// machine (a simulated GPU node), the agent itself does the kubelet's TLS bootstrap
-// with the JoinBundle's bootstrap token (CSR signed by kubernetes.io/kube-apiserver-
-// client-kubelet, approved by the cluster), registers the Node with the node's own
-// credentials (nvidia.com/gpu capacity from the simulator, registerWithTaints
-// gpurack.io/unvalidated), and renews its Lease in kube-node-lease. Everywhere it shows,
-// the Node says it is simulated (label gpurack.io/simulated=true). Writing kubelet's
-// bootstrap kubeconfig and config.yaml and starting kubelet over D-Bus, for real nodes,
-// are not here yet.
+// Two ways in:
+//   - Real nodes (kubelet.go, attach.go, dbus.go): the agent writes kubelet's bootstrap
+//     kubeconfig and config.yaml (registerWithTaints gpurack.io/unvalidated plus the
+//     bundle's taints, cgroup driver detected), sets the transient hostname and starts
+//     kubelet.service over D-Bus (behind the Host interface), then uses kubelet's node
+//     kubeconfig for its labels and GPUHealthy. kubelet keeps the Lease.
+//   - Simulation mode: with no kubelet on the machine (a simulated GPU node), the agent
+//     itself does the kubelet's TLS bootstrap with the JoinBundle's bootstrap token (CSR
+//     signed by kubernetes.io/kube-apiserver-client-kubelet, approved by the cluster),
+//     registers the Node with the node's own credentials (nvidia.com/gpu capacity from
+//     the simulator, registerWithTaints gpurack.io/unvalidated), and renews its Lease in
+//     kube-node-lease. Everywhere it shows, the Node says it is simulated (label
+//     gpurack.io/simulated=true).
 package kubejoin
 
 import (
@@ -151,15 +155,20 @@ func Register(ctx context.Context, client kubernetes.Interface, spec NodeSpec) (
 	if err != nil {
 		return nil, fmt.Errorf("register node %s: %w", spec.Name, err)
 	}
+	// A status patch, not an update: gpuboot's node controller may patch the Node's
+	// taints between the create and this call, and an update would then conflict.
 	now := metav1.Now()
-	created.Status.Capacity = capacity
-	created.Status.Allocatable = capacity
-	created.Status.Conditions = []corev1.NodeCondition{
-		{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "SimulatedKubeletReady", Message: "gpuagent simulates kubelet (no kubelet on this machine)", LastHeartbeatTime: now, LastTransitionTime: now},
-		{Type: ConditionGPUHealthy, Status: corev1.ConditionUnknown, Reason: "ChecksNotRun", Message: "No checklist has completed yet.", LastHeartbeatTime: now, LastTransitionTime: now},
+	status := corev1.NodeStatus{Capacity: capacity, Allocatable: capacity,
+		Conditions: []corev1.NodeCondition{
+			{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "SimulatedKubeletReady", Message: "gpuagent simulates kubelet (no kubelet on this machine)", LastHeartbeatTime: now, LastTransitionTime: now},
+			{Type: ConditionGPUHealthy, Status: corev1.ConditionUnknown, Reason: "ChecksNotRun", Message: "No checklist has completed yet.", LastHeartbeatTime: now, LastTransitionTime: now},
+		},
+		NodeInfo: corev1.NodeSystemInfo{KubeletVersion: "gpuagent-simulated"}}
+	patch, err := json.Marshal(map[string]any{"status": status})
+	if err != nil {
+		return nil, err
 	}
-	created.Status.NodeInfo.KubeletVersion = "gpuagent-simulated"
-	if _, err := client.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+	if _, err := client.CoreV1().Nodes().Patch(ctx, created.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil {
 		return nil, fmt.Errorf("register node %s: status: %w", spec.Name, err)
 	}
 	return &Node{Client: client, Name: spec.Name}, nil

@@ -151,7 +151,7 @@ func TestValidateCannotRun(t *testing.T) {
 	}
 }
 
-func freePort(t *testing.T) string {
+func freePort(t testing.TB) string {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -180,7 +180,7 @@ func (s *syncBuffer) Write(p []byte) (int, error) {
 }
 func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
 
-func startDaemon(t *testing.T, env []string, args ...string) *agentProc {
+func startDaemon(t testing.TB, env []string, args ...string) *agentProc {
 	t.Helper()
 	cmd := agentCmd(context.Background(), append([]string{"run"}, args...)...)
 	cmd.Env = append(cmd.Env, env...)
@@ -202,7 +202,7 @@ func startDaemon(t *testing.T, env []string, args ...string) *agentProc {
 	return d
 }
 
-func (d *agentProc) stop(t *testing.T) {
+func (d *agentProc) stop(t testing.TB) {
 	t.Helper()
 	d.cmd.Process.Signal(syscall.SIGTERM)
 	select {
@@ -576,7 +576,7 @@ func TestThreeAgentsGossip(t *testing.T) {
 	ds[1].stop(t)
 }
 
-func waitUntil(t *testing.T, d time.Duration, what string, cond func() bool) {
+func waitUntil(t testing.TB, d time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for !cond() {

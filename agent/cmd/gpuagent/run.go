@@ -11,6 +11,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -20,6 +21,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/gpurack/gpurack/agent/checks"
+	"github.com/gpurack/gpurack/agent/enroll"
 	"github.com/gpurack/gpurack/agent/facts"
 	"github.com/gpurack/gpurack/agent/joinbundle"
 	"github.com/gpurack/gpurack/agent/monitor"
@@ -47,6 +49,9 @@ type runFlags struct {
 	enroll        string
 	enrollCA      string
 	gossip        gossipFlags
+	factsRoot     string
+	kubeletDir    string
+	cgroupRoot    string
 }
 
 func newRunCommand() *cobra.Command {
@@ -58,7 +63,13 @@ func newRunCommand() *cobra.Command {
 the GPUs every --interval and at once on every XID, serves gpurack.agent.v1.AgentService
 (with grpc.health.v1 and reflection) on the local socket and, with a certificate from
 --join-bundle (or plaintext with --insecure), on --listen; /metrics on --metrics-listen;
-and gossips health with its rack when the JoinBundle carries gossip settings.`,
+and gossips health with its rack when the JoinBundle carries gossip settings.
+
+With gpurack.enroll=HOST:PORT and gpurack.enroll.ca=sha256:HEX on /proc/cmdline (or
+--enroll and --enroll-ca) it enrolls with gpuboot: Register with its key from --key-dir,
+"waiting for approval" until an operator approves, GetJoinBundle, then the Kubernetes
+join (kubelet files and kubelet.service over D-Bus; the agent itself on the simulator),
+the commissioning report and heartbeats.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return run(cmd.Context(), &f) },
 	}
@@ -76,6 +87,10 @@ and gossips health with its rack when the JoinBundle carries gossip settings.`,
 	fs.StringVar(&f.nodeName, "node-name", "", "node name when there is no JoinBundle (default: none)")
 	fs.StringVar(&f.enroll, "enroll", "", "gpuboot enrollment endpoint host:port (overrides gpurack.enroll on /proc/cmdline)")
 	fs.StringVar(&f.enrollCA, "enroll-ca", "", "gpuboot CA pin sha256:HEX (overrides gpurack.enroll.ca)")
+	fs.StringVar(&f.factsRoot, "facts-root", "/", "root the agent reads /proc/cmdline, /sys/class/dmi/id and os-release under (tests)")
+	fs.StringVar(&f.kubeletDir, "kubelet-dir", "/var/lib/kubelet", "kubelet's directory: bootstrap-kubeconfig and config.yaml are written, kubeconfig is read")
+	fs.StringVar(&f.cgroupRoot, "cgroup-root", "/sys/fs/cgroup", "cgroup mount used to detect kubelet's cgroup driver")
+	_ = fs.MarkHidden("facts-root")
 	f.gossip.register(fs)
 	return cmd
 }
@@ -110,14 +125,23 @@ func run(ctx context.Context, f *runFlags) error {
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 
-	root := facts.Root("/")
+	root := facts.Root(f.factsRoot)
 	hostname := facts.Hostname()
-	nodeName := f.nodeName
-	if bundle != nil {
-		nodeName = bundle.GetNodeName()
+	target, enrolling, err := enroll.Resolve(root.Cmdline(), f.enroll, f.enrollCA)
+	if err != nil {
+		return &exitError{2, err}
 	}
-	if nodeName == "" {
-		nodeName = hostname
+	if enrolling && bundle != nil {
+		log.Warn("--join-bundle given: not enrolling with gpuboot", "endpoint", target.Endpoint)
+		enrolling = false
+	}
+	node := &nodeNameVar{}
+	node.set(f.nodeName)
+	if bundle != nil {
+		node.set(bundle.GetNodeName())
+	}
+	if node.get() == "" {
+		node.set(hostname)
 	}
 	kmsg := f.kmsg
 	switch kmsg {
@@ -130,32 +154,37 @@ func run(ctx context.Context, f *runFlags) error {
 		kmsg = ""
 	}
 	started := time.Now()
-	var rack *rackGossip
+	var rack atomic.Pointer[rackGossip]
 	mon := monitor.New(monitor.Config{Backend: b, Profile: p, Log: log, Interval: f.interval, ClearAfter: f.clearAfter,
-		KmsgPath: kmsg, Peers: func() []checks.Peer { return rack.peers() }})
+		KmsgPath: kmsg, Peers: func() []checks.Peer { return rack.Load().peers() }})
 	imageID := root.ImageID()
 	svc := &server.Service{Monitor: mon, Identity: root.ReadIdentity(), ImageID: imageID, Version: buildinfo.String(),
-		StartedAt: started, NodeName: func() string { return nodeName }}
+		StartedAt: started, NodeName: node.get,
+		Rack: func() *agentv1.RackView {
+			if r := rack.Load(); r != nil {
+				return r.view()
+			}
+			return nil
+		},
+		Render: func(x any) (agentv1.EventKind, *agentv1.Event) {
+			if r := rack.Load(); r != nil {
+				return r.render(x)
+			}
+			return agentv1.EventKind_EVENT_KIND_UNSPECIFIED, nil
+		}}
 	if s != nil {
 		svc.Faults = s
 	}
-	enrollment := &enrollState{st: enrollmentStatus(f, root, bundle, started)}
+	enrollment := &enrollState{st: enrollmentStatus(f, target, enrolling, bundle, started)}
 	svc.Enrollment = enrollment.get
 
-	// Gossip needs the monitor's health, and the monitor asks gossip for peers.
-	if rack, err = startGossip(ctx, f, bundle, nodeName, imageID, mon, log); err != nil {
-		return &exitError{2, err}
-	}
-	if rack != nil {
-		svc.Rack = rack.view
-		svc.Render = rack.render
-		defer rack.leave()
-	}
-
 	var wg sync.WaitGroup
+	var srvMu sync.Mutex
 	var servers []*grpc.Server
 	serve := func(name string, l net.Listener, gs *grpc.Server) {
+		srvMu.Lock()
 		servers = append(servers, gs)
+		srvMu.Unlock()
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -165,6 +194,43 @@ func run(ctx context.Context, f *runFlags) error {
 			}
 		}()
 	}
+	// withBundle starts what a JoinBundle enables: the mTLS listener with its
+	// certificate, and gossip with its rack key. It runs at start (--join-bundle) or
+	// once enrollment has fetched the bundle.
+	withBundle := func(bundle *bootv1.JoinBundle, creds *joinbundle.Credentials) error {
+		node.set(bundle.GetNodeName())
+		r, err := startGossip(ctx, f, bundle, bundle.GetNodeName(), imageID, mon, log)
+		if err != nil {
+			return err
+		}
+		if r != nil {
+			rack.Store(r)
+		}
+		if f.listen != "" && creds != nil && !f.insecure {
+			l, err := net.Listen("tcp", f.listen)
+			if err != nil {
+				return fmt.Errorf("--listen: %w", err)
+			}
+			gs, _ := server.NewGRPC(svc, creds.ServerTLS())
+			serve("tcp+mtls", l, gs)
+		}
+		return nil
+	}
+	if bundle != nil {
+		if err := withBundle(bundle, creds); err != nil {
+			return &exitError{2, err}
+		}
+	} else if r, err := startGossip(ctx, f, nil, node.get(), imageID, mon, log); err != nil {
+		return &exitError{2, err}
+	} else if r != nil {
+		rack.Store(r)
+	}
+	defer func() {
+		if r := rack.Load(); r != nil {
+			r.leave()
+		}
+	}()
+
 	if f.socket != "" {
 		l, err := listenUnix(f.socket)
 		if err != nil {
@@ -173,26 +239,20 @@ func run(ctx context.Context, f *runFlags) error {
 		gs, _ := server.NewGRPC(svc, nil)
 		serve("unix", l, gs)
 	}
-	if f.listen != "" {
-		switch {
-		case creds != nil:
-			l, err := net.Listen("tcp", f.listen)
-			if err != nil {
-				return &exitError{2, fmt.Errorf("--listen: %w", err)}
-			}
-			gs, _ := server.NewGRPC(svc, creds.ServerTLS())
-			serve("tcp+mtls", l, gs)
-		case f.insecure:
-			l, err := net.Listen("tcp", f.listen)
-			if err != nil {
-				return &exitError{2, fmt.Errorf("--listen: %w", err)}
-			}
-			log.Warn("serving gRPC WITHOUT TLS (--insecure); use only in labs")
-			gs, _ := server.NewGRPC(svc, nil)
-			serve("tcp+plaintext", l, gs)
-		default:
-			log.Info("no TCP gRPC: no certificate yet (pass --join-bundle, or --insecure in labs); the local socket serves", "socket", f.socket)
+	switch {
+	case f.listen == "" || creds != nil:
+	case f.insecure:
+		l, err := net.Listen("tcp", f.listen)
+		if err != nil {
+			return &exitError{2, fmt.Errorf("--listen: %w", err)}
 		}
+		log.Warn("serving gRPC WITHOUT TLS (--insecure); use only in labs")
+		gs, _ := server.NewGRPC(svc, nil)
+		serve("tcp+plaintext", l, gs)
+	case enrolling:
+		log.Info("no TCP gRPC until enrollment brings the agent certificate; the local socket serves", "socket", f.socket)
+	default:
+		log.Info("no TCP gRPC: no certificate yet (pass --join-bundle or --enroll, or --insecure in labs); the local socket serves", "socket", f.socket)
 	}
 	var httpSrv *http.Server
 	if f.metricsListen != "" {
@@ -200,10 +260,13 @@ func run(ctx context.Context, f *runFlags) error {
 		if err != nil {
 			return &exitError{2, fmt.Errorf("--metrics-listen: %w", err)}
 		}
-		col := &server.Collector{Monitor: mon, Hostname: hostname, Version: buildinfo.String()}
-		if rack != nil {
-			col.Rack = rack.counts
-		}
+		col := &server.Collector{Monitor: mon, Hostname: hostname, Version: buildinfo.String(),
+			Rack: func() map[string]int {
+				if r := rack.Load(); r != nil {
+					return r.counts()
+				}
+				return nil
+			}}
 		httpSrv = &http.Server{Handler: server.MetricsHandler(col), ReadHeaderTimeout: 10 * time.Second}
 		wg.Add(1)
 		go func() {
@@ -218,9 +281,16 @@ func run(ctx context.Context, f *runFlags) error {
 	monDone := make(chan struct{})
 	go func() { defer close(monDone); mon.Run(ctx) }()
 	joinDone := make(chan struct{})
+	j := &joiner{f: f, simulated: b.Simulated(), sim: s, profile: p, imageID: imageID, mon: mon, enroll: enrollment, log: log,
+		root: root, started: started, node: node}
 	go func() {
 		defer close(joinDone)
-		joinKubernetes(ctx, f, bundle, b.Simulated(), s, p, imageID, mon, enrollment, log)
+		switch {
+		case bundle != nil:
+			j.join(ctx, bundle, nil)
+		case enrolling:
+			j.enrollAndJoin(ctx, target, withBundle)
+		}
 	}()
 
 	// READY=1 before enrolling (CONTRACTS §6): the unit is active with or without
@@ -232,12 +302,15 @@ func run(ctx context.Context, f *runFlags) error {
 	}
 	wdDone := make(chan struct{})
 	go func() { defer close(wdDone); watchdog(ctx, mon, f.interval, log) }()
-	log.Info("gpuagent running", "version", buildinfo.String(), "backend", b.Name(), "profile", p.Name, "node", nodeName)
+	log.Info("gpuagent running", "version", buildinfo.String(), "backend", b.Name(), "profile", p.Name, "node", node.get())
 
 	<-ctx.Done()
 	log.Info("stopping")
 	daemon.SdNotify(false, daemon.SdNotifyStopping)
-	for _, gs := range servers {
+	srvMu.Lock()
+	stopping := append([]*grpc.Server(nil), servers...)
+	srvMu.Unlock()
+	for _, gs := range stopping {
 		stopped := make(chan struct{})
 		go func() { gs.GracefulStop(); close(stopped) }()
 		select {
@@ -306,25 +379,34 @@ func listenUnix(path string) (net.Listener, error) {
 	return l, nil
 }
 
-// enrollmentStatus says where enrollment stands. Enrolling with gpuboot and the
-// Kubernetes join are not in this build; the status says so rather than pretending.
-func enrollmentStatus(f *runFlags, root facts.Root, bundle *bootv1.JoinBundle, since time.Time) *agentv1.EnrollmentStatus {
+// enrollmentStatus is the enrollment state at start.
+func enrollmentStatus(f *runFlags, target enroll.Target, enrolling bool, bundle *bootv1.JoinBundle, since time.Time) *agentv1.EnrollmentStatus {
 	st := &agentv1.EnrollmentStatus{Since: timestamppb.New(since)}
-	endpoint := f.enroll
-	if endpoint == "" {
-		endpoint = root.CmdlineValue("gpurack.enroll")
-	}
 	switch {
 	case bundle != nil:
 		st.State = agentv1.EnrollmentState_ENROLLMENT_STATE_JOINING
 		st.Message = "JoinBundle loaded from " + f.joinBundle
-	case endpoint != "":
-		st.State = agentv1.EnrollmentState_ENROLLMENT_STATE_NOT_ENROLLING
-		st.Endpoint = endpoint
-		st.Message = "gpurack.enroll=" + endpoint + " is set, but enrolling with gpuboot is not implemented in this agent build yet"
+	case enrolling:
+		st.State = agentv1.EnrollmentState_ENROLLMENT_STATE_REGISTERING
+		st.Endpoint = target.Endpoint
+		st.Message = "registering with gpuboot at " + target.Endpoint
 	default:
 		st.State = agentv1.EnrollmentState_ENROLLMENT_STATE_NOT_ENROLLING
 		st.Message = "no gpurack.enroll on the kernel command line and no --enroll: serving the API and checks only"
 	}
 	return st
+}
+
+// nodeNameVar is the node name, set again when enrollment brings a JoinBundle.
+type nodeNameVar struct{ v atomic.Value }
+
+func (n *nodeNameVar) set(s string) {
+	if s != "" {
+		n.v.Store(s)
+	}
+}
+
+func (n *nodeNameVar) get() string {
+	s, _ := n.v.Load().(string)
+	return s
 }

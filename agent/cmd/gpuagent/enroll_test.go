@@ -1,0 +1,369 @@
+package main
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/encoding/protojson"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	agentv1 "github.com/gpurack/gpurack/api/agent/v1"
+	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
+	"github.com/gpurack/gpurack/controlplane-bootstrap/testcluster"
+	"github.com/gpurack/gpurack/internal/pki"
+)
+
+var (
+	gpubootOnce sync.Once
+	gpubootBin  string
+	gpubootErr  error
+)
+
+// buildGpuboot builds the real gpuboot binary once per test run.
+func buildGpuboot(t testing.TB) string {
+	t.Helper()
+	gpubootOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "gpuboot-bin-")
+		if err != nil {
+			gpubootErr = err
+			return
+		}
+		gpubootBin = filepath.Join(dir, "gpuboot")
+		if out, err := exec.Command("go", "build", "-o", gpubootBin, "github.com/gpurack/gpurack/pxe/cmd/gpuboot").CombinedOutput(); err != nil {
+			gpubootErr = fmt.Errorf("go build gpuboot: %v\n%s", err, out)
+		}
+	})
+	if gpubootErr != nil {
+		t.Fatal(gpubootErr)
+	}
+	return gpubootBin
+}
+
+// gpubootProc is a running `gpuboot serve` with the files of `gpuboot init`.
+type gpubootProc struct {
+	t               testing.TB
+	bin, dir, cfg   string
+	pin, creds, tls string
+	log             *syncBuffer
+	cmd             *exec.Cmd
+}
+
+func (g *gpubootProc) run(args ...string) string {
+	g.t.Helper()
+	out, err := exec.Command(g.bin, args...).CombinedOutput()
+	if err != nil {
+		g.t.Fatalf("gpuboot %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// cli runs an operator command with the operator credentials `gpuboot init` wrote.
+func (g *gpubootProc) cli(args ...string) string {
+	g.t.Helper()
+	return g.run(append(args, "--server", g.tls, "--credentials", g.creds)...)
+}
+
+// startGpuboot runs `gpuboot init` and `gpuboot serve` with the cluster's enroller
+// kubeconfig, on loopback, without DHCP and TFTP.
+func startGpuboot(t testing.TB, c *testcluster.Cluster) *gpubootProc {
+	t.Helper()
+	g := &gpubootProc{t: t, bin: buildGpuboot(t), dir: t.TempDir(), log: &syncBuffer{}}
+	out := g.run("init", "--state-dir", filepath.Join(g.dir, "state"), "--advertise", "127.0.0.1", "--rack", "r1")
+	for _, line := range strings.Split(out, "\n") {
+		if p, ok := strings.CutPrefix(line, "CA pin (gpurack.enroll.ca): "); ok {
+			g.pin = p
+		}
+	}
+	if g.pin == "" {
+		t.Fatalf("gpuboot init printed no CA pin:\n%s", out)
+	}
+	g.creds = filepath.Join(g.dir, "state", "operators", "admin")
+	pub, _, _ := ed25519.GenerateKey(rand.Reader)
+	der, _ := x509.MarshalPKIXPublicKey(pub)
+	os.WriteFile(filepath.Join(g.dir, "images.pub"), pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der}), 0o644)
+	os.MkdirAll(filepath.Join(g.dir, "images"), 0o755)
+	g.tls = freePort(t)
+	g.cfg = filepath.Join(g.dir, "gpuboot.yaml")
+	cfg := fmt.Sprintf(`stateDir: state
+advertise: 127.0.0.1
+listen: {http: "%s", tls: "%s"}
+images: {store: images, trustedKeys: [images.pub]}
+racks: [{name: r1, defaultImage: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa}]
+dhcp: {enabled: false}
+tftp: {enabled: false}
+logLevel: info
+cluster: {kubeconfig: %s, clearAfter: 1s}
+`, freePort(t), g.tls, c.EnrollerKubeconfig)
+	if err := os.WriteFile(g.cfg, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	g.cmd = exec.Command(g.bin, "serve", "--config", g.cfg)
+	g.cmd.Stdout, g.cmd.Stderr = g.log, g.log
+	if err := g.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	cmd := g.cmd
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+		if t.Failed() {
+			t.Logf("gpuboot log:\n%s", g.log.String())
+		}
+	})
+	return g
+}
+
+// e2eFactsRoot is a fake / with the identity files the agent reads.
+func e2eFactsRoot(t testing.TB, mac, serial string) string {
+	t.Helper()
+	root := t.TempDir()
+	dmi := filepath.Join(root, "sys/class/dmi/id")
+	os.MkdirAll(dmi, 0o755)
+	os.MkdirAll(filepath.Join(root, "proc"), 0o755)
+	os.WriteFile(filepath.Join(dmi, "product_serial"), []byte(serial+"\n"), 0o644)
+	os.WriteFile(filepath.Join(dmi, "product_uuid"), []byte("4C4C4544-0042-3510-8052-B4C04F4E3232\n"), 0o644)
+	os.WriteFile(filepath.Join(root, "proc/cmdline"), []byte("console=ttyS0 BOOTIF=01-"+strings.ReplaceAll(mac, ":", "-")+" quiet\n"), 0o644)
+	return root
+}
+
+// enrolled is a simulated agent that enrolled with a real gpuboot and is ready.
+type enrolled struct {
+	g      *gpubootProc
+	agent  *agentProc
+	node   string
+	nodeOf func() *corev1.Node
+	local  agentv1.AgentServiceClient // unix socket
+	remote agentv1.AgentServiceClient // TCP, mTLS with the bundle's certificate
+	ctx    context.Context
+}
+
+// enrollToReady runs the real gpuboot binary with the enroller kubeconfig of a real
+// control plane and a simulated agent started with --enroll/--enroll-ca, and takes the
+// machine through Register → "waiting for approval" → `gpuboot machines approve` →
+// GetJoinBundle → TLS bootstrap join → Node with nvidia.com/gpu: 8 → commissioning
+// report → ready, with gpurack.io/unvalidated removed by gpuboot's node controller.
+func enrollToReady(t testing.TB, mac, node string) *enrolled {
+	t.Helper()
+	c := testcluster.Shared(t)
+	admin := c.Clientset(t)
+	g := startGpuboot(t, c)
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "agent.sock")
+	listen := freePort(t)
+	d := startDaemon(t, nil, "--gpu-backend", "sim:dgxh100", "--profile", h100Profile,
+		"--enroll", g.tls, "--enroll-ca", g.pin, "--key-dir", filepath.Join(dir, "run"),
+		"--facts-root", e2eFactsRoot(t, mac, "SN-"+strings.ReplaceAll(mac, ":", "")),
+		"--listen", listen, "--metrics-listen", "", "--socket", sock, "--interval", "1s", "--clear-after", "1s")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	t.Cleanup(cancel)
+
+	waitUntil(t, 60*time.Second, "agent socket", func() bool { _, err := os.Stat(sock); return err == nil })
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	e := &enrolled{g: g, agent: d, node: node, local: agentv1.NewAgentServiceClient(conn), ctx: ctx}
+	waitUntil(t, 90*time.Second, "waiting for approval", func() bool {
+		st := e.enrollment()
+		return st.GetState() == agentv1.EnrollmentState_ENROLLMENT_STATE_WAITING_FOR_APPROVAL && strings.Contains(st.GetMessage(), "waiting for approval")
+	})
+	if st := e.enrollment(); !strings.HasPrefix(st.GetKeyFingerprint(), "sha256:") || st.GetEndpoint() != g.tls {
+		t.Errorf("enrollment status %v", st)
+	}
+	// The pre-approval facts and checklist reach gpuboot before anyone approves.
+	waitUntil(t, 30*time.Second, "machine registered in gpuboot", func() bool {
+		return strings.Contains(g.cli("machines", "show", mac), "registered")
+	})
+	g.cli("machines", "approve", mac, "--reason", "agent e2e", "--node-name", node)
+
+	e.nodeOf = func() *corev1.Node {
+		n, err := admin.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			return nil
+		}
+		return n
+	}
+	waitUntil(t, 90*time.Second, "Node "+node, func() bool { return e.nodeOf() != nil })
+	t.Cleanup(func() { admin.CoreV1().Nodes().Delete(context.Background(), node, metav1.DeleteOptions{}) })
+	// The Node is created first and its status (capacity) patched right after.
+	waitUntil(t, 30*time.Second, "nvidia.com/gpu: 8 on the Node", func() bool {
+		q := e.nodeOf().Status.Capacity["nvidia.com/gpu"]
+		return q.Value() == 8
+	})
+	waitUntil(t, 60*time.Second, "machine ready and gpurack.io/unvalidated removed", func() bool {
+		n := e.nodeOf()
+		return n != nil && !hasTaint(n, "gpurack.io/unvalidated") && e.enrollment().GetMachineState() == "ready"
+	})
+	// The agent's TCP listener serves mutual TLS with the certificate gpuboot issued for
+	// the agent's own key; gpuboot's operator certificate (same gpurack CA) is accepted.
+	e.remote = agentv1.NewAgentServiceClient(operatorConn(t, g.creds, listen, node))
+	return e
+}
+
+func (e *enrolled) enrollment() *agentv1.EnrollmentStatus {
+	st, err := e.local.Status(e.ctx, &agentv1.StatusRequest{})
+	if err != nil {
+		return nil
+	}
+	return st.GetEnrollment()
+}
+
+// TestEnrollWithGpuboot is the whole path with real parts (enrollToReady), then health:
+// XID 79 → GPUHealthy=False → gpuboot sets gpurack.io/gpu-unhealthy; clear → the taint
+// is removed after both hysteresis delays.
+func TestEnrollWithGpuboot(t *testing.T) {
+	e := enrollToReady(t, "52:54:00:e2:e0:01", "gpu-r1-e2e")
+	ctx := e.ctx
+	if st := e.enrollment(); st.GetState() != agentv1.EnrollmentState_ENROLLMENT_STATE_JOINED {
+		t.Errorf("enrollment after commissioning: %v", st)
+	}
+	if out := e.g.cli("machines", "show", e.node); !strings.Contains(out, "ready") {
+		t.Errorf("gpuboot machines show %s:\n%s", e.node, out)
+	}
+	if st, err := e.remote.Status(ctx, &agentv1.StatusRequest{}); err != nil {
+		t.Fatalf("Status over mTLS with the bundle's certificate: %v", err)
+	} else if st.GetNodeName() != e.node {
+		t.Errorf("node name over mTLS: %q", st.GetNodeName())
+	}
+	n := e.nodeOf()
+	if n.Labels["gpurack.io/gpu.count"] != "8" || n.Labels["gpurack.io/simulated"] != "true" {
+		t.Errorf("labels %v", n.Labels)
+	}
+
+	t0 := time.Now()
+	if _, err := e.remote.InjectFault(ctx, &agentv1.InjectFaultRequest{Fault: &agentv1.FaultSpec{Spec: "xid:79@gpu3"}}); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 60*time.Second, "gpurack.io/gpu-unhealthy taint", func() bool { n := e.nodeOf(); return n != nil && hasTaint(n, "gpurack.io/gpu-unhealthy") })
+	t.Logf("InjectFault xid:79@gpu3 -> gpurack.io/gpu-unhealthy taint visible in the apiserver after %v (200 ms polling)", time.Since(t0).Round(time.Millisecond))
+	if s, r := gpuHealthyOf(e.nodeOf()); s != "False" || r != "XidFatal" {
+		t.Errorf("GPUHealthy %s/%s, want False/XidFatal", s, r)
+	}
+	// The health change went to gpuboot at once in a heartbeat (mutual TLS).
+	waitUntil(t, 30*time.Second, "gpuboot holds the unhealthy heartbeat", func() bool {
+		var m bootv1.Machine
+		if err := protojson.Unmarshal([]byte(e.g.cli("machines", "show", e.node, "-o", "json")), &m); err != nil {
+			t.Fatal(err)
+		}
+		h := m.GetHealth()
+		return m.GetLastHeartbeatAt() != nil && !h.GetGpuHealthy() && slices.Contains(h.GetFailingCheckIds(), "gpu.xid.fatal")
+	})
+	t1 := time.Now()
+	if _, err := e.remote.ClearFaults(ctx, &agentv1.ClearFaultsRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 60*time.Second, "gpu-unhealthy taint removed", func() bool { n := e.nodeOf(); return n != nil && !hasTaint(n, "gpurack.io/gpu-unhealthy") })
+	t.Logf("ClearFaults -> taint removed after %v (agent 1 s + gpuboot 1 s hysteresis)", time.Since(t1).Round(time.Millisecond))
+	if s, _ := gpuHealthyOf(e.nodeOf()); s != "True" {
+		t.Errorf("GPUHealthy %s after clearing", s)
+	}
+	e.agent.stop(t)
+}
+
+// BenchmarkFaultToTaint measures an injected XID 79 on an enrolled simulated agent to
+// gpurack.io/gpu-unhealthy visible in the apiserver (agent check → GPUHealthy patch →
+// gpuboot's node controller watch → taint patch), polling the Node every 5 ms. Each
+// iteration clears the fault and waits for the taint to go (untimed).
+func BenchmarkFaultToTaint(b *testing.B) {
+	e := enrollToReady(b, "52:54:00:e2:e0:02", "gpu-r1-bench")
+	tainted := func(want bool) {
+		deadline := time.Now().Add(60 * time.Second)
+		for {
+			if n := e.nodeOf(); n != nil && hasTaint(n, "gpurack.io/gpu-unhealthy") == want {
+				return
+			}
+			if time.Now().After(deadline) {
+				b.Fatalf("taint present=%v not reached in 60 s", want)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	for b.Loop() {
+		if _, err := e.remote.InjectFault(e.ctx, &agentv1.InjectFaultRequest{Fault: &agentv1.FaultSpec{Spec: "xid:79@gpu3"}}); err != nil {
+			b.Fatal(err)
+		}
+		tainted(true)
+		b.StopTimer()
+		if _, err := e.remote.ClearFaults(e.ctx, &agentv1.ClearFaultsRequest{}); err != nil {
+			b.Fatal(err)
+		}
+		tainted(false)
+		b.StartTimer()
+	}
+}
+
+func hasTaint(n *corev1.Node, key string) bool {
+	for _, t := range n.Spec.Taints {
+		if t.Key == key {
+			return true
+		}
+	}
+	return false
+}
+
+func gpuHealthyOf(n *corev1.Node) (string, string) {
+	if n == nil {
+		return "", ""
+	}
+	for _, c := range n.Status.Conditions {
+		if c.Type == "GPUHealthy" {
+			return string(c.Status), c.Reason
+		}
+	}
+	return "", ""
+}
+
+// operatorConn dials the agent at addr with mutual TLS: gpuboot's operator certificate
+// as client, the gpurack CA as root, serverName the node name (the agent certificate's
+// DNS SAN).
+func operatorConn(t testing.TB, credsDir, addr, serverName string) *grpc.ClientConn {
+	t.Helper()
+	caPEM, err := os.ReadFile(filepath.Join(credsDir, "ca.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(caPEM)
+	kp, err := pki.LoadKeyPair(filepath.Join(credsDir, "operator.crt"), filepath.Join(credsDir, "operator.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := &tls.Config{RootCAs: pool, ServerName: serverName, Certificates: []tls.Certificate{kp.TLSCertificate()}}
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+// TestEnrollNeedsPin: an enrollment endpoint without a CA pin is refused at start
+// (exit 2) rather than trusting whoever answers.
+func TestEnrollNeedsPin(t *testing.T) {
+	dir := t.TempDir()
+	_, stderr, code := runAgent(t, "run", "--gpu-backend", "sim:dgxh100", "--profile", h100Profile, "--enroll", "127.0.0.1:1",
+		"--listen", "", "--metrics-listen", "", "--socket", filepath.Join(dir, "agent.sock"), "--key-dir", dir)
+	if code != 2 || !strings.Contains(stderr, "no CA pin") {
+		t.Fatalf("exit %d, stderr:\n%s", code, stderr)
+	}
+}

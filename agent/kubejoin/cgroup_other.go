@@ -1,0 +1,9 @@
+//go:build !linux
+
+package kubejoin
+
+import "errors"
+
+func isCgroup2(string) (bool, error) {
+	return false, errors.New("cgroup detection needs Linux")
+}

@@ -1,0 +1,189 @@
+package kubejoin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"sigs.k8s.io/yaml"
+)
+
+// Real-node join (CONTRACTS §6): kubelet, shipped by the image but not enabled, does the
+// TLS bootstrap itself. The agent writes only its bootstrap kubeconfig and config.yaml,
+// sets the node name as the transient hostname and starts kubelet.service; it then uses
+// the kubeconfig kubelet obtained as the node's credentials.
+
+// KubeletPaths are the files kubelet.service names (CONTRACTS §6). Tests point them
+// elsewhere.
+type KubeletPaths struct {
+	BootstrapKubeconfig string // written by the agent
+	Config              string // written by the agent
+	Kubeconfig          string // written by kubelet after TLS bootstrap; read by the agent
+}
+
+// DefaultKubeletPaths are the paths kubelet.service uses.
+var DefaultKubeletPaths = KubeletPaths{
+	BootstrapKubeconfig: "/var/lib/kubelet/bootstrap-kubeconfig",
+	Config:              "/var/lib/kubelet/config.yaml",
+	Kubeconfig:          "/var/lib/kubelet/kubeconfig",
+}
+
+// ContainerdEndpoint is the CRI socket of the image's containerd.
+const ContainerdEndpoint = "unix:///run/containerd/containerd.sock"
+
+// KubeletJoin is what the kubelet files are made from: the JoinBundle's cluster,
+// token, node taints and DNS settings.
+type KubeletJoin struct {
+	Server        string
+	ClusterCAPEM  []byte
+	Token         string
+	Taints        []TaintSpec
+	ClusterDNS    []string
+	ClusterDomain string
+	CgroupDriver  string // "systemd" or "cgroupfs" (DetectCgroupDriver)
+}
+
+// TaintSpec is a taint as kubelet's registerWithTaints takes it.
+type TaintSpec struct {
+	Key    string `json:"key"`
+	Value  string `json:"value,omitempty"`
+	Effect string `json:"effect"`
+}
+
+// cgroup2SuperMagic is statfs(2) f_type of a cgroup v2 mount (linux/magic.h).
+const cgroup2SuperMagic = 0x63677270
+
+// DetectCgroupDriver returns kubelet's cgroup driver for the machine: "systemd" when
+// cgroupRoot (normally /sys/fs/cgroup) is a cgroup v2 unified hierarchy (the image's
+// systemd and containerd's SystemdCgroup = true), "cgroupfs" on v1 or hybrid hosts.
+func DetectCgroupDriver(cgroupRoot string) (string, error) {
+	v2, err := isCgroup2(cgroupRoot)
+	if err != nil {
+		return "", fmt.Errorf("detect cgroup driver: %w", err)
+	}
+	if v2 {
+		return "systemd", nil
+	}
+	return "cgroupfs", nil
+}
+
+// KubeletConfig renders config.yaml (kubelet.config.k8s.io/v1beta1 KubeletConfiguration):
+// registerWithTaints gpurack.io/unvalidated:NoSchedule plus the bundle's taints, the
+// detected cgroup driver, containerd's endpoint, client certificate rotation, webhook
+// authentication and authorization (kubeadm's defaults).
+func KubeletConfig(j KubeletJoin) ([]byte, error) {
+	if j.CgroupDriver != "systemd" && j.CgroupDriver != "cgroupfs" {
+		return nil, fmt.Errorf("kubelet config: cgroup driver %q, want systemd or cgroupfs", j.CgroupDriver)
+	}
+	taints := []TaintSpec{{Key: TaintUnvalidated, Effect: "NoSchedule"}}
+	for _, t := range j.Taints {
+		if t.Key != TaintUnvalidated {
+			taints = append(taints, t)
+		}
+	}
+	cfg := map[string]any{
+		"apiVersion":               "kubelet.config.k8s.io/v1beta1",
+		"kind":                     "KubeletConfiguration",
+		"cgroupDriver":             j.CgroupDriver,
+		"containerRuntimeEndpoint": ContainerdEndpoint,
+		"registerWithTaints":       taints,
+		"rotateCertificates":       true,
+		"authentication": map[string]any{
+			"anonymous": map[string]any{"enabled": false},
+			"webhook":   map[string]any{"enabled": true},
+		},
+		"authorization": map[string]any{"mode": "Webhook"},
+	}
+	if len(j.ClusterDNS) > 0 {
+		cfg["clusterDNS"] = j.ClusterDNS
+	}
+	if j.ClusterDomain != "" {
+		cfg["clusterDomain"] = j.ClusterDomain
+	}
+	return yaml.Marshal(cfg)
+}
+
+// BootstrapKubeconfig renders kubelet's bootstrap kubeconfig: the cluster endpoint and
+// CA, and the bootstrap token as the user's bearer token.
+func BootstrapKubeconfig(j KubeletJoin) ([]byte, error) {
+	if j.Server == "" || len(j.ClusterCAPEM) == 0 || j.Token == "" {
+		return nil, errors.New("bootstrap kubeconfig: the JoinBundle needs api_server_endpoint, cluster_ca_pem and bootstrap_token")
+	}
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["default"] = &clientcmdapi.Cluster{Server: j.Server, CertificateAuthorityData: j.ClusterCAPEM}
+	cfg.AuthInfos["kubelet-bootstrap"] = &clientcmdapi.AuthInfo{Token: j.Token}
+	cfg.Contexts["default"] = &clientcmdapi.Context{Cluster: "default", AuthInfo: "kubelet-bootstrap"}
+	cfg.CurrentContext = "default"
+	return clientcmd.Write(*cfg)
+}
+
+// WriteKubeletFiles writes the bootstrap kubeconfig (0600: it holds the token) and
+// config.yaml, each atomically.
+func WriteKubeletFiles(p KubeletPaths, j KubeletJoin) error {
+	kc, err := BootstrapKubeconfig(j)
+	if err != nil {
+		return err
+	}
+	conf, err := KubeletConfig(j)
+	if err != nil {
+		return err
+	}
+	if err := writeAtomic(p.BootstrapKubeconfig, kc, 0o600); err != nil {
+		return err
+	}
+	return writeAtomic(p.Config, conf, 0o644)
+}
+
+func writeAtomic(path string, data []byte, mode os.FileMode) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+"-*")
+	if err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	defer os.Remove(tmp.Name())
+	if err = tmp.Chmod(mode); err == nil {
+		_, err = tmp.Write(data)
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), path)
+	}
+	if err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return nil
+}
+
+// Host is the part of systemd the real-node join needs: the transient hostname
+// (org.freedesktop.hostname1) and starting a unit (org.freedesktop.systemd1). The D-Bus
+// implementation is SystemdHost; tests use a fake, since the hosts CI runs on have no
+// systemd as PID 1.
+type Host interface {
+	SetTransientHostname(ctx context.Context, name string) error
+	StartUnit(ctx context.Context, unit string) error
+}
+
+// KubeletUnit is the unit the image ships, not enabled (CONTRACTS §6).
+const KubeletUnit = "kubelet.service"
+
+// StartKubelet does the real-node join up to kubelet's start: hostname, files, unit.
+func StartKubelet(ctx context.Context, h Host, p KubeletPaths, nodeName string, j KubeletJoin) error {
+	if err := h.SetTransientHostname(ctx, nodeName); err != nil {
+		return fmt.Errorf("set hostname %s: %w", nodeName, err)
+	}
+	if err := WriteKubeletFiles(p, j); err != nil {
+		return err
+	}
+	if err := h.StartUnit(ctx, KubeletUnit); err != nil {
+		return fmt.Errorf("start %s: %w", KubeletUnit, err)
+	}
+	return nil
+}
