@@ -25,14 +25,15 @@ sed 's/flavor: open/flavor: opne/' profiles/debian12-nvidia535.yaml >"$work/brok
 gpuimage lint "$work/broken.yaml" || echo "(exit status $?)"
 
 step "3. Pinned Kubernetes $("$k8s/bin/kube-apiserver" --version | cut -d' ' -f2) and etcd, built from source into the cache"
-for b in kube-apiserver kubelet kubeadm; do printf '  %-16s %s\n' "$b" "$("$k8s/bin/$b" --version 2>&1 | head -1)"; done
+for b in kube-apiserver kubelet etcd; do printf '  %-16s %s\n' "$b" "$("$k8s/bin/$b" --version 2>&1 | head -1)"; done
+printf '  %-16s %s\n' kubeadm "$("$k8s/bin/kubeadm" version -o short)"
 
 step "4. gpuagent's commissioning checklist on a simulated 8x H100 node"
 gpuagent validate --gpu-backend sim:dgxh100 --profile profiles/debian12-nvidia535.yaml | tail -4
 
 step "5. The same node with an XID 79 on GPU 3 and a downtrained PCIe link on GPU 1"
 gpuagent validate --gpu-backend sim:dgxh100 --profile profiles/debian12-nvidia535.yaml \
-  --fault xid:79@gpu3 --fault pcie-width:8@gpu1 | grep -E '^(FAIL|WARN)|^overall' || echo "(exit status 1: the node fails commissioning)"
+  --fault xid:79@gpu3 --fault pcie-width:8@gpu1 2>/dev/null | grep -E '^(FAIL|WARN)|^overall' || echo "(exit status 1: the node fails commissioning)"
 
 step "6. A Kubernetes control plane from the pinned binaries, with kubeadm-compatible join material"
 sed -e 's/port: 6443/port: 26443/; s/:6443/:26443/; s/clientPort: 2379/clientPort: 22379/; s/peerPort: 2380/peerPort: 22380/' \

@@ -1,7 +1,6 @@
 package profile
 
 import (
-	"errors"
 	"fmt"
 	"reflect"
 	"regexp"
@@ -272,13 +271,4 @@ func editDistance(a, b string) int {
 		prev, cur = cur, prev
 	}
 	return prev[len(b)]
-}
-
-// asErrors returns err as Errors, wrapping a plain error into one entry for file.
-func asErrors(file string, err error) Errors {
-	var es Errors
-	if errors.As(err, &es) {
-		return es
-	}
-	return Errors{{File: file, Msg: err.Error()}}
 }
