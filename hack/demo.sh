@@ -56,7 +56,7 @@ if [ "${DEMO_FAST:-0}" != 1 ]; then
   gpuimage build profiles/tiny.yaml --out "$work/images" --key "$work/sign.pem"
   img=$(ls "$work/images" | head -1)
   gpuimage verify "$work/images/$img" --pubkey "$work/sign.pub.pem"
-  gpuimage inspect "$work/images/$img" | head -20
+  gpuimage inspect "$work/images/$img" | sed -n 1,20p
 fi
 
 step "Done"
