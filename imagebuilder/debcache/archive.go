@@ -96,7 +96,7 @@ func (c *Cache) Import(r io.Reader) (added, present int, err error) {
 		}
 		sum := m[1]
 		if c.Has(sum) {
-			if got, _, _ := fileSHA256(c.Path(sum)); got == sum {
+			if got, _ := fileSHA256(c.Path(sum)); got == sum {
 				present++
 				continue
 			}

@@ -7,6 +7,8 @@
 package debcache
 
 import (
+	"github.com/gpurack/gpurack/internal/manifest"
+
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -42,22 +44,17 @@ func (c *Cache) Has(sum string) bool {
 	return err == nil
 }
 
-func fileSHA256(path string) (string, int64, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return "", 0, err
-	}
-	defer f.Close()
-	h := sha256.New()
-	n, err := io.Copy(h, f)
-	return hex.EncodeToString(h.Sum(nil)), n, err
+// fileSHA256 is the lowercase hex sha256 of the file at path.
+func fileSHA256(path string) (string, error) {
+	d, err := manifest.DigestFile(path)
+	return d.SHA256, err
 }
 
 // Get returns the path of a verified copy of lp, fetching it from the first of bases
 // (archive base URLs) that has it when the cache lacks it or holds a corrupted copy.
 func (c *Cache) Get(ctx context.Context, lp profile.LockedPackage, bases []string) (string, error) {
 	path := c.Path(lp.SHA256)
-	if sum, _, err := fileSHA256(path); err == nil {
+	if sum, err := fileSHA256(path); err == nil {
 		if sum == lp.SHA256 {
 			return path, nil
 		}

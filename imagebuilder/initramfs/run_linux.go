@@ -1,6 +1,8 @@
 package initramfs
 
 import (
+	"github.com/gpurack/gpurack/internal/manifest"
+
 	"bufio"
 	"context"
 	"crypto/sha256"
@@ -122,7 +124,7 @@ func run(con *Console, cfg *Config) error {
 				"no rootfs: gpurack.rootfs= is not on the kernel command line and none is packed in the initramfs at %s", PackedRootfs)
 		}
 		con.Printf("using the rootfs packed in the initramfs")
-		sum, _, err := fileSHA256(PackedRootfs)
+		sum, err := fileSHA256(PackedRootfs)
 		if err != nil {
 			return err
 		}
@@ -342,15 +344,10 @@ func downloadOnce(con *Console, client *http.Client, url, dst string) (string, i
 	return hex.EncodeToString(h.Sum(nil)), done, nil
 }
 
-func fileSHA256(path string) (string, int64, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return "", 0, err
-	}
-	defer f.Close()
-	h := sha256.New()
-	n, err := io.Copy(h, f)
-	return hex.EncodeToString(h.Sum(nil)), n, err
+// fileSHA256 is the lowercase hex sha256 of the file at path.
+func fileSHA256(path string) (string, error) {
+	d, err := manifest.DigestFile(path)
+	return d.SHA256, err
 }
 
 const (
