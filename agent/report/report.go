@@ -9,12 +9,11 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"google.golang.org/protobuf/encoding/protojson"
-
 	"github.com/gpurack/gpurack/agent/checks"
 	"github.com/gpurack/gpurack/agent/facts"
 	"github.com/gpurack/gpurack/agent/monitor"
 	"github.com/gpurack/gpurack/agent/protoconv"
+	"github.com/gpurack/gpurack/internal/pbjson"
 )
 
 // Formats lists the supported formats.
@@ -28,11 +27,11 @@ func Write(w io.Writer, format string, c *monitor.Checklist, id facts.Identity, 
 	case "md":
 		return markdown(w, c)
 	case "json":
-		b, err := protojson.MarshalOptions{Multiline: true, Indent: "  "}.Marshal(protoconv.Checklist(c, id, imageID, ""))
+		b, err := pbjson.Marshal(protoconv.Checklist(c, id, imageID, ""))
 		if err != nil {
 			return err
 		}
-		_, err = fmt.Fprintf(w, "%s\n", b)
+		_, err = w.Write(b)
 		return err
 	}
 	return fmt.Errorf("unknown format %q; use %s", format, strings.Join(Formats, ", "))

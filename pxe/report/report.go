@@ -13,11 +13,11 @@ import (
 	"strings"
 	"time"
 
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
 	machinev1 "github.com/gpurack/gpurack/api/machine/v1"
+	"github.com/gpurack/gpurack/internal/pbjson"
 )
 
 // Build returns the report data for rack from machines (any rack; others and
@@ -149,8 +149,8 @@ func Render(d *bootv1.RackReportData, f bootv1.ReportFormat) (content []byte, co
 	case bootv1.ReportFormat_REPORT_FORMAT_UNSPECIFIED, bootv1.ReportFormat_REPORT_FORMAT_MARKDOWN:
 		return markdown(d), "text/markdown; charset=utf-8", base + ".md", nil
 	case bootv1.ReportFormat_REPORT_FORMAT_JSON:
-		b, err := protojson.MarshalOptions{Multiline: true, Indent: "  "}.Marshal(d)
-		return append(b, '\n'), "application/json", base + ".json", err
+		b, err := pbjson.Marshal(d)
+		return b, "application/json", base + ".json", err
 	case bootv1.ReportFormat_REPORT_FORMAT_HTML:
 		var buf bytes.Buffer
 		err := htmlTemplate.Execute(&buf, view(d))

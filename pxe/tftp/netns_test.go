@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -25,6 +26,19 @@ func counterValue(c prometheus.Counter) float64 {
 		return -1
 	}
 	return m.GetCounter().GetValue()
+}
+
+// eventually polls read until it returns want or 5 s pass, and returns the
+// last value read. Server-side counters trail the client's exit.
+func eventually(read func() float64, want float64) float64 {
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		got := read()
+		if got == want || time.Now().After(deadline) {
+			return got
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // ipxeDir skips the test unless the Debian ipxe package is installed.
@@ -107,7 +121,9 @@ func TestTFTPWithRealClients(t *testing.T) {
 			if !strings.Contains(log, "got option=(tsize) value=("+itoa(len(want))+")") {
 				t.Errorf("tsize %d not acknowledged:\n%s", len(want), log)
 			}
-			if got := counterValue(m.Bytes); got != float64(len(want)) {
+			// The client exits once it has sent its last ACK; the server
+			// counts the bytes when it receives that ACK, a moment later.
+			if got := eventually(func() float64 { return counterValue(m.Bytes) }, float64(len(want))); got != float64(len(want)) {
 				t.Errorf("bytes counter %v; want %d", got, len(want))
 			}
 			if single {
@@ -125,7 +141,7 @@ func TestTFTPWithRealClients(t *testing.T) {
 			if fi, err := os.Stat(filepath.Join(tmp, "passwd")); err == nil && fi.Size() > 0 {
 				t.Errorf("../../etc/passwd was served (%d bytes)", fi.Size())
 			}
-			if got := counterValue(m.Transfers.WithLabelValues("refused")); got != 1 {
+			if got := eventually(func() float64 { return counterValue(m.Transfers.WithLabelValues("refused")) }, 1); got != 1 {
 				t.Errorf("refused counter %v; want 1", got)
 			}
 			t.Logf("tftp-hpa: %s", strings.TrimSpace(string(outb)))
