@@ -42,7 +42,31 @@ func DKMSPackage(p *profile.Profile) string {
 	return "nvidia-open-kernel-dkms"
 }
 
-var buildInputRE = regexp.MustCompile(`^(nvidia(-open)?-kernel-dkms|nvidia-kernel-support|linux-headers-|linux-kbuild-)`)
+// ChrootTools are installed in the module build chroot besides minbase and the
+// kernel headers, which pull in the compiler the kernel was built with (gcc-12 for
+// bookworm, gcc-14 for trixie) through linux-compiler-gcc-*.
+var ChrootTools = []string{"make", "libc6-dev", "binutils"}
+
+// resolveBuild locks the build-only inputs of the NVIDIA modules: a build chroot of the
+// profile's own suite (minbase, ChrootTools and linux-headers-KVER with everything they
+// depend on) plus the driver's DKMS source package, which is unpacked into that chroot
+// rather than installed (its maintainer scripts would run dkms).
+func resolveBuild(ctx context.Context, e *Env, p *profile.Profile, kver string) ([]profile.LockedPackage, error) {
+	chroot, err := e.Simulate(ctx, append(append(append([]string{}, minbase...), ChrootTools...), "linux-headers-"+kver))
+	if err != nil {
+		return nil, fmt.Errorf("module build chroot for kernel %s: %w", kver, err)
+	}
+	src, err := e.Simulate(ctx, []string{DKMSPackage(p) + "=" + p.GPU.Driver.Version + "-*"})
+	if err != nil {
+		return nil, fmt.Errorf("driver %s %s: %w", p.GPU.Driver.Version, p.GPU.Driver.Flavor, err)
+	}
+	for _, s := range src {
+		if s.Name == DKMSPackage(p) {
+			chroot = append(chroot, s)
+		}
+	}
+	return e.Lock(ctx, dedupe(chroot))
+}
 
 // Resolve resolves p into a lock against the sources of e. e.Update must have run.
 func Resolve(ctx context.Context, e *Env, p *profile.Profile) (*profile.Lock, error) {
@@ -82,17 +106,7 @@ func Resolve(ctx context.Context, e *Env, p *profile.Profile) (*profile.Lock, er
 	var build []profile.LockedPackage
 	if p.HasGPU() {
 		kver := strings.TrimPrefix(kernel[0].Name, "linux-image-")
-		binst, err := e.Simulate(ctx, []string{DKMSPackage(p) + "=" + p.GPU.Driver.Version + "-*", "linux-headers-" + kver})
-		if err != nil {
-			return nil, fmt.Errorf("driver %s %s: %w", p.GPU.Driver.Version, p.GPU.Driver.Flavor, err)
-		}
-		var keep []Installed
-		for _, b := range binst {
-			if buildInputRE.MatchString(b.Name) {
-				keep = append(keep, b)
-			}
-		}
-		if build, err = e.Lock(ctx, dedupe(keep)); err != nil {
+		if build, err = resolveBuild(ctx, e, p, kver); err != nil {
 			return nil, err
 		}
 		if err := checkDriverFamily(p, append(append([]profile.LockedPackage{}, pkgs...), build...)); err != nil {

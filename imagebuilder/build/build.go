@@ -212,7 +212,12 @@ func Build(ctx context.Context, o Options) (*Result, error) {
 	kver := strings.TrimPrefix(filepath.Base(vmlinuz[0]), "vmlinuz-")
 	modDir := filepath.Join(kdir, "lib", "modules", kver)
 	if _, err := os.Stat(modDir); err != nil {
+		// A merged-/usr kernel package (trixie) ships /usr/lib/modules; the
+		// host's depmod -b looks under BASE/lib/modules.
 		modDir = filepath.Join(kdir, "usr", "lib", "modules", kver)
+		if err := os.Symlink("usr/lib", filepath.Join(kdir, "lib")); err != nil && !os.IsExist(err) {
+			return nil, err
+		}
 	}
 	if err := run(ctx, "", "depmod", "-b", kdir, kver); err != nil {
 		return nil, err
@@ -240,7 +245,7 @@ func Build(ctx context.Context, o Options) (*Result, error) {
 		if err != nil {
 			return nil, err
 		}
-		out, vermagic, err := nvidiaModules(ctx, o.Cache, p, lock, kver, kernelPkg.Version, buildDebs, kernelVermagic, rep)
+		out, vermagic, err := nvidiaModules(ctx, o.Cache, work, p, lock, kver, kernelPkg.Version, buildDebs, kernelVermagic, epoch, rep)
 		if err != nil {
 			return nil, err
 		}

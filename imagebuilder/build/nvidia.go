@@ -5,16 +5,21 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
+	"sort"
+	"strconv"
 	"strings"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/gpurack/gpurack/imagebuilder/apt"
+	"github.com/gpurack/gpurack/imagebuilder/debcache"
 	"github.com/gpurack/gpurack/imagebuilder/kmod"
+	"github.com/gpurack/gpurack/imagebuilder/rootfs"
 	"github.com/gpurack/gpurack/internal/profile"
 )
 
-// kmodRoot is the fixed path module builds run under, so that paths compiled into the
-// modules are the same on every build host.
+// kmodRoot holds the module build chroots, at a fixed path so that paths compiled into
+// the modules are the same on every build host.
 const kmodRoot = "/var/tmp/gpurack-kmod"
 
 // checkDriverInputs fails, naming what is missing, unless the lock holds the driver's
@@ -55,37 +60,20 @@ func hasBuild(l *profile.Lock, name string) bool {
 }
 
 // nvidiaModules returns the directory with the built modules (cached by kernel ×
-// driver × flavor) and their vermagic, checked against the kernel's.
-func nvidiaModules(ctx context.Context, cache string, p *profile.Profile, l *profile.Lock, kver, kpkgVersion string, debs map[string]string, kernelVermagic string, rep *Reporter) (string, string, error) {
+// driver × flavor) and their vermagic, checked against the kernel's. On a cache miss
+// it makes the build chroot of the profile's own suite with mmdebstrap from the lock's
+// build inputs, unpacks the DKMS sources into it and compiles there, so the compiler is
+// the suite's (trixie's kernel needs trixie's gcc-14), whatever the host runs.
+func nvidiaModules(ctx context.Context, cache, work string, p *profile.Profile, l *profile.Lock, kver, kpkgVersion string, debs map[string]string, kernelVermagic string, epoch int64, rep *Reporter) (string, string, error) {
 	key := kmod.Key{Kernel: kver, Driver: p.GPU.Driver.Version, Flavor: p.GPU.Driver.Flavor}
 	out := filepath.Join(cache, "kmod", key.String())
 	if _, err := os.Stat(filepath.Join(out, kmod.Modules[0])); err != nil {
-		if host := hostCodename(); host != "" && host != p.Base.Suite {
-			return "", "", fmt.Errorf("NVIDIA modules for %s kernel %s must be compiled with %s's compiler, and this host runs %s; building in a %s chroot is not implemented yet: build this profile on a %s host",
-				p.Base.Suite, kver, p.Base.Suite, host, p.Base.Suite, p.Base.Suite)
-		}
-		root := filepath.Join(kmodRoot, key.String())
-		os.RemoveAll(root)
-		if err := os.MkdirAll(root, 0o755); err != nil {
-			return "", "", err
-		}
-		defer os.RemoveAll(root)
-		for _, lp := range l.Build {
-			if err := run(ctx, "", "dpkg-deb", "-x", debs[lp.Name], root); err != nil {
-				return "", "", err
-			}
-		}
-		srcs, _ := filepath.Glob(filepath.Join(root, "usr/src", "nvidia-current*-"+p.GPU.Driver.Version))
-		arch := filepath.Join(root, "usr/src", "linux-headers-"+kver)
-		commons, _ := filepath.Glob(filepath.Join(root, "usr/src", "linux-headers-*-common"))
-		if len(srcs) != 1 || len(commons) != 1 {
-			return "", "", fmt.Errorf("the build inputs hold %d driver source trees and %d common header trees, want 1 each (re-lock)", len(srcs), len(commons))
-		}
-		rep.Logf("compiling NVIDIA %s %s modules for %s (minutes; cached afterwards in %s)", key.Driver, key.Flavor, kver, out)
-		if err := kmod.Build(ctx, key, kpkgVersion, srcs[0], commons[0], arch, out); err != nil {
+		if err := buildModules(ctx, work, p, l, key, kpkgVersion, debs, out, epoch, rep); err != nil {
 			os.RemoveAll(out)
 			return "", "", err
 		}
+	} else {
+		rep.Logf("NVIDIA %s %s modules for %s: cached in %s", key.Driver, key.Flavor, kver, out)
 	}
 	vms := map[string]string{}
 	for _, m := range kmod.Modules {
@@ -105,12 +93,52 @@ func nvidiaModules(ctx context.Context, cache string, p *profile.Profile, l *pro
 	return out, kernelVermagic, nil
 }
 
-var codenameRE = regexp.MustCompile(`(?m)^VERSION_CODENAME=(\S+)$`)
-
-func hostCodename() string {
-	data, _ := os.ReadFile("/etc/os-release")
-	if m := codenameRE.FindSubmatch(data); m != nil {
-		return string(m[1])
+func buildModules(ctx context.Context, work string, p *profile.Profile, l *profile.Lock, key kmod.Key, kpkgVersion string, debs map[string]string, out string, epoch int64, rep *Reporter) error {
+	if err := os.MkdirAll(kmodRoot, 0o755); err != nil {
+		return err
 	}
-	return ""
+	// One build per key at a time: the chroot path is fixed.
+	lockf, err := os.OpenFile(filepath.Join(kmodRoot, key.String()+".lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return err
+	}
+	defer lockf.Close()
+	if err := unix.Flock(int(lockf.Fd()), unix.LOCK_EX); err != nil {
+		return err
+	}
+	root := filepath.Join(kmodRoot, key.String())
+	os.RemoveAll(root)
+	defer os.RemoveAll(root)
+
+	dkms := apt.DKMSPackage(p)
+	chroot := map[string]profile.LockedPackage{}
+	var names []string
+	for _, lp := range l.Build {
+		if lp.Name == dkms {
+			continue
+		}
+		chroot[debs[lp.Name]] = lp
+		names = append(names, lp.Name)
+	}
+	sort.Strings(names)
+	repo := filepath.Join(work, "kmod-repo")
+	if err := debcache.WriteRepo(repo, p.Base.Suite, chroot); err != nil {
+		return err
+	}
+	rep.Logf("module build chroot: %s %s with %d locked packages (mmdebstrap)", p.Base.Distro, p.Base.Suite, len(names))
+	mm := &rootfs.Mmdebstrap{Suite: p.Base.Suite, Repo: repo, Packages: names, Epoch: epoch, Out: root, Directory: true,
+		Log: func(line string) { rep.Progress("%s", truncate(line, 100)) }}
+	if err := mm.Run(ctx); err != nil {
+		return fmt.Errorf("module build chroot: %w", err)
+	}
+	if err := run(ctx, "", "dpkg-deb", "-x", debs[dkms], root); err != nil {
+		return err
+	}
+	srcs, _ := filepath.Glob(filepath.Join(root, "usr/src", "nvidia-current*-"+p.GPU.Driver.Version))
+	if len(srcs) != 1 {
+		return fmt.Errorf("%s unpacked %d driver source trees under /usr/src, want 1 (re-lock)", dkms, len(srcs))
+	}
+	rep.Logf("compiling NVIDIA %s %s modules for %s in the %s chroot (minutes; cached afterwards in %s)", key.Driver, key.Flavor, key.Kernel, p.Base.Suite, out)
+	env := []string{"SOURCE_DATE_EPOCH=" + strconv.FormatInt(epoch, 10)}
+	return kmod.Build(ctx, key, kpkgVersion, root, strings.TrimPrefix(srcs[0], root), out, env)
 }

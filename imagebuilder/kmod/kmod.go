@@ -15,6 +15,8 @@ import (
 	"regexp"
 	"runtime"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // Key identifies one module build.
@@ -81,45 +83,56 @@ func tail(s string, n int) string {
 	return strings.Join(l, "\n")
 }
 
-// Build compiles the modules of src (the extracted DKMS source tree) against the
-// extracted headers (common = linux-headers-<abi>-common, arch =
-// linux-headers-<abi>-amd64) into out, unless out already holds them. The headers'
-// Makefile includes the common tree by absolute /usr/src path; it is re-pointed at the
-// extracted copy.
-func Build(ctx context.Context, k Key, kernelPkgVersion, src, common, arch, out string) error {
+// Build compiles the modules of src (the DKMS source tree, a path inside root) in the
+// build chroot root against the image kernel's headers, which are installed there at
+// /usr/src/linux-headers-KVER, and writes them, stripped of debug information, to out
+// (outside root), unless out already holds them. The compiler is the chroot's, the one
+// of the profile's own suite, never the host's. env is the build environment
+// (SOURCE_DATE_EPOCH and the like).
+func Build(ctx context.Context, k Key, kernelPkgVersion, root, src, out string, env []string) error {
 	if haveAll(out) {
 		return nil
 	}
-	mk := filepath.Join(arch, "Makefile")
-	data, err := os.ReadFile(mk)
+	arch := "/usr/src/linux-headers-" + k.Kernel
+	mk, err := os.ReadFile(filepath.Join(root, arch, "Makefile"))
 	if err != nil {
-		return fmt.Errorf("kernel headers %s: %v", arch, err)
+		return fmt.Errorf("kernel headers for %s are not in the build chroot: %v", k.Kernel, err)
 	}
-	data = regexp.MustCompile(`(?m)^include /usr/src/linux-headers-[^/\s]+/Makefile`).ReplaceAll(data, []byte("include "+common+"/Makefile"))
-	if err := os.WriteFile(mk, data, 0o644); err != nil {
+	common := CommonTree(mk, arch)
+	if err := devNodes(root); err != nil {
 		return err
 	}
-	cmd := exec.CommandContext(ctx, "make", fmt.Sprintf("-j%d", runtime.NumCPU()), "modules", "SYSSRC="+common, "SYSOUT="+arch)
-	cmd.Dir = src
 	var log bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &log, &log
-	if err := cmd.Run(); err != nil {
+	chroot := func(args ...string) error {
+		cmd := exec.CommandContext(ctx, "chroot", append([]string{root}, args...)...)
+		cmd.Env = append([]string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C", "HOME=/root"}, env...)
+		cmd.Stdout, cmd.Stderr = &log, &log
+		return cmd.Run()
+	}
+	if err := chroot("make", "-C", src, fmt.Sprintf("-j%d", runtime.NumCPU()), "modules", "SYSSRC="+common, "SYSOUT="+arch); err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
 		return Incompatibility(k, kernelPkgVersion, log.String())
 	}
-	if err := os.MkdirAll(out, 0o755); err != nil {
-		return err
-	}
 	built := map[string]string{}
-	filepath.WalkDir(src, func(path string, d os.DirEntry, err error) error {
+	filepath.WalkDir(filepath.Join(root, src), func(path string, d os.DirEntry, err error) error {
 		if err == nil && !d.IsDir() && strings.HasSuffix(path, ".ko") {
 			name := filepath.Base(path)
 			if deb, ok := upstream[name]; ok {
 				name = deb
 			}
-			built[name] = path
+			built[name] = strings.TrimPrefix(path, root)
 		}
 		return nil
 	})
+	stripped := filepath.Join(src, ".gpurack-stripped")
+	if err := os.MkdirAll(filepath.Join(root, stripped), 0o755); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		return err
+	}
 	for _, m := range Modules {
 		from, ok := built[m]
 		if !ok {
@@ -128,8 +141,48 @@ func Build(ctx context.Context, k Key, kernelPkgVersion, src, common, arch, out 
 			}
 			return fmt.Errorf("NVIDIA driver %s (%s): the build produced no %s (it produced %d modules)", k.Driver, k.Flavor, m, len(built))
 		}
-		if err := exec.CommandContext(ctx, "strip", "--strip-debug", "-o", filepath.Join(out, m), from).Run(); err != nil {
-			return fmt.Errorf("strip %s: %v", from, err)
+		if err := chroot("strip", "--strip-debug", "-o", filepath.Join(stripped, m), from); err != nil {
+			return fmt.Errorf("strip %s: %v\n%s", from, err, tail(log.String(), 5))
+		}
+		data, err := os.ReadFile(filepath.Join(root, stripped, m))
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(out, m), data, 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// includeRE finds the common header tree that Debian's per-flavour headers include.
+var includeRE = regexp.MustCompile(`(?m)^include (/usr/src/linux-headers-[^/\s]+)/Makefile`)
+
+// CommonTree returns the common header tree that the per-flavour headers' Makefile
+// (at arch) includes, the driver's SYSSRC; arch itself when it includes none.
+func CommonTree(makefile []byte, arch string) string {
+	if m := includeRE.FindSubmatch(makefile); m != nil {
+		return string(m[1])
+	}
+	return arch
+}
+
+// devNodes makes sure the chroot has the character devices kbuild and gcc open.
+func devNodes(root string) error {
+	for _, d := range []struct {
+		name         string
+		major, minor uint32
+	}{{"null", 1, 3}, {"zero", 1, 5}, {"urandom", 1, 9}} {
+		path := filepath.Join(root, "dev", d.name)
+		if fi, err := os.Stat(path); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
+			continue
+		}
+		os.Remove(path)
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			return err
+		}
+		if err := unix.Mknod(path, unix.S_IFCHR|0o666, int(unix.Mkdev(d.major, d.minor))); err != nil {
+			return fmt.Errorf("build chroot: mknod /dev/%s: %v (module builds need root)", d.name, err)
 		}
 	}
 	return nil

@@ -28,3 +28,13 @@ nvidia/nv-pci.c:223:9: error: too few arguments to function 'pci_resize_resource
 		}
 	}
 }
+
+func TestCommonTree(t *testing.T) {
+	mk := []byte("# automatically generated\nMAKEARGS := -C /usr/src/linux-headers-6.1.0-50-common O=/usr/src/linux-headers-6.1.0-50-amd64\ninclude /usr/src/linux-headers-6.1.0-50-common/Makefile\n")
+	if got := CommonTree(mk, "/usr/src/linux-headers-6.1.0-50-amd64"); got != "/usr/src/linux-headers-6.1.0-50-common" {
+		t.Errorf("CommonTree = %q", got)
+	}
+	if got := CommonTree([]byte("VERSION = 6\n"), "/usr/src/linux-headers-x"); got != "/usr/src/linux-headers-x" {
+		t.Errorf("CommonTree without include = %q", got)
+	}
+}

@@ -27,7 +27,10 @@ type Mmdebstrap struct {
 	Overlay  string
 	Commands []string
 	Epoch    int64
-	Out      string // a .tar
+	Out      string // a .tar, or an empty or absent directory when Directory is set
+	// Directory writes a plain directory tree (the module build chroot) instead
+	// of a tarball.
+	Directory bool
 	// Log receives mmdebstrap's output lines.
 	Log func(string)
 }
@@ -40,8 +43,12 @@ func (m *Mmdebstrap) Run(ctx context.Context) error {
 	if os.Geteuid() != 0 {
 		return fmt.Errorf("building a root filesystem needs root (mmdebstrap --mode=root runs maintainer scripts in a chroot); run gpuimage build as root")
 	}
+	format := "tar"
+	if m.Directory {
+		format = "directory"
+	}
 	args := []string{
-		"--mode=root", "--variant=minbase", "--format=tar", "--architectures=amd64",
+		"--mode=root", "--variant=minbase", "--format=" + format, "--architectures=amd64",
 		"--include=" + strings.Join(m.Packages, ","),
 		"--aptopt=Acquire::Languages \"none\"",
 		"--dpkgopt=path-exclude=/usr/share/man/*",
@@ -50,7 +57,9 @@ func (m *Mmdebstrap) Run(ctx context.Context) error {
 		"--dpkgopt=path-exclude=/usr/share/doc/*",
 		"--dpkgopt=path-include=/usr/share/doc/*/copyright",
 		"--dpkgopt=path-exclude=/usr/share/info/*",
-		"--customize-hook=cp -a " + shellQuote(m.Overlay) + "/. \"$1\"/",
+	}
+	if m.Overlay != "" {
+		args = append(args, "--customize-hook=cp -a "+shellQuote(m.Overlay)+"/. \"$1\"/")
 	}
 	for _, c := range m.Commands {
 		args = append(args, "--customize-hook="+c)

@@ -169,10 +169,15 @@ func enrollToReady(t testing.TB, mac, node string) *enrolled {
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "agent.sock")
 	listen := freePort(t)
+	// The console is a terminal the agent appends to; a file stands in for it.
+	if err := os.WriteFile(filepath.Join(dir, "console"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	d := startDaemon(t, nil, "--gpu-backend", "sim:dgxh100", "--profile", h100Profile,
 		"--enroll", g.tls, "--enroll-ca", g.pin, "--key-dir", filepath.Join(dir, "run"),
 		"--facts-root", e2eFactsRoot(t, mac, "SN-"+strings.ReplaceAll(mac, ":", "")),
-		"--listen", listen, "--metrics-listen", "", "--socket", sock, "--interval", "1s", "--clear-after", "1s")
+		"--listen", listen, "--metrics-listen", "", "--socket", sock, "--interval", "1s", "--clear-after", "1s",
+		"--console", filepath.Join(dir, "console"))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	t.Cleanup(cancel)
 
@@ -189,6 +194,10 @@ func enrollToReady(t testing.TB, mac, node string) *enrolled {
 	})
 	if st := e.enrollment(); !strings.HasPrefix(st.GetKeyFingerprint(), "sha256:") || st.GetEndpoint() != g.tls {
 		t.Errorf("enrollment status %v", st)
+	}
+	// Whoever watches the machine's console sees the wait and the key to approve.
+	if con, _ := os.ReadFile(filepath.Join(dir, "console")); !strings.Contains(string(con), "gpuagent: waiting for approval") || !strings.Contains(string(con), "key sha256:") {
+		t.Errorf("console lacks the waiting-for-approval line with the key:\n%s", con)
 	}
 	// The pre-approval facts and checklist reach gpuboot before anyone approves.
 	waitUntil(t, 30*time.Second, "machine registered in gpuboot", func() bool {

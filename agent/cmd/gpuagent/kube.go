@@ -4,12 +4,15 @@ import (
 	"context"
 	"crypto/ed25519"
 	"crypto/tls"
+	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"path/filepath"
 	"runtime"
 	"sort"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/coreos/go-systemd/v22/daemon"
@@ -118,6 +121,7 @@ func (j *joiner) enrollAndJoin(ctx context.Context, target enroll.Target, withBu
 			if st != prev {
 				j.log.Info("enrollment", "state", st.String(), "message", msg, "machine_state", ms)
 				daemon.SdNotify(false, "STATUS="+msg)
+				consoleLine(j.f.console, fmt.Sprintf("gpuagent: %s (gpuboot %s, key %s)", msg, target.Endpoint, fp))
 			}
 			if st == agentv1.EnrollmentState_ENROLLMENT_STATE_WAITING_FOR_APPROVAL || st == agentv1.EnrollmentState_ENROLLMENT_STATE_APPROVED {
 				hbOnce.Do(func() { close(hbStart) })
@@ -410,4 +414,18 @@ func taints(b *bootv1.JoinBundle) []corev1.Taint {
 		out = append(out, corev1.Taint{Key: t.GetKey(), Value: t.GetValue(), Effect: corev1.TaintEffect(t.GetEffect())})
 	}
 	return out
+}
+
+// consoleLine writes line to the terminal at path (the machine's console), if any. It
+// is best effort: the journal holds the same message.
+func consoleLine(path, line string) {
+	if path == "" {
+		return
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|syscall.O_NOCTTY, 0)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	fmt.Fprintf(f, "\r%s\r\n", line)
 }

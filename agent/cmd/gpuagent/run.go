@@ -52,6 +52,7 @@ type runFlags struct {
 	factsRoot     string
 	kubeletDir    string
 	cgroupRoot    string
+	console       string
 }
 
 func newRunCommand() *cobra.Command {
@@ -81,6 +82,7 @@ the commissioning report and heartbeats.`,
 	fs.BoolVar(&f.insecure, "insecure", false, "serve gRPC on --listen without TLS (labs only)")
 	fs.StringVar(&f.joinBundle, "join-bundle", "", "protojson JoinBundle file: node name, agent certificate, gossip settings")
 	fs.StringVar(&f.keyDir, "key-dir", joinbundle.DefaultKeyDir, "directory of the agent's enrollment key")
+	fs.StringVar(&f.console, "console", "", "also write enrollment progress (\"waiting for approval\" and the key to approve) to this terminal, for whoever watches the machine's screen or serial console; the unit sets /dev/console")
 	fs.DurationVar(&f.interval, "interval", 10*time.Second, "time between continuous checklist runs")
 	fs.DurationVar(&f.clearAfter, "clear-after", 30*time.Second, "how long checks must stay better before health clears (hysteresis)")
 	fs.StringVar(&f.kmsg, "kmsg", "auto", "kernel log for NVRM Xid lines: a path, off, or auto (/dev/kmsg with the nvml backend)")

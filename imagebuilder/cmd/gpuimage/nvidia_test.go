@@ -38,9 +38,6 @@ func TestNvidiaImages(t *testing.T) {
 			mustRun(t, "keygen", priv, pub)
 			start := time.Now()
 			out, errOut, code := runGPUImage("build", prof, "--out", filepath.Join(tmp, "store"), "--cache", cache, "--key", priv, "--src", root, "--k8s-dir", k8s)
-			if code != 0 && strings.Contains(errOut, "is not implemented yet") {
-				t.Skipf("skipping: %s", lastLines(errOut, 1))
-			}
 			if code != 0 {
 				t.Fatalf("build: exit %d\n%s", code, lastLines(out+errOut, 40))
 			}
