@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -140,5 +141,17 @@ func buildModules(ctx context.Context, work string, p *profile.Profile, l *profi
 	}
 	rep.Logf("compiling NVIDIA %s %s modules for %s in the %s chroot (minutes; cached afterwards in %s)", key.Driver, key.Flavor, key.Kernel, p.Base.Suite, out)
 	env := []string{"SOURCE_DATE_EPOCH=" + strconv.FormatInt(epoch, 10)}
-	return kmod.Build(ctx, key, kpkgVersion, root, strings.TrimPrefix(srcs[0], root), out, env)
+	start, lastLog := time.Now(), time.Now()
+	progress := func(objects int) {
+		rep.Progress("compiled %d objects (%s)", objects, time.Since(start).Round(time.Second))
+		if !rep.TTY && time.Since(lastLog) >= time.Minute {
+			lastLog = time.Now()
+			rep.Logf("still compiling: %d objects in %s", objects, time.Since(start).Round(time.Second))
+		}
+	}
+	if err := kmod.Build(ctx, key, kpkgVersion, root, strings.TrimPrefix(srcs[0], root), out, env, progress); err != nil {
+		return err
+	}
+	rep.Logf("compiled the NVIDIA modules in %s", time.Since(start).Round(time.Second))
+	return nil
 }

@@ -88,8 +88,9 @@ func tail(s string, n int) string {
 // /usr/src/linux-headers-KVER, and writes them, stripped of debug information, to out
 // (outside root), unless out already holds them. The compiler is the chroot's, the one
 // of the profile's own suite, never the host's. env is the build environment
-// (SOURCE_DATE_EPOCH and the like).
-func Build(ctx context.Context, k Key, kernelPkgVersion, root, src, out string, env []string) error {
+// (SOURCE_DATE_EPOCH and the like). progress, if set, is called with the number of
+// objects compiled so far as kbuild reports each one.
+func Build(ctx context.Context, k Key, kernelPkgVersion, root, src, out string, env []string, progress func(objects int)) error {
 	if haveAll(out) {
 		return nil
 	}
@@ -103,10 +104,11 @@ func Build(ctx context.Context, k Key, kernelPkgVersion, root, src, out string, 
 		return err
 	}
 	var log bytes.Buffer
+	w := &objectCounter{buf: &log, fn: progress}
 	chroot := func(args ...string) error {
 		cmd := exec.CommandContext(ctx, "chroot", append([]string{root}, args...)...)
 		cmd.Env = append([]string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C", "HOME=/root"}, env...)
-		cmd.Stdout, cmd.Stderr = &log, &log
+		cmd.Stdout, cmd.Stderr = w, w
 		return cmd.Run()
 	}
 	if err := chroot("make", "-C", src, fmt.Sprintf("-j%d", runtime.NumCPU()), "modules", "SYSSRC="+common, "SYSOUT="+arch); err != nil {
@@ -195,4 +197,31 @@ func haveAll(out string) bool {
 		}
 	}
 	return true
+}
+
+// objectCounter keeps kbuild's output and counts its "CC [M]" lines.
+type objectCounter struct {
+	buf  *bytes.Buffer
+	fn   func(int)
+	n    int
+	line []byte
+}
+
+func (c *objectCounter) Write(b []byte) (int, error) {
+	c.buf.Write(b)
+	c.line = append(c.line, b...)
+	for {
+		i := bytes.IndexByte(c.line, '\n')
+		if i < 0 {
+			break
+		}
+		if bytes.Contains(c.line[:i], []byte("CC [M]")) {
+			c.n++
+			if c.fn != nil {
+				c.fn(c.n)
+			}
+		}
+		c.line = c.line[i+1:]
+	}
+	return len(b), nil
 }

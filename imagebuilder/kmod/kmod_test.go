@@ -1,6 +1,7 @@
 package kmod
 
 import (
+	"bytes"
 	"strings"
 	"testing"
 )
@@ -36,5 +37,16 @@ func TestCommonTree(t *testing.T) {
 	}
 	if got := CommonTree([]byte("VERSION = 6\n"), "/usr/src/linux-headers-x"); got != "/usr/src/linux-headers-x" {
 		t.Errorf("CommonTree without include = %q", got)
+	}
+}
+
+func TestObjectCounter(t *testing.T) {
+	var log bytes.Buffer
+	var seen []int
+	c := &objectCounter{buf: &log, fn: func(n int) { seen = append(seen, n) }}
+	c.Write([]byte("make -C /usr/src/linux-headers-x\n  CC [M]  nvidia/nv.o\n  CC [M]  nvi"))
+	c.Write([]byte("dia/nv-pci.o\n  LD [M]  nvidia.o\n"))
+	if len(seen) != 2 || seen[1] != 2 || !strings.Contains(log.String(), "LD [M]  nvidia.o") {
+		t.Fatalf("counted %v; log %q", seen, log.String())
 	}
 }
