@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
+	"github.com/gpurack/gpurack/internal/atomicfile"
 	"github.com/gpurack/gpurack/internal/pki"
 )
 
@@ -126,4 +127,36 @@ func (c *Credentials) ServerTLS() *tls.Config {
 		ClientCAs:    pool(c.CA),
 		NextProtos:   []string{"h2"},
 	}
+}
+
+// KeptFile is the name, in the key directory, of the bundle the agent keeps.
+const KeptFile = "joinbundle.json"
+
+// Keep stores b in keyDir (mode 0600, atomically) beside the enrollment key. gpuboot
+// releases a bundle once per key (Register then answers BUNDLE_RELEASED), so an agent
+// that systemd restarts must find it again. keyDir is tmpfs (/run/gpurack): a reboot
+// loses both, makes a new key and enrolls again (CONTRACTS §2.8).
+func Keep(b *bootv1.JoinBundle, keyDir string) error {
+	data, err := protojson.Marshal(b)
+	if err != nil {
+		return err
+	}
+	return atomicfile.Write(filepath.Join(keyDir, KeptFile), data, 0o600)
+}
+
+// Kept returns the bundle kept in keyDir and its credentials when it belongs to the
+// key there, or nil and the reason it cannot be used (none kept, another key's, not
+// readable). The bootstrap token's expiry does not matter here: kubelet holds its own
+// credentials by then.
+func Kept(keyDir string) (*bootv1.JoinBundle, *Credentials, error) {
+	path := filepath.Join(keyDir, KeptFile)
+	b, err := Load(path, time.Time{})
+	if err != nil {
+		return nil, nil, err
+	}
+	creds, err := LoadCredentials(b, keyDir)
+	if err != nil {
+		return nil, nil, fmt.Errorf("kept join bundle %s: %w", path, err)
+	}
+	return b, creds, nil
 }

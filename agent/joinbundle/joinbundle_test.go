@@ -127,3 +127,45 @@ func protoClone(t *testing.T, b *bootv1.JoinBundle) *bootv1.JoinBundle {
 	}
 	return &out
 }
+
+// A kept bundle comes back after a restart, even past the bootstrap token's expiry,
+// and only for the key it was issued to.
+func TestKeepAndKept(t *testing.T) {
+	b, dir, kp := fixture(t)
+	der, _ := x509.MarshalPKIXPublicKey(kp.Key.Public())
+	sum := sha256.Sum256(der)
+	b.AgentKeyRef = "sha256:" + hex.EncodeToString(sum[:])
+	if _, _, err := Kept(dir); err == nil {
+		t.Fatal("Kept found a bundle before any was kept")
+	}
+	b.ExpiresAt = timestamppb.New(time.Now().Add(-time.Hour))
+	if err := Keep(b, dir); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(filepath.Join(dir, KeptFile)); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("kept file: %v %v", fi, err)
+	}
+	got, creds, err := Kept(dir)
+	if err != nil || got.GetNodeName() != "node-a" || !creds.Cert.Equal(kp.Cert) {
+		t.Fatalf("Kept: %v %v", got, err)
+	}
+	// A new key (the agent made one) makes the kept bundle unusable.
+	other, err := pki.IssueAgent(mustCA(t), "node-b", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pki.SaveKeyPair(filepath.Join(dir, "agent.pem"), filepath.Join(dir, "agent.key"), other); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := Kept(dir); err == nil || !strings.Contains(err.Error(), "another registration") {
+		t.Errorf("kept bundle with another key: %v", err)
+	}
+}
+
+func mustCA(t *testing.T) *pki.CA {
+	ca, err := pki.NewCA(pki.CARequest{CommonName: "other CA"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ca
+}

@@ -154,6 +154,7 @@ type enrolled struct {
 	local  agentv1.AgentServiceClient // unix socket
 	remote agentv1.AgentServiceClient // TCP, mTLS with the bundle's certificate
 	ctx    context.Context
+	args   []string // the agent's flags, to restart it
 }
 
 // enrollToReady runs the real gpuboot binary with the enroller kubeconfig of a real
@@ -173,11 +174,12 @@ func enrollToReady(t testing.TB, mac, node string) *enrolled {
 	if err := os.WriteFile(filepath.Join(dir, "console"), nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	d := startDaemon(t, nil, "--gpu-backend", "sim:dgxh100", "--profile", h100Profile,
+	args := []string{"--gpu-backend", "sim:dgxh100", "--profile", h100Profile,
 		"--enroll", g.tls, "--enroll-ca", g.pin, "--key-dir", filepath.Join(dir, "run"),
 		"--facts-root", e2eFactsRoot(t, mac, "SN-"+strings.ReplaceAll(mac, ":", "")),
 		"--listen", listen, "--metrics-listen", "", "--socket", sock, "--interval", "1s", "--clear-after", "1s",
-		"--console", filepath.Join(dir, "console"))
+		"--console", filepath.Join(dir, "console")}
+	d := startDaemon(t, nil, args...)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	t.Cleanup(cancel)
 
@@ -187,7 +189,7 @@ func enrollToReady(t testing.TB, mac, node string) *enrolled {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	e := &enrolled{g: g, agent: d, node: node, local: agentv1.NewAgentServiceClient(conn), ctx: ctx}
+	e := &enrolled{g: g, agent: d, node: node, local: agentv1.NewAgentServiceClient(conn), ctx: ctx, args: args}
 	waitUntil(t, 90*time.Second, "waiting for approval", func() bool {
 		st := e.enrollment()
 		return st.GetState() == agentv1.EnrollmentState_ENROLLMENT_STATE_WAITING_FOR_APPROVAL && strings.Contains(st.GetMessage(), "waiting for approval")
@@ -287,6 +289,22 @@ func TestEnrollWithGpuboot(t *testing.T) {
 		t.Errorf("GPUHealthy %s after clearing", s)
 	}
 	e.agent.stop(t)
+
+	// systemd restarts the agent (same boot, same key in /run/gpurack): gpuboot does not
+	// release the bundle twice, so the agent carries on with the one it kept, with no
+	// operator involved.
+	d2 := startDaemon(t, nil, e.args...)
+	waitUntil(t, 90*time.Second, "restarted agent joined again", func() bool {
+		st := e.enrollment()
+		return st.GetState() == agentv1.EnrollmentState_ENROLLMENT_STATE_JOINED && st.GetMachineState() == "ready"
+	})
+	if log := d2.stderr.String(); !strings.Contains(log, "JoinBundle kept from before a restart") || strings.Contains(log, "waiting for approval") {
+		t.Errorf("restarted agent did not use its kept bundle:\n%s", log)
+	}
+	if st, err := e.remote.Status(ctx, &agentv1.StatusRequest{}); err != nil || st.GetNodeName() != e.node {
+		t.Errorf("Status over mTLS after the restart: %v %v", st.GetNodeName(), err)
+	}
+	d2.stop(t)
 }
 
 // BenchmarkFaultToTaint measures an injected XID 79 on an enrolled simulated agent to

@@ -4,7 +4,9 @@ import (
 	"context"
 	"crypto/ed25519"
 	"crypto/tls"
+	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"os"
@@ -173,18 +175,31 @@ func (j *joiner) enrollAndJoin(ctx context.Context, target enroll.Target, withBu
 		}, kick, func(r *bootv1.HeartbeatResponse) { j.enroll.update(enroll.MachineStateWord(r.GetMachineState()), "") })
 	}()
 
-	bundle, err := c.Enroll(ctx)
-	if err != nil {
-		if ctx.Err() == nil {
-			j.log.Error("enrollment ended", "error", err)
+	// gpuboot releases the bundle once per key: after a restart by systemd the agent
+	// uses the one it kept beside its key (both are gone after a reboot).
+	bundle, creds, err := joinbundle.Kept(j.f.keyDir)
+	if err == nil {
+		j.log.Info("JoinBundle kept from before a restart", "node", bundle.GetNodeName(), "api_server", bundle.GetApiServerEndpoint(), "file", filepath.Join(j.f.keyDir, joinbundle.KeptFile))
+		j.enroll.set(agentv1.EnrollmentState_ENROLLMENT_STATE_APPROVED, "approved earlier; using the JoinBundle kept from before the agent restarted")
+		hbOnce.Do(func() { close(hbStart) })
+	} else {
+		if !errors.Is(err, fs.ErrNotExist) {
+			j.log.Warn("kept JoinBundle not used; enrolling", "error", err)
 		}
-		return
-	}
-	j.log.Info("JoinBundle received", "node", bundle.GetNodeName(), "api_server", bundle.GetApiServerEndpoint())
-	creds, err := joinbundle.LoadCredentials(bundle, j.f.keyDir)
-	if err != nil {
-		fail("JoinBundle from gpuboot", err)
-		return
+		if bundle, err = c.Enroll(ctx); err != nil {
+			if ctx.Err() == nil {
+				j.log.Error("enrollment ended", "error", err)
+			}
+			return
+		}
+		j.log.Info("JoinBundle received", "node", bundle.GetNodeName(), "api_server", bundle.GetApiServerEndpoint())
+		if creds, err = joinbundle.LoadCredentials(bundle, j.f.keyDir); err != nil {
+			fail("JoinBundle from gpuboot", err)
+			return
+		}
+		if err := joinbundle.Keep(bundle, j.f.keyDir); err != nil {
+			j.log.Warn("JoinBundle not kept; a restart of the agent will need an operator to re-approve", "error", err)
+		}
 	}
 	if err := c.UseCertificate(tls.Certificate{Certificate: [][]byte{creds.Cert.Raw}, PrivateKey: creds.Key, Leaf: creds.Cert}); err != nil {
 		fail("mutual TLS to gpuboot", err)
