@@ -73,6 +73,10 @@ bench: bench-go bench-pxe bench-image ## every benchmark: Go benchmarks, then th
 bench-image: ## cold and warm gpuimage build of tiny, artifact sizes, squashfs against mksquashfs
 	imagebuilder/hack/bench.sh profiles/tiny.yaml
 
+.PHONY: bench-image-nvidia
+bench-image-nvidia: ## the same for debian13-nvidia550: module build chroot and compile included (about 20 min)
+	imagebuilder/hack/bench.sh profiles/debian13-nvidia550.yaml
+
 .PHONY: bench-go
 bench-go: ## Go benchmarks, printed as a table
 	PATH="$(TOOLS):$$PATH" $(GO) test -run '^$$' -bench . -benchmem ./... | tee /dev/stderr | awk '/^Benchmark/ {printf "%-50s %14s %s\n", $$1, $$3, $$4}'

@@ -2,7 +2,8 @@
 # bench.sh: cold and warm `gpuimage build` of a profile, each artifact's size, and the
 # squashfs stage against plain `mksquashfs -comp zstd` on the same tree, as one table.
 # Usage: imagebuilder/hack/bench.sh [PROFILE]   (root; needs what gpuimage build needs)
-# "cold" = empty .deb cache and apt state; "warm" = the same cache again.
+# "cold" = empty .deb cache, apt state and kernel-module cache (an NVIDIA profile
+# compiles its modules); "warm" = the same cache again.
 set -euo pipefail
 profile=${1:-profiles/tiny.yaml}
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -35,3 +36,11 @@ for f in vmlinuz initrd.img rootfs.squashfs cmdline manifest.json manifest.sig s
 done
 printf '%-34s %12s B\n' "mksquashfs -comp zstd, same tree" "$(stat -c %s "$work/plain.sqfs")"
 printf '%-34s %12.1f s\n' "mksquashfs -comp zstd, time" "$sq"
+# The cold and the warm build ran with different cache states into different
+# directories: every artifact must still be the same bytes.
+colddir=$(ls -d "$work"/cold/*/)
+same=yes
+for f in vmlinuz initrd.img rootfs.squashfs cmdline manifest.json manifest.sig sbom.spdx.json; do
+  cmp -s "$colddir/$f" "$dir/$f" || same="no ($f differs)"
+done
+printf '%-34s %12s\n' "cold and warm artifacts identical" "$same"
