@@ -16,7 +16,7 @@ BINARIES := imagebuilder/cmd/gpuimage pxe/cmd/gpuboot agent/cmd/gpuagent control
 
 .PHONY: help
 help: ## list the targets
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: deps
 deps: ## install what the tests need: Debian packages and the pinned binaries (idempotent)
