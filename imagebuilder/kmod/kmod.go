@@ -199,7 +199,7 @@ func haveAll(out string) bool {
 	return true
 }
 
-// objectCounter keeps kbuild's output and counts its "CC [M]" lines.
+// objectCounter keeps the build's output and counts its "CC" lines.
 type objectCounter struct {
 	buf  *bytes.Buffer
 	fn   func(int)
@@ -215,7 +215,9 @@ func (c *objectCounter) Write(b []byte) (int, error) {
 		if i < 0 {
 			break
 		}
-		if bytes.Contains(c.line[:i], []byte("CC [M]")) {
+		// kbuild prints "CC [M]  obj"; the open flavor's core (src/nvidia) is built
+		// by its own Makefile first, which prints "CC  obj".
+		if bytes.HasPrefix(bytes.TrimSpace(c.line[:i]), []byte("CC ")) {
 			c.n++
 			if c.fn != nil {
 				c.fn(c.n)
