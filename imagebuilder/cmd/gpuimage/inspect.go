@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/gpurack/gpurack/imagebuilder/sqfs"
 	"github.com/gpurack/gpurack/internal/manifest"
 )
 
@@ -22,7 +22,8 @@ func newInspectCommand() *cobra.Command {
 		Use:   "inspect DIR",
 		Short: "Summarise an image: kernel, driver, packages and sizes, largest files",
 		Long: `inspect prints what an image directory holds, read from manifest.json and from the
-root filesystem itself (its dpkg database and file list, through unsquashfs). It does not
+root filesystem itself: rootfs.squashfs is opened read-only and decoded in Go (its dpkg
+database and its regular files), so it needs neither squashfs-tools nor root. It does not
 check the signature; gpuimage verify does.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -64,13 +65,14 @@ func inspect(w io.Writer, dir string, top int) error {
 		fmt.Fprintf(w, "  %-16s %10s  sha256:%s\n", a.Name, human(a.Size), a.SHA256)
 	}
 	sq := filepath.Join(dir, manifest.ArtifactRootfs)
-	if _, err := exec.LookPath("unsquashfs"); err != nil {
-		fmt.Fprintln(w, "(install squashfs-tools to list packages and files)")
-		return nil
-	}
-	status, err := exec.Command("unsquashfs", "-cat", sq, "var/lib/dpkg/status").Output()
+	im, err := sqfs.Open(sq)
 	if err != nil {
-		return fmt.Errorf("read the dpkg database from %s: %v", sq, err)
+		return fmt.Errorf("open the root filesystem: %w", err)
+	}
+	defer im.Close()
+	status, err := im.ReadFile("/var/lib/dpkg/status")
+	if err != nil {
+		return fmt.Errorf("read the dpkg database: %w", err)
 	}
 	type pkg struct {
 		name, version string
@@ -105,32 +107,13 @@ func inspect(w io.Writer, dir string, top int) error {
 	for i := 0; i < len(pkgs) && i < top; i++ {
 		fmt.Fprintf(w, "  %-34s %-28s %10s\n", pkgs[i].name, pkgs[i].version, human(pkgs[i].kib<<10))
 	}
-	list, err := exec.Command("unsquashfs", "-lls", "-d", "", sq).Output()
+	files, count, err := im.LargestFiles(top)
 	if err != nil {
-		return fmt.Errorf("list %s: %v", sq, err)
+		return fmt.Errorf("list the root filesystem: %w", err)
 	}
-	type file struct {
-		path string
-		size int64
-	}
-	var files []file
-	for _, l := range strings.Split(string(list), "\n") {
-		f := strings.Fields(l)
-		if len(f) < 6 || !strings.HasPrefix(f[0], "-") {
-			continue
-		}
-		n, err := strconv.ParseInt(f[2], 10, 64)
-		if err != nil {
-			continue
-		}
-		files = append(files, file{path: f[5], size: n})
-	}
-	sort.Slice(files, func(i, j int) bool {
-		return files[i].size > files[j].size || files[i].size == files[j].size && files[i].path < files[j].path
-	})
-	fmt.Fprintf(w, "files       %d regular files; largest:\n", len(files))
-	for i := 0; i < len(files) && i < top; i++ {
-		fmt.Fprintf(w, "  %10s  %s\n", human(files[i].size), files[i].path)
+	fmt.Fprintf(w, "files       %d regular files; largest:\n", count)
+	for _, f := range files {
+		fmt.Fprintf(w, "  %10s  %s\n", human(f.Size), f.Path)
 	}
 	return nil
 }
