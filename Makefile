@@ -59,8 +59,8 @@ demo: deps build ## set up and run the main demo
 	@hack/demo.sh
 
 .PHONY: e2e
-e2e: deps ## the end-to-end boots alone: tiny image in QEMU, PXE through SeaBIOS iPXE and OVMF
-	PATH="$(TOOLS):$$PATH" GPURACK_NETNS_REQUIRED=1 $(GO) test $(TEST_FLAGS) -v -run 'TestTinyImage|TestBIOSiPXEProxyBoot|TestOVMFNativePXEBoot' ./imagebuilder/cmd/gpuimage/ ./test/qemu/
+e2e: deps ## the end-to-end boots alone: tiny image in QEMU, PXE through SeaBIOS iPXE and OVMF, a tiny node joining Kubernetes
+	PATH="$(TOOLS):$$PATH" GPURACK_NETNS_REQUIRED=1 $(GO) test $(TEST_FLAGS) -v -run 'TestTinyImage|TestBIOSiPXEProxyBoot|TestOVMFNativePXEBoot|TestTinyNodeJoin' ./imagebuilder/cmd/gpuimage/ ./test/qemu/
 
 .PHONY: e2e-slow
 e2e-slow: deps ## build the NVIDIA images with their kernel modules (about 20 min cold; outside make test)

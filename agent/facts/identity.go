@@ -83,9 +83,13 @@ func (r Root) CmdlineValue(key string) string {
 	return ""
 }
 
-// ImageID reads GPURACK_IMAGE_ID from /etc/os-release (written by gpuimage); empty
+// ImageID is the id of the booted gpurack image: /etc/gpurack/image-id, which gpuimage
+// writes (docs/imagebuilder.md), or else GPURACK_IMAGE_ID in /etc/os-release; empty
 // outside a gpurack image.
 func (r Root) ImageID() string {
+	if id := r.read("etc/gpurack/image-id"); id != "" {
+		return id
+	}
 	for _, l := range strings.Split(r.read("etc/os-release"), "\n") {
 		if v, ok := strings.CutPrefix(l, "GPURACK_IMAGE_ID="); ok {
 			return strings.Trim(v, `"`)

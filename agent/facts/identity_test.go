@@ -28,4 +28,10 @@ func TestReadIdentity(t *testing.T) {
 	if v := r.ImageID(); v != "0123456789abcdef0123456789abcdef01234567" {
 		t.Errorf("image id %q", v)
 	}
+	// What gpuimage writes: /etc/gpurack/image-id (os-release gets only IMAGE_VERSION).
+	write("etc/gpurack/image-id", "89abcdef0123456789abcdef0123456789abcdef\n")
+	write("etc/os-release", "NAME=\"Debian\"\nIMAGE_ID=gpurack\nIMAGE_VERSION=89abcdef0123456789abcdef0123456789abcdef\n")
+	if v := r.ImageID(); v != "89abcdef0123456789abcdef0123456789abcdef" {
+		t.Errorf("image id %q from /etc/gpurack/image-id", v)
+	}
 }

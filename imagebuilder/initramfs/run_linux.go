@@ -111,13 +111,15 @@ func run(con *Console, cfg *Config) error {
 		if err := os.MkdirAll("/run/gpurack", 0o755); err != nil {
 			return err
 		}
-		if err := bringUpNetwork(con, cfg.BootMAC); err != nil {
+		nic, err := bringUpNetwork(con, cfg.BootMAC)
+		if err != nil {
 			return err
 		}
 		rootfs = "/run/gpurack/rootfs.squashfs"
 		if err := download(con, cfg, rootfs); err != nil {
 			return err
 		}
+		releaseNetwork(con, nic)
 	} else {
 		if _, err := os.Stat(PackedRootfs); err != nil {
 			return fail("boot through gpuboot's iPXE script, which appends gpurack.rootfs=, or pack rootfs.squashfs into the initramfs",
@@ -178,8 +180,9 @@ func loadModules(con *Console) {
 }
 
 // bringUpNetwork finds the boot NIC (by BOOTIF's MAC, or else the first Ethernet
-// interface that gets a lease) and configures it from DHCP.
-func bringUpNetwork(con *Console, mac net.HardwareAddr) error {
+// interface that gets a lease), configures it from DHCP and returns it. Candidates
+// that get no lease are set down again.
+func bringUpNetwork(con *Console, mac net.HardwareAddr) (netlink.Link, error) {
 	lo, err := netlink.LinkByName("lo")
 	if err == nil {
 		netlink.LinkSetUp(lo)
@@ -205,10 +208,10 @@ func bringUpNetwork(con *Console, mac net.HardwareAddr) error {
 	}
 	if len(candidates) == 0 {
 		if mac != nil {
-			return fail("check that the NIC's driver is in the initramfs (gpuimage adds common server NICs; see imagebuilder docs) and that BOOTIF names this machine's boot NIC",
+			return nil, fail("check that the NIC's driver is in the initramfs (gpuimage adds common server NICs; see imagebuilder docs) and that BOOTIF names this machine's boot NIC",
 				"no network interface has BOOTIF's MAC %s", mac)
 		}
-		return fail("check that the NIC's driver is in the initramfs (gpuimage adds virtio and common server NICs)", "no Ethernet interface appeared within 20 s")
+		return nil, fail("check that the NIC's driver is in the initramfs (gpuimage adds virtio and common server NICs)", "no Ethernet interface appeared within 20 s")
 	}
 	var errs []string
 	for _, l := range candidates {
@@ -220,12 +223,29 @@ func bringUpNetwork(con *Console, mac net.HardwareAddr) error {
 		con.Printf("DHCP on %s (%s)", name, l.Attrs().HardwareAddr)
 		if err := dhcp(con, l); err != nil {
 			errs = append(errs, fmt.Sprintf("%s: %v", name, err))
+			netlink.LinkSetDown(l)
 			continue
 		}
-		return nil
+		return l, nil
 	}
-	return fail("check the cable or switch port and that a DHCP server (site DHCP, or gpuboot in full mode) answers on the provisioning network",
+	return nil, fail("check the cable or switch port and that a DHCP server (site DHCP, or gpuboot in full mode) answers on the provisioning network",
 		"no DHCP lease: %s", strings.Join(errs, "; "))
+}
+
+// releaseNetwork hands the boot NIC back once the rootfs is downloaded (the root is
+// in memory): its addresses are removed and it is set down, so that udev in the rootfs
+// can give it its predictable name (a rename fails on an interface that is up, and
+// systemd-networkd then never manages it: no DHCP renewals, and network-online.target
+// waits out systemd-networkd-wait-online's 2-minute timeout, delaying gpuagent) and
+// systemd-networkd configures it from DHCP.
+func releaseNetwork(con *Console, l netlink.Link) {
+	addrs, _ := netlink.AddrList(l, netlink.FAMILY_V4)
+	for _, a := range addrs {
+		netlink.AddrDel(l, &a)
+	}
+	if err := netlink.LinkSetDown(l); err != nil {
+		con.Printf("%s: link down: %v (systemd-networkd may not manage it)", l.Attrs().Name, err)
+	}
 }
 
 func dhcp(con *Console, l netlink.Link) error {

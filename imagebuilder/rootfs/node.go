@@ -42,7 +42,7 @@ var NodeModules = []string{
 // returns the customize-hook commands that finish the tree ($1 is the tree).
 func (n *Node) Write(overlay string) ([]string, error) {
 	files := map[string]string{
-		"etc/hostname":                                   "gpurack\n",
+		"etc/hostname":                                   "",
 		"etc/gpurack/image-id":                           n.ImageID + "\n",
 		"etc/containerd/config.toml":                     containerdConfig(n.PauseTag),
 		"etc/sysctl.d/90-gpurack-kubernetes.conf":        sysctls,
@@ -116,9 +116,13 @@ func (n *Node) Write(overlay string) ([]string, error) {
 	cmds = append(cmds, []string{
 		"depmod -b \"$1\" " + n.KernelVersion,
 		"systemctl --root=\"$1\" enable " + strings.Join(enable, " "),
-		"printf 'IMAGE_ID=gpurack\\nIMAGE_VERSION=" + n.ImageID + "\\n' >> \"$1/usr/lib/os-release\"",
+		"printf 'IMAGE_ID=gpurack\\nIMAGE_VERSION=" + n.ImageID + "\\nDEFAULT_HOSTNAME=gpurack\\n' >> \"$1/usr/lib/os-release\"",
 		"rm -f \"$1/etc/apt/sources.list\" && rm -rf \"$1\"/var/lib/apt/lists/* \"$1\"/var/cache/apt/*.bin",
-		"printf 'gpurack\\n' > \"$1/etc/hostname\"",
+		// No static hostname: hostnamed lets a static one override the transient
+		// hostname, and the agent sets the node name as the transient one (CONTRACTS
+		// §6), which kubelet then registers. Until then the fallback from os-release
+		// (DEFAULT_HOSTNAME) names the machine.
+		": > \"$1/etc/hostname\"",
 		"chroot \"$1\" dpkg-query -W -f='${Package} ${Version} ${Architecture}\\n' > " + shellQuote(n.InstalledList),
 	}...)
 	return cmds, nil
@@ -243,7 +247,8 @@ echo "<5>$msg" > /dev/kmsg
 echo "$msg"
 `
 
-const networkdConfig = `# gpurack: DHCP on every Ethernet NIC; keep the address gpurack-init configured.
+const networkdConfig = `# gpurack: DHCP on every Ethernet NIC (gpurack-init sets the boot NIC down before
+# switch_root, so that udev can rename it); keep the address when networkd stops.
 [Match]
 Type=ether
 

@@ -1,0 +1,745 @@
+//go:build linux
+
+package qemu
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
+	"github.com/gpurack/gpurack/controlplane-bootstrap/testcluster"
+	"github.com/gpurack/gpurack/imagebuilder/build"
+	"github.com/gpurack/gpurack/internal/netnstest"
+	"github.com/gpurack/gpurack/internal/profile"
+)
+
+// The node's view of the servers: QEMU's user-mode network (slirp) sends the guest's
+// connections to 10.0.2.2 to 127.0.0.1 of the namespace QEMU runs in. The test gives
+// that namespace 10.0.2.2 on its loopback as well, so gpuboot and the test reach the API
+// server at the very endpoint the JoinBundle names, as they would on a real rack.
+const (
+	joinHost    = "10.0.2.2"
+	joinAPI     = joinHost + ":6443"
+	joinHTTP    = joinHost + ":8080"
+	joinTLS     = joinHost + ":8443"
+	joinMAC     = "52:54:00:e2:e0:10"
+	joinSerial  = "GPR-JOIN-0001"
+	joinUUID    = "5e1f0c2a-8d4b-4f7e-9a61-0c3d2b1a0e10"
+	joinNode    = "gpu-r1-qemu"
+	joinKubelet = "v1.34.2" // what `make k8s-bins` pins and gpuimage ships
+)
+
+// journalHint says how to see more of the guest after a failure.
+const journalHint = "(GPURACK_JOIN_JOURNAL=1 puts the guest's journal on the serial console)"
+
+// Generous guards for a loaded 2-core host under TCG, not performance assertions.
+const (
+	bootToWaitLimit = 8 * time.Minute
+	approveToNode   = 6 * time.Minute
+	nodeToReady     = 3 * time.Minute
+)
+
+// TestTinyNodeJoin is the whole life of a real node, nothing simulated: the tiny
+// image built from this tree boots in QEMU from gpuboot's signed image store with the
+// kernel command line gpuboot's /boot.ipxe gives (CONTRACTS §3); the agent in it
+// registers and says "waiting for approval" on the serial console; after `gpuboot
+// machines approve` it takes its JoinBundle, sets the node name as hostname through
+// org.freedesktop.hostname1, writes kubelet's bootstrap kubeconfig and config.yaml and
+// starts the image's kubelet.service through org.freedesktop.systemd1 (CONTRACTS §6);
+// that kubelet does the TLS bootstrap and registers the Node, the agent labels it and
+// reports commissioning, and gpuboot moves the machine to ready and removes
+// gpurack.io/unvalidated.
+//
+// Everything on the host side runs in a network namespace (see joinHost): the control
+// plane (`controlplane-bootstrap init --foreground`), gpuboot (`gpuboot serve`) and
+// QEMU. GPURACK_JOIN_IMAGE=DIR reuses an image directory instead of building one (for
+// iterating on the test; its agent is then whatever was built into it), with
+// GPURACK_JOIN_IMAGE_PUBKEY naming its signing key (default: gpuimage's default key).
+// GPURACK_JOIN_JOURNAL=1 forwards the guest's journal (agent, kubelet, systemd) to the
+// serial console, which the test logs.
+func TestTinyNodeJoin(t *testing.T) {
+	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
+		t.Skip("skipping: qemu-system-x86_64 is not installed (run make deps)")
+	}
+	reuse := os.Getenv("GPURACK_JOIN_IMAGE")
+	var k8sDir string
+	if reuse == "" {
+		k8sDir = requireImageBuild(t)
+	}
+	testcluster.Require(t)
+	netnstest.Require(t)
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bins := buildJoinBinaries(t, root)
+
+	var imageDir, pubKey string
+	if reuse != "" {
+		imageDir, pubKey = reuse, os.Getenv("GPURACK_JOIN_IMAGE_PUBKEY")
+		if pubKey == "" {
+			pubKey = filepath.Join(build.DefaultCacheDir(), "signing-key.pub.pem")
+		}
+		t.Logf("reusing image %s from GPURACK_JOIN_IMAGE (key %s): its gpuagent is the one built into it, not this tree's", imageDir, pubKey)
+	} else {
+		imageDir, pubKey = buildTinyImage(t, root, bins.gpuimage, k8sDir)
+	}
+	imageID := filepath.Base(imageDir)
+
+	env := netnstest.New(t)
+	ns := env.Namespace()
+	env.AddAddr(netnstest.Link{Name: "lo", Netns: ns}, joinHost+"/32")
+	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
+	t.Cleanup(cancel)
+
+	t0 := time.Now()
+	cp := startNamespacedControlPlane(t, env, ns, bins.controlplane)
+	admin := cp.clientset(t, ns)
+	t.Logf("control plane up in the namespace in %s (endpoint https://%s)", time.Since(t0).Round(time.Millisecond), joinAPI)
+	// Registered before QEMU starts, so it runs after QEMU is killed (a live kubelet
+	// would register the Node again) and before the control plane stops.
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		err := admin.CoreV1().Nodes().Delete(ctx, joinNode, metav1.DeleteOptions{})
+		if err != nil && !strings.Contains(err.Error(), "not found") {
+			t.Errorf("delete Node %s: %v", joinNode, err)
+		}
+	})
+
+	g := startNamespacedGpuboot(t, env, ns, bins.gpuboot, cp.enroller, filepath.Dir(imageDir), pubKey, imageID)
+
+	// What iPXE would do: fetch /boot.ipxe with the machine's identity, then the kernel
+	// and initrd it names from gpuboot's image store (served only if the signature
+	// verifies). The guest itself fetches the rootfs named by gpurack.rootfs=.
+	kernel, initrd, cmdline := g.bootScript(t, ctx)
+	cmdline += " gpurack.onfail=poweroff"
+	if os.Getenv("GPURACK_JOIN_JOURNAL") == "1" {
+		// The guest's whole journal on the serial console: slow, for debugging.
+		cmdline += " systemd.journald.forward_to_console=1"
+	}
+	t.Logf("kernel command line from gpuboot: %s", cmdline)
+	for _, want := range []string{"gpurack.rootfs=http://" + joinHTTP + "/images/" + imageID + "/rootfs.squashfs",
+		"BOOTIF=01-" + strings.ReplaceAll(joinMAC, ":", "-"), "gpurack.enroll=" + joinTLS, "gpurack.enroll.ca=" + g.pin} {
+		if !strings.Contains(cmdline, want) {
+			t.Errorf("gpuboot's kernel command line lacks %q", want)
+		}
+	}
+
+	con := startJoinQEMU(t, ns, kernel, initrd, cmdline)
+
+	// 1. The agent registers and shows the wait, and the key to approve, on the console.
+	m := con.waitFor(t, regexp.MustCompile(`gpuagent: waiting for approval \(gpuboot `+regexp.QuoteMeta(joinTLS)+`, key (sha256:[0-9a-f]{64})\)`), bootToWaitLimit)
+	consoleKey := m[1]
+	bootToWait := con.since()
+	t.Logf("boot -> \"waiting for approval\" on the serial console: %s", bootToWait.Round(time.Second))
+	var mach *bootv1.Machine
+	waitFor(t, ctx, time.Minute, "gpuboot records the registration", func() bool {
+		mach = g.machine(t, joinMAC)
+		return mach.GetState() == bootv1.MachineState_MACHINE_STATE_REGISTERED
+	})
+	if mach.GetKeyFingerprint() != consoleKey {
+		t.Errorf("gpuboot holds key %s, the console showed %s: an operator comparing them would refuse", mach.GetKeyFingerprint(), consoleKey)
+	}
+	if id := mach.GetIdentity(); id.GetSerial() != joinSerial || id.GetSmbiosUuid() != joinUUID {
+		t.Errorf("registered identity %v, want serial %s uuid %s (QEMU -smbios type=1)", id, joinSerial, joinUUID)
+	}
+	if got := mach.GetFacts().GetImageId(); got != imageID {
+		t.Errorf("registered facts say image %q, want %s", got, imageID)
+	}
+
+	// 2. Approval: the agent gets its bundle and starts the image's kubelet, which
+	// registers the Node under the hostname the agent set.
+	approved := time.Now()
+	g.cli(t, "machines", "approve", joinMAC, "--reason", "TestTinyNodeJoin", "--node-name", joinNode)
+	var node *corev1.Node
+	getNode := func() *corev1.Node {
+		n, err := admin.CoreV1().Nodes().Get(ctx, joinNode, metav1.GetOptions{})
+		if err != nil {
+			return nil
+		}
+		return n
+	}
+	nodeNames := func() string {
+		var names []string
+		if l, err := admin.CoreV1().Nodes().List(ctx, metav1.ListOptions{}); err == nil {
+			for _, n := range l.Items {
+				names = append(names, n.Name)
+			}
+		}
+		return fmt.Sprintf("Nodes in the cluster: %v (kubelet names the Node after the guest's hostname)", names)
+	}
+	waitFor(t, ctx, approveToNode, "kubelet in the guest registers Node "+joinNode, func() bool {
+		node = getNode()
+		return node != nil && node.Status.NodeInfo.KubeletVersion != ""
+	}, nodeNames)
+	approveToNodeTook := time.Since(approved)
+	t.Logf("approve -> Node %s registered by kubelet %s: %s", joinNode, node.Status.NodeInfo.KubeletVersion, approveToNodeTook.Round(time.Second))
+	if v := node.Status.NodeInfo.KubeletVersion; v != joinKubelet {
+		t.Errorf("Node %s: kubeletVersion %q, want %s (the image's kubelet)", joinNode, v, joinKubelet)
+	}
+	// kubelet names the Node, its Hostname address and its kubernetes.io/hostname label
+	// after the kernel's hostname: the transient hostname the agent set through
+	// hostname1 (the image boots as "gpurack", its fallback hostname).
+	if !hasAddress(node, corev1.NodeHostName, joinNode) || node.Labels[corev1.LabelHostname] != joinNode {
+		t.Errorf("Node %s: addresses %v, label %s=%q: the guest's hostname is not the node name", joinNode, node.Status.Addresses, corev1.LabelHostname, node.Labels[corev1.LabelHostname])
+	}
+	if !hasAddress(node, corev1.NodeInternalIP, "10.0.2.15") {
+		t.Errorf("Node %s addresses %v: no InternalIP 10.0.2.15 (the guest's slirp address)", joinNode, node.Status.Addresses)
+	}
+	if !strings.Contains(node.Status.NodeInfo.ContainerRuntimeVersion, "containerd://") {
+		t.Errorf("Node %s container runtime %q, want the image's containerd", joinNode, node.Status.NodeInfo.ContainerRuntimeVersion)
+	}
+
+	// 3. The agent picks up kubelet's node credentials (its label on the Node), reports
+	// commissioning, and gpuboot moves the machine to ready and lifts the taint.
+	waitFor(t, ctx, nodeToReady, "machine ready, gpurack.io/unvalidated removed, the agent's label and GPUHealthy on the Node", func() bool {
+		node = getNode()
+		mach = g.machine(t, joinMAC)
+		return node != nil && mach.GetState() == bootv1.MachineState_MACHINE_STATE_READY && !nodeHasTaint(node, "gpurack.io/unvalidated") &&
+			node.Labels["gpurack.io/image"] == imageID && nodeCondition(node, "GPUHealthy") != nil
+	}, func() string {
+		if node == nil {
+			return fmt.Sprintf("gpuboot: machine %s; Node %s gone", mach.GetState(), joinNode)
+		}
+		return fmt.Sprintf("gpuboot: machine %s; Node taints %v, labels %v", mach.GetState(), node.Spec.Taints, node.Labels)
+	})
+	t.Logf("Node -> machine ready and gpurack.io/unvalidated removed: %s (approve -> ready %s)",
+		(time.Since(approved) - approveToNodeTook).Round(time.Second), time.Since(approved).Round(time.Second))
+	if mach.GetNodeName() != joinNode {
+		t.Errorf("gpuboot machine node name %q, want %s", mach.GetNodeName(), joinNode)
+	}
+	var path []string
+	for _, tr := range mach.GetHistory() {
+		path = append(path, strings.ToLower(strings.TrimPrefix(tr.GetTo().String(), "MACHINE_STATE_")))
+	}
+	if want := []string{"approved", "joining", "commissioning", "ready"}; !containsInOrder(path, want) {
+		t.Errorf("gpuboot history %v lacks %v in order", path, want)
+	}
+	if c := nodeCondition(node, "GPUHealthy"); c != nil {
+		t.Logf("Node %s: GPUHealthy=%s (%s), labels %v", joinNode, c.Status, c.Reason, node.Labels)
+	}
+	if r := nodeCondition(node, corev1.NodeReady); r != nil {
+		// No CNI is installed, so kubelet reports NotReady (NetworkPluginNotReady); the
+		// join does not depend on it.
+		t.Logf("Node %s: Ready=%s (%s)", joinNode, r.Status, r.Reason)
+	}
+
+	log := con.text()
+	bootLine := regexp.MustCompile(`gpurack: booted image ` + imageID + ` .*gpuagent\.service=active`)
+	if !bootLine.MatchString(log) {
+		t.Errorf("the serial console lacks %q", bootLine)
+	}
+	t.Logf("timings: boot -> waiting for approval %s, approve -> Node %s, approve -> ready %s",
+		bootToWait.Round(time.Second), approveToNodeTook.Round(time.Second), time.Since(approved).Round(time.Second))
+}
+
+// requireImageBuild skips, saying why, unless this machine can build the tiny image
+// (the checks of imagebuilder/cmd/gpuimage's requireImageTools). It returns the
+// directory of the pinned Kubernetes node binaries.
+func requireImageBuild(t *testing.T) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("skipping: gpuimage build needs root (mmdebstrap --mode=root)")
+	}
+	for _, tool := range []string{"mmdebstrap", "mksquashfs", "unsquashfs", "apt-get", "dpkg-deb", "depmod", "go"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("skipping: %s is not installed (run make deps)", tool)
+		}
+	}
+	k8s := os.Getenv("GPURACK_K8S_DIR")
+	if k8s == "" {
+		d, _ := os.UserCacheDir()
+		k8s = filepath.Join(d, "gpurack", "k8s", joinKubelet)
+	}
+	for _, f := range []string{"bin/kubelet", "images/pause.tar"} {
+		if _, err := os.Stat(filepath.Join(k8s, f)); err != nil {
+			t.Skipf("skipping: %s is missing (run make k8s-bins)", filepath.Join(k8s, f))
+		}
+	}
+	if _, err := build.Sources(&profile.Profile{Base: profile.Base{Suite: "bookworm"}}); err != nil {
+		t.Skipf("skipping: %v", err)
+	}
+	return k8s
+}
+
+type joinBinaries struct{ gpuimage, gpuboot, controlplane string }
+
+// buildJoinBinaries builds the three host-side commands from this tree.
+func buildJoinBinaries(t *testing.T, root string) joinBinaries {
+	t.Helper()
+	dir := t.TempDir()
+	cmd := exec.Command("go", "build", "-o", dir+"/", "./imagebuilder/cmd/gpuimage", "./pxe/cmd/gpuboot", "./controlplane-bootstrap/cmd/controlplane-bootstrap")
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return joinBinaries{filepath.Join(dir, "gpuimage"), filepath.Join(dir, "gpuboot"), filepath.Join(dir, "controlplane-bootstrap")}
+}
+
+// buildTinyImage locks profiles/tiny.yaml afresh into a temporary copy (the committed
+// lock rots as the mirror drops versions), and builds and signs it with a new key, the
+// agent built from this tree. It returns the image directory and the public key.
+func buildTinyImage(t *testing.T, root, gpuimage, k8sDir string) (string, string) {
+	t.Helper()
+	tmp := t.TempDir()
+	cache := build.DefaultCacheDir() // shared: the .deb cache and apt lists stay warm between runs
+	run := func(args ...string) string {
+		t.Helper()
+		cmd := exec.Command(gpuimage, args...)
+		cmd.Dir = root
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("gpuimage %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		return string(out)
+	}
+	tiny, err := os.ReadFile(filepath.Join(root, "profiles", "tiny.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	prof := filepath.Join(tmp, "tiny.yaml")
+	if err := os.WriteFile(prof, tiny, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	run("lock", prof, "--cache", cache)
+	priv, pub := filepath.Join(tmp, "key.pem"), filepath.Join(tmp, "key.pub.pem")
+	run("keygen", priv, pub)
+	start := time.Now()
+	out := run("build", prof, "--out", filepath.Join(tmp, "store"), "--cache", cache, "--key", priv, "--src", root, "--k8s-dir", k8sDir)
+	m := regexp.MustCompile(`(?m)^built (\S+)$`).FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("no 'built DIR' line in:\n%s", out)
+	}
+	t.Logf("built the tiny image %s in %s", filepath.Base(m[1]), time.Since(start).Round(time.Second))
+	return m[1], pub
+}
+
+// nsDial dials from inside network namespace ns (only IP literals: a name would be
+// resolved on another thread, outside ns).
+func nsDial(ns string) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		var c net.Conn
+		var derr error
+		if err := netnstest.InNamespace(ns, func() error {
+			c, derr = (&net.Dialer{Timeout: 10 * time.Second}).DialContext(ctx, network, addr)
+			return nil
+		}); err != nil {
+			return nil, err
+		}
+		return c, derr
+	}
+}
+
+// nsCommand runs name in network namespace ns (`ip netns exec`, which execs it, so the
+// process is name itself) in its own process group, killed if the test binary dies.
+// Unlike netnstest's Env.Command it is not tied to t.Context, which ends before cleanup
+// begins: the callers stop their processes gracefully in t.Cleanup, which runs before
+// netnstest deletes the namespace.
+func nsCommand(ns, name string, arg ...string) *exec.Cmd {
+	cmd := exec.Command("ip", append([]string{"netns", "exec", ns, name}, arg...)...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	return cmd
+}
+
+// namespacedControlPlane is `controlplane-bootstrap init --foreground` in a namespace.
+type namespacedControlPlane struct {
+	adminKubeconfig, enroller string
+}
+
+func startNamespacedControlPlane(t *testing.T, env *netnstest.Env, ns, bin string) *namespacedControlPlane {
+	t.Helper()
+	dir := t.TempDir()
+	cfgPath := filepath.Join(dir, "cluster.yaml")
+	// The default single-node layout, but listening on every address of the namespace
+	// and with the endpoint the guest reaches (its host is added to the serving
+	// certificate's SANs, and it is the server of enroller.kubeconfig and so the
+	// JoinBundle's).
+	cfg := `apiVersion: gpurack.io/v1alpha1
+kind: ClusterConfig
+clusterName: gpurack-join
+apiServer:
+  bindAddress: 0.0.0.0
+  endpoint: ` + joinAPI + `
+etcd:
+  extraArgs: {unsafe-no-fsync: "true"}
+`
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	clusterDir := filepath.Join(dir, "cluster")
+	var out syncBuffer
+	cmd := nsCommand(ns, bin, "init", "--config", cfgPath, "--dir", clusterDir, "--foreground")
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		// SIGTERM: the supervisor stops its components and waits for them, so that
+		// nothing is left in the namespace (netnstest's cleanup would kill only the
+		// supervisor's own process group).
+		cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(60 * time.Second):
+			t.Errorf("controlplane-bootstrap did not stop within 60 s of SIGTERM")
+			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			<-exited
+		}
+		if pids, _ := exec.Command("ip", "netns", "pids", ns).Output(); strings.TrimSpace(string(pids)) != "" {
+			t.Errorf("processes left in namespace %s after the control plane stopped: %s", ns, strings.Fields(string(pids)))
+		}
+		if t.Failed() {
+			t.Logf("controlplane-bootstrap output:\n%s", lastLines(out.String(), 40))
+		}
+	})
+	re := regexp.MustCompile(`(?m)^ready in \S+; admin kubeconfig: (\S+)$`)
+	deadline := time.Now().Add(4 * time.Minute)
+	var admin string
+	for admin == "" {
+		if m := re.FindStringSubmatch(out.String()); m != nil {
+			admin = m[1]
+			break
+		}
+		select {
+		case err := <-exited:
+			t.Fatalf("controlplane-bootstrap init exited (%v):\n%s", err, out.String())
+		case <-time.After(200 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the control plane was not ready within 4 minutes:\n%s", out.String())
+		}
+	}
+	enrollerDir := filepath.Join(dir, "enroller")
+	if _, err := env.Run(ns, bin, "join-config", "--dir", clusterDir, "--out", enrollerDir); err != nil {
+		t.Fatal(err)
+	}
+	return &namespacedControlPlane{adminKubeconfig: admin, enroller: filepath.Join(enrollerDir, "enroller.kubeconfig")}
+}
+
+// clientset is an admin client whose connections are made inside ns.
+func (c *namespacedControlPlane) clientset(t *testing.T, ns string) kubernetes.Interface {
+	t.Helper()
+	cfg, err := clientcmd.BuildConfigFromFlags("", c.adminKubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Dial = nsDial(ns)
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cs
+}
+
+// namespacedGpuboot is `gpuboot serve` in a namespace, advertising joinHost.
+type namespacedGpuboot struct {
+	env        *netnstest.Env
+	ns, bin    string
+	pin, creds string
+	http       *http.Client
+}
+
+func startNamespacedGpuboot(t *testing.T, env *netnstest.Env, ns, bin, enroller, store, pubKey, imageID string) *namespacedGpuboot {
+	t.Helper()
+	dir := t.TempDir()
+	g := &namespacedGpuboot{env: env, ns: ns, bin: bin, creds: filepath.Join(dir, "state", "operators", "admin"),
+		http: &http.Client{Transport: &http.Transport{DialContext: nsDial(ns)}, Timeout: 2 * time.Minute}}
+	out, err := env.Run(ns, bin, "init", "--state-dir", filepath.Join(dir, "state"), "--advertise", joinHost, "--rack", "r1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(out, "\n") {
+		if p, ok := strings.CutPrefix(line, "CA pin (gpurack.enroll.ca): "); ok {
+			g.pin = strings.TrimSpace(p)
+		}
+	}
+	if g.pin == "" {
+		t.Fatalf("gpuboot init printed no CA pin:\n%s", out)
+	}
+	cfg := fmt.Sprintf(`stateDir: state
+advertise: %s
+listen: {http: ":8080", tls: ":8443"}
+images: {store: %s, trustedKeys: [%s]}
+racks: [{name: r1, defaultImage: %s}]
+dhcp: {enabled: false}
+tftp: {enabled: false}
+enrollment: {unknownMachines: discover}
+policy: {approval: manual}
+logLevel: info
+cluster: {kubeconfig: %s, clearAfter: 1s}
+`, joinHost, store, pubKey, imageID, enroller)
+	cfgPath := filepath.Join(dir, "gpuboot.yaml")
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var log syncBuffer
+	cmd := nsCommand(ns, bin, "serve", "--config", cfgPath)
+	cmd.Stdout, cmd.Stderr = &log, &log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(20 * time.Second):
+			cmd.Process.Kill()
+			<-exited
+		}
+		if t.Failed() {
+			t.Logf("gpuboot log:\n%s", lastLines(log.String(), 80))
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, addr := range []string{joinHTTP, joinTLS} {
+		if err := netnstest.WaitPortIn(ctx, ns, "tcp", addr); err != nil {
+			t.Fatalf("gpuboot does not listen on %s: %v\n%s", addr, err, log.String())
+		}
+	}
+	return g
+}
+
+// cli runs an operator command against gpuboot with the credentials `gpuboot init` wrote.
+func (g *namespacedGpuboot) cli(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := g.env.Run(g.ns, g.bin, append(args, "--server", joinTLS, "--credentials", g.creds)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// machine returns `gpuboot machines show REF -o json`, or nil while gpuboot knows no
+// such machine.
+func (g *namespacedGpuboot) machine(t *testing.T, ref string) *bootv1.Machine {
+	t.Helper()
+	out, err := g.env.Run(g.ns, g.bin, "machines", "show", ref, "-o", "json", "--server", joinTLS, "--credentials", g.creds)
+	if err != nil {
+		return nil
+	}
+	var m bootv1.Machine
+	if err := protojson.Unmarshal([]byte(out), &m); err != nil {
+		t.Fatalf("gpuboot machines show -o json is not a Machine: %v\n%s", err, out)
+	}
+	return &m
+}
+
+// bootScript fetches /boot.ipxe for the test machine's identity, as iPXE would, and
+// downloads the kernel and initrd it names. It returns their paths and the kernel
+// arguments with iPXE's ${net0/mac:hexhyp} filled in.
+func (g *namespacedGpuboot) bootScript(t *testing.T, ctx context.Context) (kernel, initrd, cmdline string) {
+	t.Helper()
+	get := func(url string) []byte {
+		t.Helper()
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		resp, err := g.http.Do(req)
+		if err != nil {
+			t.Fatalf("GET %s: %v", url, err)
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		if err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("GET %s: %s %v\n%.2000s", url, resp.Status, err, body)
+		}
+		return body
+	}
+	script := string(get("http://" + joinHTTP + "/boot.ipxe?mac=" + joinMAC + "&uuid=" + joinUUID + "&serial=" + joinSerial))
+	var kernelURL, initrdURL string
+	for _, line := range strings.Split(script, "\n") {
+		line, _, _ = strings.Cut(strings.TrimSpace(line), " || ")
+		f := strings.Fields(line)
+		switch {
+		case len(f) >= 2 && f[0] == "kernel":
+			kernelURL, cmdline = f[1], strings.Join(f[2:], " ")
+		case len(f) >= 2 && f[0] == "initrd":
+			initrdURL = f[1]
+		}
+	}
+	if kernelURL == "" || initrdURL == "" {
+		t.Fatalf("/boot.ipxe is not a boot script:\n%s", script)
+	}
+	cmdline = strings.ReplaceAll(cmdline, "${net0/mac:hexhyp}", strings.ReplaceAll(joinMAC, ":", "-"))
+	dir := t.TempDir()
+	kernel, initrd = filepath.Join(dir, "vmlinuz"), filepath.Join(dir, "initrd.img")
+	if err := os.WriteFile(kernel, get(kernelURL), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(initrd, get(initrdURL), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return kernel, initrd, cmdline
+}
+
+// serialConsole collects QEMU's serial console line by line.
+type serialConsole struct {
+	start time.Time
+	mu    sync.Mutex
+	lines []string
+	done  chan struct{} // closed when QEMU's output ends
+}
+
+// startJoinQEMU boots kernel and initrd under TCG in ns with user-mode networking and
+// the test machine's identity. t.Cleanup kills QEMU and waits for its console reader.
+func startJoinQEMU(t *testing.T, ns, kernel, initrd, cmdline string) *serialConsole {
+	t.Helper()
+	cmd := nsCommand(ns, "qemu-system-x86_64", "-accel", "tcg,thread=multi", "-m", "2048", "-smp", "2",
+		"-display", "none", "-serial", "stdio", "-monitor", "none", "-no-reboot",
+		"-smbios", "type=1,serial="+joinSerial+",uuid="+joinUUID,
+		"-kernel", kernel, "-initrd", initrd, "-append", cmdline,
+		"-netdev", "user,id=n0", "-device", "virtio-net-pci,netdev=n0,mac="+joinMAC,
+		"-device", "virtio-rng-pci")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = cmd.Stdout
+	c := &serialConsole{start: time.Now(), done: make(chan struct{})}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	logPath := filepath.Join(t.TempDir(), "serial.log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		defer close(c.done)
+		sc := bufio.NewScanner(io.TeeReader(stdout, logFile))
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			line := strings.TrimSpace(stripANSI(sc.Text()))
+			c.mu.Lock()
+			c.lines = append(c.lines, line)
+			c.mu.Unlock()
+			if strings.Contains(line, "gpurack") || strings.Contains(line, "gpuagent") || strings.Contains(line, "kubelet") {
+				t.Logf("%6.1fs %s", time.Since(c.start).Seconds(), line)
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		<-c.done
+		cmd.Wait()
+		logFile.Close()
+		if t.Failed() {
+			t.Logf("serial console tail:\n%s", lastLines(c.text(), 80))
+		}
+	})
+	return c
+}
+
+func (c *serialConsole) since() time.Duration { return time.Since(c.start) }
+
+func (c *serialConsole) text() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return strings.Join(c.lines, "\n")
+}
+
+func (c *serialConsole) tail() string { return "serial console tail:\n" + lastLines(c.text(), 60) }
+
+// waitFor waits until a console line matches re and returns its submatches; it fails
+// the test when QEMU exits or limit passes first.
+func (c *serialConsole) waitFor(t *testing.T, re *regexp.Regexp, limit time.Duration) []string {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	seen := 0
+	for {
+		c.mu.Lock()
+		lines := c.lines[seen:]
+		seen = len(c.lines)
+		c.mu.Unlock()
+		for _, l := range lines {
+			if m := re.FindStringSubmatch(l); m != nil {
+				return m
+			}
+		}
+		select {
+		case <-c.done:
+			t.Fatalf("QEMU ended after %s before the console showed %q\n%s", c.since().Round(time.Second), re, c.tail())
+		case <-time.After(250 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the serial console did not show %q within %s %s\n%s", re, limit, journalHint, c.tail())
+		}
+	}
+}
+
+// waitFor polls cond every 2 s until it holds, failing the test after limit with
+// what the explain functions say.
+func waitFor(t *testing.T, ctx context.Context, limit time.Duration, what string, cond func() bool, explain ...func() string) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for !cond() {
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			msg := fmt.Sprintf("timed out after %s waiting for: %s %s", limit, what, journalHint)
+			for _, e := range explain {
+				msg += "\n" + e()
+			}
+			t.Fatal(msg)
+		}
+		time.Sleep(2 * time.Second)
+	}
+}
+
+func hasAddress(n *corev1.Node, typ corev1.NodeAddressType, addr string) bool {
+	return slices.ContainsFunc(n.Status.Addresses, func(a corev1.NodeAddress) bool { return a.Type == typ && a.Address == addr })
+}
+
+func nodeHasTaint(n *corev1.Node, key string) bool {
+	return slices.ContainsFunc(n.Spec.Taints, func(t corev1.Taint) bool { return t.Key == key })
+}
+
+func nodeCondition(n *corev1.Node, typ corev1.NodeConditionType) *corev1.NodeCondition {
+	for i := range n.Status.Conditions {
+		if n.Status.Conditions[i].Type == typ {
+			return &n.Status.Conditions[i]
+		}
+	}
+	return nil
+}
+
+// containsInOrder reports whether want appears in got as a subsequence.
+func containsInOrder(got, want []string) bool {
+	i := 0
+	for _, g := range got {
+		if i < len(want) && g == want[i] {
+			i++
+		}
+	}
+	return i == len(want)
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
