@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -182,6 +183,7 @@ func BenchmarkConvergence(b *testing.B) {
 	for _, n := range []int{100, 500} {
 		b.Run(fmt.Sprintf("members=%d", n), func(b *testing.B) {
 			nodes := make([]*testNode, n)
+			formStart, lastProgress := time.Now(), time.Now()
 			for i := range nodes {
 				// Join through up to three earlier members, not all through one: a
 				// single seed answering hundreds of push-pulls in a row times out.
@@ -196,6 +198,10 @@ func BenchmarkConvergence(b *testing.B) {
 					b.Fatalf("member %d of %d: %v", i, n, err)
 				}
 				nodes[i] = nd
+				if time.Since(lastProgress) > 30*time.Second {
+					lastProgress = time.Now()
+					fmt.Fprintf(os.Stderr, "members=%d: %d joined after %v\n", n, i+1, time.Since(formStart).Round(time.Second))
+				}
 			}
 			defer func() {
 				for _, nd := range nodes {
@@ -204,10 +210,14 @@ func BenchmarkConvergence(b *testing.B) {
 			}()
 			deadline := time.Now().Add(5 * time.Minute)
 			joined := time.Now()
-			for _, nd := range nodes {
+			for k, nd := range nodes {
 				for nd.ml.NumMembers() < n {
 					if time.Now().After(deadline) {
 						b.Fatalf("%s sees %d of %d members", nd.cfg.Name, nd.ml.NumMembers(), n)
+					}
+					if time.Since(lastProgress) > 30*time.Second {
+						lastProgress = time.Now()
+						fmt.Fprintf(os.Stderr, "members=%d: all joined; %d of %d see everyone; %s sees %d, after %v\n", n, k, n, nd.cfg.Name, nd.ml.NumMembers(), time.Since(formStart).Round(time.Second))
 					}
 					time.Sleep(10 * time.Millisecond)
 				}
