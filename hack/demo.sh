@@ -25,7 +25,7 @@ sed 's/flavor: open/flavor: opne/' profiles/debian12-nvidia535.yaml >"$work/brok
 gpuimage lint "$work/broken.yaml" || echo "(exit status $?)"
 
 step "3. Pinned Kubernetes $("$k8s/bin/kube-apiserver" --version | cut -d' ' -f2) and etcd, built from source into the cache"
-for b in kube-apiserver kubelet etcd; do printf '  %-16s %s\n' "$b" "$("$k8s/bin/$b" --version 2>&1 | head -1)"; done
+for b in kube-apiserver kubelet etcd; do printf '  %-16s %s\n' "$b" "$("$k8s/bin/$b" --version 2>&1 | sed -n 1p)"; done
 printf '  %-16s %s\n' kubeadm "$("$k8s/bin/kubeadm" version -o short)"
 
 step "4. gpuagent's commissioning checklist on a simulated 8x H100 node"
@@ -54,7 +54,7 @@ if [ "${DEMO_FAST:-0}" != 1 ]; then
   step "8. A reproducible, signed netboot image of the tiny profile (a few minutes)"
   gpuimage keygen "$work/sign.pem" "$work/sign.pub.pem"
   gpuimage build profiles/tiny.yaml --out "$work/images" --key "$work/sign.pem"
-  img=$(ls "$work/images" | head -1)
+  img=$(ls "$work/images" | sed -n 1p)
   gpuimage verify "$work/images/$img" --pubkey "$work/sign.pub.pem"
   gpuimage inspect "$work/images/$img" | sed -n 1,20p
 fi

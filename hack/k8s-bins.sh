@@ -122,4 +122,4 @@ else
   log "built $built artifact(s) in $(( $(date +%s) - started )) s into $dir"
 fi
 "$bin/kube-apiserver" --version
-"$bin/etcd" --version | head -1
+"$bin/etcd" --version | sed -n 1p # sed reads it all: no SIGPIPE under pipefail
