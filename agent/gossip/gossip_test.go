@@ -260,9 +260,20 @@ func startLAN(name string, seeds []string, tr memberlist.Transport) (*testNode, 
 	n := &testNode{meta: Meta{State: 1, GPUs: 8, HealthyGPUs: 8}}
 	a, err := Start(Config{Name: name, Rack: "bench", Key: rackKey, BindAddr: "127.0.0.1:0", Seeds: seeds, Transport: tr,
 		Meta: func() Meta { n.mu.Lock(); defer n.mu.Unlock(); return n.meta },
-		// Hundreds of members share this machine's cores: give joins' TCP push-pull
-		// time. Gossip timings (what convergence measures) stay LAN defaults.
-		Tune: func(c *memberlist.Config) { c.TCPTimeout = time.Minute }})
+		// Hundreds of members share this machine's two cores, which real racks never
+		// do: with LAN defaults, a rack of about 350 in-process members used both
+		// cores, probes missed their 500 ms timeout, and suspicion and refutation
+		// traffic (660 suspicion timers at once) stalled further joins. So the
+		// benchmark gives joins' TCP push-pull time and relaxes the failure detector
+		// (5 s probes, 3 s timeout). A health change travels by gossip broadcast,
+		// and the timings that decide how fast it spreads (200 ms gossip interval,
+		// 3 gossip nodes) stay LAN defaults, as does the 30 s push-pull that heals a
+		// member which missed a join.
+		Tune: func(c *memberlist.Config) {
+			c.TCPTimeout = time.Minute
+			c.ProbeInterval = 5 * time.Second
+			c.ProbeTimeout = 3 * time.Second
+		}})
 	if err != nil {
 		return nil, err
 	}
