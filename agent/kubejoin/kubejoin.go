@@ -24,6 +24,8 @@ import (
 	"crypto/x509/pkix"
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"time"
@@ -40,6 +42,8 @@ import (
 	certutil "k8s.io/client-go/util/cert"
 	"k8s.io/client-go/util/certificate/csr"
 	"k8s.io/client-go/util/keyutil"
+
+	"github.com/gpurack/gpurack/internal/atomicfile"
 )
 
 // ConditionGPUHealthy is the Node condition type the agent owns.
@@ -211,4 +215,45 @@ func (n *Node) RenewLease(ctx context.Context, duration time.Duration) error {
 	l.Spec.RenewTime, l.Spec.LeaseDurationSeconds, l.Spec.HolderIdentity = &now, &secs, &n.Name
 	_, err = leases.Update(ctx, l, metav1.UpdateOptions{})
 	return err
+}
+
+// Node credential files that Keep writes: the simulated kubelet's counterpart of
+// kubelet's /var/lib/kubelet/pki.
+const (
+	nodeCertFile = "sim-node.crt"
+	nodeKeyFile  = "sim-node.key"
+)
+
+// KeepCredentials stores the node credentials of cfg (from Bootstrap) in dir, mode 0600,
+// so that a restarted agent does not need the bootstrap token again: gpuboot deletes it
+// once the machine is ready.
+func KeepCredentials(dir string, cfg *rest.Config) error {
+	if err := atomicfile.Write(filepath.Join(dir, nodeKeyFile), cfg.KeyData, 0o600); err != nil {
+		return err
+	}
+	return atomicfile.Write(filepath.Join(dir, nodeCertFile), cfg.CertData, 0o600)
+}
+
+// KeptCredentials returns a client configuration with the node credentials kept in dir,
+// if they are there, name system:node:NAME and are valid for at least another minute.
+func KeptCredentials(dir, server string, caPEM []byte, nodeName string) (*rest.Config, error) {
+	certPEM, err := os.ReadFile(filepath.Join(dir, nodeCertFile))
+	if err != nil {
+		return nil, err
+	}
+	keyPEM, err := os.ReadFile(filepath.Join(dir, nodeKeyFile))
+	if err != nil {
+		return nil, err
+	}
+	certs, err := certutil.ParseCertsPEM(certPEM)
+	if err != nil || len(certs) == 0 {
+		return nil, fmt.Errorf("kept node certificate: %v", err)
+	}
+	switch c := certs[0]; {
+	case c.Subject.CommonName != "system:node:"+nodeName:
+		return nil, fmt.Errorf("kept node certificate is for %q, not system:node:%s", c.Subject.CommonName, nodeName)
+	case time.Now().Add(time.Minute).After(c.NotAfter):
+		return nil, fmt.Errorf("kept node certificate expired at %s", c.NotAfter.Format(time.RFC3339))
+	}
+	return &rest.Config{Host: server, TLSClientConfig: rest.TLSClientConfig{CAData: caPEM, CertData: certPEM, KeyData: keyPEM}, Timeout: 30 * time.Second}, nil
 }

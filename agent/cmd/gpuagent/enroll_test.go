@@ -298,7 +298,8 @@ func TestEnrollWithGpuboot(t *testing.T) {
 		st := e.enrollment()
 		return st.GetState() == agentv1.EnrollmentState_ENROLLMENT_STATE_JOINED && st.GetMachineState() == "ready"
 	})
-	if log := d2.stderr.String(); !strings.Contains(log, "JoinBundle kept from before a restart") || strings.Contains(log, "waiting for approval") {
+	if log := d2.stderr.String(); !strings.Contains(log, "JoinBundle kept from before a restart") || strings.Contains(log, "waiting for approval") ||
+		!strings.Contains(log, "using the node credentials kept from before a restart") {
 		t.Errorf("restarted agent did not use its kept bundle:\n%s", log)
 	}
 	if st, err := e.remote.Status(ctx, &agentv1.StatusRequest{}); err != nil || st.GetNodeName() != e.node {

@@ -336,7 +336,18 @@ func (j *joiner) joinSimulated(ctx context.Context, bundle *bootv1.JoinBundle, l
 	name := bundle.GetNodeName()
 	for attempt, wait := 1, time.Second; ctx.Err() == nil; attempt, wait = attempt+1, min(2*wait, 30*time.Second) {
 		t0 := time.Now()
-		cfg, err := kubejoin.Bootstrap(ctx, bundle.GetApiServerEndpoint(), []byte(bundle.GetClusterCaPem()), bundle.GetBootstrapToken(), name)
+		// Node credentials from before a restart first: gpuboot deletes the bootstrap
+		// token once the machine is ready.
+		cfg, err := kubejoin.KeptCredentials(j.f.keyDir, bundle.GetApiServerEndpoint(), []byte(bundle.GetClusterCaPem()), name)
+		if err == nil {
+			j.log.Info("using the node credentials kept from before a restart", "node", name)
+		} else {
+			if cfg, err = kubejoin.Bootstrap(ctx, bundle.GetApiServerEndpoint(), []byte(bundle.GetClusterCaPem()), bundle.GetBootstrapToken(), name); err == nil {
+				if kerr := kubejoin.KeepCredentials(j.f.keyDir, cfg); kerr != nil {
+					j.log.Warn("node credentials not kept; a restarted agent will need the bootstrap token", "error", kerr)
+				}
+			}
+		}
 		if err == nil {
 			var client *kubernetes.Clientset
 			if client, err = kubernetes.NewForConfig(cfg); err == nil {
