@@ -29,8 +29,8 @@ import (
 	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
 	"github.com/gpurack/gpurack/controlplane-bootstrap/testcluster"
 	"github.com/gpurack/gpurack/imagebuilder/build"
+	"github.com/gpurack/gpurack/imagebuilder/buildtest"
 	"github.com/gpurack/gpurack/internal/netnstest"
-	"github.com/gpurack/gpurack/internal/profile"
 )
 
 // The node's view of the servers: QEMU's user-mode network (slirp) sends the guest's
@@ -84,7 +84,7 @@ func TestTinyNodeJoin(t *testing.T) {
 	reuse := os.Getenv("GPURACK_JOIN_IMAGE")
 	var k8sDir string
 	if reuse == "" {
-		k8sDir = requireImageBuild(t)
+		k8sDir = buildtest.RequireImageTools(t, "go")
 	}
 	testcluster.Require(t)
 	netnstest.Require(t)
@@ -252,35 +252,6 @@ func TestTinyNodeJoin(t *testing.T) {
 	}
 	t.Logf("timings: boot -> waiting for approval %s, approve -> Node %s, approve -> ready %s",
 		bootToWait.Round(time.Second), approveToNodeTook.Round(time.Second), time.Since(approved).Round(time.Second))
-}
-
-// requireImageBuild skips, saying why, unless this machine can build the tiny image
-// (the checks of imagebuilder/cmd/gpuimage's requireImageTools). It returns the
-// directory of the pinned Kubernetes node binaries.
-func requireImageBuild(t *testing.T) string {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("skipping: gpuimage build needs root (mmdebstrap --mode=root)")
-	}
-	for _, tool := range []string{"mmdebstrap", "mksquashfs", "unsquashfs", "apt-get", "dpkg-deb", "depmod", "go"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("skipping: %s is not installed (run make deps)", tool)
-		}
-	}
-	k8s := os.Getenv("GPURACK_K8S_DIR")
-	if k8s == "" {
-		d, _ := os.UserCacheDir()
-		k8s = filepath.Join(d, "gpurack", "k8s", joinKubelet)
-	}
-	for _, f := range []string{"bin/kubelet", "images/pause.tar"} {
-		if _, err := os.Stat(filepath.Join(k8s, f)); err != nil {
-			t.Skipf("skipping: %s is missing (run make k8s-bins)", filepath.Join(k8s, f))
-		}
-	}
-	if _, err := build.Sources(&profile.Profile{Base: profile.Base{Suite: "bookworm"}}); err != nil {
-		t.Skipf("skipping: %v", err)
-	}
-	return k8s
 }
 
 type joinBinaries struct{ gpuimage, gpuboot, controlplane string }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/gpurack/gpurack/imagebuilder/build"
+	"github.com/gpurack/gpurack/imagebuilder/buildtest"
 )
 
 // TestNvidiaImages builds the NVIDIA profiles (minutes each: the kernel modules compile
@@ -19,7 +20,7 @@ func TestNvidiaImages(t *testing.T) {
 	if os.Getenv("GPURACK_E2E_SLOW") == "" {
 		t.Skip("skipping: the NVIDIA images take many minutes each; set GPURACK_E2E_SLOW=1 (make e2e-slow)")
 	}
-	k8s := requireImageTools(t)
+	k8s := buildtest.RequireImageTools(t, "qemu-system-x86_64")
 	root := repoRoot(t)
 	cache := build.DefaultCacheDir()
 	for _, name := range []string{"debian12-nvidia535", "debian13-nvidia550"} {

@@ -16,38 +16,11 @@ import (
 
 	"github.com/gpurack/gpurack/imagebuilder/assemble"
 	"github.com/gpurack/gpurack/imagebuilder/build"
+	"github.com/gpurack/gpurack/imagebuilder/buildtest"
 	"github.com/gpurack/gpurack/internal/buildinfo"
 	"github.com/gpurack/gpurack/internal/manifest"
 	"github.com/gpurack/gpurack/internal/profile"
 )
-
-// requireImageTools skips, saying why, when this machine cannot build or boot images.
-// `make test` installs all of it first (make deps), so CI does not skip.
-func requireImageTools(t *testing.T) string {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("skipping: gpuimage build needs root (mmdebstrap --mode=root)")
-	}
-	for _, tool := range []string{"mmdebstrap", "mksquashfs", "unsquashfs", "qemu-system-x86_64", "apt-get", "dpkg-deb", "depmod"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("skipping: %s is not installed (run make deps)", tool)
-		}
-	}
-	k8s := os.Getenv("GPURACK_K8S_DIR")
-	if k8s == "" {
-		d, _ := os.UserCacheDir()
-		k8s = filepath.Join(d, "gpurack", "k8s", "v1.34.2")
-	}
-	for _, f := range []string{"bin/kubelet", "images/pause.tar"} {
-		if _, err := os.Stat(filepath.Join(k8s, f)); err != nil {
-			t.Skipf("skipping: %s is missing (run make k8s-bins)", filepath.Join(k8s, f))
-		}
-	}
-	if _, err := build.Sources(&profile.Profile{Base: profile.Base{Suite: "bookworm"}}); err != nil {
-		t.Skipf("skipping: %v", err)
-	}
-	return k8s
-}
 
 func repoRoot(t *testing.T) string {
 	root, err := filepath.Abs("../../..")
@@ -71,7 +44,7 @@ func mustRun(t *testing.T, args ...string) string {
 // directories and compare every byte, verify, inspect, boot it in QEMU with the rootfs
 // over HTTP, and refuse a tampered rootfs in gpurack-init and in gpuimage verify.
 func TestTinyImage(t *testing.T) {
-	k8s := requireImageTools(t)
+	k8s := buildtest.RequireImageTools(t, "qemu-system-x86_64")
 	root := repoRoot(t)
 	tmp := t.TempDir()
 	cache := build.DefaultCacheDir() // shared: the .deb cache and apt lists stay warm between runs
