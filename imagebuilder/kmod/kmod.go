@@ -17,6 +17,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/gpurack/gpurack/internal/linewriter"
 )
 
 // Key identifies one module build.
@@ -72,15 +74,7 @@ func Incompatibility(k Key, kernelPkgVersion string, log string) error {
 		return fmt.Errorf("NVIDIA driver %s (%s) does not build against kernel %s (%s): %s:%s: %s; pin a kernel ABI this driver supports in the profile's kernel.package, or pick another driver version or flavor",
 			k.Driver, k.Flavor, k.Kernel, kernelPkgVersion, m[1], m[2], m[3])
 	}
-	return fmt.Errorf("NVIDIA driver %s (%s) failed to build against kernel %s (%s):\n%s", k.Driver, k.Flavor, k.Kernel, kernelPkgVersion, tail(log, 30))
-}
-
-func tail(s string, n int) string {
-	l := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(l) > n {
-		l = l[len(l)-n:]
-	}
-	return strings.Join(l, "\n")
+	return fmt.Errorf("NVIDIA driver %s (%s) failed to build against kernel %s (%s):\n%s", k.Driver, k.Flavor, k.Kernel, kernelPkgVersion, linewriter.Tail(log, 30))
 }
 
 // Build compiles the modules of src (the DKMS source tree, a path inside root) in the
@@ -104,7 +98,7 @@ func Build(ctx context.Context, k Key, kernelPkgVersion, root, src, out string, 
 		return err
 	}
 	var log bytes.Buffer
-	w := &objectCounter{buf: &log, fn: progress}
+	w := objectCounter(&log, progress)
 	chroot := func(args ...string) error {
 		cmd := exec.CommandContext(ctx, "chroot", append([]string{root}, args...)...)
 		cmd.Env = append([]string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C", "HOME=/root"}, env...)
@@ -144,7 +138,7 @@ func Build(ctx context.Context, k Key, kernelPkgVersion, root, src, out string, 
 			return fmt.Errorf("NVIDIA driver %s (%s): the build produced no %s (it produced %d modules)", k.Driver, k.Flavor, m, len(built))
 		}
 		if err := chroot("strip", "--strip-debug", "-o", filepath.Join(stripped, m), from); err != nil {
-			return fmt.Errorf("strip %s: %v\n%s", from, err, tail(log.String(), 5))
+			return fmt.Errorf("strip %s: %v\n%s", from, err, linewriter.Tail(log.String(), 5))
 		}
 		data, err := os.ReadFile(filepath.Join(root, stripped, m))
 		if err != nil {
@@ -199,31 +193,18 @@ func haveAll(out string) bool {
 	return true
 }
 
-// objectCounter keeps the build's output and counts its "CC" lines.
-type objectCounter struct {
-	buf  *bytes.Buffer
-	fn   func(int)
-	n    int
-	line []byte
-}
-
-func (c *objectCounter) Write(b []byte) (int, error) {
-	c.buf.Write(b)
-	c.line = append(c.line, b...)
-	for {
-		i := bytes.IndexByte(c.line, '\n')
-		if i < 0 {
-			break
-		}
+// objectCounter keeps the build's output in buf and calls fn, if set, with the number
+// of "CC" lines so far.
+func objectCounter(buf *bytes.Buffer, fn func(objects int)) *linewriter.Writer {
+	n := 0
+	return &linewriter.Writer{Buf: buf, Line: func(line string) {
 		// kbuild prints "CC [M]  obj"; the open flavor's core (src/nvidia) is built
 		// by its own Makefile first, which prints "CC  obj".
-		if bytes.HasPrefix(bytes.TrimSpace(c.line[:i]), []byte("CC ")) {
-			c.n++
-			if c.fn != nil {
-				c.fn(c.n)
+		if strings.HasPrefix(strings.TrimSpace(line), "CC ") {
+			n++
+			if fn != nil {
+				fn(n)
 			}
 		}
-		c.line = c.line[i+1:]
-	}
-	return len(b), nil
+	}}
 }

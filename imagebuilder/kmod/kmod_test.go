@@ -43,7 +43,7 @@ func TestCommonTree(t *testing.T) {
 func TestObjectCounter(t *testing.T) {
 	var log bytes.Buffer
 	var seen []int
-	c := &objectCounter{buf: &log, fn: func(n int) { seen = append(seen, n) }}
+	c := objectCounter(&log, func(n int) { seen = append(seen, n) })
 	c.Write([]byte("make -C /usr/src/linux-headers-x\n  CC [M]  nvidia/nv.o\n  CC [M]  nvi"))
 	c.Write([]byte("dia/nv-pci.o\n  LD [M]  nvidia.o\n   CC  src/nvidia/arch/nvalloc/unix/src/os.c\n  CCX not a compile\n"))
 	if len(seen) != 3 || seen[2] != 3 || !strings.Contains(log.String(), "LD [M]  nvidia.o") {

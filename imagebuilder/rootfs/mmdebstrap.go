@@ -12,6 +12,8 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+
+	"github.com/gpurack/gpurack/internal/linewriter"
 )
 
 // Mmdebstrap describes one mmdebstrap run.
@@ -68,42 +70,12 @@ func (m *Mmdebstrap) Run(ctx context.Context) error {
 	cmd := exec.CommandContext(ctx, "mmdebstrap", args...)
 	cmd.Env = append(os.Environ(), "SOURCE_DATE_EPOCH="+strconv.FormatInt(m.Epoch, 10), "LC_ALL=C.UTF-8", "TMPDIR="+os.TempDir())
 	var out bytes.Buffer
-	w := &lineWriter{fn: m.Log, buf: &out}
+	w := &linewriter.Writer{Buf: &out, Line: m.Log}
 	cmd.Stdout, cmd.Stderr = w, w
 	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("mmdebstrap: %v\n%s", err, tail(out.String(), 30))
+		return fmt.Errorf("mmdebstrap: %v\n%s", err, linewriter.Tail(out.String(), 30))
 	}
 	return nil
 }
 
 func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
-
-func tail(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
-}
-
-type lineWriter struct {
-	fn  func(string)
-	buf *bytes.Buffer
-	cur []byte
-}
-
-func (w *lineWriter) Write(b []byte) (int, error) {
-	w.buf.Write(b)
-	w.cur = append(w.cur, b...)
-	for {
-		i := bytes.IndexByte(w.cur, '\n')
-		if i < 0 {
-			break
-		}
-		if w.fn != nil {
-			w.fn(string(w.cur[:i]))
-		}
-		w.cur = w.cur[i+1:]
-	}
-	return len(b), nil
-}
