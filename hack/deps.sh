@@ -4,7 +4,10 @@
 set -euo pipefail
 
 packages=(
-  protobuf-compiler # make generate
+  protobuf-compiler libprotobuf-dev # make generate (protoc and the well-known .proto files)
+  curl              # tests and bench scripts fetch over loopback
+  systemd           # systemd-analyze verifies the image's units
+  cpio              # initramfs inspection in the image tests
   iproute2          # network namespaces in tests
   openssl           # cross-checks of signatures and pins
   ca-certificates
