@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/gpurack/gpurack/internal/atomicfile"
 	"github.com/gpurack/gpurack/internal/pki"
 )
 
@@ -47,23 +48,9 @@ func LoadOrCreateKey(dir string) (key ed25519.PrivateKey, created bool, err erro
 	if err != nil {
 		return nil, false, err
 	}
-	// Write then rename, so a crash never leaves a half-written key behind.
-	tmp, err := os.CreateTemp(dir, ".agent.key-*")
-	if err != nil {
+	// Written atomically, so a crash never leaves a half-written key behind.
+	if err := atomicfile.Write(path, pemKey, 0o600); err != nil {
 		return nil, false, fmt.Errorf("enrollment key: %w", err)
-	}
-	defer os.Remove(tmp.Name())
-	if err = tmp.Chmod(0o600); err == nil {
-		_, err = tmp.Write(pemKey)
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), path)
-	}
-	if err != nil {
-		return nil, false, fmt.Errorf("enrollment key %s: %w", path, err)
 	}
 	return key, true, nil
 }

@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/yaml"
+
+	"github.com/gpurack/gpurack/internal/atomicfile"
 )
 
 // Real-node join (CONTRACTS §6): kubelet, shipped by the image but not enabled, does the
@@ -132,34 +132,10 @@ func WriteKubeletFiles(p KubeletPaths, j KubeletJoin) error {
 	if err != nil {
 		return err
 	}
-	if err := writeAtomic(p.BootstrapKubeconfig, kc, 0o600); err != nil {
+	if err := atomicfile.WriteMkdirAll(p.BootstrapKubeconfig, kc, 0o600, 0o755); err != nil {
 		return err
 	}
-	return writeAtomic(p.Config, conf, 0o644)
-}
-
-func writeAtomic(path string, data []byte, mode os.FileMode) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+"-*")
-	if err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	defer os.Remove(tmp.Name())
-	if err = tmp.Chmod(mode); err == nil {
-		_, err = tmp.Write(data)
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), path)
-	}
-	if err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	return nil
+	return atomicfile.WriteMkdirAll(p.Config, conf, 0o644, 0o755)
 }
 
 // Host is the part of systemd the real-node join needs: the transient hostname

@@ -2,12 +2,11 @@ package clusterpki
 
 import (
 	"fmt"
-	"os"
-	"path/filepath"
 
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
+	"github.com/gpurack/gpurack/internal/atomicfile"
 	"github.com/gpurack/gpurack/internal/pki"
 )
 
@@ -36,7 +35,7 @@ func KubeconfigBytes(clusterName, server string, caPEM []byte, user string, kp *
 
 // EnsureKubeconfig writes path for user/groups unless a kubeconfig is there
 // already that points at server, trusts this CA and carries a client
-// certificate from it. It is written to a temporary file and renamed.
+// certificate from it. It is written atomically (package atomicfile).
 func (s *Set) EnsureKubeconfig(path, clusterName, server, user string, groups ...string) error {
 	if s.kubeconfigCurrent(path, server, user) {
 		return nil
@@ -49,7 +48,7 @@ func (s *Set) EnsureKubeconfig(path, clusterName, server, user string, groups ..
 	if err != nil {
 		return fmt.Errorf("kubeconfig %s: %w", path, err)
 	}
-	return WriteFileAtomic(path, data, 0o600)
+	return atomicfile.WriteMkdirAll(path, data, 0o600, 0o755)
 }
 
 func (s *Set) kubeconfigCurrent(path, server, user string) bool {
@@ -67,34 +66,4 @@ func (s *Set) kubeconfigCurrent(path, server, user string) bool {
 	}
 	cert, err := pki.DecodeCertPEM(ai.ClientCertificateData)
 	return err == nil && cert.Subject.CommonName == user && cert.CheckSignatureFrom(s.CA.Cert) == nil
-}
-
-// WriteFileAtomic writes data to a temporary file beside path and renames it
-// over path, so readers see the old or the new content, never a part.
-func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return err
-	}
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	defer os.Remove(tmp)
-	if err := f.Chmod(perm); err != nil {
-		f.Close()
-		return err
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
 }

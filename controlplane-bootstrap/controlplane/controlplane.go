@@ -31,6 +31,7 @@ import (
 	"github.com/gpurack/gpurack/controlplane-bootstrap/clusterpki"
 	"github.com/gpurack/gpurack/controlplane-bootstrap/components"
 	"github.com/gpurack/gpurack/controlplane-bootstrap/joinconfig"
+	"github.com/gpurack/gpurack/internal/atomicfile"
 )
 
 // Mode is how the components run.
@@ -218,12 +219,12 @@ func Init(ctx context.Context, opts Options) (*ControlPlane, error) {
 		{l.EncryptionConfig(), components.EncryptionConfig(string(set.EncryptionKey)), 0o600},
 		{l.AuditPolicy(), components.AuditPolicy, 0o644},
 	} {
-		if err := clusterpki.WriteFileAtomic(f.path, f.data, f.mode); err != nil {
+		if err := atomicfile.WriteMkdirAll(f.path, f.data, f.mode, 0o755); err != nil {
 			return nil, err
 		}
 	}
 	if cfgYAML != nil {
-		if err := clusterpki.WriteFileAtomic(l.ConfigFile(), cfgYAML, 0o644); err != nil {
+		if err := atomicfile.WriteMkdirAll(l.ConfigFile(), cfgYAML, 0o644, 0o755); err != nil {
 			return nil, err
 		}
 	}
@@ -311,14 +312,14 @@ func (cp *ControlPlane) startSystemd(ctx context.Context, specs []components.Com
 		order = append(order, name)
 		prev = c.Name
 		// A copy beside the cluster, for operators and for reset.
-		if err := clusterpki.WriteFileAtomic(filepath.Join(cp.Layout.UnitDir(), name), units[name], 0o644); err != nil {
+		if err := atomicfile.WriteMkdirAll(filepath.Join(cp.Layout.UnitDir(), name), units[name], 0o644, 0o755); err != nil {
 			return err
 		}
 	}
 	if err := (components.SystemdUnits{Dir: unitDir}).Install(ctx, order, units); err != nil {
 		return err
 	}
-	if err := clusterpki.WriteFileAtomic(cp.Layout.SystemdMarker(), []byte(strings.Join(order, "\n")+"\n"), 0o644); err != nil {
+	if err := atomicfile.WriteMkdirAll(cp.Layout.SystemdMarker(), []byte(strings.Join(order, "\n")+"\n"), 0o644, 0o755); err != nil {
 		return err
 	}
 	for _, c := range specs {
@@ -449,7 +450,7 @@ func writePIDFile(path string, pid int) error {
 	if err != nil {
 		return err
 	}
-	return clusterpki.WriteFileAtomic(path, fmt.Appendf(nil, "%d %s\n", pid, st), 0o644)
+	return atomicfile.WriteMkdirAll(path, fmt.Appendf(nil, "%d %s\n", pid, st), 0o644, 0o755)
 }
 
 func readPIDFile(path string) (int, string) {

@@ -1,7 +1,10 @@
 // Package atomicfile writes files so that a crash leaves either the old content or the
-// new, never a torn file: data goes to a temporary file beside the target, is synced,
-// and is then renamed (or linked, to refuse replacing) into place, and the directory is
-// synced so the new name survives.
+// new, never a torn file: data goes to a temporary file beside the target, is synced
+// (fsync), and is then renamed (or linked, to refuse replacing) into place, and the
+// directory is synced so the new name survives a power loss too.
+//
+// It is the project's one way to write a file that must not be torn: keys, certificates,
+// kubeconfigs, manifests, units. It is not for logs or files that are appended to.
 package atomicfile
 
 import (
@@ -10,10 +13,21 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"syscall"
 )
 
-// Write replaces path with data, created with perm.
+// Write replaces path with data, created with perm (exactly: the umask does not apply).
+// The directory must exist.
 func Write(path string, data []byte, perm fs.FileMode) error { return write(path, data, perm, true) }
+
+// WriteMkdirAll is Write after creating path's missing parent directories with dirPerm
+// (which the umask trims, as with os.MkdirAll).
+func WriteMkdirAll(path string, data []byte, perm, dirPerm fs.FileMode) error {
+	if err := os.MkdirAll(filepath.Dir(path), dirPerm); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return write(path, data, perm, true)
+}
 
 // Create writes data to path with perm, and fails if path already exists.
 func Create(path string, data []byte, perm fs.FileMode) error { return write(path, data, perm, false) }
@@ -39,6 +53,8 @@ func write(path string, data []byte, perm fs.FileMode, replace bool) (err error)
 	if _, err := tmp.Write(data); err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
+	// The data must be on disk before the new name is: otherwise a crash after the
+	// rename can leave an empty or partial file under the final name.
 	if err := tmp.Sync(); err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
@@ -58,9 +74,22 @@ func write(path string, data []byte, perm fs.FileMode, replace bool) (err error)
 		}
 		return fmt.Errorf("write %s: %w", path, err)
 	}
-	if d, derr := os.Open(dir); derr == nil {
-		d.Sync()
-		d.Close()
+	if err := syncDir(dir); err != nil {
+		return fmt.Errorf("write %s: the file is in place, but syncing its directory failed, so it may not survive a power loss: %w", path, err)
+	}
+	return nil
+}
+
+// syncDir makes a rename or link in dir durable. File systems that cannot sync a
+// directory (EINVAL, ENOTSUP) order their metadata themselves; that is not an error.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil && !errors.Is(err, syscall.EINVAL) && !errors.Is(err, syscall.ENOTSUP) {
+		return err
 	}
 	return nil
 }

@@ -35,3 +35,56 @@ func TestWriteReplacesAndCreateRefuses(t *testing.T) {
 		t.Fatalf("want an error naming the path, got %v", err)
 	}
 }
+
+// The mode is exact, whatever the umask: a key written 0600 must not end up 0644, and a
+// unit written 0644 must not end up 0600.
+func TestWriteModeIgnoresUmask(t *testing.T) {
+	dir := t.TempDir()
+	for _, perm := range []os.FileMode{0o600, 0o640, 0o644, 0o755} {
+		p := filepath.Join(dir, perm.String())
+		if err := Write(p, []byte("x"), perm); err != nil {
+			t.Fatal(err)
+		}
+		if st, _ := os.Stat(p); st.Mode().Perm() != perm {
+			t.Errorf("Write with %v made %v", perm, st.Mode().Perm())
+		}
+	}
+}
+
+func TestWriteMkdirAll(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "a", "b", "kubelet.conf")
+	if err := WriteMkdirAll(p, []byte("k"), 0o600, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(p); err != nil || string(b) != "k" {
+		t.Fatalf("read back %q, %v", b, err)
+	}
+	st, _ := os.Stat(filepath.Join(dir, "a", "b"))
+	if !st.IsDir() || st.Mode().Perm()&0o077 != 0 {
+		t.Errorf("parent made with %v, want at most 0700", st.Mode())
+	}
+	// A parent that is a file cannot be made: the error names the target.
+	blocker := filepath.Join(dir, "file")
+	os.WriteFile(blocker, nil, 0o644)
+	if err := WriteMkdirAll(filepath.Join(blocker, "x"), nil, 0o644, 0o755); err == nil || !strings.Contains(err.Error(), filepath.Join(blocker, "x")) {
+		t.Fatalf("want an error naming the path, got %v", err)
+	}
+}
+
+// A failed replace leaves the old file and no temporary file.
+func TestFailedWriteLeavesOldContent(t *testing.T) {
+	dir := t.TempDir()
+	target := filepath.Join(dir, "t")
+	// Renaming a file over a non-empty directory fails after the data is written.
+	if err := os.MkdirAll(filepath.Join(target, "sub"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := Write(target, []byte("new"), 0o644); err == nil {
+		t.Fatal("Write over a non-empty directory succeeded")
+	}
+	entries, _ := os.ReadDir(dir)
+	if len(entries) != 1 || entries[0].Name() != "t" || !entries[0].IsDir() {
+		t.Fatalf("after a failed Write the directory holds %v", entries)
+	}
+}

@@ -13,9 +13,9 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/gpurack/gpurack/controlplane-bootstrap/clusterconfig"
-	"github.com/gpurack/gpurack/controlplane-bootstrap/clusterpki"
 	"github.com/gpurack/gpurack/controlplane-bootstrap/controlplane"
 	"github.com/gpurack/gpurack/controlplane-bootstrap/joinconfig"
+	"github.com/gpurack/gpurack/internal/atomicfile"
 )
 
 func dirFlag(cmd *cobra.Command, dir *string) {
@@ -360,7 +360,7 @@ delete Nodes.`,
 				return err
 			}
 			path := filepath.Join(outDir, joinconfig.EnrollerKubeconfigFile)
-			if err := clusterpki.WriteFileAtomic(path, data, 0o600); err != nil {
+			if err := atomicfile.WriteMkdirAll(path, data, 0o600, 0o755); err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "wrote %s (server %s, CA %s)\n", path, cp.Config.EndpointURL(), cp.PKI.CAPin())
