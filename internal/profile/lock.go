@@ -9,6 +9,8 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+
+	"github.com/gpurack/gpurack/internal/strictyaml"
 )
 
 // LockSchemaVersion is the lock format this package reads and writes.
@@ -87,14 +89,14 @@ func LoadLock(path string) (*Lock, error) {
 // names file, line and field.
 func ParseLock(file string, data []byte) (*Lock, error) {
 	var l Lock
-	pos, err := decodeStrict(file, data, &l)
+	pos, err := strictyaml.Decode(file, data, &l)
 	if err != nil {
 		return nil, err
 	}
 	v := validator{file: file, pos: pos}
 	v.lock(&l)
 	if len(v.errs) > 0 {
-		return nil, v.errs.sorted()
+		return nil, v.errs.Sorted()
 	}
 	return &l, nil
 }

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/gpurack/gpurack/internal/checkid"
+	"github.com/gpurack/gpurack/internal/strictyaml"
 )
 
 // Load reads and validates the profile at path.
@@ -26,7 +27,7 @@ func Load(path string) (*Profile, error) {
 // field.
 func Parse(file string, data []byte) (*Profile, error) {
 	var p Profile
-	pos, err := decodeStrict(file, data, &p)
+	pos, err := strictyaml.Decode(file, data, &p)
 	if err != nil {
 		return nil, err
 	}
@@ -34,19 +35,19 @@ func Parse(file string, data []byte) (*Profile, error) {
 	v := validator{file: file, pos: pos}
 	v.profile(&p)
 	if len(v.errs) > 0 {
-		return nil, v.errs.sorted()
+		return nil, v.errs.Sorted()
 	}
 	return &p, nil
 }
 
 type validator struct {
 	file string
-	pos  positions
+	pos  strictyaml.Positions
 	errs Errors
 }
 
 func (v *validator) fail(field, format string, args ...any) {
-	v.errs = append(v.errs, &Error{File: v.file, Line: v.pos.lineOf(field), Field: field, Msg: fmt.Sprintf(format, args...)})
+	v.errs = append(v.errs, v.pos.At(v.file, field, fmt.Sprintf(format, args...)))
 }
 
 // required reports a missing value and returns false, or returns true.
@@ -153,7 +154,7 @@ func (v *validator) gpu(g *GPU) {
 		v.fail("gpu.driver.version", "%q is not an NVIDIA driver version like 535.261.03", g.Driver.Version)
 	}
 	if v.required("gpu.driver.flavor", g.Driver.Flavor, "flavor: open") && g.Driver.Flavor != "open" && g.Driver.Flavor != "proprietary" {
-		v.fail("gpu.driver.flavor", "unknown flavor %q%s; use open or proprietary", g.Driver.Flavor, suggest(g.Driver.Flavor, []string{"open", "proprietary"}))
+		v.fail("gpu.driver.flavor", "unknown flavor %q%s; use open or proprietary", g.Driver.Flavor, strictyaml.Suggest(g.Driver.Flavor, []string{"open", "proprietary"}))
 	}
 	e := &g.Expect
 	if e.Count < 1 || e.Count > 64 {
