@@ -265,7 +265,7 @@ func (c *Config) Validate() []FieldError {
 	} {
 		for k := range ea.m {
 			if !flagName.MatchString(k) {
-				add(ea.field+"."+k, "%q is not a flag name: write it without leading dashes, for example audit-log-maxage", k)
+				add(ea.field+"["+k+"]", "%q is not a flag name: write it without leading dashes, for example audit-log-maxage", k)
 			}
 		}
 	}

@@ -59,8 +59,8 @@ func TestParseErrorsNameTheField(t *testing.T) {
 		want       []string
 	}{
 		{"unknown field", "apiServer:\n  prot: 6443\n", []string{"x.yaml:2: apiServer.prot: unknown field", "port"}},
-		{"case typo", "apiserver:\n  port: 6443\n", []string{"x.yaml:1: apiserver: unknown field (did you mean \"apiServer\"?)"}},
-		{"port not a number", "etcd:\n  clientPort: two\n", []string{"x.yaml:2: etcd.clientPort", "not a whole number"}},
+		{"case typo", "apiserver:\n  port: 6443\n", []string{"x.yaml:1: apiserver: unknown field \"apiserver\" (did you mean \"apiServer\"?)"}},
+		{"port not a number", "etcd:\n  clientPort: two\n", []string{"x.yaml:2: etcd.clientPort: expected a whole number, found \"two\""}},
 		{"port out of range", "scheduler:\n  port: 70000\n", []string{"x.yaml:2: scheduler.port: 70000 is not a port"}},
 		{"apiserver port out of range", "apiServer:\n  port: 99999\n", []string{"x.yaml:2: apiServer.port: 99999 is not a port"}},
 		{"port clash", "etcd:\n  clientPort: 6443\n", []string{"x.yaml:2: etcd.clientPort: 6443 is also apiServer.port"}},
@@ -73,12 +73,17 @@ func TestParseErrorsNameTheField(t *testing.T) {
 		{"wrong version", "kubernetesVersion: v1.35.0\n", []string{"x.yaml:1: kubernetesVersion", "v1.34.2"}},
 		{"wrong kind", "kind: Cluster\n", []string{"x.yaml:1: kind: is \"Cluster\"; write \"ClusterConfig\""}},
 		{"bad ttl", "bootstrapTokens:\n  ttl: forever\n", []string{"x.yaml:2: bootstrapTokens.ttl"}},
-		{"dashed flag", "apiServer:\n  extraArgs:\n    --v: \"2\"\n", []string{"x.yaml:3: apiServer.extraArgs.--v", "without leading dashes"}},
-		{"list for string", "clusterName: [a, b]\n", []string{"x.yaml:1: clusterName: must be a single value"}},
+		{"dashed flag", "apiServer:\n  extraArgs:\n    --v: \"2\"\n", []string{"x.yaml:3: apiServer.extraArgs[--v]", "without leading dashes"}},
+		{"list for string", "clusterName: [a, b]\n", []string{"x.yaml:1: clusterName: expected text, found a list"}},
 		{"bad cluster name", "clusterName: My_Cluster\n", []string{"x.yaml:1: clusterName"}},
 		{"not yaml", "apiServer: [\n", []string{"x.yaml:", "not valid YAML"}},
 		{"two documents", "clusterName: a\n---\nclusterName: b\n", []string{"more than one YAML document"}},
-		{"duplicate key", "clusterName: a\nclusterName: b\n", []string{"x.yaml:"}},
+		{"duplicate key", "clusterName: a\nclusterName: b\n", []string{"x.yaml:2: clusterName: field \"clusterName\" is given twice"}},
+		{"alias", "clusterName: &n a\nnodeName: *n\n", []string{"x.yaml:2: nodeName: YAML aliases are not supported"}},
+		{"unquoted boolean flag value", "etcd:\n  extraArgs:\n    enable-pprof: true\n", []string{"x.yaml:3: etcd.extraArgs[enable-pprof]: expected text, found the boolean true; quote it"}},
+		{"list for a flag value", "etcd:\n  extraArgs:\n    v: [1, 2]\n", []string{"x.yaml:3: etcd.extraArgs[v]: expected text, found a list"}},
+		{"every problem at once", "clusterName: [a]\netcd:\n  clientPort: two\n  peerPrt: 1\n", []string{"x.yaml:1: clusterName", "x.yaml:3: etcd.clientPort", "x.yaml:4: etcd.peerPrt"}},
+		{"every invalid value at once", "clusterName: A\nnetworking:\n  podSubnet: x\n", []string{"x.yaml:1: clusterName", "x.yaml:3: networking.podSubnet"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Parse("x.yaml", []byte(tc.yaml))
