@@ -1,13 +1,13 @@
 // Package config is gpuboot's configuration file (gpuboot.yaml): its schema, defaults,
-// strict parsing (unknown fields, wrong types and duplicate keys are errors naming the
-// file and line) and validation (errors name the field and what to fix). See
+// strict parsing (package strictyaml: unknown fields, wrong types and duplicate keys are
+// errors) and validation. Every error names the file, the line and the field, and says
+// what to fix. See
 // docs/examples/gpuboot.yaml for a commented example.
 //
 // It only describes settings; pxe/server turns them into running parts.
 package config
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -17,8 +17,7 @@ import (
 	"strings"
 	"time"
 
-	"go.yaml.in/yaml/v3"
-
+	"github.com/gpurack/gpurack/internal/strictyaml"
 	"github.com/gpurack/gpurack/pxe/policy"
 )
 
@@ -51,6 +50,8 @@ type Config struct {
 
 	// Source is the file the configuration was read from (not a YAML field).
 	Source string `yaml:"-"`
+	// pos locates fields in Source for Validate's errors; nil for a Config built in code.
+	pos strictyaml.Positions
 }
 
 // Listen are the listener addresses (CONTRACTS §3).
@@ -186,56 +187,23 @@ func Load(path string) (*Config, error) {
 	return Parse(path, data)
 }
 
-var yamlLine = regexp.MustCompile(`line (\d+): `)
-
-// Parse parses and validates data read from source.
+// Parse parses and validates data read from source. Decoding is strict (package
+// strictyaml): an unknown field, a wrong type, a key given twice, an alias or a second
+// document is an error. The error is a strictyaml.Errors: every problem, one per line,
+// each as "SOURCE:LINE: FIELD: what to fix".
 func Parse(source string, data []byte) (*Config, error) {
 	c := &Config{}
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(c); err != nil {
-		if errors.Is(err, errEOF) || strings.Contains(err.Error(), "EOF") {
-			return nil, fmt.Errorf("%s: empty configuration", source)
-		}
-		return nil, fmt.Errorf("%s", friendly(source, err))
-	}
-	var extra yaml.Node
-	if dec.Decode(&extra) == nil {
-		return nil, fmt.Errorf("%s: more than one YAML document; gpuboot reads one", source)
+	pos, err := strictyaml.Decode(source, data, c)
+	if err != nil {
+		return nil, err
 	}
 	c.Source = source
+	c.pos = pos
 	c.applyDefaults()
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
 	return c, nil
-}
-
-var errEOF = errors.New("EOF")
-
-// friendly rewrites yaml.v3's errors ("yaml: unmarshal errors:\n  line 3: field x not
-// found in type config.Config") into "FILE:3: unknown field x".
-func friendly(source string, err error) string {
-	msg := strings.TrimPrefix(err.Error(), "yaml: ")
-	msg = strings.TrimPrefix(msg, "unmarshal errors:\n")
-	var out []string
-	for _, line := range strings.Split(msg, "\n") {
-		line = strings.TrimSpace(line)
-		if line == "" {
-			continue
-		}
-		loc := source
-		if m := yamlLine.FindStringSubmatch(line); m != nil {
-			loc += ":" + m[1]
-			line = yamlLine.ReplaceAllString(line, "")
-		}
-		if f, t, ok := strings.Cut(line, " not found in type "); ok {
-			line = "unknown " + f + " in " + strings.TrimPrefix(t, "config.") + ": check the spelling against docs/examples/gpuboot.yaml"
-		}
-		line = strings.ReplaceAll(line, "config.", "")
-		out = append(out, loc+": "+line)
-	}
-	return strings.Join(out, "\n")
 }
 
 func (c *Config) applyDefaults() {
@@ -294,11 +262,12 @@ func (c *Config) applyDefaults() {
 var rackName = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$`)
 
 // Validate checks the settings and returns every problem, one per line, each naming
-// the field and what to fix.
+// the field and what to fix, and the line of Source it is on when the Config was
+// parsed.
 func (c *Config) Validate() error {
-	var errs []string
+	var errs strictyaml.Errors
 	bad := func(field, format string, args ...any) {
-		errs = append(errs, fmt.Sprintf("%s: %s: %s", c.Source, field, fmt.Sprintf(format, args...)))
+		errs = append(errs, c.pos.At(c.Source, field, fmt.Sprintf(format, args...)))
 	}
 	if c.StateDir == "" {
 		bad("stateDir", "required: the directory `gpuboot init` created")
@@ -310,9 +279,9 @@ func (c *Config) Validate() error {
 			bad("advertise", "%q: give a host name or IP address without scheme or port", c.Advertise)
 		}
 	}
-	for field, addr := range map[string]string{"listen.http": c.Listen.HTTP, "listen.tls": c.Listen.TLS} {
-		if _, _, err := splitHostPort(addr); err != nil {
-			bad(field, "%q: want [HOST]:PORT", addr)
+	for _, l := range []struct{ field, addr string }{{"listen.http", c.Listen.HTTP}, {"listen.tls", c.Listen.TLS}} {
+		if _, _, err := splitHostPort(l.addr); err != nil {
+			bad(l.field, "%q: want [HOST]:PORT", l.addr)
 		}
 	}
 	if c.DHCPEnabled() || c.TFTPEnabled() {
@@ -334,9 +303,9 @@ func (c *Config) Validate() error {
 		if c.DHCP.Pool == nil {
 			bad("dhcp.pool", "required with dhcp.mode: full (start, end, netmask)")
 		} else {
-			for f, v := range map[string]string{"start": c.DHCP.Pool.Start, "end": c.DHCP.Pool.End} {
-				if a, err := netip.ParseAddr(v); err != nil || !a.Is4() {
-					bad("dhcp.pool."+f, "%q is not an IPv4 address", v)
+			for _, p := range []struct{ field, addr string }{{"start", c.DHCP.Pool.Start}, {"end", c.DHCP.Pool.End}} {
+				if a, err := netip.ParseAddr(p.addr); err != nil || !a.Is4() {
+					bad("dhcp.pool."+p.field, "%q is not an IPv4 address", p.addr)
 				}
 			}
 			if a, err := netip.ParseAddr(c.DHCP.Pool.Netmask); err != nil || !a.Is4() {
@@ -424,7 +393,7 @@ func (c *Config) Validate() error {
 		bad("logLevel", "%q: use debug, info, warn or error", c.LogLevel)
 	}
 	if len(errs) > 0 {
-		return errors.New(strings.Join(errs, "\n"))
+		return errs.Sorted()
 	}
 	return nil
 }

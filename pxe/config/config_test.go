@@ -38,27 +38,57 @@ func TestDefaults(t *testing.T) {
 	}
 }
 
+// Every problem is reported as FILE:LINE: FIELD: what to fix; minimal is five lines, so
+// an appended line is line 6.
 func TestErrors(t *testing.T) {
 	cases := []struct{ yaml, want string }{
-		{minimal + "colour: blue\n", "g.yaml:6: unknown field colour"},
-		{minimal + "dhcp: {mode: sideways}\n", "dhcp.mode: \"sideways\""},
-		{minimal + "dhcp: {mode: full}\n", "dhcp.pool: required"},
-		{minimal + "policy: {approval: allowlist}\n", "policy.allowlist: required"},
-		{minimal + "policy: {approval: yes-please}\n", "policy.approval"},
-		{minimal + "enrollment: {reenroll: sometimes}\n", "enrollment.reenroll"},
-		{minimal + "selectors: [{name: x, image: nope}]\n", "selectors"},
-		{strings.Replace(minimal, "advertise: 192.0.2.1\n", "", 1), "advertise: required"},
-		{strings.Replace(minimal, "racks: [{name: r1}]", "racks: [{name: R_1}]", 1), "racks[0].name"},
-		{minimal + "listen: {http: 8080}\n", "listen.http"},
-		{minimal + "interfaces: [{name: eth1}]\n", "mapping key \"interfaces\" already defined"},
-		{"", "empty"},
-		{minimal + "---\nx: 1\n", "more than one YAML document"},
+		{minimal + "colour: blue\n", `g.yaml:6: colour: unknown field "colour"; known fields here: stateDir, advertise`},
+		{minimal + "dhcp: {mdoe: full}\n", `g.yaml:6: dhcp.mdoe: unknown field "mdoe" (did you mean "mode"?)`},
+		{minimal + "dhcp: {mode: sideways}\n", "g.yaml:6: dhcp.mode: \"sideways\""},
+		{minimal + "dhcp: {mode: full}\n", "g.yaml:6: dhcp.pool: required"},
+		{minimal + "dhcp:\n  mode: full\n  pool:\n    start: 10.0.0.300\n", "g.yaml:9: dhcp.pool.start: \"10.0.0.300\" is not an IPv4 address"},
+		{minimal + "dhcp: {enabled: maybe}\n", `g.yaml:6: dhcp.enabled: expected true or false, found "maybe"`},
+		{minimal + "cluster:\n  clearAfter: soon\n", `g.yaml:7: cluster.clearAfter: expected a duration such as 30s or 5m, found "soon"`},
+		{minimal + "enrollment: {maxUnapproved: lots}\n", `g.yaml:6: enrollment.maxUnapproved: expected a whole number, found "lots"`},
+		{minimal + "logLevel: true\n", "g.yaml:6: logLevel: expected text, found the boolean true; quote it"},
+		{minimal + "tftp: &t {dir: x}\nadmin: *t\n", "g.yaml:7: admin: YAML aliases are not supported"},
+		{minimal + "policy: {approval: allowlist}\n", "g.yaml:6: policy.allowlist: required"},
+		{minimal + "policy: {approval: yes-please}\n", "g.yaml:6: policy.approval"},
+		{minimal + "enrollment: {reenroll: sometimes}\n", "g.yaml:6: enrollment.reenroll"},
+		{minimal + "selectors: [{name: x, image: nope}]\n", "g.yaml:6: selectors"},
+		{strings.Replace(minimal, "advertise: 192.0.2.1\n", "", 1), "g.yaml:1: advertise: required"},
+		{strings.Replace(minimal, "racks: [{name: r1}]", "racks: [{name: R_1}]", 1), "g.yaml:5: racks[0].name"},
+		{minimal + "listen: {http: 8080}\n", "g.yaml:6: listen.http"},
+		{minimal + "interfaces: [{name: eth1}]\n", `g.yaml:6: interfaces: field "interfaces" is given twice; keep one`},
+		{"", "g.yaml:1: the file is empty"},
+		{"# nothing but a comment\n", "g.yaml:1: the file is empty"},
+		{"stateDir: [\n", "g.yaml:"},
+		{minimal + "---\nx: 1\n", "g.yaml:6: holds more than one YAML document"},
 	}
 	for _, c := range cases {
 		_, err := Parse("g.yaml", []byte(c.yaml))
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("config %q:\nerr = %v\nwant it to contain %q", c.yaml, err, c.want)
 		}
+	}
+}
+
+// All problems come at once, in line order.
+func TestErrorsAllAtOnce(t *testing.T) {
+	src := "stateDir: /s\nlogLevel: loud\ninterfaces: [{name: eth0}]\nimages: {store: /i, trustedKeys: [/k]}\nracks: [{name: r1}]\ndhcp: {mode: sideways}\n"
+	_, err := Parse("g.yaml", []byte(src))
+	want := "g.yaml:1: advertise: required: the IP address or host name machines reach gpuboot at\n" +
+		"g.yaml:2: logLevel: \"loud\": use debug, info, warn or error\n" +
+		"g.yaml:6: dhcp.mode: \"sideways\": use proxy (coexists with the site's DHCP server) or full"
+	if err == nil || err.Error() != want {
+		t.Fatalf("got:\n%v\nwant:\n%s", err, want)
+	}
+	// A Config built in code has no lines to give.
+	err = (&Config{Source: "built", Listen: Listen{HTTP: ":1", TLS: ":2"}, DHCP: DHCP{Mode: "proxy"},
+		Enrollment: Enrollment{UnknownMachines: "hold", Reenroll: "auto"}, Policy: Policy{Approval: "manual"},
+		Cluster: Cluster{UnhealthyEffect: "NoSchedule"}, LogLevel: "info"}).Validate()
+	if err == nil || !strings.HasPrefix(err.Error(), "built: stateDir: required") {
+		t.Fatalf("unparsed Config: %v", err)
 	}
 }
 
