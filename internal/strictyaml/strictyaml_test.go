@@ -21,7 +21,7 @@ type rack struct {
 	Owner    `yaml:",inline"`
 	Notag    string
 	Skipped  string `yaml:"-"`
-	hidden   string //nolint:unused // an unexported field is not a YAML key
+	hidden   string // an unexported field is not a YAML key
 }
 
 type host struct {
@@ -55,7 +55,7 @@ func TestDecodeGood(t *testing.T) {
 		t.Fatal(err)
 	}
 	if r.Name != "r1" || r.Slots != 42 || !*r.Enabled || r.Interval != 30*time.Second || r.Gateway.String() != "192.0.2.1" ||
-		r.Labels["zone"] != "a" || r.Hosts[0].Tags[0] != "gpu" || r.Team != "infra" || r.Notag != "x" {
+		r.Labels["zone"] != "a" || r.Hosts[0].Tags[0] != "gpu" || r.Team != "infra" || r.Notag != "x" || r.hidden != "" {
 		t.Fatalf("decoded %+v", r)
 	}
 	for field, line := range map[string]int{
