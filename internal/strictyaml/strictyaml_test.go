@@ -133,6 +133,8 @@ func TestDecodeShapes(t *testing.T) {
 		{"tab", "name: r1\n\tslots: 1\n", "r.yaml:2: not valid YAML: "},
 		{"two documents", "name: a\n---\nname: b\n", "r.yaml:2: holds more than one YAML document"},
 		{"bad second document", "name: a\n---\nname: [\n", "r.yaml:3: not valid YAML"},
+		{"unexported field", "hidden: x\n", `r.yaml:1: hidden: unknown field "hidden"`},
+		{"yaml:\"-\" field", "skipped: x\n", `r.yaml:1: skipped: unknown field "skipped"`},
 		{"complex key", "? [a]\n: 1\n", "r.yaml:1: a field name must be a plain word"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
