@@ -236,7 +236,11 @@ func (s *Service) Heartbeat(ctx context.Context, req *bootv1.HeartbeatRequest) (
 			}
 			m.LastHeartbeat = now.UTC()
 		}
-		if t, ok := s.checkConflict(m, now); ok {
+		t, ok, err := conflictMove(m, now)
+		if err != nil {
+			return nil, fmt.Errorf("heartbeat: %w", err)
+		}
+		if ok {
 			return []inventory.Transition{t}, nil
 		}
 		return nil, nil

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/gpurack/gpurack/pxe/identity"
 )
 
 func openTest(t *testing.T) (*BoltStore, string) {
@@ -23,7 +25,7 @@ func openTest(t *testing.T) (*BoltStore, string) {
 
 func newMachine(t *testing.T, mac string, st State) (*Machine, Transition) {
 	t.Helper()
-	m := &Machine{ID: NewID(), Identity: Identity{MAC: mac, Serial: "SN-" + mac}, CreatedAt: time.Now()}
+	m := &Machine{ID: NewID(), Identity: identity.Identity{MAC: mac, Serial: "SN-" + mac}, CreatedAt: time.Now()}
 	tr, err := Move(m, st, "gpuboot", "test", time.Now())
 	if err != nil {
 		t.Fatal(err)
@@ -49,7 +51,7 @@ func TestBoltCreateGetLookup(t *testing.T) {
 	if err := s.Create(ctx, other, tr3); err != nil {
 		t.Fatal(err)
 	}
-	got, err := s.Lookup(ctx, Identity{MAC: "52:54:00:00:00:01", Serial: "SN-52:54:00:00:00:01"}.Key())
+	got, err := s.Lookup(ctx, identity.Identity{MAC: "52:54:00:00:00:01", Serial: "SN-52:54:00:00:00:01"}.Key())
 	if err != nil || got.ID != m.ID {
 		t.Fatalf("Lookup = %v, %v", got, err)
 	}
@@ -141,7 +143,7 @@ func TestBoltConcurrentCreateOneWinner(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			m := &Machine{ID: NewID(), Identity: Identity{MAC: "52:54:00:00:00:10"}}
+			m := &Machine{ID: NewID(), Identity: identity.Identity{MAC: "52:54:00:00:00:10"}}
 			tr, _ := Move(m, Discovered, "gpuboot", fmt.Sprint("racer ", i), time.Now())
 			if err := s.Create(ctx, m, tr); err == nil {
 				mu.Lock()
