@@ -259,23 +259,23 @@ func factsIPs(f *machinev1.MachineFacts) []net.IP {
 func (s *Service) assignNodeName(ctx context.Context, m *inventory.Machine) (string, error) {
 	s.names.Lock()
 	defer s.names.Unlock()
-	all, err := s.store.List(ctx)
-	if err != nil {
-		return "", err
-	}
-	taken := map[string]bool{}
-	for _, o := range all {
-		if o.ID != m.ID && o.NodeName != "" && o.State != inventory.Decommissioned {
-			taken[o.NodeName] = true
-		}
-	}
 	rack := m.Rack
 	if rack == "" {
 		rack = "rack"
 	}
 	if m.Slot != "" {
-		if n := nodeName(s.cfg.NodeNamePrefix, rack, m.Slot); n != "" && !taken[n] {
-			return n, nil
+		if n := nodeName(s.cfg.NodeNamePrefix, rack, m.Slot); n != "" {
+			holders, err := s.store.ByNodeName(ctx, n)
+			if err != nil {
+				return "", err
+			}
+			taken := false
+			for _, o := range holders {
+				taken = taken || (o.ID != m.ID && o.State != inventory.Decommissioned)
+			}
+			if !taken {
+				return n, nil
+			}
 		}
 	}
 	return nodeName(s.cfg.NodeNamePrefix, rack, m.ID), nil
