@@ -230,12 +230,6 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	return s, nil
 }
 
-// Store returns the inventory the service writes.
-func (s *Service) Store() inventory.Store { return s.store }
-
-// Config returns the service's configuration (after defaults).
-func (s *Service) Config() Config { return s.cfg }
-
 // Snapshot returns a copy of the counters.
 func (s *Service) Snapshot() (registrations map[string]uint64, released uint64, refused map[string]uint64, limited uint64) {
 	s.stats.mu.Lock()
