@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto"
 	"crypto/ecdsa"
+	"crypto/ed25519"
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/tls"
@@ -21,9 +22,10 @@ const (
 	// DefaultCAValidity is how long a CA made by NewCA is valid when the
 	// request leaves Validity at zero.
 	DefaultCAValidity = 10 * 365 * 24 * time.Hour
-	// DefaultLeafValidity is how long a certificate issued by CA.Issue (and
-	// so by IssueServer, IssueAgent and IssueOperator) is valid when the
-	// request leaves Validity at zero. It never outlives the CA.
+	// DefaultLeafValidity is how long a certificate issued by CA.Issue or
+	// CA.Certify (and so by IssueServer, IssueAgent, CertifyAgent and
+	// IssueOperator) is valid when the request leaves Validity at zero. It
+	// never outlives the CA.
 	DefaultLeafValidity = 365 * 24 * time.Hour
 	// Backdate is subtracted from NotBefore so that a machine whose clock
 	// lags the issuer's by a few minutes (a node before time sync) still
@@ -160,11 +162,44 @@ func (ca *CA) Issue(req CertRequest) (*KeyPair, error) {
 	if err := ca.check(); err != nil {
 		return nil, err
 	}
+	key, err := newKey()
+	if err != nil {
+		return nil, fmt.Errorf("issue certificate %q: %v", req.CommonName, err)
+	}
+	cert, err := ca.Certify(req, key.Public())
+	if err != nil {
+		return nil, err
+	}
+	return &KeyPair{Cert: cert, Key: key}, nil
+}
+
+// Certify signs a leaf certificate for req over pub, a public key whose private half
+// stays with its holder: an agent's ed25519 key, which never travels (CONTRACTS §4).
+// pub is an *ecdsa.PublicKey or an ed25519.PublicKey. The certificate is the one Issue
+// makes for the same request, with pub as its key.
+func (ca *CA) Certify(req CertRequest, pub crypto.PublicKey) (*x509.Certificate, error) {
+	if err := ca.check(); err != nil {
+		return nil, err
+	}
 	if req.CommonName == "" {
 		return nil, errors.New("issue certificate: CommonName is required")
 	}
-	fail := func(format string, args ...any) (*KeyPair, error) {
+	fail := func(format string, args ...any) (*x509.Certificate, error) {
 		return nil, fmt.Errorf("issue certificate %q: %s", req.CommonName, fmt.Sprintf(format, args...))
+	}
+	switch k := pub.(type) {
+	case ed25519.PublicKey:
+		if len(k) != ed25519.PublicKeySize {
+			return fail("ed25519 public key of %d bytes, want %d", len(k), ed25519.PublicKeySize)
+		}
+	case *ecdsa.PublicKey:
+		if k == nil {
+			return fail("no public key")
+		}
+	case nil:
+		return fail("no public key")
+	default:
+		return fail("public key of type %T: give an ed25519 or ECDSA key", pub)
 	}
 	if len(req.Usages) == 0 {
 		return fail("no usages: give pki.ServerAuth and/or pki.ClientAuth")
@@ -194,10 +229,6 @@ func (ca *CA) Issue(req CertRequest) (*KeyPair, error) {
 	if validity == 0 {
 		validity = DefaultLeafValidity
 	}
-	key, err := newKey()
-	if err != nil {
-		return fail("%v", err)
-	}
 	serial, err := randomSerial()
 	if err != nil {
 		return fail("%v", err)
@@ -221,7 +252,7 @@ func (ca *CA) Issue(req CertRequest) (*KeyPair, error) {
 		ExtKeyUsage:           ext,
 		BasicConstraintsValid: true,
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, key.Public(), ca.Key)
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, pub, ca.Key)
 	if err != nil {
 		return fail("%v", err)
 	}
@@ -229,7 +260,7 @@ func (ca *CA) Issue(req CertRequest) (*KeyPair, error) {
 	if err != nil {
 		return fail("parse the certificate just created: %v", err)
 	}
-	return &KeyPair{Cert: cert, Key: key}, nil
+	return cert, nil
 }
 
 // Pin returns the CA certificate's pin, see SPKIPin.

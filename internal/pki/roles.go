@@ -1,6 +1,7 @@
 package pki
 
 import (
+	"crypto"
 	"crypto/x509"
 	"errors"
 	"fmt"
@@ -87,11 +88,32 @@ func IssueServer(ca *CA, hosts []string) (*KeyPair, error) {
 	})
 }
 
-// IssueAgent issues a node's agent certificate: role RoleAgents, CN =
-// nodeName, clientAuth + serverAuth, SANs = nodeName and ips.
+// IssueAgent issues a node's agent certificate with a fresh key: role RoleAgents, CN
+// = nodeName, clientAuth + serverAuth, SANs = nodeName and ips.
 func IssueAgent(ca *CA, nodeName string, ips []net.IP) (*KeyPair, error) {
+	req, err := agentRequest(nodeName, ips)
+	if err != nil {
+		return nil, err
+	}
+	return ca.Issue(req)
+}
+
+// CertifyAgent certifies the agent's own key pub (its ed25519 key, which stays on the
+// node): the certificate IssueAgent makes, for pub. gpuboot calls it when it releases
+// a JoinBundle.
+func CertifyAgent(ca *CA, nodeName string, ips []net.IP, pub crypto.PublicKey) (*x509.Certificate, error) {
+	req, err := agentRequest(nodeName, ips)
+	if err != nil {
+		return nil, err
+	}
+	return ca.Certify(req, pub)
+}
+
+// agentRequest is the request of an agent certificate (CONTRACTS §4); repeated and
+// nil IPs are dropped.
+func agentRequest(nodeName string, ips []net.IP) (CertRequest, error) {
 	if err := checkNodeName(nodeName); err != nil {
-		return nil, fmt.Errorf("issue agent certificate: %w", err)
+		return CertRequest{}, fmt.Errorf("issue agent certificate: %w", err)
 	}
 	var sans []net.IP
 	seen := map[string]bool{}
@@ -100,20 +122,20 @@ func IssueAgent(ca *CA, nodeName string, ips []net.IP) (*KeyPair, error) {
 			continue
 		}
 		if len(ip) != net.IPv4len && len(ip) != net.IPv6len {
-			return nil, fmt.Errorf("issue agent certificate for %s: invalid IP address %v", nodeName, ip)
+			return CertRequest{}, fmt.Errorf("issue agent certificate for %s: invalid IP address %v", nodeName, ip)
 		}
 		if k := ip.String(); !seen[k] {
 			seen[k] = true
 			sans = append(sans, ip)
 		}
 	}
-	return ca.Issue(CertRequest{
+	return CertRequest{
 		CommonName:    nodeName,
 		Organizations: []string{string(RoleAgents)},
 		DNSNames:      []string{nodeName},
 		IPs:           sans,
 		Usages:        []Usage{ClientAuth, ServerAuth},
-	})
+	}, nil
 }
 
 // IssueOperator issues an operator's client certificate (`gpuboot certs

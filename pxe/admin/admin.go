@@ -5,7 +5,8 @@
 // for the REST API and the rack view, an operator bearer token.
 //
 // It decides nothing about machines itself: lifecycle actions go to pxe/enroll, reads
-// to the inventory, reports to pxe/report.
+// to the inventory (through Lifecycle and Inventory, the two small interfaces declared
+// here), reports to pxe/report.
 package admin
 
 import (
@@ -13,6 +14,7 @@ import (
 	"crypto/x509"
 	"encoding/base64"
 	"errors"
+	"math/big"
 	"sort"
 	"strconv"
 	"time"
@@ -32,18 +34,68 @@ import (
 	"github.com/gpurack/gpurack/pxe/report"
 )
 
+// Lifecycle carries out operators' actions on machines; pxe/enroll.Service implements
+// it. Every change goes through the enrollment logic, never straight to the inventory.
+type Lifecycle interface {
+	// Resolve finds the machine an id, node name or boot MAC names.
+	Resolve(ctx context.Context, ref string) (*inventory.Machine, error)
+	Approve(ctx context.Context, ref string, o enroll.ApproveOptions) (*inventory.Machine, error)
+	Reject(ctx context.Context, ref, actor, reason string) (*inventory.Machine, error)
+	// Decommission returns the machine and an error when it was decommissioned but
+	// cleaning up the cluster failed.
+	Decommission(ctx context.Context, ref, actor, reason string) (*inventory.Machine, error)
+	ResolveConflict(ctx context.Context, ref, winner, actor, reason string) (*inventory.Machine, error)
+}
+
+// Inventory is what the operator surface reads; an inventory.Store implements it.
+type Inventory interface {
+	// List returns every machine.
+	List(ctx context.Context) ([]*inventory.Machine, error)
+	// History returns a machine's transitions (every machine's for id ""), oldest first.
+	History(ctx context.Context, id string) ([]inventory.Transition, error)
+}
+
+// Config configures a Server.
+type Config struct {
+	Lifecycle Lifecycle
+	Inventory Inventory
+	// CA is the gpurack CA certificate: operator client certificates must be signed by
+	// it. Revoked reports whether a certificate serial number is revoked.
+	CA      *x509.Certificate
+	Revoked func(serial *big.Int) bool
+	// Racks are the configured rack names: the index and the rack report know them
+	// even before a machine is in them.
+	Racks []string
+	// Tokens are the operator bearer tokens; nil: client certificates only.
+	Tokens *Tokens
+}
+
 // Server implements AdminService and the HTTP handlers.
 type Server struct {
 	bootv1.UnimplementedAdminServiceServer
-	svc    *enroll.Service
-	tokens *Tokens
-	now    func() time.Time
+	life    Lifecycle
+	inv     Inventory
+	ca      *x509.Certificate
+	revoked func(*big.Int) bool
+	known   []string // configured rack names
+	tokens  *Tokens
+	now     func() time.Time
 }
 
-// New returns a Server over the enrollment service. tokens may be nil (certificates
-// only).
-func New(svc *enroll.Service, tokens *Tokens) *Server {
-	return &Server{svc: svc, tokens: tokens, now: time.Now}
+// New returns a Server over cfg.
+func New(cfg Config) (*Server, error) {
+	switch {
+	case cfg.Lifecycle == nil:
+		return nil, errors.New("admin: no Lifecycle (the enrollment service)")
+	case cfg.Inventory == nil:
+		return nil, errors.New("admin: no Inventory (the inventory store)")
+	case cfg.CA == nil:
+		return nil, errors.New("admin: no gpurack CA certificate (run `gpuboot init` first)")
+	case cfg.Revoked == nil:
+		return nil, errors.New("admin: no revocation check")
+	}
+	return &Server{life: cfg.Lifecycle, inv: cfg.Inventory, ca: cfg.CA, revoked: cfg.Revoked,
+		known: append([]string(nil), cfg.Racks...), tokens: cfg.Tokens, now: time.Now}, nil
 }
 
 // OperatorFromCert returns the operator name of a verified client certificate chain's
@@ -52,12 +104,11 @@ func (s *Server) OperatorFromCert(certs []*x509.Certificate) (string, error) {
 	if len(certs) == 0 {
 		return "", status.Error(codes.Unauthenticated, "an operator client certificate is required (gpuboot certs operator NAME)")
 	}
-	cfg := s.svc.Config()
 	leaf := certs[0]
-	if err := leaf.CheckSignatureFrom(cfg.CA.Cert); err != nil {
+	if err := leaf.CheckSignatureFrom(s.ca); err != nil {
 		return "", status.Error(codes.Unauthenticated, "client certificate not issued by the gpurack CA")
 	}
-	if cfg.Revocations.Contains(leaf.SerialNumber) {
+	if s.revoked(leaf.SerialNumber) {
 		return "", status.Error(codes.Unauthenticated, "client certificate revoked")
 	}
 	if now := s.now(); now.After(leaf.NotAfter) || now.Before(leaf.NotBefore) {
@@ -170,7 +221,7 @@ func (s *Server) ListMachines(ctx context.Context, req *bootv1.ListMachinesReque
 }
 
 func (s *Server) list(ctx context.Context, req *bootv1.ListMachinesRequest) (*bootv1.ListMachinesResponse, error) {
-	all, err := s.svc.Store().List(ctx)
+	all, err := s.inv.List(ctx)
 	if err != nil {
 		return nil, grpcError(err)
 	}
@@ -218,11 +269,11 @@ func (s *Server) GetMachine(ctx context.Context, req *bootv1.GetMachineRequest) 
 }
 
 func (s *Server) get(ctx context.Context, ref string) (*bootv1.Machine, error) {
-	m, err := s.svc.Resolve(ctx, ref)
+	m, err := s.life.Resolve(ctx, ref)
 	if err != nil {
 		return nil, grpcError(err)
 	}
-	h, err := s.svc.Store().History(ctx, m.ID)
+	h, err := s.inv.History(ctx, m.ID)
 	if err != nil {
 		return nil, grpcError(err)
 	}
@@ -235,7 +286,7 @@ func (s *Server) Approve(ctx context.Context, req *bootv1.ApproveRequest) (*boot
 	if err != nil {
 		return nil, err
 	}
-	m, err := s.svc.Approve(ctx, req.GetMachine(), enroll.ApproveOptions{Actor: "operator:" + op, Reason: req.GetReason(),
+	m, err := s.life.Approve(ctx, req.GetMachine(), enroll.ApproveOptions{Actor: "operator:" + op, Reason: req.GetReason(),
 		NodeName: req.GetNodeName(), Rack: req.GetRack(), Slot: req.GetSlot()})
 	if err != nil {
 		return nil, grpcError(err)
@@ -249,7 +300,7 @@ func (s *Server) Reject(ctx context.Context, req *bootv1.RejectRequest) (*bootv1
 	if err != nil {
 		return nil, err
 	}
-	m, err := s.svc.Reject(ctx, req.GetMachine(), "operator:"+op, req.GetReason())
+	m, err := s.life.Reject(ctx, req.GetMachine(), "operator:"+op, req.GetReason())
 	if err != nil {
 		return nil, grpcError(err)
 	}
@@ -262,7 +313,7 @@ func (s *Server) Decommission(ctx context.Context, req *bootv1.DecommissionReque
 	if err != nil {
 		return nil, err
 	}
-	m, err := s.svc.Decommission(ctx, req.GetMachine(), "operator:"+op, req.GetReason())
+	m, err := s.life.Decommission(ctx, req.GetMachine(), "operator:"+op, req.GetReason())
 	if err != nil && m == nil {
 		return nil, grpcError(err)
 	}
@@ -278,7 +329,7 @@ func (s *Server) ResolveConflict(ctx context.Context, req *bootv1.ResolveConflic
 	if err != nil {
 		return nil, err
 	}
-	m, err := s.svc.ResolveConflict(ctx, req.GetMachine(), req.GetWinningKeyFingerprint(), "operator:"+op, req.GetReason())
+	m, err := s.life.ResolveConflict(ctx, req.GetMachine(), req.GetWinningKeyFingerprint(), "operator:"+op, req.GetReason())
 	if err != nil {
 		return nil, grpcError(err)
 	}
@@ -296,21 +347,21 @@ func (s *Server) History(ctx context.Context, req *bootv1.HistoryRequest) (*boot
 func (s *Server) history(ctx context.Context, req *bootv1.HistoryRequest) (*bootv1.HistoryResponse, error) {
 	var ts []inventory.Transition
 	if req.GetMachine() != "" {
-		m, err := s.svc.Resolve(ctx, req.GetMachine())
+		m, err := s.life.Resolve(ctx, req.GetMachine())
 		if err != nil {
 			return nil, grpcError(err)
 		}
-		if ts, err = s.svc.Store().History(ctx, m.ID); err != nil {
+		if ts, err = s.inv.History(ctx, m.ID); err != nil {
 			return nil, grpcError(err)
 		}
 	} else {
-		all, err := s.svc.Store().History(ctx, "")
+		all, err := s.inv.History(ctx, "")
 		if err != nil {
 			return nil, grpcError(err)
 		}
 		inRack := map[string]bool{}
 		if req.GetRack() != "" {
-			ms, err := s.svc.Store().List(ctx)
+			ms, err := s.inv.List(ctx)
 			if err != nil {
 				return nil, grpcError(err)
 			}
@@ -346,7 +397,7 @@ func (s *Server) RackReport(ctx context.Context, req *bootv1.RackReportRequest) 
 }
 
 func (s *Server) rackReport(ctx context.Context, rack string, f bootv1.ReportFormat) (*bootv1.RackReportResponse, error) {
-	all, err := s.svc.Store().List(ctx)
+	all, err := s.inv.List(ctx)
 	if err != nil {
 		return nil, grpcError(err)
 	}
@@ -372,7 +423,7 @@ func (s *Server) rackReport(ctx context.Context, rack string, f bootv1.ReportFor
 // racks lists the configured racks and those machines are in, sorted.
 func (s *Server) racks(ms []*inventory.Machine) []string {
 	set := map[string]bool{}
-	for name := range s.svc.Config().Racks {
+	for _, name := range s.known {
 		set[name] = true
 	}
 	for _, m := range ms {

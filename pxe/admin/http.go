@@ -163,7 +163,7 @@ func (s *Server) rackView(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) index(w http.ResponseWriter, r *http.Request) {
-	all, err := s.svc.Store().List(r.Context())
+	all, err := s.inv.List(r.Context())
 	if err != nil {
 		writeError(w, err)
 		return

@@ -181,18 +181,26 @@ func IsIPXE(req *dhcpv4.DHCPv4) bool {
 // (relay agent information, RFC 3046 §2.2) and 61 (client identifier,
 // RFC 6842) are echoed.
 func Decide(req *dhcpv4.DHCPv4, cfg Config) (*dhcpv4.DHCPv4, Reason) {
+	reply, _, reason := decide(req, cfg)
+	return reply, reason
+}
+
+// decide is Decide that also returns the client's boot stage as Classify found it
+// (KindNone when it was not classified), so that Handle counts replies by kind
+// without classifying the request a second time.
+func decide(req *dhcpv4.DHCPv4, cfg Config) (*dhcpv4.DHCPv4, ClientKind, Reason) {
 	if req == nil {
-		return nil, ReasonMalformed
+		return nil, KindNone, ReasonMalformed
 	}
 	if req.OpCode != dhcpv4.OpcodeBootRequest {
-		return nil, ReasonNotRequest
+		return nil, KindNone, ReasonNotRequest
 	}
 	if req.HWType != iana.HWTypeEthernet || len(req.ClientHWAddr) != 6 {
-		return nil, ReasonBadHardware
+		return nil, KindNone, ReasonBadHardware
 	}
 	mt := req.MessageType()
 	if mt == dhcpv4.MessageTypeNone {
-		return nil, ReasonNoMessageType
+		return nil, KindNone, ReasonNoMessageType
 	}
 	if cfg.Mode == ModeFull {
 		return decideFull(req, mt, cfg)
@@ -200,7 +208,7 @@ func Decide(req *dhcpv4.DHCPv4, cfg Config) (*dhcpv4.DHCPv4, Reason) {
 	return decideProxy(req, mt, cfg)
 }
 
-func decideProxy(req *dhcpv4.DHCPv4, mt dhcpv4.MessageType, cfg Config) (*dhcpv4.DHCPv4, Reason) {
+func decideProxy(req *dhcpv4.DHCPv4, mt dhcpv4.MessageType, cfg Config) (*dhcpv4.DHCPv4, ClientKind, Reason) {
 	var replyType dhcpv4.MessageType
 	switch mt {
 	case dhcpv4.MessageTypeDiscover:
@@ -220,41 +228,41 @@ func decideProxy(req *dhcpv4.DHCPv4, mt dhcpv4.MessageType, cfg Config) (*dhcpv4
 		// address, so ciaddr is set.
 		sid := req.ServerIdentifier()
 		if sid != nil && !sid.Equal(net.IP(cfg.ServerIP.AsSlice())) {
-			return nil, ReasonOtherServer
+			return nil, KindNone, ReasonOtherServer
 		}
 		// (A requested address of 0.0.0.0 is the yiaddr of our own proxy
 		// offer, taken by a client that treats it as a lease offer; the
 		// ACK repeats the offer.)
 		if req.Options.Has(dhcpv4.OptionRequestedIPAddress) {
 			if addrOf(req.RequestedIPAddress()).IsValid() {
-				return nil, ReasonLeaseRequest
+				return nil, KindNone, ReasonLeaseRequest
 			}
 		} else if req.ClientIPAddr.IsUnspecified() {
-			return nil, ReasonProxyNoClientIP
+			return nil, KindNone, ReasonProxyNoClientIP
 		}
 		replyType = dhcpv4.MessageTypeAck
 	case dhcpv4.MessageTypeInform:
 		// Some ROMs ask the proxy with DHCPINFORM from their leased address.
 		replyType = dhcpv4.MessageTypeAck
 	default:
-		return nil, ReasonMessageType
+		return nil, KindNone, ReasonMessageType
 	}
 	kind, file, reason := Classify(req, cfg)
 	if reason != ReasonNone {
-		return nil, reason
+		return nil, kind, reason
 	}
 	reply, err := newReply(req, replyType, cfg)
 	if err != nil {
-		return nil, ReasonMalformed
+		return nil, kind, ReasonMalformed
 	}
 	reply.YourIPAddr = net.IPv4zero // proxyDHCP never gives addresses
 	addBootOptions(req, reply, kind, file, cfg)
-	return reply, ReasonNone
+	return reply, kind, ReasonNone
 }
 
-func decideFull(req *dhcpv4.DHCPv4, mt dhcpv4.MessageType, cfg Config) (*dhcpv4.DHCPv4, Reason) {
+func decideFull(req *dhcpv4.DHCPv4, mt dhcpv4.MessageType, cfg Config) (*dhcpv4.DHCPv4, ClientKind, Reason) {
 	if cfg.Leases == nil {
-		return nil, ReasonPoolExhausted
+		return nil, KindNone, ReasonPoolExhausted
 	}
 	mac := req.ClientHWAddr
 	kind, file, reason := Classify(req, cfg)
@@ -263,22 +271,22 @@ func decideFull(req *dhcpv4.DHCPv4, mt dhcpv4.MessageType, cfg Config) (*dhcpv4.
 	case dhcpv4.MessageTypeDiscover:
 		addr, ok := cfg.Leases.Offer(mac, addrOf(req.RequestedIPAddress()))
 		if !ok {
-			return nil, ReasonPoolExhausted
+			return nil, kind, ReasonPoolExhausted
 		}
 		reply, err := newReply(req, dhcpv4.MessageTypeOffer, cfg)
 		if err != nil {
-			return nil, ReasonMalformed
+			return nil, kind, ReasonMalformed
 		}
 		reply.YourIPAddr = net.IP(addr.AsSlice())
 		addNetworkOptions(reply, cfg)
 		if boot {
 			addBootOptions(req, reply, kind, file, cfg)
 		}
-		return reply, ReasonNone
+		return reply, kind, ReasonNone
 	case dhcpv4.MessageTypeRequest:
 		if sid := req.ServerIdentifier(); sid != nil && !sid.Equal(net.IP(cfg.ServerIP.AsSlice())) {
 			// The client chose another server's offer (RFC 2131 §4.3.2).
-			return nil, ReasonOtherServer
+			return nil, kind, ReasonOtherServer
 		}
 		want := addrOf(req.RequestedIPAddress())
 		if !want.IsValid() {
@@ -286,21 +294,21 @@ func decideFull(req *dhcpv4.DHCPv4, mt dhcpv4.MessageType, cfg Config) (*dhcpv4.
 		}
 		reply, err := newReply(req, dhcpv4.MessageTypeAck, cfg)
 		if err != nil {
-			return nil, ReasonMalformed
+			return nil, kind, ReasonMalformed
 		}
 		if !want.IsValid() || !cfg.Leases.Commit(mac, want) {
 			nak, err := newReply(req, dhcpv4.MessageTypeNak, cfg)
 			if err != nil {
-				return nil, ReasonMalformed
+				return nil, kind, ReasonMalformed
 			}
-			return nak, ReasonNone
+			return nak, kind, ReasonNone
 		}
 		reply.YourIPAddr = net.IP(want.AsSlice())
 		addNetworkOptions(reply, cfg)
 		if boot {
 			addBootOptions(req, reply, kind, file, cfg)
 		}
-		return reply, ReasonNone
+		return reply, kind, ReasonNone
 	case dhcpv4.MessageTypeRelease, dhcpv4.MessageTypeDecline:
 		if mt == dhcpv4.MessageTypeDecline {
 			if addr := addrOf(req.RequestedIPAddress()); addr.IsValid() {
@@ -309,11 +317,11 @@ func decideFull(req *dhcpv4.DHCPv4, mt dhcpv4.MessageType, cfg Config) (*dhcpv4.
 		} else if addr := addrOf(req.ClientIPAddr); addr.IsValid() {
 			cfg.Leases.Release(mac, addr)
 		}
-		return nil, ReasonReleased
+		return nil, kind, ReasonReleased
 	case dhcpv4.MessageTypeInform:
 		reply, err := newReply(req, dhcpv4.MessageTypeAck, cfg)
 		if err != nil {
-			return nil, ReasonMalformed
+			return nil, kind, ReasonMalformed
 		}
 		reply.YourIPAddr = net.IPv4zero // RFC 2131 §4.3.5
 		addNetworkOptions(reply, cfg)
@@ -321,9 +329,9 @@ func decideFull(req *dhcpv4.DHCPv4, mt dhcpv4.MessageType, cfg Config) (*dhcpv4.
 		if boot {
 			addBootOptions(req, reply, kind, file, cfg)
 		}
-		return reply, ReasonNone
+		return reply, kind, ReasonNone
 	}
-	return nil, ReasonMessageType
+	return nil, kind, ReasonMessageType
 }
 
 func newReply(req *dhcpv4.DHCPv4, mt dhcpv4.MessageType, cfg Config) (*dhcpv4.DHCPv4, error) {

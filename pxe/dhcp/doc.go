@@ -5,10 +5,10 @@
 //   - Decide, a pure function from one request to a reply or an ignore
 //     Reason. It has no sockets, no clock and no logging; in full mode the
 //     only state it touches is the Leases table in its Config.
-//   - Server, the socket loop: it reads a datagram, parses it, calls
-//     Decide, counts the outcome, and writes the reply to the address
-//     Destination picks (RFC 2131 §4.1). It listens on port 67 and, for
-//     proxyDHCP, on port 4011.
+//   - Server, the edge: Serve reads a datagram; Handle parses it, calls
+//     the decision once, counts the outcome and logs a reply; Serve writes
+//     the reply to the address Destination picks (RFC 2131 §4.1). It
+//     listens on port 67 and, for proxyDHCP, on port 4011.
 //
 // # Modes
 //

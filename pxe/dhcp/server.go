@@ -116,8 +116,11 @@ func (s *Server) Serve(ctx context.Context, conn *net.UDPConn) error {
 	}
 }
 
-// Handle parses one datagram, decides, counts, and returns the reply and
-// its destination, or the ignore reason. It does no I/O.
+// Handle is the edge between the socket loop and the decision: it parses one
+// datagram, lets Decide (pure, apart from cfg.Leases in full mode) choose the
+// reply, counts the outcome in Metrics, logs a reply at Info, and returns the
+// reply and its destination, or the ignore reason. It sends nothing: Serve
+// writes the reply.
 func (s *Server) Handle(pkt []byte, src netip.AddrPort, localPort uint16) (*dhcpv4.DHCPv4, netip.AddrPort, Reason) {
 	s.init()
 	req, err := dhcpv4.FromBytes(pkt)
@@ -125,12 +128,11 @@ func (s *Server) Handle(pkt []byte, src netip.AddrPort, localPort uint16) (*dhcp
 		s.Metrics.Ignores.WithLabelValues(string(ReasonMalformed)).Inc()
 		return nil, netip.AddrPort{}, ReasonMalformed
 	}
-	reply, reason := Decide(req, s.Config)
+	reply, kind, reason := decide(req, s.Config)
 	if reply == nil {
 		s.Metrics.Ignores.WithLabelValues(string(reason)).Inc()
 		return nil, netip.AddrPort{}, reason
 	}
-	kind, _, _ := Classify(req, s.Config)
 	s.Metrics.Replies.WithLabelValues(strings.ToLower(reply.MessageType().String()), string(kind), strconv.Itoa(int(localPort))).Inc()
 	if s.Log.Enabled(context.Background(), slog.LevelInfo) {
 		s.Log.Info("dhcp: reply", "type", reply.MessageType(), "mac", req.ClientHWAddr.String(), "client", kind,

@@ -43,18 +43,17 @@ type BootDecision struct {
 // only: nothing is decided on it.
 func (s *Service) DecideBoot(ctx context.Context, id identity.Identity, remote netip.Addr) (BootDecision, error) {
 	now := s.cfg.Now()
-	iid := FromIdentity(id)
-	if iid.MAC == "" {
+	if id.MAC == "" {
 		return BootDecision{}, errors.New("boot request without a MAC address")
 	}
-	m, err := s.store.Lookup(ctx, iid.Key())
+	m, err := s.store.Lookup(ctx, id.Key())
 	if errors.Is(err, inventory.ErrNotFound) {
-		m, err = s.discover(ctx, iid, remote, now)
+		m, err = s.discover(ctx, id, remote, now)
 		if errors.Is(err, inventory.ErrExists) {
-			m, err = s.store.Lookup(ctx, iid.Key())
+			m, err = s.store.Lookup(ctx, id.Key())
 		}
 		if errors.Is(err, ErrLimited) {
-			s.log.Warn("boot request not recorded", "mac", iid.MAC, "remote", remote, "err", err)
+			s.log.Warn("boot request not recorded", "mac", id.MAC, "remote", remote, "err", err)
 			return BootDecision{Action: BootHold, Reason: "gpuboot is not recording new machines right now; retrying"}, nil
 		}
 		if err != nil {
@@ -89,9 +88,9 @@ func (s *Service) DecideBoot(ctx context.Context, id identity.Identity, remote n
 	return s.bootDecision(m), nil
 }
 
-func (s *Service) discover(ctx context.Context, id inventory.Identity, remote netip.Addr, now time.Time) (*inventory.Machine, error) {
+func (s *Service) discover(ctx context.Context, id identity.Identity, remote netip.Addr, now time.Time) (*inventory.Machine, error) {
 	m := &inventory.Machine{ID: inventory.NewID(), Identity: id, CreatedAt: now.UTC(), LastBootAt: now.UTC(), Rack: s.cfg.DefaultRack}
-	d := s.cfg.Policy.Decide(candidate(id))
+	d := s.cfg.Policy.Decide(id)
 	if d.Rack != "" {
 		m.Rack = d.Rack
 	}
@@ -170,8 +169,14 @@ func (s *Service) ImageFor(m *inventory.Machine) (image, selector string) {
 }
 
 func (s *Service) imageAndProfile(m *inventory.Machine) (string, string) {
-	if sel, ok := policy.Select(s.cfg.Selectors, Labels(m)); ok {
+	return imageAndProfile(s.cfg.Selectors, s.cfg.Racks, m)
+}
+
+// imageAndProfile returns the image m boots and the profile it was built from: the
+// best matching selector's, else the rack's default image (no profile).
+func imageAndProfile(selectors []policy.Selector, racks map[string]Rack, m *inventory.Machine) (string, string) {
+	if sel, ok := policy.Select(selectors, Labels(m)); ok {
 		return sel.Image, sel.Profile
 	}
-	return s.cfg.Racks[m.Rack].DefaultImage, ""
+	return racks[m.Rack].DefaultImage, ""
 }

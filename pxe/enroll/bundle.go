@@ -3,10 +3,8 @@ package enroll
 import (
 	"context"
 	"crypto/ed25519"
-	"crypto/rand"
 	"crypto/subtle"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"errors"
 	"fmt"
 	"math/big"
@@ -87,7 +85,8 @@ func (s *Service) getJoinBundle(ctx context.Context, req *bootv1.GetJoinBundleRe
 	// fails they are withdrawn.
 	var facts machinev1.MachineFacts
 	_ = proto.Unmarshal(m.Facts, &facts)
-	cert, err := IssueAgentCertificate(s.cfg.CA, m.NodeName, factsIPs(&facts), pub)
+	// The agent's own key is certified (JoinBundle.agent_key_ref): it never travels.
+	cert, err := pki.CertifyAgent(s.cfg.CA, m.NodeName, factsIPs(&facts), pub)
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "join bundle: %v", err)
 	}
@@ -259,23 +258,23 @@ func factsIPs(f *machinev1.MachineFacts) []net.IP {
 func (s *Service) assignNodeName(ctx context.Context, m *inventory.Machine) (string, error) {
 	s.names.Lock()
 	defer s.names.Unlock()
-	all, err := s.store.List(ctx)
-	if err != nil {
-		return "", err
-	}
-	taken := map[string]bool{}
-	for _, o := range all {
-		if o.ID != m.ID && o.NodeName != "" && o.State != inventory.Decommissioned {
-			taken[o.NodeName] = true
-		}
-	}
 	rack := m.Rack
 	if rack == "" {
 		rack = "rack"
 	}
 	if m.Slot != "" {
-		if n := nodeName(s.cfg.NodeNamePrefix, rack, m.Slot); n != "" && !taken[n] {
-			return n, nil
+		if n := nodeName(s.cfg.NodeNamePrefix, rack, m.Slot); n != "" {
+			holders, err := s.store.ByNodeName(ctx, n)
+			if err != nil {
+				return "", err
+			}
+			taken := false
+			for _, o := range holders {
+				taken = taken || (o.ID != m.ID && o.State != inventory.Decommissioned)
+			}
+			if !taken {
+				return n, nil
+			}
 		}
 	}
 	return nodeName(s.cfg.NodeNamePrefix, rack, m.ID), nil
@@ -305,46 +304,4 @@ func nodeName(parts ...string) string {
 		n = strings.Trim(n[:63], "-")
 	}
 	return n
-}
-
-// IssueAgentCertificate certifies the agent's own ed25519 key (the key never travels,
-// JoinBundle.agent_key_ref) with the gpurack CA: role gpurack:agents, CN = nodeName,
-// clientAuth + serverAuth, SANs = nodeName and ips (CONTRACTS §4). internal/pki's
-// IssueAgent generates a fresh key instead, which the bundle format rules out, so the
-// template is built here with the same fields.
-func IssueAgentCertificate(ca *pki.CA, nodeName string, ips []net.IP, pub ed25519.PublicKey) (*x509.Certificate, error) {
-	if ca == nil || ca.Cert == nil || ca.Key == nil {
-		return nil, errors.New("issue agent certificate: no CA")
-	}
-	if len(pub) != ed25519.PublicKeySize {
-		return nil, errors.New("issue agent certificate: not an ed25519 public key")
-	}
-	if nodeName == "" {
-		return nil, errors.New("issue agent certificate: no node name")
-	}
-	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 128))
-	if err != nil {
-		return nil, err
-	}
-	start := time.Now().Add(-pki.Backdate)
-	end := start.Add(pki.Backdate + pki.DefaultLeafValidity)
-	if end.After(ca.Cert.NotAfter) {
-		end = ca.Cert.NotAfter
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          serial,
-		Subject:               pkix.Name{CommonName: nodeName, Organization: []string{string(pki.RoleAgents)}},
-		DNSNames:              []string{nodeName},
-		IPAddresses:           ips,
-		NotBefore:             start,
-		NotAfter:              end,
-		KeyUsage:              x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth},
-		BasicConstraintsValid: true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, pub, ca.Key)
-	if err != nil {
-		return nil, fmt.Errorf("issue agent certificate for %s: %w", nodeName, err)
-	}
-	return x509.ParseCertificate(der)
 }

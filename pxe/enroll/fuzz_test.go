@@ -122,12 +122,12 @@ func signedBundleRequest(key ed25519.PrivateKey, token string, challenge []byte)
 func checkAllHistories(t *testing.T, svc *Service) {
 	t.Helper()
 	ctx := context.Background()
-	all, err := svc.Store().List(ctx)
+	all, err := svc.store.List(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, m := range all {
-		h, err := svc.Store().History(ctx, m.ID)
+		h, err := svc.store.History(ctx, m.ID)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -77,12 +77,12 @@ func (s *Service) Approve(ctx context.Context, ref string, o ApproveOptions) (*i
 		if n := nodeName(o.NodeName); n != o.NodeName {
 			return nil, fmt.Errorf("%w: node name %q is not a valid Kubernetes node name (lowercase letters, digits and '-')", ErrInvalid, o.NodeName)
 		}
-		all, err := s.store.List(ctx)
+		holders, err := s.store.ByNodeName(ctx, o.NodeName)
 		if err != nil {
 			return nil, err
 		}
-		for _, other := range all {
-			if other.ID != m.ID && other.NodeName == o.NodeName && other.State != inventory.Decommissioned {
+		for _, other := range holders {
+			if other.ID != m.ID && other.State != inventory.Decommissioned {
 				return nil, fmt.Errorf("%w: node name %q is used by machine %s", ErrInvalid, o.NodeName, other.ID)
 			}
 		}
@@ -262,15 +262,20 @@ func (s *Service) ResolveConflict(ctx context.Context, ref, winner, actor, reaso
 
 // NodeRegistered is called by the node controller when the Node named nodeName
 // exists: a joining machine moves to commissioning, its bootstrap tokens are deleted,
-// and a commissioning report that arrived early is applied (CONTRACTS §2.7, §4).
+// and a commissioning report that arrived early is applied (CONTRACTS §2.7, §4). It
+// finds the machine through the inventory's node name index, so the node controller
+// may call it on every reconcile.
+//
+// An early report that cannot be applied is an error, and the machine stays joining
+// with the report kept: it is never dropped.
 func (s *Service) NodeRegistered(ctx context.Context, nodeName string) (*inventory.Machine, error) {
-	all, err := s.store.List(ctx)
+	holders, err := s.store.ByNodeName(ctx, nodeName)
 	if err != nil {
 		return nil, err
 	}
 	var m *inventory.Machine
-	for _, c := range all {
-		if c.NodeName == nodeName && c.State == inventory.Joining {
+	for _, c := range holders {
+		if c.State == inventory.Joining {
 			m = c
 		}
 	}
@@ -298,13 +303,15 @@ func (s *Service) NodeRegistered(ctx context.Context, nodeName string) (*invento
 		ts := []inventory.Transition{t}
 		if len(m.CommissioningReport) > 0 {
 			cl, err := decodeChecklist(m.CommissioningReport)
-			if err == nil {
-				to, reason := commissioningMove(cl)
-				t2, err := inventory.Move(m, to, "gpuboot", reason+" (report received before the Node registered)", now)
-				if err == nil {
-					ts = append(ts, t2)
-				}
+			if err != nil {
+				return nil, fmt.Errorf("machine %s: the commissioning report received while joining does not decode (%v); it stays stored and the machine joining: check the inventory file", m.ID, err)
 			}
+			to, reason := commissioningMove(cl)
+			t2, err := inventory.Move(m, to, "gpuboot", reason+" (report received before the Node registered)", now)
+			if err != nil {
+				return nil, fmt.Errorf("apply the commissioning report received while joining: %w", err)
+			}
+			ts = append(ts, t2)
 			m.CommissioningReport = nil
 		}
 		return ts, nil
@@ -315,13 +322,14 @@ func (s *Service) NodeRegistered(ctx context.Context, nodeName string) (*invento
 func (s *Service) Revoked(serial *big.Int) bool { return s.cfg.Revocations.Contains(serial) }
 
 // StateByNode returns the state of the machine holding nodeName (not decommissioned).
+// It reads the inventory's node name index.
 func (s *Service) StateByNode(ctx context.Context, nodeName string) (inventory.State, bool, error) {
-	all, err := s.store.List(ctx)
+	holders, err := s.store.ByNodeName(ctx, nodeName)
 	if err != nil {
 		return inventory.None, false, err
 	}
-	for _, m := range all {
-		if m.NodeName == nodeName && m.State != inventory.Decommissioned {
+	for _, m := range holders {
+		if m.State != inventory.Decommissioned {
 			return m.State, true, nil
 		}
 	}

@@ -22,26 +22,21 @@ import (
 	"github.com/gpurack/gpurack/pxe/policy"
 )
 
-// IdentityFromProto normalises a MachineIdentity (CONTRACTS §1) into the inventory
-// form. The boot MAC is required.
-func IdentityFromProto(p *machinev1.MachineIdentity) (inventory.Identity, error) {
+// IdentityFromProto normalises a MachineIdentity (CONTRACTS §1). The boot MAC is
+// required.
+func IdentityFromProto(p *machinev1.MachineIdentity) (identity.Identity, error) {
 	if p == nil {
-		return inventory.Identity{}, errors.New("identity is missing")
+		return identity.Identity{}, errors.New("identity is missing")
 	}
 	id, err := identity.New(p.GetBootMac(), p.GetSmbiosUuid(), p.GetSerial())
 	if err != nil {
-		return inventory.Identity{}, fmt.Errorf("identity: %w", err)
+		return identity.Identity{}, fmt.Errorf("identity: %w", err)
 	}
-	return FromIdentity(id), nil
-}
-
-// FromIdentity converts a pxe/identity Identity into the inventory form.
-func FromIdentity(id identity.Identity) inventory.Identity {
-	return inventory.Identity{MAC: id.MACString(), UUID: id.UUID, Serial: id.Serial}
+	return id, nil
 }
 
 // IdentityProto converts back.
-func IdentityProto(id inventory.Identity) *machinev1.MachineIdentity {
+func IdentityProto(id identity.Identity) *machinev1.MachineIdentity {
 	return &machinev1.MachineIdentity{BootMac: id.MAC, SmbiosUuid: id.UUID, Serial: id.Serial}
 }
 
@@ -54,7 +49,10 @@ func remoteOf(ctx context.Context) string {
 	return ""
 }
 
-// Register implements EnrollmentService.Register (CONTRACTS §2.3, §2.8).
+// Register implements EnrollmentService.Register (CONTRACTS §2.3, §2.8). It
+// authenticates the call, draws what the decision needs (the policy's verdict for the
+// identity, the randomness of a new approval, the time), lets decideRegister decide and
+// stores what it returns.
 func (s *Service) Register(ctx context.Context, req *bootv1.RegisterRequest) (*bootv1.RegisterResponse, error) {
 	now := s.cfg.Now()
 	pub, err := bootv1.VerifyRequest(bootv1.EnrollmentService_Register_FullMethodName, req, now)
@@ -74,19 +72,24 @@ func (s *Service) Register(ctx context.Context, req *bootv1.RegisterRequest) (*b
 		}
 	}
 	fp := bootv1.KeyFingerprint(pub)
-	key := inventory.Key{
-		Fingerprint: fp, PublicKey: append([]byte(nil), pub...), RegisteredAt: now.UTC(), LastSeen: now.UTC(),
-		BootID: req.GetFacts().GetBootId(), Remote: remoteOf(ctx),
+	call := registerCall{
+		Key: inventory.Key{
+			Fingerprint: fp, PublicKey: append([]byte(nil), pub...), RegisteredAt: now.UTC(), LastSeen: now.UTC(),
+			BootID: req.GetFacts().GetBootId(), Remote: remoteOf(ctx),
+		},
+		Verdict:     s.cfg.Policy.Decide(id),
+		Now:         now,
+		TokenSecret: randomBytes(tokenSecretSize),
+		Challenge:   randomBytes(bootv1.ChallengeSize),
 	}
-	facts, _ := proto.Marshal(req.GetFacts())
-	var checklist []byte
+	call.Facts, _ = proto.Marshal(req.GetFacts())
 	if req.GetChecklist() != nil {
-		checklist, _ = proto.Marshal(req.GetChecklist())
+		call.Checklist, _ = proto.Marshal(req.GetChecklist())
 	}
 
 	m, err := s.store.Lookup(ctx, id.Key())
 	if errors.Is(err, inventory.ErrNotFound) {
-		m, err = s.createRegistered(ctx, id, key, facts, checklist, now)
+		m, err = s.createRegistered(ctx, id, call)
 		if errors.Is(err, inventory.ErrExists) {
 			m, err = s.store.Lookup(ctx, id.Key())
 		}
@@ -98,24 +101,23 @@ func (s *Service) Register(ctx context.Context, req *bootv1.RegisterRequest) (*b
 		}
 		return nil, status.Errorf(codes.Internal, "register %s: %v", id.MAC, err)
 	}
-	var resp *bootv1.RegisterResponse
-	var revoke []string
+	var d registerDecision
 	m, err = s.update(ctx, m.ID, func(m *inventory.Machine) ([]inventory.Transition, error) {
-		before := m.AgentCertSerials
-		var ts []inventory.Transition
-		resp, ts = s.register(m, key, facts, checklist, now)
-		if len(m.AgentCertSerials) < len(before) {
-			revoke = before
+		var err error
+		if d, err = decideRegister(m, call, s.registerRules()); err != nil {
+			return nil, err
 		}
-		return ts, nil
+		*m = *d.Machine
+		return d.Transitions, nil
 	})
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "register %s: %v", id.MAC, err)
 	}
 	// A re-enrollment retired the old key: its certificates go with it.
-	for _, sn := range revoke {
+	for _, sn := range d.Revoke {
 		s.revoke(sn)
 	}
+	resp := d.Response
 	resp.MachineState = StateProto(m.State)
 	s.count(strings.ToLower(strings.TrimPrefix(resp.Status.String(), "REGISTER_STATUS_")))
 	return resp, nil
@@ -128,18 +130,18 @@ func (s *Service) count(answer string) {
 }
 
 // createRegistered records an identity first seen through Register.
-func (s *Service) createRegistered(ctx context.Context, id inventory.Identity, key inventory.Key, facts, checklist []byte, now time.Time) (*inventory.Machine, error) {
+func (s *Service) createRegistered(ctx context.Context, id identity.Identity, call registerCall) (*inventory.Machine, error) {
 	// Key and facts go into the same transaction as the record, so a crash never
 	// leaves a registered machine without the key that registered it.
+	now := call.Now
 	m := &inventory.Machine{ID: inventory.NewID(), Identity: id, CreatedAt: now.UTC(), Rack: s.cfg.DefaultRack,
-		Keys: []inventory.Key{key}, Facts: facts, Checklist: checklist}
-	d := s.cfg.Policy.Decide(candidate(id))
-	if d.Rack != "" {
-		m.Rack = d.Rack
+		Keys: []inventory.Key{call.Key}, Facts: call.Facts, Checklist: call.Checklist}
+	if call.Verdict.Rack != "" {
+		m.Rack = call.Verdict.Rack
 	}
-	m.Slot = d.Slot
+	m.Slot = call.Verdict.Slot
 	m.ImageID, m.Profile = s.imageAndProfile(m)
-	t, err := inventory.Move(m, inventory.Registered, agentActor(key.Fingerprint), "agent registered an identity gpuboot had not seen", now)
+	t, err := inventory.Move(m, inventory.Registered, agentActor(call.Key.Fingerprint), "agent registered an identity gpuboot had not seen", now)
 	if err != nil {
 		return nil, err
 	}
@@ -149,31 +151,90 @@ func (s *Service) createRegistered(ctx context.Context, id inventory.Identity, k
 	return m, nil
 }
 
-func candidate(id inventory.Identity) policy.Candidate {
-	return policy.Candidate{MAC: id.MAC, UUID: id.UUID, Serial: id.Serial}
+// tokenSecretSize is the number of random bytes in a JoinBundle token after the
+// machine id.
+const tokenSecretSize = 24
+
+// registerCall is one Register call as decideRegister sees it: everything that is
+// read, drawn or decided elsewhere is an input, so the decision is a function of it.
+type registerCall struct {
+	// Key is the calling key as it would be stored now (RegisteredAt = LastSeen = Now).
+	Key inventory.Key
+	// Facts and Checklist are the call's MachineFacts and Checklist, encoded; Checklist
+	// is nil when the call carried none.
+	Facts, Checklist []byte
+	// Verdict is the approval policy's decision for the machine's identity.
+	Verdict policy.Decision
+	Now     time.Time
+	// TokenSecret (tokenSecretSize bytes) and Challenge (bootv1.ChallengeSize bytes)
+	// are random; they make a new approval when one is needed and are unused otherwise.
+	TokenSecret, Challenge []byte
 }
 
-// register is the pure part of Register: what one call with key does to m.
-func (s *Service) register(m *inventory.Machine, key inventory.Key, facts, checklist []byte, now time.Time) (*bootv1.RegisterResponse, []inventory.Transition) {
-	var ts []inventory.Transition
+// registerRules are the settings decideRegister applies.
+type registerRules struct {
+	Reenroll  Reenroll
+	TokenTTL  time.Duration
+	Selectors []policy.Selector
+	Racks     map[string]Rack
+}
+
+func (s *Service) registerRules() registerRules {
+	return registerRules{Reenroll: s.cfg.Reenroll, TokenTTL: s.cfg.TokenTTL, Selectors: s.cfg.Selectors, Racks: s.cfg.Racks}
+}
+
+// registerDecision is what one Register call does to a machine.
+type registerDecision struct {
+	// Machine is the record to store (a copy; the input is not changed).
+	Machine *inventory.Machine
+	// Transitions are stored with it, in order.
+	Transitions []inventory.Transition
+	// Response is the answer to the agent; MachineState is set from Machine.State.
+	Response *bootv1.RegisterResponse
+	// Revoke lists the serials (hex) of agent certificates to revoke: those of a bound
+	// key a re-enrollment retired.
+	Revoke []string
+}
+
+// decideRegister decides what a Register call does to the stored machine m (CONTRACTS
+// §2.3, §2.4, §2.8): which keys it keeps, which key an approval binds, the lifecycle
+// moves, the one-time token and the answer. It is pure: no I/O, no clock, no
+// randomness, no logging. A move the lifecycle table refuses (a record in a state the
+// table does not expect) is an error wrapping inventory.ErrIllegalTransition, and
+// nothing is to be stored.
+func decideRegister(stored *inventory.Machine, call registerCall, rules registerRules) (registerDecision, error) {
+	m := stored.Clone()
+	now := call.Now
+	d := registerDecision{Machine: m}
+	var moveErr error
 	move := func(to inventory.State, actor, reason string) {
-		t, err := inventory.Move(m, to, actor, reason, now)
-		if err != nil {
-			// The callers below only ask for moves the table allows; an error here
-			// is a bug, logged, and the state stays as it was.
-			s.log.Error("lifecycle", "err", err)
+		if moveErr != nil {
 			return
 		}
-		ts = append(ts, t)
+		t, err := inventory.Move(m, to, actor, reason, now)
+		if err != nil {
+			moveErr = fmt.Errorf("register: %w", err)
+			return
+		}
+		d.Transitions = append(d.Transitions, t)
 	}
+	done := func(resp *bootv1.RegisterResponse) (registerDecision, error) {
+		if moveErr != nil {
+			return registerDecision{}, moveErr
+		}
+		resp.MachineState = StateProto(m.State)
+		d.Response = resp
+		return d, nil
+	}
+	key := call.Key
 	fp := key.Fingerprint
 	switch m.State {
 	case inventory.Decommissioned:
-		return &bootv1.RegisterResponse{Status: bootv1.RegisterStatus_REGISTER_STATUS_DECOMMISSIONED,
-			Message: "this machine was decommissioned; reboot it to start over"}, nil
+		return done(&bootv1.RegisterResponse{Status: bootv1.RegisterStatus_REGISTER_STATUS_DECOMMISSIONED,
+			Message: "this machine was decommissioned; reboot it to start over"})
 	case inventory.Rejected:
-		return &bootv1.RegisterResponse{Status: bootv1.RegisterStatus_REGISTER_STATUS_REJECTED,
-			Message: "an operator rejected this machine"}, nil
+		return done(&bootv1.RegisterResponse{Status: bootv1.RegisterStatus_REGISTER_STATUS_REJECTED,
+			Message: "an operator rejected this machine"})
 	}
 
 	if i := m.FindKey(fp); i >= 0 {
@@ -191,13 +252,13 @@ func (s *Service) register(m *inventory.Machine, key inventory.Key, facts, check
 		}
 		if len(live) >= 2 {
 			// Two live keys already; a third is not stored (bounded growth).
-			return &bootv1.RegisterResponse{Status: bootv1.RegisterStatus_REGISTER_STATUS_PENDING,
-				Message: "two other keys for this identity are live; an operator must resolve it", RetryAfter: durationpb.New(DefaultPollEvery)}, ts
+			return done(&bootv1.RegisterResponse{Status: bootv1.RegisterStatus_REGISTER_STATUS_PENDING,
+				Message: "two other keys for this identity are live; an operator must resolve it", RetryAfter: durationpb.New(DefaultPollEvery)})
 		}
 		// Dead keys are dropped; a live one stays beside the new key. The machine
 		// may have rebooted without its boot request reaching gpuboot, or another
 		// machine claims its identity: if both stay live it is a conflict
-		// (checkConflict); if the old one goes away the new one takes over below.
+		// (conflictMove); if the old one goes away the new one takes over below.
 		if m.State == inventory.Conflict {
 			m.Keys = append(m.Keys, key)
 		} else {
@@ -214,10 +275,11 @@ func (s *Service) register(m *inventory.Machine, key inventory.Key, facts, check
 		switch {
 		case old != "":
 			// Re-enrollment (CONTRACTS §2.8): the bound key is gone, and with it the
-			// certificates issued to it (revoked by the caller).
+			// certificates issued to it.
+			d.Revoke = m.AgentCertSerials
 			m.Approval = nil
 			m.AgentCertSerials = nil
-			if s.cfg.Reenroll == ReenrollAuto {
+			if rules.Reenroll == ReenrollAuto {
 				m.BoundKey = fp
 				move(inventory.Approved, "policy:reenroll-auto", fmt.Sprintf("new key %s after reboot; bound key %s no longer live", short(fp), short(old)))
 			} else {
@@ -232,26 +294,32 @@ func (s *Service) register(m *inventory.Machine, key inventory.Key, facts, check
 			move(inventory.Registered, agentActor(fp), "agent registered")
 		}
 	}
-	if t, ok := s.checkConflict(m, now); ok {
-		ts = append(ts, t)
+	if moveErr == nil {
+		t, ok, err := conflictMove(m, now)
+		if err != nil {
+			return registerDecision{}, fmt.Errorf("register: %w", err)
+		}
+		if ok {
+			d.Transitions = append(d.Transitions, t)
+		}
 	}
 	current := m.BoundKey == fp || (m.BoundKey == "" && len(m.Keys) == 1 && m.Keys[0].Fingerprint == fp)
 	if current {
-		m.Facts = facts
-		if checklist != nil {
-			m.Checklist = checklist
+		m.Facts = call.Facts
+		if call.Checklist != nil {
+			m.Checklist = call.Checklist
 		}
 		// Facts give the sku label selectors may match on.
-		m.ImageID, m.Profile = s.imageAndProfile(m)
+		m.ImageID, m.Profile = imageAndProfile(rules.Selectors, rules.Racks, m)
 	}
 	if m.State == inventory.Registered && current && len(m.Keys) == 1 {
-		if d := s.cfg.Policy.Decide(candidate(m.Identity)); d.Approve {
-			if d.Rack != "" {
-				m.Rack, m.Slot = d.Rack, d.Slot
+		if v := call.Verdict; v.Approve {
+			if v.Rack != "" {
+				m.Rack, m.Slot = v.Rack, v.Slot
 			}
 			m.BoundKey = fp
-			m.ImageID, m.Profile = s.imageAndProfile(m)
-			move(inventory.Approved, d.Actor, d.Reason)
+			m.ImageID, m.Profile = imageAndProfile(rules.Selectors, rules.Racks, m)
+			move(inventory.Approved, v.Actor, v.Reason)
 		}
 	}
 	resp := &bootv1.RegisterResponse{}
@@ -266,11 +334,11 @@ func (s *Service) register(m *inventory.Machine, key inventory.Key, facts, check
 	case m.State == inventory.Approved && m.BoundKey == fp:
 		if a := m.Approval; a == nil || a.Used || !now.Before(a.ExpiresAt) || a.KeyFingerprint != fp {
 			m.Approval = &inventory.Approval{
-				Token:          m.ID + "." + base64.RawURLEncoding.EncodeToString(randomBytes(24)),
-				Challenge:      randomBytes(bootv1.ChallengeSize),
+				Token:          m.ID + "." + base64.RawURLEncoding.EncodeToString(call.TokenSecret),
+				Challenge:      append([]byte(nil), call.Challenge...),
 				KeyFingerprint: fp,
 				IssuedAt:       now.UTC(),
-				ExpiresAt:      now.UTC().Add(s.cfg.TokenTTL),
+				ExpiresAt:      now.UTC().Add(rules.TokenTTL),
 			}
 		}
 		resp.Status = bootv1.RegisterStatus_REGISTER_STATUS_APPROVED
@@ -290,14 +358,15 @@ func (s *Service) register(m *inventory.Machine, key inventory.Key, facts, check
 			resp.Message = "waiting for approval"
 		}
 	}
-	return resp, ts
+	return done(resp)
 }
 
-// checkConflict moves m to conflict when two of its keys are live and both were seen
-// after the newer one registered (CONTRACTS §2.8).
-func (s *Service) checkConflict(m *inventory.Machine, now time.Time) (inventory.Transition, bool) {
+// conflictMove moves m to conflict when two of its keys are live and both were seen
+// after the newer one registered (CONTRACTS §2.8). It is pure; ok is false when m
+// stays as it is.
+func conflictMove(m *inventory.Machine, now time.Time) (t inventory.Transition, ok bool, err error) {
 	if len(m.Keys) < 2 || m.State == inventory.Conflict || !inventory.Allowed(m.State, inventory.Conflict) {
-		return inventory.Transition{}, false
+		return inventory.Transition{}, false, nil
 	}
 	newer := 0
 	for i, k := range m.Keys {
@@ -307,21 +376,20 @@ func (s *Service) checkConflict(m *inventory.Machine, now time.Time) (inventory.
 	}
 	n := m.Keys[newer]
 	if !n.Live(now) || !n.LastSeen.After(n.RegisteredAt) {
-		return inventory.Transition{}, false
+		return inventory.Transition{}, false, nil
 	}
 	for i, k := range m.Keys {
 		if i != newer && k.Live(now) && k.LastSeen.After(n.RegisteredAt) {
 			t, err := inventory.Move(m, inventory.Conflict, "gpuboot",
 				fmt.Sprintf("keys %s and %s both live after %s registered", short(k.Fingerprint), short(n.Fingerprint), short(n.Fingerprint)), now)
 			if err != nil {
-				s.log.Error("lifecycle", "err", err)
-				return inventory.Transition{}, false
+				return inventory.Transition{}, false, err
 			}
 			m.Approval = nil
-			return t, true
+			return t, true, nil
 		}
 	}
-	return inventory.Transition{}, false
+	return inventory.Transition{}, false, nil
 }
 
 // short abbreviates a key fingerprint for messages.

@@ -149,13 +149,18 @@ func (s *Service) ReportCommissioning(ctx context.Context, req *bootv1.ReportCom
 	}
 	raw, _ := proto.Marshal(report)
 	var msg string
+	var notCurrent error
 	m, err := s.update(ctx, c.m.ID, func(m *inventory.Machine) ([]inventory.Transition, error) {
 		if i := m.FindKey(c.fp); i >= 0 {
 			m.Keys[i].LastSeen = now.UTC()
 		}
 		current := m.BoundKey == c.fp || (m.BoundKey == "" && len(m.Keys) == 1 && m.Keys[0].Fingerprint == c.fp) || c.viaCert
 		if !current {
-			msg = "not stored: another key is current for this identity"
+			// The key's liveness is stored; the report is not, and the agent is told
+			// so rather than answered as if it were (it would stop resending).
+			notCurrent = status.Errorf(codes.FailedPrecondition,
+				"report not stored: key %s is not the current key for this identity (another key is bound or live; %s): resend once this key is current or an operator resolved it",
+				short(c.fp), keysSummary(m))
 			return nil, nil
 		}
 		if m.State == inventory.Decommissioned {
@@ -195,6 +200,9 @@ func (s *Service) ReportCommissioning(ctx context.Context, req *bootv1.ReportCom
 			return nil, err
 		}
 		return nil, status.Errorf(codes.Internal, "report: %v", err)
+	}
+	if notCurrent != nil {
+		return nil, notCurrent
 	}
 	return &bootv1.ReportCommissioningResponse{MachineState: StateProto(m.State), Message: msg}, nil
 }
@@ -236,7 +244,11 @@ func (s *Service) Heartbeat(ctx context.Context, req *bootv1.HeartbeatRequest) (
 			}
 			m.LastHeartbeat = now.UTC()
 		}
-		if t, ok := s.checkConflict(m, now); ok {
+		t, ok, err := conflictMove(m, now)
+		if err != nil {
+			return nil, fmt.Errorf("heartbeat: %w", err)
+		}
+		if ok {
 			return []inventory.Transition{t}, nil
 		}
 		return nil, nil
@@ -248,6 +260,14 @@ func (s *Service) Heartbeat(ctx context.Context, req *bootv1.HeartbeatRequest) (
 		return nil, status.Errorf(codes.Internal, "heartbeat: %v", err)
 	}
 	return &bootv1.HeartbeatResponse{MachineState: StateProto(m.State), Interval: durationpb.New(DefaultHeartbeatEvery)}, nil
+}
+
+// keysSummary names m's bound key and how many keys it holds, for messages.
+func keysSummary(m *inventory.Machine) string {
+	if m.BoundKey != "" {
+		return fmt.Sprintf("bound key %s, %d keys", short(m.BoundKey), len(m.Keys))
+	}
+	return fmt.Sprintf("no bound key, %d keys", len(m.Keys))
 }
 
 func decodeChecklist(b []byte) (*machinev1.Checklist, error) {

@@ -128,8 +128,11 @@ type Config struct {
 	// Now is the clock; default time.Now.
 	Now func() time.Time
 	Log *slog.Logger
-	// OnChange, when set, is called after every stored change of a machine (the node
-	// controller uses it to act on ready and decommissioned machines).
+	// OnChange, when set, is called with a copy of a machine after it is created and
+	// after a stored change of its state or node name; not for changes of anything
+	// else (a heartbeat's health and times, keys, facts). The node controller uses it
+	// to act on ready and decommissioned machines; a call per heartbeat would make its
+	// work grow with the square of the machine count.
 	OnChange func(*inventory.Machine)
 }
 
@@ -227,12 +230,6 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	return s, nil
 }
 
-// Store returns the inventory the service writes.
-func (s *Service) Store() inventory.Store { return s.store }
-
-// Config returns the service's configuration (after defaults).
-func (s *Service) Config() Config { return s.cfg }
-
 // Snapshot returns a copy of the counters.
 func (s *Service) Snapshot() (registrations map[string]uint64, released uint64, refused map[string]uint64, limited uint64) {
 	s.stats.mu.Lock()
@@ -292,11 +289,13 @@ func (s *Service) create(ctx context.Context, m *inventory.Machine, ts ...invent
 	return nil
 }
 
-// update runs a store update and keeps the unapproved count and observers in step.
+// update runs a store update and keeps the unapproved count and observers in step:
+// OnChange hears of it only when the machine's state or node name changed.
 func (s *Service) update(ctx context.Context, id string, fn func(*inventory.Machine) ([]inventory.Transition, error)) (*inventory.Machine, error) {
 	var before inventory.State
+	var beforeNode string
 	m, err := s.store.Update(ctx, id, func(m *inventory.Machine) ([]inventory.Transition, error) {
-		before = m.State
+		before, beforeNode = m.State, m.NodeName
 		return fn(m)
 	})
 	if err != nil {
@@ -311,7 +310,9 @@ func (s *Service) update(ctx context.Context, id string, fn func(*inventory.Mach
 		}
 		s.mu.Unlock()
 	}
-	s.changed(m)
+	if m.State != before || m.NodeName != beforeNode {
+		s.changed(m)
+	}
 	return m, nil
 }
 

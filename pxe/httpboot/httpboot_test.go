@@ -36,7 +36,7 @@ func (b *fakeBooter) BootTarget(_ context.Context, id identity.Identity, _ netip
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.seen = append(b.seen, id)
-	if b.approved[id.MACString()] {
+	if b.approved[id.MAC] {
 		return Target{Action: Boot, ImageID: b.image, ExtraArgs: []string{"gpurack.rack=r1"}}, nil
 	}
 	return Target{Action: Hold}, nil
@@ -235,7 +235,7 @@ func FuzzBootQuery(f *testing.F) {
 		f.Fatal(err)
 	}
 	booter := BooterFunc(func(_ context.Context, id identity.Identity, _ netip.Addr) (Target, error) {
-		if id.MAC[5]&1 == 0 {
+		if id.HardwareAddr()[5]&1 == 0 {
 			return Target{Action: Boot, ImageID: image}, nil
 		}
 		return Target{Action: Hold}, nil

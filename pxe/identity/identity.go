@@ -8,10 +8,11 @@
 // ("Default string", "To Be Filled By O.E.M."). Normalisation turns those
 // into the empty string, "absent", so that they never become part of a key.
 //
-// It is the contract between the boot-protocol half of gpuboot (dhcp,
-// httpboot) and the inventory: httpboot builds an Identity from the
-// /boot.ipxe query and hands it to its Booter; the inventory stores it and
-// keys records by Key. This package does no I/O and holds no state.
+// Identity is the one identity type of gpuboot: httpboot builds it from the
+// /boot.ipxe query and hands it to its Booter, pxe/enroll builds it from an
+// agent's MachineIdentity, pxe/inventory stores it (its JSON form is the
+// inventory's) and keys records by Key, and pxe/policy matches it against
+// the rack manifest. This package does no I/O and holds no state.
 package identity
 
 import (
@@ -22,17 +23,20 @@ import (
 	"strings"
 )
 
-// Identity is one machine's identity. A zero field is absent (unknown or a
-// placeholder). Values in an Identity are always normalised: build one
-// with New, or run the fields through the Normalize functions.
+// Identity is one machine's identity. An empty field is absent (unknown or
+// a placeholder). Values in an Identity are always normalised: build one
+// with New, or run the fields through the Normalize functions. Two
+// Identities are the same machine exactly when they are == (and so when
+// their Keys are equal).
 type Identity struct {
-	// MAC is the boot NIC's 6-byte Ethernet address.
-	MAC net.HardwareAddr
+	// MAC is the boot NIC's 6-byte Ethernet address in lowercase colon
+	// form ("52:54:00:12:34:56"); New requires it.
+	MAC string `json:"mac"`
 	// UUID is the SMBIOS system UUID (product_uuid) as the canonical
 	// lowercase 8-4-4-4-12 string, or "".
-	UUID string
+	UUID string `json:"uuid,omitempty"`
 	// Serial is the SMBIOS system serial (product_serial), trimmed, or "".
-	Serial string
+	Serial string `json:"serial,omitempty"`
 }
 
 // Errors returned by the Normalize and New functions.
@@ -61,7 +65,7 @@ func New(mac, uuid, serial string) (Identity, error) {
 	if err != nil {
 		return Identity{}, err
 	}
-	return Identity{MAC: m, UUID: u, Serial: s}, nil
+	return Identity{MAC: strings.ToLower(m.String()), UUID: u, Serial: s}, nil
 }
 
 // Key returns a stable string for the identity, "mac|uuid|serial" with the
@@ -71,15 +75,17 @@ func New(mac, uuid, serial string) (Identity, error) {
 // are equal. A serial containing "|" cannot be confused with another field
 // because the MAC and UUID forms contain no "|" and come first.
 func (id Identity) Key() string {
-	return id.MACString() + "|" + id.UUID + "|" + id.Serial
+	return id.MAC + "|" + id.UUID + "|" + id.Serial
 }
 
-// MACString returns the MAC in lowercase colon form, or "" when absent.
-func (id Identity) MACString() string {
-	if len(id.MAC) == 0 {
-		return ""
+// HardwareAddr returns the MAC as 6 bytes, or nil when it is absent or not
+// a MAC (an Identity not built by New).
+func (id Identity) HardwareAddr() net.HardwareAddr {
+	hw, err := net.ParseMAC(id.MAC)
+	if err != nil || len(hw) != 6 {
+		return nil
 	}
-	return strings.ToLower(id.MAC.String())
+	return hw
 }
 
 // String is Key, for logs.

@@ -2,6 +2,7 @@ package identity
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"testing"
 )
@@ -142,15 +143,18 @@ func FuzzNormalize(f *testing.F) {
 	f.Fuzz(func(t *testing.T, mac, uuid, serial string, opt97 []byte) {
 		id, err := New(mac, uuid, serial)
 		if err == nil {
-			again, err := New(id.MACString(), id.UUID, id.Serial)
+			again, err := New(id.MAC, id.UUID, id.Serial)
 			if err != nil {
 				t.Fatalf("normalised identity %q does not normalise again: %v", id.Key(), err)
 			}
 			if again.Key() != id.Key() {
 				t.Fatalf("not idempotent: %q -> %q", id.Key(), again.Key())
 			}
-			if len(id.MAC) != 6 {
-				t.Fatalf("MAC %v is not 6 bytes", id.MAC)
+			if hw := id.HardwareAddr(); len(hw) != 6 || id.MAC != hw.String() {
+				t.Fatalf("MAC %q is not a 6-byte MAC in lowercase colon form", id.MAC)
+			}
+			if again != id {
+				t.Fatalf("not idempotent: %+v -> %+v", id, again)
 			}
 		}
 		if u, err := NormalizeUUIDOption97(opt97); err == nil && u != "" {
@@ -163,4 +167,29 @@ func FuzzNormalize(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestJSONForm pins the JSON form: pxe/inventory stores an Identity in every machine
+// record, so a change here would make existing inventories unreadable.
+func TestJSONForm(t *testing.T) {
+	for _, tc := range []struct {
+		mac, uuid, serial, want string
+	}{
+		{"52-54-00-12-34-56", "4C4C4544-0042-3510-8052-B4C04F565331", "SN1",
+			`{"mac":"52:54:00:12:34:56","uuid":"4c4c4544-0042-3510-8052-b4c04f565331","serial":"SN1"}`},
+		{"525400123456", "", "Default string", `{"mac":"52:54:00:12:34:56"}`},
+	} {
+		id, err := New(tc.mac, tc.uuid, tc.serial)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := json.Marshal(id)
+		if err != nil || string(b) != tc.want {
+			t.Errorf("json.Marshal(%v) = %s, %v; want %s", id, b, err, tc.want)
+		}
+		var back Identity
+		if err := json.Unmarshal([]byte(tc.want), &back); err != nil || back != id {
+			t.Errorf("json.Unmarshal(%s) = %+v, %v; want %+v", tc.want, back, err, id)
+		}
+	}
 }

@@ -10,25 +10,33 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
 	bolterrors "go.etcd.io/bbolt/errors"
 )
 
-// Bucket names of the bbolt layout (schema version 1):
+// Bucket names of the bbolt layout (schema version 2):
 //
 //	machines:   id → Machine as JSON
 //	identities: Identity.Key → id
+//	nodes:      NodeName "\x00" id → id, for every machine with a node name
 //	history:    id → bucket of 8-byte big-endian Seq → Transition as JSON
-//	meta:       "schema" → "1"
+//	meta:       "schema" → "2"
+//
+// Version 1 had no nodes bucket; OpenBolt builds it from the machines and moves the
+// file to version 2, after which a gpuboot that reads version 1 refuses the file
+// rather than writing machines without updating the index.
 var (
 	bucketMachines   = []byte("machines")
 	bucketIdentities = []byte("identities")
+	bucketNodes      = []byte("nodes")
 	bucketHistory    = []byte("history")
 	bucketMeta       = []byte("meta")
 	keySchema        = []byte("schema")
-	schemaVersion    = []byte("1")
+	schemaVersion    = []byte("2")
+	schemaVersion1   = []byte("1")
 )
 
 // BoltStore is the Store kept in one bbolt file. bbolt commits each transaction with
@@ -51,7 +59,7 @@ func OpenBolt(path string) (*BoltStore, error) {
 		return nil, fmt.Errorf("open inventory %s: %w", path, err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketMachines, bucketIdentities, bucketHistory, bucketMeta} {
+		for _, b := range [][]byte{bucketMachines, bucketIdentities, bucketNodes, bucketHistory, bucketMeta} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
@@ -59,6 +67,11 @@ func OpenBolt(path string) (*BoltStore, error) {
 		meta := tx.Bucket(bucketMeta)
 		switch v := meta.Get(keySchema); {
 		case v == nil:
+			return meta.Put(keySchema, schemaVersion)
+		case bytes.Equal(v, schemaVersion1):
+			if err := buildNodeIndex(tx); err != nil {
+				return fmt.Errorf("migrate schema 1 to 2 (node name index): %w", err)
+			}
 			return meta.Put(keySchema, schemaVersion)
 		case !bytes.Equal(v, schemaVersion):
 			return fmt.Errorf("schema version %q, this gpuboot reads %q: use a matching gpuboot", v, schemaVersion)
@@ -94,6 +107,9 @@ func (s *BoltStore) Create(_ context.Context, m *Machine, ts ...Transition) erro
 			return fmt.Errorf("create machine %s: %w", m.ID, ErrExists)
 		}
 		if err := ids.Put(key, []byte(m.ID)); err != nil {
+			return err
+		}
+		if err := indexNode(tx, "", m); err != nil {
 			return err
 		}
 		if err := putMachine(machines, m); err != nil {
@@ -145,6 +161,27 @@ func (s *BoltStore) List(_ context.Context) ([]*Machine, error) {
 	return out, err
 }
 
+// ByNodeName implements Store. It reads the nodes index and the machines it names.
+func (s *BoltStore) ByNodeName(_ context.Context, nodeName string) ([]*Machine, error) {
+	if nodeName == "" {
+		return nil, nil
+	}
+	var out []*Machine
+	err := s.db.View(func(tx *bolt.Tx) error {
+		prefix := nodeKey(nodeName, "")
+		c := tx.Bucket(bucketNodes).Cursor()
+		for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
+			m, err := getMachine(tx, string(k[len(prefix):]))
+			if err != nil {
+				return fmt.Errorf("node name index entry %q: %w", k, err)
+			}
+			out = append(out, m)
+		}
+		return nil
+	})
+	return out, err
+}
+
 // Update implements Store.
 func (s *BoltStore) Update(_ context.Context, id string, fn func(*Machine) ([]Transition, error)) (*Machine, error) {
 	var out *Machine
@@ -163,6 +200,9 @@ func (s *BoltStore) Update(_ context.Context, id string, fn func(*Machine) ([]Tr
 		}
 		if err := checkChain(id, old.State, m.State, ts); err != nil {
 			return fmt.Errorf("update machine %s: %w", id, err)
+		}
+		if err := indexNode(tx, old.NodeName, m); err != nil {
+			return err
 		}
 		if err := putMachine(tx.Bucket(bucketMachines), m); err != nil {
 			return err
@@ -232,6 +272,44 @@ func checkChain(id string, from, to State, ts []Transition) error {
 		return fmt.Errorf("state changed %s → %s without a transition: %w", stateName(from), stateName(to), ErrIllegalTransition)
 	}
 	return nil
+}
+
+// nodeKey is the nodes index key of machine id holding nodeName. Node names hold no
+// NUL byte (Kubernetes names are DNS subdomains), so the prefix nodeName+NUL selects
+// exactly the machines holding nodeName.
+func nodeKey(nodeName, id string) []byte {
+	return []byte(nodeName + "\x00" + id)
+}
+
+// indexNode moves m's entry in the nodes index from oldName to m.NodeName.
+func indexNode(tx *bolt.Tx, oldName string, m *Machine) error {
+	if oldName == m.NodeName {
+		return nil
+	}
+	if strings.Contains(m.NodeName, "\x00") {
+		return fmt.Errorf("machine %s: node name %q holds a NUL byte", m.ID, m.NodeName)
+	}
+	nodes := tx.Bucket(bucketNodes)
+	if oldName != "" {
+		if err := nodes.Delete(nodeKey(oldName, m.ID)); err != nil {
+			return err
+		}
+	}
+	if m.NodeName == "" {
+		return nil
+	}
+	return nodes.Put(nodeKey(m.NodeName, m.ID), []byte(m.ID))
+}
+
+// buildNodeIndex fills the nodes index from the machines bucket (schema 1 → 2).
+func buildNodeIndex(tx *bolt.Tx) error {
+	return tx.Bucket(bucketMachines).ForEach(func(k, v []byte) error {
+		m := new(Machine)
+		if err := json.Unmarshal(v, m); err != nil {
+			return fmt.Errorf("machine %s: stored record does not decode: %w", k, err)
+		}
+		return indexNode(tx, "", m)
+	})
 }
 
 func getMachine(tx *bolt.Tx, id string) (*Machine, error) {

@@ -2,12 +2,19 @@ package inventory
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/gpurack/gpurack/pxe/identity"
 )
 
 func openTest(t *testing.T) (*BoltStore, string) {
@@ -23,7 +30,7 @@ func openTest(t *testing.T) (*BoltStore, string) {
 
 func newMachine(t *testing.T, mac string, st State) (*Machine, Transition) {
 	t.Helper()
-	m := &Machine{ID: NewID(), Identity: Identity{MAC: mac, Serial: "SN-" + mac}, CreatedAt: time.Now()}
+	m := &Machine{ID: NewID(), Identity: identity.Identity{MAC: mac, Serial: "SN-" + mac}, CreatedAt: time.Now()}
 	tr, err := Move(m, st, "gpuboot", "test", time.Now())
 	if err != nil {
 		t.Fatal(err)
@@ -49,7 +56,7 @@ func TestBoltCreateGetLookup(t *testing.T) {
 	if err := s.Create(ctx, other, tr3); err != nil {
 		t.Fatal(err)
 	}
-	got, err := s.Lookup(ctx, Identity{MAC: "52:54:00:00:00:01", Serial: "SN-52:54:00:00:00:01"}.Key())
+	got, err := s.Lookup(ctx, identity.Identity{MAC: "52:54:00:00:00:01", Serial: "SN-52:54:00:00:00:01"}.Key())
 	if err != nil || got.ID != m.ID {
 		t.Fatalf("Lookup = %v, %v", got, err)
 	}
@@ -141,7 +148,7 @@ func TestBoltConcurrentCreateOneWinner(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			m := &Machine{ID: NewID(), Identity: Identity{MAC: "52:54:00:00:00:10"}}
+			m := &Machine{ID: NewID(), Identity: identity.Identity{MAC: "52:54:00:00:00:10"}}
 			tr, _ := Move(m, Discovered, "gpuboot", fmt.Sprint("racer ", i), time.Now())
 			if err := s.Create(ctx, m, tr); err == nil {
 				mu.Lock()
@@ -162,5 +169,123 @@ func TestBoltLockedFile(t *testing.T) {
 	_, path := openTest(t)
 	if _, err := OpenBolt(path); err == nil {
 		t.Fatal("second open of a held inventory succeeded")
+	}
+}
+
+// nodeNames returns the ids ByNodeName finds for name.
+func nodeNames(t *testing.T, s *BoltStore, name string) []string {
+	t.Helper()
+	ms, err := s.ByNodeName(context.Background(), name)
+	if err != nil {
+		t.Fatalf("ByNodeName(%q): %v", name, err)
+	}
+	var ids []string
+	for _, m := range ms {
+		if m.NodeName != name {
+			t.Errorf("ByNodeName(%q) returned machine %s named %q", name, m.ID, m.NodeName)
+		}
+		ids = append(ids, m.ID)
+	}
+	return ids
+}
+
+func TestBoltNodeNameIndex(t *testing.T) {
+	ctx := context.Background()
+	s, _ := openTest(t)
+	create := func(id, mac, node string) {
+		m := &Machine{ID: id, Identity: identity.Identity{MAC: mac}, NodeName: node}
+		tr, _ := Move(m, Discovered, "gpuboot", "test", time.Now())
+		if err := s.Create(ctx, m, tr); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rename := func(id, node string) {
+		if _, err := s.Update(ctx, id, func(m *Machine) ([]Transition, error) { m.NodeName = node; return nil, nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	create("m1", "52:54:00:00:00:01", "gpu-r1-u01")
+	create("m2", "52:54:00:00:00:02", "")
+	create("m3", "52:54:00:00:00:03", "gpu-r1-u01-b") // a name that extends another
+	if got := nodeNames(t, s, "gpu-r1-u01"); !slices.Equal(got, []string{"m1"}) {
+		t.Errorf("gpu-r1-u01: %v; want [m1]", got)
+	}
+	if got := nodeNames(t, s, ""); got != nil {
+		t.Errorf("empty name: %v; want none", got)
+	}
+	// A decommissioned machine keeps its name while a new one takes it: both are found,
+	// ordered by id.
+	rename("m2", "gpu-r1-u01")
+	if got := nodeNames(t, s, "gpu-r1-u01"); !slices.Equal(got, []string{"m1", "m2"}) {
+		t.Errorf("after m2 takes the name: %v; want [m1 m2]", got)
+	}
+	rename("m1", "gpu-r1-u02")
+	rename("m3", "")
+	for name, want := range map[string][]string{"gpu-r1-u01": {"m2"}, "gpu-r1-u02": {"m1"}, "gpu-r1-u01-b": nil} {
+		if got := nodeNames(t, s, name); !slices.Equal(got, want) {
+			t.Errorf("after renames, %s: %v; want %v", name, got, want)
+		}
+	}
+	// A failed update leaves the index as it was.
+	_, _ = s.Update(ctx, "m1", func(m *Machine) ([]Transition, error) { m.NodeName = "gpu-x"; return nil, errors.New("no") })
+	if got := nodeNames(t, s, "gpu-x"); got != nil {
+		t.Errorf("failed update indexed gpu-x: %v", got)
+	}
+}
+
+// TestBoltMigratesSchema1 opens an inventory written before the node name index
+// existed: OpenBolt builds the index and marks the file schema 2.
+func TestBoltMigratesSchema1(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "inventory.db")
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		for _, b := range []string{"machines", "identities", "history", "meta"} {
+			if _, err := tx.CreateBucket([]byte(b)); err != nil {
+				return err
+			}
+		}
+		for i, node := range []string{"gpu-r1-u01", "", "gpu-r1-u03"} {
+			m := &Machine{ID: fmt.Sprintf("m%d", i+1), Identity: identity.Identity{MAC: fmt.Sprintf("52:54:00:00:00:0%d", i+1)}, State: Ready, NodeName: node}
+			v, _ := json.Marshal(m)
+			if err := tx.Bucket([]byte("machines")).Put([]byte(m.ID), v); err != nil {
+				return err
+			}
+			if err := tx.Bucket([]byte("identities")).Put([]byte(m.Identity.Key()), []byte(m.ID)); err != nil {
+				return err
+			}
+		}
+		return tx.Bucket([]byte("meta")).Put([]byte("schema"), []byte("1"))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+
+	s, err := OpenBolt(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := nodeNames(t, s, "gpu-r1-u01"); !slices.Equal(got, []string{"m1"}) {
+		t.Errorf("gpu-r1-u01 after migration: %v; want [m1]", got)
+	}
+	if got := nodeNames(t, s, "gpu-r1-u03"); !slices.Equal(got, []string{"m3"}) {
+		t.Errorf("gpu-r1-u03 after migration: %v; want [m3]", got)
+	}
+	var schema string
+	_ = s.db.View(func(tx *bolt.Tx) error { schema = string(tx.Bucket(bucketMeta).Get(keySchema)); return nil })
+	if schema != "2" {
+		t.Errorf("schema after migration %q; want 2", schema)
+	}
+	s.Close()
+
+	// A file from a newer gpuboot is refused with a message naming both versions.
+	db, _ = bolt.Open(path, 0o600, nil)
+	_ = db.Update(func(tx *bolt.Tx) error { return tx.Bucket([]byte("meta")).Put([]byte("schema"), []byte("3")) })
+	db.Close()
+	if _, err := OpenBolt(path); err == nil || !strings.Contains(err.Error(), `schema version "3"`) {
+		t.Errorf("schema 3: %v; want a version error", err)
 	}
 }

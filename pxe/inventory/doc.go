@@ -2,11 +2,12 @@
 // serial, never the UUID alone), where they stand in the lifecycle, and how they got
 // there.
 //
-// The lifecycle is a pure transition table (state.go): Transition checks a move against
-// it and returns the record to persist, with time, actor and reason. A Store persists
-// machines and their transitions; it never decides anything. The bbolt store (bolt.go)
-// writes every change in one transaction, so a crash leaves either the whole change or
-// none of it. The Store interface is small on purpose, so that a store backed by
+// The lifecycle is a pure transition table (state.go): Move checks a move against it
+// and returns the Transition to persist, with time, actor and reason; an illegal move
+// is an error wrapping ErrIllegalTransition. A Store persists machines and their
+// transitions, indexed by identity and by node name; it never decides anything. The
+// bbolt store (bolt.go) writes every change in one transaction, so a crash leaves
+// either the whole change or none of it. The Store interface is small on purpose, so that a store backed by
 // Kubernetes custom resources (several gpuboot replicas across racks) can replace it
 // without touching the lifecycle code in pxe/enroll.
 //

@@ -5,32 +5,23 @@ import (
 	"encoding/base32"
 	"strings"
 	"time"
+
+	"github.com/gpurack/gpurack/pxe/identity"
 )
 
 // KeyLiveness is how long a key stays live without a call (CONTRACTS §2.8: no heartbeat
 // for 3 minutes).
 const KeyLiveness = 3 * time.Minute
 
-// Identity is a machine's identity in normalised text form (CONTRACTS §1; pxe/identity
-// normalises it). MAC is required; UUID and Serial are empty when absent or
-// placeholders.
-type Identity struct {
-	MAC    string `json:"mac"`
-	UUID   string `json:"uuid,omitempty"`
-	Serial string `json:"serial,omitempty"`
-}
-
-// Key is the inventory's index key for the identity: MAC, UUID and serial together,
-// never the UUID alone. It equals pxe/identity.Identity.Key for the same identity.
-func (id Identity) Key() string { return id.MAC + "|" + id.UUID + "|" + id.Serial }
-
 // Machine is one inventory entry. Protobuf payloads (facts, checklists, health) are
 // kept as their binary encoding, so this package does not interpret them.
 type Machine struct {
 	// ID is assigned at creation (NewID) and never reused.
-	ID       string   `json:"id"`
-	Identity Identity `json:"identity"`
-	State    State    `json:"state"`
+	ID string `json:"id"`
+	// Identity is what the machine is (CONTRACTS §1); the store indexes it by
+	// Identity.Key, MAC, UUID and serial together, never the UUID alone.
+	Identity identity.Identity `json:"identity"`
+	State    State             `json:"state"`
 	// PreConflict is the state the machine had when it entered Conflict.
 	PreConflict State `json:"preConflict,omitempty"`
 

@@ -14,8 +14,8 @@ var (
 )
 
 // Store persists machines and their transitions. Implementations make every call
-// atomic: Create and Update write the machine, its identity index and its transitions
-// in one transaction, or nothing. A Store decides nothing; the lifecycle (Move) and
+// atomic: Create and Update write the machine, its identity and node name indexes and
+// its transitions in one transaction, or nothing. A Store decides nothing; the lifecycle (Move) and
 // pxe/enroll do.
 type Store interface {
 	// Create records a new machine with its first transition(s). It fails with
@@ -25,6 +25,10 @@ type Store interface {
 	Get(ctx context.Context, id string) (*Machine, error)
 	// Lookup returns the machine with the identity key (Identity.Key), or ErrNotFound.
 	Lookup(ctx context.Context, identityKey string) (*Machine, error)
+	// ByNodeName returns the machines whose NodeName is nodeName, ordered by id, from
+	// an index (not a scan of every machine). At most one of them is not
+	// decommissioned; decommissioned machines keep their name until they boot again.
+	ByNodeName(ctx context.Context, nodeName string) ([]*Machine, error)
 	// List returns every machine, ordered by id.
 	List(ctx context.Context) ([]*Machine, error)
 	// Update reads the machine with id, calls fn with a copy, and writes the copy

@@ -143,8 +143,9 @@ func ParseList(source string, r io.Reader) (*List, error) {
 	return l, nil
 }
 
-// Match returns the entry for c: one whose every given field (serial, MAC) equals c's.
-func (l *List) Match(c Candidate) (Entry, bool) {
+// Match returns the entry for the identity c: one whose every given field (serial, MAC)
+// equals c's.
+func (l *List) Match(c identity.Identity) (Entry, bool) {
 	if l == nil {
 		return Entry{}, false
 	}

@@ -1,6 +1,10 @@
 package policy
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/gpurack/gpurack/pxe/identity"
+)
 
 // FuzzParseList: a rack manifest comes from a vendor; parsing it must never panic, and
 // every entry it accepts must match itself.
@@ -14,7 +18,7 @@ func FuzzParseList(f *testing.F) {
 			if e.Serial == "" && e.MAC == "" {
 				t.Fatalf("entry without serial or mac accepted: %+v", e)
 			}
-			got, ok := l.Match(Candidate{MAC: e.MAC, Serial: e.Serial})
+			got, ok := l.Match(identity.Identity{MAC: e.MAC, Serial: e.Serial})
 			if !ok || got.Line != e.Line {
 				t.Fatalf("entry %+v does not match itself (got %+v, %v)", e, got, ok)
 			}

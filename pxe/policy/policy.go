@@ -19,6 +19,8 @@ package policy
 import (
 	"fmt"
 	"strings"
+
+	"github.com/gpurack/gpurack/pxe/identity"
 )
 
 // Mode is an approval mode.
@@ -42,13 +44,6 @@ func ParseMode(s string) (Mode, error) {
 		return Auto, nil
 	}
 	return "", fmt.Errorf("approval mode %q: use manual, allowlist or auto", s)
-}
-
-// Candidate is what the policy knows about a machine asking to be approved.
-type Candidate struct {
-	MAC    string // normalised, lowercase colon-separated
-	UUID   string
-	Serial string
 }
 
 // Decision is the policy's answer for one candidate.
@@ -89,11 +84,12 @@ func (p Policy) Validate() error {
 	return nil
 }
 
-// Decide returns the policy's decision for c. It is pure.
-func (p Policy) Decide(c Candidate) Decision {
+// Decide returns the policy's decision for the machine with identity id (normalised,
+// as pxe/identity builds it). It is pure.
+func (p Policy) Decide(id identity.Identity) Decision {
 	var d Decision
 	if p.List != nil {
-		if e, ok := p.List.Match(c); ok {
+		if e, ok := p.List.Match(id); ok {
 			d.Rack, d.Slot = e.Rack, e.Slot
 			if p.Mode == Allowlist {
 				d.Approve = true

@@ -3,6 +3,8 @@ package policy
 import (
 	"strings"
 	"testing"
+
+	"github.com/gpurack/gpurack/pxe/identity"
 )
 
 const manifest = `# rack r1 manifest from the vendor
@@ -22,16 +24,16 @@ func TestParseListAndMatch(t *testing.T) {
 	}
 	cases := []struct {
 		name string
-		c    Candidate
+		c    identity.Identity
 		slot string
 		ok   bool
 	}{
-		{"serial and mac match", Candidate{MAC: "52:54:00:00:01:01", Serial: "SN-0001"}, "U01", true},
-		{"serial right, mac wrong: both listed so both must match", Candidate{MAC: "52:54:00:00:09:09", Serial: "SN-0001"}, "", false},
-		{"serial only entry", Candidate{MAC: "52:54:00:00:09:09", Serial: "SN-0002"}, "U02", true},
-		{"mac only entry, normalised", Candidate{MAC: "52:54:00:00:01:03", Serial: "whatever"}, "U03", true},
-		{"unknown", Candidate{MAC: "52:54:00:00:09:09", Serial: "SN-9"}, "", false},
-		{"empty candidate", Candidate{}, "", false},
+		{"serial and mac match", identity.Identity{MAC: "52:54:00:00:01:01", Serial: "SN-0001"}, "U01", true},
+		{"serial right, mac wrong: both listed so both must match", identity.Identity{MAC: "52:54:00:00:09:09", Serial: "SN-0001"}, "", false},
+		{"serial only entry", identity.Identity{MAC: "52:54:00:00:09:09", Serial: "SN-0002"}, "U02", true},
+		{"mac only entry, normalised", identity.Identity{MAC: "52:54:00:00:01:03", Serial: "whatever"}, "U03", true},
+		{"unknown", identity.Identity{MAC: "52:54:00:00:09:09", Serial: "SN-9"}, "", false},
+		{"empty candidate", identity.Identity{}, "", false},
 	}
 	for _, c := range cases {
 		e, ok := l.Match(c.c)
@@ -62,8 +64,8 @@ func TestParseListErrors(t *testing.T) {
 
 func TestDecide(t *testing.T) {
 	l, _ := ParseListBytes("r1.csv", []byte(manifest))
-	listed := Candidate{MAC: "52:54:00:00:01:01", Serial: "SN-0001"}
-	stranger := Candidate{MAC: "52:54:00:00:09:09", Serial: "SN-9"}
+	listed := identity.Identity{MAC: "52:54:00:00:01:01", Serial: "SN-0001"}
+	stranger := identity.Identity{MAC: "52:54:00:00:09:09", Serial: "SN-9"}
 
 	if d := (Policy{Mode: Manual, List: l}).Decide(listed); d.Approve || d.Slot != "U01" {
 		t.Errorf("manual: %+v; want placement without approval", d)

@@ -13,12 +13,14 @@ import (
 // scrape time.
 type inventoryCollector struct {
 	svc                                                *enroll.Service
+	machines                                           inventory.Store
 	byState, registrations, released, refused, limited *prometheus.Desc
 }
 
-func newInventoryCollector(svc *enroll.Service) *inventoryCollector {
+func newInventoryCollector(svc *enroll.Service, machines inventory.Store) *inventoryCollector {
 	return &inventoryCollector{
 		svc:           svc,
+		machines:      machines,
 		byState:       prometheus.NewDesc("gpuboot_machines", "Machines in the inventory by lifecycle state.", []string{"state"}, nil),
 		registrations: prometheus.NewDesc("gpuboot_enroll_registrations_total", "Register calls by answer.", []string{"answer"}, nil),
 		released:      prometheus.NewDesc("gpuboot_enroll_bundles_released_total", "JoinBundles released.", nil, nil),
@@ -37,7 +39,7 @@ func (c *inventoryCollector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c *inventoryCollector) Collect(ch chan<- prometheus.Metric) {
 	counts := map[inventory.State]int{}
-	if all, err := c.svc.Store().List(context.Background()); err == nil {
+	if all, err := c.machines.List(context.Background()); err == nil {
 		for _, m := range all {
 			counts[m.State]++
 		}

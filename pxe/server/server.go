@@ -120,7 +120,7 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	reg.MustRegister(newInventoryCollector(svc))
+	reg.MustRegister(newInventoryCollector(svc, store))
 
 	errc := make(chan error, 8)
 	var wg sync.WaitGroup
@@ -181,7 +181,15 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	// TLS: gRPC (Enrollment, Admin, reflection) and the REST API + rack view.
 	gs := grpc.NewServer()
 	bootv1.RegisterEnrollmentServiceServer(gs, svc)
-	adm := admin.New(svc, mustTokens(cfg, log))
+	rackNames := make([]string, 0, len(cfg.Racks))
+	for _, r := range cfg.Racks {
+		rackNames = append(rackNames, r.Name)
+	}
+	adm, err := admin.New(admin.Config{Lifecycle: svc, Inventory: store, CA: ca.Cert, Revoked: svc.Revoked,
+		Racks: rackNames, Tokens: mustTokens(cfg, log)})
+	if err != nil {
+		return err
+	}
 	bootv1.RegisterAdminServiceServer(gs, adm)
 	reflection.Register(gs)
 	restHandler := adm.Handler()

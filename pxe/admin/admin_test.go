@@ -1,0 +1,104 @@
+package admin
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"net/netip"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
+	"github.com/gpurack/gpurack/internal/pki"
+	"github.com/gpurack/gpurack/pxe/enroll"
+	"github.com/gpurack/gpurack/pxe/identity"
+	"github.com/gpurack/gpurack/pxe/inventory"
+	"github.com/gpurack/gpurack/pxe/policy"
+)
+
+// asPeer returns ctx as a gRPC call over TLS with the client certificate cert.
+func asPeer(ctx context.Context, cert *x509.Certificate) context.Context {
+	return peer.NewContext(ctx, &peer.Peer{AuthInfo: credentials.TLSInfo{State: tls.ConnectionState{PeerCertificates: []*x509.Certificate{cert}}}})
+}
+
+// TestServerOverEnrollment runs the operator surface over the real enrollment service
+// and a bbolt inventory, through the two interfaces it declares.
+func TestServerOverEnrollment(t *testing.T) {
+	ctx := context.Background()
+	ca, err := pki.NewCA(pki.CARequest{CommonName: "gpurack test CA"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := inventory.OpenBolt(filepath.Join(t.TempDir(), "inventory.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	revoked := pki.NewRevocationList()
+	svc, err := enroll.New(ctx, enroll.Config{Store: store, CA: ca, Revocations: revoked, Policy: policy.Policy{Mode: policy.Manual},
+		Racks: map[string]enroll.Rack{"r1": {Name: "r1", DefaultImage: strings.Repeat("a", 40)}}, DefaultRack: "r1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := New(Config{Lifecycle: svc, CA: ca.Cert, Revoked: svc.Revoked}); err == nil || !strings.Contains(err.Error(), "Inventory") {
+		t.Fatalf("New without an Inventory: %v; want an error naming it", err)
+	}
+	srv, err := New(Config{Lifecycle: svc, Inventory: store, CA: ca.Cert, Revoked: svc.Revoked, Racks: []string{"r1", "r2"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	op, _ := pki.IssueOperator(ca, "alice")
+	agent, _ := pki.IssueAgent(ca, "gpu-r1-u01", nil)
+	revokedOp, _ := pki.IssueOperator(ca, "mallory")
+	revoked.Revoke(revokedOp.Cert.SerialNumber)
+	other, _ := pki.NewCA(pki.CARequest{CommonName: "another CA"})
+	foreign, _ := pki.IssueOperator(other, "eve")
+	for _, tc := range []struct {
+		name string
+		cert *x509.Certificate
+		code codes.Code
+	}{
+		{"agent certificate", agent.Cert, codes.PermissionDenied},
+		{"revoked operator", revokedOp.Cert, codes.Unauthenticated},
+		{"operator of another CA", foreign.Cert, codes.Unauthenticated},
+	} {
+		if _, err := srv.ListMachines(asPeer(ctx, tc.cert), &bootv1.ListMachinesRequest{}); status.Code(err) != tc.code {
+			t.Errorf("%s: %v; want %s", tc.name, err, tc.code)
+		}
+	}
+
+	id, _ := identity.New("52:54:00:00:00:41", "", "SN41")
+	if _, err := svc.DecideBoot(ctx, id, netip.MustParseAddr("192.0.2.41")); err != nil {
+		t.Fatal(err)
+	}
+	alice := asPeer(ctx, op.Cert)
+	m, err := srv.Approve(alice, &bootv1.ApproveRequest{Machine: id.MAC, NodeName: "gpu-r1-u01", Reason: "listed"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.State != bootv1.MachineState_MACHINE_STATE_APPROVED || m.NodeName != "gpu-r1-u01" {
+		t.Fatalf("approve: %s %q", m.State, m.NodeName)
+	}
+	list, err := srv.ListMachines(alice, &bootv1.ListMachinesRequest{States: []bootv1.MachineState{bootv1.MachineState_MACHINE_STATE_APPROVED}})
+	if err != nil || len(list.Machines) != 1 || list.Machines[0].Identity.BootMac != id.MAC {
+		t.Fatalf("list approved: %v, %v", list, err)
+	}
+	got, err := srv.GetMachine(alice, &bootv1.GetMachineRequest{Machine: "gpu-r1-u01"})
+	if err != nil || len(got.History) != 2 || got.History[1].Actor != "operator:alice" {
+		t.Fatalf("get by node name: %v, %v; want discovered and approved by operator:alice", got, err)
+	}
+	if _, err := srv.Approve(alice, &bootv1.ApproveRequest{Machine: id.MAC}); status.Code(err) != codes.FailedPrecondition {
+		t.Errorf("approving an approved machine: %v; want FailedPrecondition", err)
+	}
+	// The configured racks are known even without machines: a report must name one.
+	if _, err := srv.RackReport(alice, &bootv1.RackReportRequest{}); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "r2") {
+		t.Errorf("report without a rack: %v; want InvalidArgument listing r1 and r2", err)
+	}
+}
