@@ -170,4 +170,3 @@ func TestHelperMissingTool(t *testing.T) {
 	Tool(t, "gpurack-no-such-tool", "apt-get install gpurack-tools")
 	t.Error("Tool returned for a tool that is not in PATH")
 }
-
