@@ -1,14 +1,17 @@
-// Package api_test checks the generated APIs end to end: each service is served over a
-// real gRPC connection on a loopback listener by a tiny in-test implementation, with
-// server reflection registered as gpuagent and gpuboot register it.
+// Package api_test checks the generated APIs end to end against the real servers:
+// gpuboot's EnrollmentService and AdminService (pxe/enroll, pxe/admin, a bbolt
+// inventory) and gpuagent's AgentService (agent/server on the simulator backend), on a
+// real gRPC server with TLS on loopback and server reflection, as the binaries register
+// them. The clients are the generated ones, signing as bootv1.SignRequest does, so a
+// change that breaks the wire contract between an agent and gpuboot fails here. What each
+// service decides in depth is tested in its own package.
 package api_test
 
 import (
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
-	"errors"
-	"io"
+	"crypto/tls"
 	"net"
 	"os"
 	"path/filepath"
@@ -19,7 +22,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/reflection"
 	reflectionv1 "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
@@ -28,36 +31,130 @@ import (
 	"google.golang.org/protobuf/reflect/protodesc"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/descriptorpb"
-	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/gpurack/gpurack/agent/gpu/sim"
+	"github.com/gpurack/gpurack/agent/monitor"
+	"github.com/gpurack/gpurack/agent/server"
 	agentv1 "github.com/gpurack/gpurack/api/agent/v1"
 	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
 	machinev1 "github.com/gpurack/gpurack/api/machine/v1"
+	"github.com/gpurack/gpurack/internal/pki"
+	"github.com/gpurack/gpurack/internal/profile"
+	"github.com/gpurack/gpurack/pxe/admin"
+	"github.com/gpurack/gpurack/pxe/enroll"
+	"github.com/gpurack/gpurack/pxe/inventory"
+	"github.com/gpurack/gpurack/pxe/policy"
 )
 
-// dial serves the three services and reflection on 127.0.0.1 and returns a client
-// connection to them.
-func dial(t *testing.T, enroll *enrollServer) *grpc.ClientConn {
+const (
+	nodeName   = "gpu-r1-07"
+	rackImage  = "3f9a0c1d5e7b2a4c6e8f0a1b3c5d7e9f1a2b4c6d"
+	h100Config = "../profiles/debian12-nvidia535.yaml"
+)
+
+// rig is the three services on one TLS listener, with the simulator behind the agent.
+type rig struct {
+	addr   string
+	ca     *pki.CA
+	sim    *sim.Sim
+	broker *monitor.Broker
+}
+
+// ping is published into the agent's event broker to learn that a watch is subscribed;
+// the agent renders it as a gossip event for gpu-r1-ping.
+type ping struct{}
+
+func newRig(t *testing.T) *rig {
 	t.Helper()
+	ca, err := pki.NewCA(pki.CARequest{CommonName: "gpurack api test CA"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srvKP, err := pki.IssueServer(ca, []string{"127.0.0.1", "localhost"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := inventory.OpenBolt(filepath.Join(t.TempDir(), "inventory.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	svc, err := enroll.New(ctx, enroll.Config{
+		Store:       store,
+		Policy:      policy.Policy{Mode: policy.Manual},
+		Racks:       map[string]enroll.Rack{"r1": {Name: "r1", DefaultImage: rackImage, GossipKey: []byte("0123456789abcdef0123456789abcdef")}},
+		DefaultRack: "r1",
+		CA:          ca,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	p, err := profile.Load(h100Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := sim.New("dgxh100", sim.Options{DriverVersion: p.GPU.Driver.Version, Seed: nodeName})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mon := monitor.New(monitor.Config{Backend: s, Profile: p, Interval: time.Minute, ClearAfter: time.Second})
+	mon.RunChecks(monitor.PhaseContinuous) // the agent's first run, before it serves
+	go mon.Run(ctx)
+	agent := &server.Service{Monitor: mon, Faults: s, ImageID: rackImage, StartedAt: time.Now(),
+		NodeName: func() string { return nodeName },
+		Render: func(o any) (agentv1.EventKind, *agentv1.Event) {
+			if _, ok := o.(ping); !ok {
+				return 0, nil
+			}
+			return agentv1.EventKind_EVENT_KIND_GOSSIP_MEMBER, &agentv1.Event{Payload: &agentv1.Event_MemberChanged{MemberChanged: &agentv1.GossipMemberChanged{
+				Change: agentv1.MemberChange_MEMBER_CHANGE_JOINED, Member: &agentv1.RackMember{NodeName: "gpu-r1-ping"}}}}
+		}}
+
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatalf("listen on loopback: %v", err)
 	}
-	s := grpc.NewServer()
-	agentv1.RegisterAgentServiceServer(s, agentServer{})
-	bootv1.RegisterEnrollmentServiceServer(s, enroll)
-	bootv1.RegisterAdminServiceServer(s, adminServer{})
-	reflection.Register(s)
-	go func() { _ = s.Serve(lis) }()
-	t.Cleanup(s.Stop)
+	gs := grpc.NewServer(grpc.Creds(credentials.NewTLS(&tls.Config{
+		Certificates: []tls.Certificate{srvKP.TLSCertificate(ca.Cert)},
+		ClientAuth:   tls.VerifyClientCertIfGiven,
+		ClientCAs:    ca.CertPool(),
+		MinVersion:   tls.VersionTLS12,
+	})))
+	agentv1.RegisterAgentServiceServer(gs, agent)
+	bootv1.RegisterEnrollmentServiceServer(gs, svc)
+	bootv1.RegisterAdminServiceServer(gs, admin.New(svc, nil))
+	reflection.Register(gs)
+	go func() { _ = gs.Serve(lis) }()
+	t.Cleanup(gs.Stop)
+	return &rig{addr: lis.Addr().String(), ca: ca, sim: s, broker: mon.Broker()}
+}
 
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+// dial connects as an agent does: TLS pinned to the gpurack CA, with certs as the
+// client certificate when given.
+func (r *rig) dial(t *testing.T, certs ...tls.Certificate) *grpc.ClientConn {
+	t.Helper()
+	cfg := pki.ClientConfigPinned(r.ca.Pin())
+	cfg.Certificates = certs
+	conn, err := grpc.NewClient(r.addr, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
 	if err != nil {
-		t.Fatalf("dial %s: %v", lis.Addr(), err)
+		t.Fatalf("dial %s: %v", r.addr, err)
 	}
 	t.Cleanup(func() { _ = conn.Close() })
 	return conn
+}
+
+// operator connects with an operator's client certificate, as gpuboot's CLI does.
+func (r *rig) operator(t *testing.T) *grpc.ClientConn {
+	t.Helper()
+	kp, err := pki.IssueOperator(r.ca, "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r.dial(t, kp.TLSCertificate())
 }
 
 func testContext(t *testing.T) context.Context {
@@ -70,7 +167,7 @@ func testContext(t *testing.T) context.Context {
 
 func TestReflectionListsServices(t *testing.T) {
 	ctx := testContext(t)
-	conn := dial(t, newEnrollServer())
+	conn := newRig(t).dial(t)
 	stream, err := reflectionv1.NewServerReflectionClient(conn).ServerReflectionInfo(ctx)
 	if err != nil {
 		t.Fatalf("open reflection stream: %v", err)
@@ -155,271 +252,184 @@ func TestReflectionListsServices(t *testing.T) {
 
 // --- AgentService ---------------------------------------------------------------------
 
-// agentServer is an agent with the NVML backend: a fixed status and a fixed sequence of
-// events.
-type agentServer struct {
-	agentv1.UnimplementedAgentServiceServer
-}
-
-func fixedHealth() *machinev1.HealthSummary {
-	return &machinev1.HealthSummary{
-		State:               machinev1.HealthState_HEALTH_STATE_UNHEALTHY,
-		FailingCheckIds:     []string{"gpu.xid.fatal"},
-		HealthyGpuCount:     7,
-		GpuCount:            8,
-		UnhealthyGpuIndexes: []int32{3},
-		GpuHealthy:          false,
-		GpuHealthyReason:    "XidFatal",
-		GpuHealthyMessage:   "GPU 3 reported fatal XID 79.",
-	}
-}
-
-func (agentServer) Status(context.Context, *agentv1.StatusRequest) (*agentv1.StatusResponse, error) {
-	return &agentv1.StatusResponse{
-		NodeName:      "gpu-r1-07",
-		ImageId:       "3f9a0c1d5e7b2a4c6e8f0a1b3c5d7e9f1a2b4c6d",
-		DriverVersion: "570.195.03",
-		Backend:       "nvml",
-		Enrollment: &agentv1.EnrollmentStatus{
-			State:        agentv1.EnrollmentState_ENROLLMENT_STATE_JOINED,
-			MachineState: "ready",
-		},
-		Health: fixedHealth(),
-		LastChecklist: &machinev1.Checklist{
-			Phase:   machinev1.CheckPhase_CHECK_PHASE_CONTINUOUS,
-			Overall: machinev1.CheckStatus_CHECK_STATUS_FAIL,
-			Results: []*machinev1.CheckResult{
-				{Id: "gpu.count", Status: machinev1.CheckStatus_CHECK_STATUS_PASS, Observed: "8", Expected: "8"},
-				{Id: "gpu.xid.fatal", Status: machinev1.CheckStatus_CHECK_STATUS_FAIL, GpuIndex: proto.Int32(3), Observed: "XID 79"},
-			},
-		},
-		Rack: &agentv1.RackView{
-			Rack: "r1",
-			Members: []*agentv1.RackMember{
-				{NodeName: "gpu-r1-07", State: agentv1.MemberState_MEMBER_STATE_ALIVE, Self: true, Health: fixedHealth()},
-				{NodeName: "gpu-r1-08", State: agentv1.MemberState_MEMBER_STATE_SUSPECT},
-			},
-		},
-	}, nil
-}
-
-func (agentServer) WatchEvents(req *agentv1.WatchEventsRequest, stream grpc.ServerStreamingServer[agentv1.Event]) error {
-	all := []struct {
-		kind agentv1.EventKind
-		ev   *agentv1.Event
-	}{
-		{agentv1.EventKind_EVENT_KIND_XID, &agentv1.Event{Payload: &agentv1.Event_Xid{Xid: &agentv1.XIDEvent{GpuIndex: proto.Int32(3), Xid: 79, Fatal: true}}}},
-		{agentv1.EventKind_EVENT_KIND_CHECK_RESULT, &agentv1.Event{Payload: &agentv1.Event_CheckResultChanged{CheckResultChanged: &agentv1.CheckResultChanged{
-			Current: &machinev1.CheckResult{Id: "gpu.xid.fatal", Status: machinev1.CheckStatus_CHECK_STATUS_FAIL, GpuIndex: proto.Int32(3)},
-		}}}},
-		{agentv1.EventKind_EVENT_KIND_HEALTH, &agentv1.Event{Payload: &agentv1.Event_HealthChanged{HealthChanged: &agentv1.HealthChanged{Current: fixedHealth()}}}},
-		{agentv1.EventKind_EVENT_KIND_GOSSIP_MEMBER, &agentv1.Event{Payload: &agentv1.Event_MemberChanged{MemberChanged: &agentv1.GossipMemberChanged{
-			Change: agentv1.MemberChange_MEMBER_CHANGE_FAILED,
-			Member: &agentv1.RackMember{NodeName: "gpu-r1-08", State: agentv1.MemberState_MEMBER_STATE_DEAD},
-		}}}},
-	}
-	var seq uint64
-	for _, e := range all {
-		if len(req.GetKinds()) > 0 && !slices.Contains(req.GetKinds(), e.kind) {
-			continue
-		}
-		seq++
-		e.ev.Sequence = seq
-		e.ev.NodeName = "gpu-r1-07"
-		e.ev.Time = timestamppb.Now()
-		if err := stream.Send(e.ev); err != nil {
-			return err
-		}
-	}
-	return nil // a real agent streams until the client cancels
-}
-
-func (agentServer) InjectFault(context.Context, *agentv1.InjectFaultRequest) (*agentv1.InjectFaultResponse, error) {
-	return nil, status.Error(codes.FailedPrecondition, "fault injection needs the simulator backend; this agent runs nvml")
-}
-
 func TestAgentService(t *testing.T) {
 	ctx := testContext(t)
-	client := agentv1.NewAgentServiceClient(dial(t, newEnrollServer()))
+	client := agentv1.NewAgentServiceClient(newRig(t).dial(t))
 
 	st, err := client.Status(ctx, &agentv1.StatusRequest{})
 	if err != nil {
 		t.Fatalf("Status: %v", err)
 	}
-	if st.GetNodeName() != "gpu-r1-07" || st.GetSimulated() || st.GetBackend() != "nvml" {
-		t.Errorf("Status node/backend = %q/%q simulated=%v", st.GetNodeName(), st.GetBackend(), st.GetSimulated())
+	if st.GetNodeName() != nodeName || !st.GetSimulated() || st.GetBackend() != "sim:dgxh100" || st.GetImageId() != rackImage {
+		t.Errorf("Status node/backend/image = %q/%q/%q simulated=%v", st.GetNodeName(), st.GetBackend(), st.GetImageId(), st.GetSimulated())
 	}
-	if got := st.GetEnrollment().GetState(); got != agentv1.EnrollmentState_ENROLLMENT_STATE_JOINED {
-		t.Errorf("enrollment state = %v, want JOINED", got)
+	if st.GetHealth().GetState() != machinev1.HealthState_HEALTH_STATE_HEALTHY || st.GetHealth().GetGpuCount() != 8 {
+		t.Errorf("health of a healthy simulated node = %v", st.GetHealth())
 	}
-	if !proto.Equal(st.GetHealth(), fixedHealth()) {
-		t.Errorf("health = %v, want %v", st.GetHealth(), fixedHealth())
+	// Node-level results (no GPU) and per-GPU results (GPU 0 included) stay distinct
+	// through the optional gpu_index.
+	var node, gpu0 int
+	for _, r := range st.GetLastChecklist().GetResults() {
+		switch {
+		case r.GpuIndex == nil:
+			node++
+		case r.GetGpuIndex() == 0:
+			gpu0++
+		}
 	}
-	results := st.GetLastChecklist().GetResults()
-	if len(results) != 2 || results[0].GpuIndex != nil || results[1].GetGpuIndex() != 3 {
-		t.Errorf("results lost node-level vs per-GPU distinction: %v", results)
-	}
-	if m := st.GetRack().GetMembers(); len(m) != 2 || !m[0].GetSelf() || m[1].GetState() != agentv1.MemberState_MEMBER_STATE_SUSPECT {
-		t.Errorf("rack members = %v", m)
+	if node == 0 || gpu0 == 0 {
+		t.Errorf("last checklist has %d node-level and %d GPU 0 results, want both: %v", node, gpu0, st.GetLastChecklist())
 	}
 
-	_, err = client.InjectFault(ctx, &agentv1.InjectFaultRequest{Fault: &agentv1.FaultSpec{Spec: "xid:79@gpu3"}})
-	if status.Code(err) != codes.FailedPrecondition {
-		t.Errorf("InjectFault on nvml backend: err = %v, want FAILED_PRECONDITION", err)
+	gpus, err := client.ListGPUs(ctx, &agentv1.ListGPUsRequest{})
+	if err != nil || len(gpus.GetGpus()) != 8 || gpus.GetGpus()[3].GetGpu().GetUuid() == "" {
+		t.Errorf("ListGPUs = %d GPUs, %v; want 8 with UUIDs", len(gpus.GetGpus()), err)
+	}
+	if _, err := client.RunChecks(ctx, &agentv1.RunChecksRequest{CheckIds: []string{"gpu.nope"}}); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("RunChecks(gpu.nope): err = %v, want INVALID_ARGUMENT", err)
+	}
+	if _, err := client.InjectFault(ctx, &agentv1.InjectFaultRequest{Fault: &agentv1.FaultSpec{Spec: "xid:79@gpu9"}}); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("InjectFault on GPU 9 of 8: err = %v, want INVALID_ARGUMENT", err)
 	}
 }
 
-func TestAgentWatchEvents(t *testing.T) {
-	ctx := testContext(t)
-	client := agentv1.NewAgentServiceClient(dial(t, newEnrollServer()))
-
-	recv := func(req *agentv1.WatchEventsRequest) []*agentv1.Event {
-		t.Helper()
-		stream, err := client.WatchEvents(ctx, req)
-		if err != nil {
-			t.Fatalf("WatchEvents: %v", err)
-		}
-		var evs []*agentv1.Event
+// watch collects a WatchEvents stream's events on a channel until the stream ends.
+func watch(t *testing.T, ctx context.Context, client agentv1.AgentServiceClient, kinds ...agentv1.EventKind) <-chan *agentv1.Event {
+	t.Helper()
+	stream, err := client.WatchEvents(ctx, &agentv1.WatchEventsRequest{Kinds: kinds})
+	if err != nil {
+		t.Fatalf("WatchEvents: %v", err)
+	}
+	out := make(chan *agentv1.Event, 256)
+	go func() {
+		defer close(out)
 		for {
 			ev, err := stream.Recv()
-			if errors.Is(err, io.EOF) {
-				return evs
-			}
 			if err != nil {
-				t.Fatalf("WatchEvents recv after %d events: %v", len(evs), err)
+				return // the test's end; a missing event shows as a timeout
 			}
-			evs = append(evs, ev)
+			out <- ev
+		}
+	}()
+	return out
+}
+
+// subscribed publishes pings until each watch has seen one, so that what follows is
+// not published before a watch subscribed.
+func (r *rig) subscribed(t *testing.T, watches ...<-chan *agentv1.Event) {
+	t.Helper()
+	for _, w := range watches {
+		deadline := time.After(20 * time.Second)
+		tick := time.NewTicker(20 * time.Millisecond)
+	wait:
+		for {
+			r.broker.Publish(monitor.Event{Time: time.Now(), Other: ping{}})
+			select {
+			case ev, ok := <-w:
+				if !ok {
+					t.Fatal("watch ended before its first event")
+				}
+				if ev.GetMemberChanged().GetMember().GetNodeName() == "gpu-r1-ping" {
+					break wait
+				}
+			case <-tick.C:
+			case <-deadline:
+				t.Fatal("a watch saw no ping in 20 s")
+			}
+		}
+		tick.Stop()
+	}
+	// Drain the surplus pings.
+	for _, w := range watches {
+		for drained := false; !drained; {
+			select {
+			case <-w:
+			case <-time.After(100 * time.Millisecond):
+				drained = true
+			}
+		}
+	}
+}
+
+// TestAgentWatchEvents injects XID 79 on GPU 3 through the API and follows it on two
+// watches: every kind, and XID events only.
+func TestAgentWatchEvents(t *testing.T) {
+	ctx := testContext(t)
+	r := newRig(t)
+	client := agentv1.NewAgentServiceClient(r.dial(t))
+	all := watch(t, ctx, client)
+	xids := watch(t, ctx, client, agentv1.EventKind_EVENT_KIND_XID, agentv1.EventKind_EVENT_KIND_GOSSIP_MEMBER)
+	r.subscribed(t, all, xids)
+
+	inj, err := client.InjectFault(ctx, &agentv1.InjectFaultRequest{Fault: &agentv1.FaultSpec{Spec: "xid:79@gpu3"}})
+	if err != nil || inj.GetFaultId() == "" || inj.GetFault().GetKind() != agentv1.FaultKind_FAULT_KIND_XID || inj.GetFault().GetGpuIndex() != 3 {
+		t.Fatalf("InjectFault(xid:79@gpu3) = %v, %v", inj, err)
+	}
+
+	var sawXID, sawUnhealthy bool
+	var last uint64
+	for !sawXID || !sawUnhealthy {
+		select {
+		case ev := <-all:
+			if ev.GetSequence() <= last || ev.GetNodeName() != nodeName || ev.GetTime() == nil {
+				t.Errorf("event sequence %d after %d, node %q, time %v", ev.GetSequence(), last, ev.GetNodeName(), ev.GetTime())
+			}
+			last = ev.GetSequence()
+			if x := ev.GetXid(); x != nil && x.GetXid() == 79 && x.GetGpuIndex() == 3 && x.GetFatal() {
+				sawXID = true
+			}
+			if h := ev.GetHealthChanged(); h != nil && h.GetCurrent().GetState() == machinev1.HealthState_HEALTH_STATE_UNHEALTHY {
+				sawUnhealthy = slices.Contains(h.GetCurrent().GetUnhealthyGpuIndexes(), 3)
+			}
+		case <-ctx.Done():
+			t.Fatalf("after XID 79 on GPU 3: saw the XID %v, saw health turn unhealthy on GPU 3 %v", sawXID, sawUnhealthy)
+		}
+	}
+	select {
+	case ev := <-xids:
+		if ev.GetXid().GetXid() != 79 || ev.GetSequence() == 0 {
+			t.Errorf("the XID-only watch's first event after the pings = %v", ev)
+		}
+	case <-ctx.Done():
+		t.Fatal("the XID-only watch saw no XID")
+	}
+	for drained := false; !drained; {
+		select {
+		case ev := <-xids:
+			if ev.GetXid() == nil && ev.GetMemberChanged() == nil {
+				t.Errorf("the XID-only watch got %v", ev)
+			}
+		case <-time.After(200 * time.Millisecond):
+			drained = true
 		}
 	}
 
-	evs := recv(&agentv1.WatchEventsRequest{})
-	if len(evs) != 4 {
-		t.Fatalf("got %d events, want 4: %v", len(evs), evs)
+	// An XID is an instant; a lasting fault is listed until cleared.
+	inj, err = client.InjectFault(ctx, &agentv1.InjectFaultRequest{Fault: &agentv1.FaultSpec{Kind: agentv1.FaultKind_FAULT_KIND_PCIE_LINK_WIDTH, GpuIndex: proto.Int32(1), Value: 8}})
+	if err != nil || inj.GetFault().GetSpec() != "pcie-width:8@gpu1" {
+		t.Fatalf("InjectFault(PCIe width 8 on GPU 1) = %v, %v", inj, err)
 	}
-	for i, ev := range evs {
-		if ev.GetSequence() != uint64(i+1) || ev.GetNodeName() != "gpu-r1-07" || ev.GetTime() == nil {
-			t.Errorf("event %d: sequence %d node %q time %v", i, ev.GetSequence(), ev.GetNodeName(), ev.GetTime())
-		}
+	st, err := client.Status(ctx, &agentv1.StatusRequest{})
+	if err != nil || len(st.GetActiveFaults()) != 1 || st.GetActiveFaults()[0].GetFaultId() != inj.GetFaultId() {
+		t.Errorf("Status active faults = %v, %v; want the injected one", st.GetActiveFaults(), err)
 	}
-	if x := evs[0].GetXid(); x.GetXid() != 79 || x.GetGpuIndex() != 3 || !x.GetFatal() {
-		t.Errorf("first event = %v, want fatal XID 79 on GPU 3", evs[0])
-	}
-	if c := evs[1].GetCheckResultChanged(); c.GetPrevious() != nil || c.GetCurrent().GetId() != "gpu.xid.fatal" {
-		t.Errorf("second event = %v, want gpu.xid.fatal result change", evs[1])
-	}
-	if h := evs[2].GetHealthChanged(); h.GetCurrent().GetState() != machinev1.HealthState_HEALTH_STATE_UNHEALTHY {
-		t.Errorf("third event = %v, want health change to UNHEALTHY", evs[2])
-	}
-	if m := evs[3].GetMemberChanged(); m.GetChange() != agentv1.MemberChange_MEMBER_CHANGE_FAILED || m.GetMember().GetNodeName() != "gpu-r1-08" {
-		t.Errorf("fourth event = %v, want gpu-r1-08 failed", evs[3])
-	}
-
-	only := recv(&agentv1.WatchEventsRequest{Kinds: []agentv1.EventKind{agentv1.EventKind_EVENT_KIND_GOSSIP_MEMBER}})
-	if len(only) != 1 || only[0].GetMemberChanged() == nil || only[0].GetSequence() != 1 {
-		t.Errorf("filtered to gossip events, got %v", only)
+	cl, err := client.ClearFaults(ctx, &agentv1.ClearFaultsRequest{})
+	if err != nil || cl.GetCleared() != 1 {
+		t.Errorf("ClearFaults = %v, %v; want 1 cleared", cl, err)
 	}
 }
 
-// --- EnrollmentService ----------------------------------------------------------------
+// --- EnrollmentService and AdminService -----------------------------------------------
 
-// enrollServer approves every registration at once, verifying the request signatures
-// the way gpuboot must.
-type enrollServer struct {
-	bootv1.UnimplementedEnrollmentServiceServer
-	challenge []byte
-	key       ed25519.PublicKey // registered by Register
-}
-
-func newEnrollServer() *enrollServer {
-	c := make([]byte, bootv1.ChallengeSize)
-	_, _ = rand.Read(c)
-	return &enrollServer{challenge: c}
-}
-
-const testToken = "tok-0123456789"
-
-func verify(ctx context.Context, req bootv1.AuthenticatedRequest) (ed25519.PublicKey, error) {
-	method, _ := grpc.Method(ctx)
-	pub, err := bootv1.VerifyRequest(method, req, time.Now())
-	if err != nil {
-		return nil, status.Error(codes.Unauthenticated, err.Error())
-	}
-	return pub, nil
-}
-
-func (s *enrollServer) Register(ctx context.Context, req *bootv1.RegisterRequest) (*bootv1.RegisterResponse, error) {
-	pub, err := verify(ctx, req)
-	if err != nil {
-		return nil, err
-	}
-	if !pub.Equal(ed25519.PublicKey(req.GetPublicKey())) {
-		return nil, status.Error(codes.Unauthenticated, "auth.public_key differs from public_key")
-	}
-	s.key = pub
-	return &bootv1.RegisterResponse{
-		Status:       bootv1.RegisterStatus_REGISTER_STATUS_APPROVED,
-		Token:        testToken,
-		Challenge:    s.challenge,
-		Ttl:          durationpb.New(5 * time.Minute),
-		MachineState: bootv1.MachineState_MACHINE_STATE_APPROVED,
-	}, nil
-}
-
-func (s *enrollServer) GetJoinBundle(ctx context.Context, req *bootv1.GetJoinBundleRequest) (*bootv1.GetJoinBundleResponse, error) {
-	if _, err := verify(ctx, req); err != nil {
-		return nil, err
-	}
-	if req.GetToken() != testToken {
-		return nil, status.Error(codes.NotFound, "unknown token")
-	}
-	if err := bootv1.VerifyJoinBundle(s.key, s.challenge, req.GetToken(), req.GetSignature()); err != nil {
-		return nil, status.Error(codes.PermissionDenied, err.Error())
-	}
-	return &bootv1.GetJoinBundleResponse{Bundle: &bootv1.JoinBundle{
-		ApiServerEndpoint:   "https://10.0.0.2:6443",
-		ClusterCaPem:        "-----BEGIN CERTIFICATE-----\nY2x1c3Rlcg==\n-----END CERTIFICATE-----\n",
-		BootstrapToken:      "07401b.f395accd246ae52d",
-		NodeName:            "gpu-r1-07",
-		AgentCertificatePem: "-----BEGIN CERTIFICATE-----\nYWdlbnQ=\n-----END CERTIFICATE-----\n",
-		AgentKeyRef:         bootv1.KeyFingerprint(s.key),
-		GpurackCaPem:        "-----BEGIN CERTIFICATE-----\nZ3B1cmFjaw==\n-----END CERTIFICATE-----\n",
-		Gossip: &bootv1.GossipConfig{
-			Key:   []byte("0123456789abcdef0123456789abcdef"),
-			Seeds: []string{"10.0.0.11:7946", "10.0.0.12:7946"},
-			Rack:  "r1",
-		},
-		ImageId:       "3f9a0c1d5e7b2a4c6e8f0a1b3c5d7e9f1a2b4c6d",
-		ExpiresAt:     timestamppb.New(time.Date(2025, 1, 1, 12, 15, 0, 0, time.UTC)),
-		IssuedAt:      timestamppb.New(time.Date(2025, 1, 1, 12, 0, 0, 0, time.UTC)),
-		Identity:      &machinev1.MachineIdentity{BootMac: "52:54:00:12:34:07", Serial: "R1-07"},
-		NodeLabels:    map[string]string{"example.com/pool": "training", "example.com/zone": "a"},
-		NodeTaints:    []*bootv1.Taint{{Key: "nvidia.com/gpu", Value: "present", Effect: "NoSchedule"}},
-		ClusterDns:    []string{"10.96.0.10"},
-		ClusterDomain: "cluster.local",
-	}}, nil
-}
-
-func (s *enrollServer) ReportCommissioning(ctx context.Context, req *bootv1.ReportCommissioningRequest) (*bootv1.ReportCommissioningResponse, error) {
-	if _, err := verify(ctx, req); err != nil {
-		return nil, err
-	}
-	st := bootv1.MachineState_MACHINE_STATE_READY
-	if req.GetReport().GetOverall() == machinev1.CheckStatus_CHECK_STATUS_FAIL {
-		st = bootv1.MachineState_MACHINE_STATE_QUARANTINED
-	}
-	return &bootv1.ReportCommissioningResponse{MachineState: st}, nil
-}
-
-func (s *enrollServer) Heartbeat(ctx context.Context, req *bootv1.HeartbeatRequest) (*bootv1.HeartbeatResponse, error) {
-	if _, err := verify(ctx, req); err != nil {
-		return nil, err
-	}
-	return &bootv1.HeartbeatResponse{MachineState: bootv1.MachineState_MACHINE_STATE_READY, Interval: durationpb.New(10 * time.Second)}, nil
-}
-
+// TestEnrollmentFlow walks one machine through the real gpuboot services as an agent
+// and an operator: Register (refused when tampered or signed for another method),
+// a pre-approval report, approval over AdminService, Register again for the token,
+// GetJoinBundle, and heartbeats with the agent certificate from the bundle.
 func TestEnrollmentFlow(t *testing.T) {
 	ctx := testContext(t)
-	client := bootv1.NewEnrollmentServiceClient(dial(t, newEnrollServer()))
+	r := newRig(t)
+	client := bootv1.NewEnrollmentServiceClient(r.dial(t))
+	adminClient := bootv1.NewAdminServiceClient(r.operator(t))
 	pub, key, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
 		t.Fatal(err)
@@ -456,11 +466,41 @@ func TestEnrollmentFlow(t *testing.T) {
 	}
 
 	resp, err := client.Register(ctx, reg)
-	if err != nil {
-		t.Fatalf("Register: %v", err)
+	if err != nil || resp.GetStatus() != bootv1.RegisterStatus_REGISTER_STATUS_PENDING || resp.GetToken() != "" {
+		t.Fatalf("Register under manual approval = %v, %v; want PENDING without a token", resp, err)
 	}
-	if resp.GetStatus() != bootv1.RegisterStatus_REGISTER_STATUS_APPROVED || len(resp.GetChallenge()) != bootv1.ChallengeSize || resp.GetTtl().AsDuration() != 5*time.Minute {
-		t.Fatalf("Register = %v, want APPROVED with a 32-byte challenge and a 5 min ttl", resp)
+
+	report := &bootv1.ReportCommissioningRequest{Report: &machinev1.Checklist{
+		Identity: identity,
+		Phase:    machinev1.CheckPhase_CHECK_PHASE_PRE_APPROVAL,
+		Overall:  machinev1.CheckStatus_CHECK_STATUS_FAIL,
+		Results:  []*machinev1.CheckResult{{Id: "gpu.pcie.link-width", Status: machinev1.CheckStatus_CHECK_STATUS_FAIL, GpuIndex: proto.Int32(0), Observed: "x8", Expected: "x16"}},
+	}}
+	sign(bootv1.EnrollmentService_ReportCommissioning_FullMethodName, report)
+	if rc, err := client.ReportCommissioning(ctx, report); err != nil || rc.GetMachineState() != bootv1.MachineState_MACHINE_STATE_REGISTERED {
+		t.Errorf("pre-approval ReportCommissioning = %v, %v; want stored, REGISTERED", rc, err)
+	}
+
+	// The operator sees it waiting and approves it; an agent's connection cannot.
+	list, err := adminClient.ListMachines(ctx, &bootv1.ListMachinesRequest{States: []bootv1.MachineState{bootv1.MachineState_MACHINE_STATE_REGISTERED}})
+	if err != nil || len(list.GetMachines()) != 1 || list.GetMachines()[0].GetIdentity().GetSerial() != "R1-07" {
+		t.Fatalf("ListMachines(registered) = %v, %v; want the machine", list, err)
+	}
+	machineID := list.GetMachines()[0].GetId()
+	if _, err := bootv1.NewAdminServiceClient(r.dial(t)).Approve(ctx, &bootv1.ApproveRequest{Machine: machineID}); status.Code(err) != codes.Unauthenticated {
+		t.Errorf("Approve without an operator certificate: err = %v, want UNAUTHENTICATED", err)
+	}
+	if m, err := adminClient.Approve(ctx, &bootv1.ApproveRequest{Machine: machineID, Reason: "api test"}); err != nil || m.GetState() != bootv1.MachineState_MACHINE_STATE_APPROVED {
+		t.Fatalf("Approve = %v, %v", m, err)
+	}
+
+	sign(bootv1.EnrollmentService_Register_FullMethodName, reg)
+	resp, err = client.Register(ctx, reg)
+	if err != nil {
+		t.Fatalf("Register after approval: %v", err)
+	}
+	if resp.GetStatus() != bootv1.RegisterStatus_REGISTER_STATUS_APPROVED || resp.GetToken() == "" || len(resp.GetChallenge()) != bootv1.ChallengeSize || resp.GetTtl().AsDuration() <= 0 {
+		t.Fatalf("Register after approval = %v, want APPROVED with a token, a %d-byte challenge and a ttl", resp, bootv1.ChallengeSize)
 	}
 
 	get := &bootv1.GetJoinBundleRequest{Token: resp.GetToken(), Signature: bootv1.SignJoinBundle(key, resp.GetChallenge(), resp.GetToken())}
@@ -473,13 +513,49 @@ func TestEnrollmentFlow(t *testing.T) {
 	if bundle.GetAgentKeyRef() != bootv1.KeyFingerprint(pub) {
 		t.Errorf("agent_key_ref = %q, want the agent's key %q", bundle.GetAgentKeyRef(), bootv1.KeyFingerprint(pub))
 	}
+	if bundle.GetNodeName() == "" || bundle.GetImageId() != rackImage || bundle.GetGossip().GetRack() != "r1" || len(bundle.GetGossip().GetKey()) != 32 ||
+		bundle.GetIdentity().GetSerial() != "R1-07" || bundle.GetExpiresAt() == nil {
+		t.Errorf("bundle = %v", bundle)
+	}
+	checkBundleFileForms(t, bundle)
 
-	// The agent reads the bundle from a file in protojson form (gpuagent run --join-bundle).
+	// From here the agent uses mutual TLS: the bundle's certificate with its own key.
+	cert, err := pki.DecodeCertPEM([]byte(bundle.GetAgentCertificatePem()))
+	if err != nil {
+		t.Fatalf("agent certificate in the bundle: %v", err)
+	}
+	mtls := bootv1.NewEnrollmentServiceClient(r.dial(t, tls.Certificate{Certificate: [][]byte{cert.Raw}, PrivateKey: key, Leaf: cert}))
+	hb := &bootv1.HeartbeatRequest{Identity: identity, Health: &machinev1.HealthSummary{State: machinev1.HealthState_HEALTH_STATE_HEALTHY, GpuHealthy: true}, Sequence: 1, SentAt: timestamppb.Now()}
+	hr, err := mtls.Heartbeat(ctx, hb)
+	if err != nil || hr.GetMachineState() != bootv1.MachineState_MACHINE_STATE_JOINING || hr.GetInterval().AsDuration() <= 0 {
+		t.Errorf("mTLS Heartbeat = %v, %v; want JOINING with an interval", hr, err)
+	}
+	if _, err := client.Heartbeat(ctx, hb); status.Code(err) != codes.Unauthenticated {
+		t.Errorf("Heartbeat with neither auth nor a certificate: err = %v, want UNAUTHENTICATED", err)
+	}
+
+	m, err := adminClient.GetMachine(ctx, &bootv1.GetMachineRequest{Machine: machineID})
+	if err != nil || m.GetState() != bootv1.MachineState_MACHINE_STATE_JOINING || len(m.GetHistory()) < 3 {
+		t.Errorf("GetMachine = %v, %v; want JOINING with its history", m, err)
+	}
+	if _, err := adminClient.GetMachine(ctx, &bootv1.GetMachineRequest{Machine: "nope"}); status.Code(err) != codes.NotFound {
+		t.Errorf("GetMachine(nope): err = %v, want NOT_FOUND", err)
+	}
+	rep, err := adminClient.RackReport(ctx, &bootv1.RackReportRequest{Rack: "r1", Format: bootv1.ReportFormat_REPORT_FORMAT_MARKDOWN})
+	if err != nil || !strings.HasPrefix(rep.GetContentType(), "text/markdown") || rep.GetData().GetRack() != "r1" || rep.GetData().GetMachinesByState()["joining"] != 1 {
+		t.Errorf("RackReport = %v, %v", rep, err)
+	}
+}
+
+// checkBundleFileForms: the agent reads the bundle from a file in protojson form
+// (gpuagent run --join-bundle), written with JSON or proto field names.
+func checkBundleFileForms(t *testing.T, bundle *bootv1.JoinBundle) {
+	t.Helper()
 	data, err := protojson.MarshalOptions{Multiline: true}.Marshal(bundle)
 	if err != nil {
 		t.Fatalf("protojson marshal JoinBundle: %v", err)
 	}
-	for _, field := range []string{`"apiServerEndpoint"`, `"agentKeyRef"`, `"expiresAt"`, `"2025-01-01T12:15:00Z"`} {
+	for _, field := range []string{`"agentKeyRef"`, `"expiresAt"`, `"gossip"`} {
 		if !strings.Contains(string(data), field) {
 			t.Errorf("protojson JoinBundle lacks %s:\n%s", field, data)
 		}
@@ -499,7 +575,6 @@ func TestEnrollmentFlow(t *testing.T) {
 	if !proto.Equal(back, bundle) {
 		t.Errorf("JoinBundle changed through protojson:\n got %v\nwant %v", back, bundle)
 	}
-	// Files written with the proto field names read the same.
 	snake, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(bundle)
 	if err != nil {
 		t.Fatal(err)
@@ -507,25 +582,6 @@ func TestEnrollmentFlow(t *testing.T) {
 	back.Reset()
 	if err := protojson.Unmarshal(snake, back); err != nil || !proto.Equal(back, bundle) {
 		t.Errorf("JoinBundle with proto field names: err %v, equal %v", err, proto.Equal(back, bundle))
-	}
-
-	report := &bootv1.ReportCommissioningRequest{Report: &machinev1.Checklist{
-		Identity: identity,
-		Phase:    machinev1.CheckPhase_CHECK_PHASE_COMMISSIONING,
-		Overall:  machinev1.CheckStatus_CHECK_STATUS_FAIL,
-		Results:  []*machinev1.CheckResult{{Id: "gpu.pcie.link-width", Status: machinev1.CheckStatus_CHECK_STATUS_FAIL, GpuIndex: proto.Int32(0), Observed: "x8", Expected: "x16"}},
-	}}
-	sign(bootv1.EnrollmentService_ReportCommissioning_FullMethodName, report)
-	rc, err := client.ReportCommissioning(ctx, report)
-	if err != nil || rc.GetMachineState() != bootv1.MachineState_MACHINE_STATE_QUARANTINED {
-		t.Errorf("ReportCommissioning of a failing checklist = %v, %v; want QUARANTINED", rc, err)
-	}
-
-	hb := &bootv1.HeartbeatRequest{Identity: identity, Health: fixedHealth(), Sequence: 1, SentAt: timestamppb.Now()}
-	sign(bootv1.EnrollmentService_Heartbeat_FullMethodName, hb)
-	hr, err := client.Heartbeat(ctx, hb)
-	if err != nil || hr.GetInterval().AsDuration() != 10*time.Second {
-		t.Errorf("Heartbeat = %v, %v", hr, err)
 	}
 }
 
@@ -544,94 +600,5 @@ func TestJoinBundleExampleFile(t *testing.T) {
 	}
 	if b.GetNodeName() == "" || b.GetExpiresAt().AsTime().IsZero() || len(b.GetNodeTaints()) != 1 {
 		t.Errorf("example bundle incomplete: %v", b)
-	}
-}
-
-// --- AdminService ---------------------------------------------------------------------
-
-type adminServer struct {
-	bootv1.UnimplementedAdminServiceServer
-}
-
-var testMachine = &bootv1.Machine{
-	Id:       "m-1",
-	Identity: &machinev1.MachineIdentity{BootMac: "52:54:00:12:34:07"},
-	State:    bootv1.MachineState_MACHINE_STATE_READY,
-	NodeName: "gpu-r1-07",
-	Rack:     "r1",
-	Slot:     "U7",
-	Labels:   map[string]string{"site": "lab"},
-}
-
-func (adminServer) ListMachines(_ context.Context, req *bootv1.ListMachinesRequest) (*bootv1.ListMachinesResponse, error) {
-	resp := &bootv1.ListMachinesResponse{}
-	if (req.GetRack() == "" || req.GetRack() == testMachine.GetRack()) &&
-		(len(req.GetStates()) == 0 || slices.Contains(req.GetStates(), testMachine.GetState())) {
-		resp.Machines = append(resp.Machines, testMachine)
-	}
-	return resp, nil
-}
-
-func (adminServer) GetMachine(_ context.Context, req *bootv1.GetMachineRequest) (*bootv1.Machine, error) {
-	if req.GetMachine() != testMachine.GetId() && req.GetMachine() != testMachine.GetNodeName() {
-		return nil, status.Errorf(codes.NotFound, "no machine %q", req.GetMachine())
-	}
-	m := proto.Clone(testMachine).(*bootv1.Machine)
-	m.History = []*bootv1.Transition{{
-		MachineId: m.GetId(),
-		From:      bootv1.MachineState_MACHINE_STATE_COMMISSIONING,
-		To:        bootv1.MachineState_MACHINE_STATE_READY,
-		Time:      timestamppb.Now(),
-		Actor:     "agent:sha256:00",
-		Reason:    "commissioning passed",
-	}}
-	return m, nil
-}
-
-func (adminServer) RackReport(_ context.Context, req *bootv1.RackReportRequest) (*bootv1.RackReportResponse, error) {
-	if req.GetFormat() != bootv1.ReportFormat_REPORT_FORMAT_MARKDOWN {
-		return nil, status.Error(codes.Unimplemented, "test server renders markdown only")
-	}
-	return &bootv1.RackReportResponse{
-		Content:     []byte("# Rack r1\n"),
-		ContentType: "text/markdown; charset=utf-8",
-		Data: &bootv1.RackReportData{
-			Rack:            "r1",
-			MachinesByState: map[string]uint32{"ready": 1},
-			Checks:          []*bootv1.CheckTally{{Id: "gpu.count", Pass: 1}},
-		},
-	}, nil
-}
-
-func TestAdminService(t *testing.T) {
-	ctx := testContext(t)
-	client := bootv1.NewAdminServiceClient(dial(t, newEnrollServer()))
-
-	list, err := client.ListMachines(ctx, &bootv1.ListMachinesRequest{Rack: "r1", States: []bootv1.MachineState{bootv1.MachineState_MACHINE_STATE_READY}})
-	if err != nil || len(list.GetMachines()) != 1 || !proto.Equal(list.GetMachines()[0], testMachine) {
-		t.Errorf("ListMachines(ready, r1) = %v, %v", list, err)
-	}
-	list, err = client.ListMachines(ctx, &bootv1.ListMachinesRequest{States: []bootv1.MachineState{bootv1.MachineState_MACHINE_STATE_QUARANTINED}})
-	if err != nil || len(list.GetMachines()) != 0 {
-		t.Errorf("ListMachines(quarantined) = %v, %v; want none", list, err)
-	}
-
-	m, err := client.GetMachine(ctx, &bootv1.GetMachineRequest{Machine: "gpu-r1-07"})
-	if err != nil || len(m.GetHistory()) != 1 || m.GetHistory()[0].GetTo() != bootv1.MachineState_MACHINE_STATE_READY {
-		t.Errorf("GetMachine = %v, %v", m, err)
-	}
-	if _, err := client.GetMachine(ctx, &bootv1.GetMachineRequest{Machine: "nope"}); status.Code(err) != codes.NotFound {
-		t.Errorf("GetMachine(nope): err = %v, want NOT_FOUND", err)
-	}
-	if _, err := client.Approve(ctx, &bootv1.ApproveRequest{Machine: "m-1"}); status.Code(err) != codes.Unimplemented {
-		t.Errorf("Approve on a server without it: err = %v, want UNIMPLEMENTED", err)
-	}
-
-	rep, err := client.RackReport(ctx, &bootv1.RackReportRequest{Rack: "r1", Format: bootv1.ReportFormat_REPORT_FORMAT_MARKDOWN})
-	if err != nil {
-		t.Fatalf("RackReport: %v", err)
-	}
-	if string(rep.GetContent()) != "# Rack r1\n" || rep.GetContentType() != "text/markdown; charset=utf-8" || rep.GetData().GetMachinesByState()["ready"] != 1 {
-		t.Errorf("RackReport = %v", rep)
 	}
 }

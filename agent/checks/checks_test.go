@@ -68,7 +68,9 @@ func TestHealthySimulatorPasses(t *testing.T) {
 			snap := gpu.Read(s)
 			in.Snapshot = &snap
 		}
+		seen := map[checkid.ID]bool{}
 		for _, r := range Run(in) {
+			seen[r.ID] = true
 			want := Pass
 			if r.ID == checkid.RackPeerOutlier {
 				want = NotApplicable
@@ -78,6 +80,11 @@ func TestHealthySimulatorPasses(t *testing.T) {
 			}
 			if r.Status == Pass && r.Remedy != "" {
 				t.Errorf("%s: passing result has a remedy", r.ID)
+			}
+		}
+		for _, id := range checkid.All {
+			if !seen[id] {
+				t.Errorf("%s: no result for %s", name, id)
 			}
 		}
 	}
@@ -179,7 +186,11 @@ func TestEveryCheckFails(t *testing.T) {
 			// The same input with the check fixed by the healthy simulator passes: the
 			// test could fail.
 			healthy := simInput(t, p)
-			for _, r := range Run(healthy, c.id) {
+			hs := Run(healthy, c.id)
+			if len(hs) == 0 {
+				t.Fatalf("healthy %s: no result", c.id)
+			}
+			for _, r := range hs {
 				if r.Status != Pass && !(c.id == checkid.RackPeerOutlier && r.Status == NotApplicable) {
 					t.Errorf("healthy %s gpu%d = %s", c.id, r.GPU, r.Status)
 				}
@@ -244,8 +255,10 @@ func TestProfileOverrides(t *testing.T) {
 	}
 	want := map[checkid.ID]Status{checkid.ECCUncorrected: Pass, checkid.ClockEvents: Fail, checkid.PCIeLinkWidth: NotApplicable}
 	for id, w := range want {
-		if got[id] != w {
-			t.Errorf("%s = %s, want %s", id, got[id], w)
+		if g, ok := got[id]; !ok {
+			t.Errorf("%s: no result for gpu1 or the node", id)
+		} else if g != w {
+			t.Errorf("%s = %s, want %s", id, g, w)
 		}
 	}
 }
@@ -253,10 +266,15 @@ func TestProfileOverrides(t *testing.T) {
 func TestContinuousPhaseAllowsProcesses(t *testing.T) {
 	in := simInput(t, loadProfile(t, "debian12-nvidia535"), "stray-process:300@gpu2")
 	in.Phase = Continuous
+	onGPU2 := false
 	for _, r := range Run(in, checkid.Processes) {
+		onGPU2 = onGPU2 || r.GPU == 2
 		if r.Status != Pass {
 			t.Errorf("gpu%d %s while workloads may run", r.GPU, r.Status)
 		}
+	}
+	if !onGPU2 {
+		t.Error("no gpu.processes result for gpu2, the GPU with the stray process")
 	}
 }
 

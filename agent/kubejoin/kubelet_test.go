@@ -3,6 +3,7 @@ package kubejoin
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -16,6 +17,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/gpurack/gpurack/controlplane-bootstrap/testcluster"
+	"github.com/gpurack/gpurack/internal/testreq"
 )
 
 // TestDetectCgroupDriver compares with what the kernel says: a cgroup v2 unified
@@ -23,7 +25,7 @@ import (
 func TestDetectCgroupDriver(t *testing.T) {
 	got, err := DetectCgroupDriver("/sys/fs/cgroup")
 	if err != nil {
-		t.Skipf("no cgroup mount at /sys/fs/cgroup on this host: %v", err)
+		testreq.Missing(t, fmt.Sprintf("no cgroup mount at /sys/fs/cgroup on this host (%v)", err), "run the tests where /sys/fs/cgroup is mounted (a privileged container, or the host)")
 	}
 	want := "cgroupfs"
 	if _, err := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err == nil {

@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gpurack/gpurack/internal/testreq"
 )
 
 const monitoringDir = "../../docs/monitoring"
@@ -79,7 +81,7 @@ func TestMonitoringAssetsUseExportedMetrics(t *testing.T) {
 func TestAlertRulesWithPromtool(t *testing.T) {
 	promtool := findTool("promtool")
 	if promtool == "" {
-		t.Skip("promtool not found (make k8s-bins caches it); cannot check the alert rules")
+		testreq.Missing(t, "promtool is neither in the k8s-bins cache nor in PATH, so the alert rules cannot be checked", "run make k8s-bins")
 	}
 	for _, args := range [][]string{{"check", "rules", "gpurack-alerts.yaml"}, {"test", "rules", "gpurack-alerts.test.yaml"}} {
 		cmd := exec.Command(promtool, args...)

@@ -2,6 +2,7 @@ package xid
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -13,6 +14,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/gpurack/gpurack/agent/gpu/sim"
+	"github.com/gpurack/gpurack/internal/testreq"
 )
 
 func TestClassification(t *testing.T) {
@@ -185,7 +187,7 @@ func TestWatchKmsg(t *testing.T) {
 func TestOpenKmsg(t *testing.T) {
 	f, err := OpenKmsg(KmsgPath)
 	if err != nil {
-		t.Skipf("cannot read %s here (%v); the agent needs root for it", KmsgPath, err)
+		testreq.Missing(t, fmt.Sprintf("cannot read %s here (%v)", KmsgPath, err), "run the tests as root, as the agent runs")
 	}
 	done := make(chan error, 1)
 	go func() { done <- WatchKmsg(f, slog.New(slog.DiscardHandler), func(Record) {}) }()

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/gpurack/gpurack/controlplane-bootstrap/clusterconfig"
+	"github.com/gpurack/gpurack/internal/testreq"
 )
 
 func defaultConfig(t *testing.T, yaml string) *clusterconfig.Config {
@@ -151,10 +152,7 @@ func TestCheckPortsNamesComponent(t *testing.T) {
 // The supervisor restarts a process killed with SIGKILL, reports the exit,
 // and stops it for good on Stop. It runs a real process (sleep).
 func TestSupervisorRestartsAndStops(t *testing.T) {
-	sleep, err := lookPath("sleep")
-	if err != nil {
-		t.Skip("no sleep binary")
-	}
+	sleep := testreq.Tool(t, "sleep", "apt-get install coreutils")
 	dir := t.TempDir()
 	var mu sync.Mutex
 	var events []string

@@ -1,10 +1,5 @@
 package components
 
-import (
-	"os/exec"
-	"strconv"
-)
-
-var lookPath = exec.LookPath
+import "strconv"
 
 func itoa(i int) string { return strconv.Itoa(i) }

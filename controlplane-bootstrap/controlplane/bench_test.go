@@ -21,8 +21,10 @@ import (
 //
 //	go test -run '^$' -bench InitToReady -benchtime 3x ./controlplane-bootstrap/controlplane/
 //
-// The control plane runs with the test harness's settings (etcd without
-// fsync).
+// The control plane runs with the test harness's settings: etcd with
+// --unsafe-no-fsync (testcluster.Config), so no write waits for the disk. A
+// production control plane fsyncs, and on a slow disk its start is slower
+// than this figure.
 func BenchmarkInitToReady(b *testing.B) {
 	testcluster.Require(b)
 	rss := map[string]float64{}

@@ -18,6 +18,7 @@ import (
 	"github.com/gpurack/gpurack/controlplane-bootstrap/components"
 	"github.com/gpurack/gpurack/controlplane-bootstrap/controlplane"
 	"github.com/gpurack/gpurack/controlplane-bootstrap/testcluster"
+	"github.com/gpurack/gpurack/internal/testreq"
 )
 
 func TestInitReadyzAndComponentHealth(t *testing.T) {
@@ -80,7 +81,7 @@ func TestSecretsEncryptedAtRestAndAudited(t *testing.T) {
 	id, _, _ := strings.Cut(token, ".")
 	etcdctl, err := components.FindBinary(components.BinDir(""), "etcdctl")
 	if err != nil {
-		t.Skipf("etcdctl: %v", err)
+		testreq.Missing(t, "etcdctl is missing", err.Error())
 	}
 	pkiDir := filepath.Join(c.Dir, "pki")
 	out, err := exec.Command(etcdctl,

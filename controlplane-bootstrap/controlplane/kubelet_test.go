@@ -22,6 +22,7 @@ import (
 	"github.com/gpurack/gpurack/controlplane-bootstrap/components"
 	"github.com/gpurack/gpurack/controlplane-bootstrap/testcluster"
 	"github.com/gpurack/gpurack/internal/netnstest"
+	"github.com/gpurack/gpurack/internal/testreq"
 )
 
 // The sysctls kubelet sets on start (pkg/kubelet/cm setupKernelTunables);
@@ -44,15 +45,13 @@ func TestRealKubeletJoinRunsPod(t *testing.T) {
 	netnstest.Require(t)
 	testcluster.Require(t, "kubelet")
 	for _, p := range []string{"/usr/bin/containerd", "/usr/bin/ctr", "/usr/bin/containerd-shim-runc-v2", "/usr/sbin/runc", "/usr/lib/cni/bridge", "/usr/lib/cni/host-local", "/usr/lib/cni/loopback"} {
-		if _, err := os.Stat(p); err != nil {
-			t.Skipf("skipping the kubelet join: %s is missing (apt-get install containerd runc containernetworking-plugins)", p)
-		}
+		testreq.File(t, p, "apt-get install containerd runc containernetworking-plugins (hack/deps.sh lists them)")
 	}
 	k8sDir := filepath.Dir(components.BinDir(""))
 	pauseTar := filepath.Join(k8sDir, "images", "pause.tar")
 	tagData, err := os.ReadFile(filepath.Join(k8sDir, "images", "pause.tag"))
 	if err != nil {
-		t.Skipf("skipping the kubelet join: no pause image (%v): run `make k8s-bins`", err)
+		testreq.Missing(t, fmt.Sprintf("no pause image (%v)", err), "run make k8s-bins")
 	}
 	pauseTag := strings.TrimSpace(string(tagData))
 	kubelet, _ := components.FindBinary(components.BinDir(""), "kubelet")

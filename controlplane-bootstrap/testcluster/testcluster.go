@@ -42,6 +42,7 @@ import (
 	"github.com/gpurack/gpurack/controlplane-bootstrap/components"
 	"github.com/gpurack/gpurack/controlplane-bootstrap/controlplane"
 	"github.com/gpurack/gpurack/controlplane-bootstrap/joinconfig"
+	"github.com/gpurack/gpurack/internal/testreq"
 )
 
 // RequiredEnv, set to 1, turns the skip for missing binaries into a failure.
@@ -68,14 +69,12 @@ type Cluster struct {
 }
 
 // Require skips t (printing why) unless the pinned binaries are installed;
-// with RequiredEnv=1 or GPURACK_NETNS_REQUIRED=1 it fails t instead.
+// with RequiredEnv=1 or GPURACK_NETNS_REQUIRED=1 it fails t instead
+// (testreq.Missing decides).
 func Require(t testing.TB, extra ...string) {
 	t.Helper()
 	if reason := missing(extra...); reason != "" {
-		if os.Getenv(RequiredEnv) == "1" || os.Getenv("GPURACK_NETNS_REQUIRED") == "1" {
-			t.Fatalf("testcluster: cannot run: %s", reason)
-		}
-		t.Skipf("testcluster: skipping: %s", reason)
+		testreq.Missing(t, "testcluster: the pinned binaries are not all here", reason, RequiredEnv)
 	}
 }
 

@@ -8,6 +8,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/gpurack/gpurack/internal/testreq"
 )
 
 func TestCpioIsReproducibleAndReadable(t *testing.T) {
@@ -31,9 +33,7 @@ func TestCpioIsReproducibleAndReadable(t *testing.T) {
 	if !bytes.Equal(a.Bytes(), b.Bytes()) {
 		t.Fatal("the same entries in another order gave different bytes")
 	}
-	if _, err := exec.LookPath("cpio"); err != nil {
-		t.Skip("cpio is not installed; cannot cross-check the archive with GNU cpio")
-	}
+	testreq.Tool(t, "cpio", "apt-get install cpio (hack/deps.sh lists it); it cross-checks the archive")
 	cmd := exec.Command("sh", "-c", "gzip -dc | cpio -tv --quiet")
 	cmd.Stdin = &a
 	out, err := cmd.CombinedOutput()

@@ -3,13 +3,14 @@
 package buildtest
 
 import (
+	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
 
 	"github.com/gpurack/gpurack/imagebuilder/build"
 	"github.com/gpurack/gpurack/internal/profile"
+	"github.com/gpurack/gpurack/internal/testreq"
 )
 
 // RequireImageTools skips t unless this machine can build images with gpuimage: root,
@@ -19,13 +20,9 @@ import (
 // first (make deps), so CI does not skip.
 func RequireImageTools(t testing.TB, extraTools ...string) string {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("skipping: gpuimage build needs root (mmdebstrap --mode=root)")
-	}
+	testreq.Root(t, "gpuimage build (mmdebstrap --mode=root)")
 	for _, tool := range append([]string{"mmdebstrap", "mksquashfs", "unsquashfs", "apt-get", "dpkg-deb", "depmod"}, extraTools...) {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("skipping: %s is not installed (run make deps)", tool)
-		}
+		testreq.Tool(t, tool, "run make deps")
 	}
 	k8s := os.Getenv("GPURACK_K8S_DIR")
 	if k8s == "" {
@@ -33,12 +30,10 @@ func RequireImageTools(t testing.TB, extraTools ...string) string {
 		k8s = filepath.Join(d, "gpurack", "k8s", "v1.34.2")
 	}
 	for _, f := range []string{"bin/kubelet", "images/pause.tar"} {
-		if _, err := os.Stat(filepath.Join(k8s, f)); err != nil {
-			t.Skipf("skipping: %s is missing (run make k8s-bins)", filepath.Join(k8s, f))
-		}
+		testreq.File(t, filepath.Join(k8s, f), "run make k8s-bins")
 	}
 	if _, err := build.Sources(&profile.Profile{Base: profile.Base{Suite: "bookworm"}}); err != nil {
-		t.Skipf("skipping: %v", err)
+		testreq.Missing(t, fmt.Sprintf("no Debian source to build from (%v)", err), "configure a Debian apt source on this machine")
 	}
 	return k8s
 }

@@ -1,12 +1,15 @@
 package sqfs
 
 import (
+	"fmt"
 	"io"
 	iofs "io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"testing"
+
+	"github.com/gpurack/gpurack/internal/testreq"
 )
 
 // BenchmarkLargestFiles lists an image's regular files and picks the 15 largest, as gpuimage
@@ -21,7 +24,7 @@ func BenchmarkLargestFiles(b *testing.B) {
 	if img == "" {
 		src := b.TempDir()
 		if n := copyTree(b, "/usr/lib", src, 50<<20); n < 10<<20 {
-			b.Skipf("skipping: only %d bytes of files under /usr/lib to pack; set GPURACK_SQFS_BENCH_IMAGE", n)
+			testreq.Missing(b, fmt.Sprintf("only %d bytes of files under /usr/lib to pack", n), "set GPURACK_SQFS_BENCH_IMAGE to a built rootfs.squashfs")
 		}
 		img = mksquashfs(b, src, "zstd")
 	}
@@ -43,9 +46,7 @@ func BenchmarkLargestFiles(b *testing.B) {
 		}
 	})
 	b.Run("unsquashfs-lls", func(b *testing.B) {
-		if _, err := exec.LookPath("unsquashfs"); err != nil {
-			b.Skip("skipping: unsquashfs is not installed")
-		}
+		testreq.Tool(b, "unsquashfs", "apt-get install squashfs-tools (hack/deps.sh lists it)")
 		for b.Loop() {
 			cmd := exec.Command("unsquashfs", "-lls", "-d", "", img)
 			cmd.Stdout = io.Discard

@@ -21,20 +21,20 @@ import (
 
 	"github.com/diskfs/go-diskfs/backend/file"
 	"github.com/klauspost/compress/zstd"
+
+	"github.com/gpurack/gpurack/internal/testreq"
 )
 
 // mksquashfs packs src into a new image in a temporary directory, compressed with comp, and
 // returns the image's path; it skips the test when squashfs-tools is not installed.
 func mksquashfs(tb testing.TB, src, comp string) string {
 	tb.Helper()
-	if _, err := exec.LookPath("mksquashfs"); err != nil {
-		tb.Skip("skipping: mksquashfs is not installed (apt-get install squashfs-tools); these tests build real images with it")
-	}
+	testreq.Tool(tb, "mksquashfs", "apt-get install squashfs-tools (hack/deps.sh lists it); these tests build real images with it")
 	img := filepath.Join(tb.TempDir(), "test.sqfs")
 	out, err := exec.Command("mksquashfs", src, img, "-comp", comp, "-noappend", "-no-progress", "-processors", "1").CombinedOutput()
 	if err != nil {
 		if strings.Contains(string(out), "Compressor") || strings.Contains(string(out), "compressor") {
-			tb.Skipf("skipping: this mksquashfs cannot write %s: %s", comp, lastLine(out))
+			testreq.Missing(tb, fmt.Sprintf("this mksquashfs cannot write %s: %s", comp, lastLine(out)), "install a squashfs-tools built with "+comp)
 		}
 		tb.Fatalf("mksquashfs %s: %v\n%s", comp, err, out)
 	}

@@ -12,6 +12,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/gpurack/gpurack/internal/testreq"
 )
 
 func mustKey(t *testing.T) (ed25519.PublicKey, ed25519.PrivateKey) {
@@ -145,9 +147,7 @@ func TestKeyFiles(t *testing.T) {
 // openssl verifies gpurack's signature with gpurack's public key file, and
 // gpurack verifies openssl's signature made with an openssl-generated key.
 func TestOpenSSLInterop(t *testing.T) {
-	if _, err := exec.LookPath("openssl"); err != nil {
-		t.Skip("openssl is not on PATH, so the openssl cross-check cannot run (on Debian: apt-get install openssl)")
-	}
+	testreq.Tool(t, "openssl", "apt-get install openssl (hack/deps.sh lists it); it cross-checks the formats")
 	run := func(args ...string) (string, error) {
 		out, err := exec.Command("openssl", args...).CombinedOutput()
 		return string(out), err

@@ -9,12 +9,15 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/gpurack/gpurack/internal/testreq"
 )
 
 // RequiredEnv names the environment variable that turns Require's skip into
 // a failure. CI machines that are meant to run the namespace tests set it to
 // "1", so a lost privilege shows up as a red test instead of a quiet skip.
-const RequiredEnv = "GPURACK_NETNS_REQUIRED"
+// internal/testreq makes that decision, for every test.
+const RequiredEnv = testreq.RequiredEnv
 
 // Capability bit numbers from linux/capability.h.
 const (
@@ -32,10 +35,7 @@ func Require(t testing.TB) {
 	if reason == "" {
 		return
 	}
-	if os.Getenv(RequiredEnv) == "1" {
-		t.Fatalf("netnstest: cannot run network namespace test because %s (%s=1 says it must run)", reason, RequiredEnv)
-	}
-	t.Skipf("netnstest: skipping network namespace test because %s", reason)
+	testreq.Missing(t, "a network namespace test cannot run here", reason)
 }
 
 // missingPrivilege returns why namespace tests cannot run here, or "".

@@ -6,11 +6,13 @@ import (
 	"encoding/binary"
 	"net/netip"
 	"testing"
+
+	"github.com/gpurack/gpurack/internal/testreq"
 )
 
 func TestUDPBound(t *testing.T) {
 	if binary.NativeEndian.Uint16([]byte{1, 0}) != 1 {
-		t.Skip("netnstest: skipping because the sample /proc/net/udp lines are from a little-endian machine")
+		testreq.NotApplicable(t, "the sample /proc/net/udp lines are from a little-endian machine")
 	}
 	const header = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode ref pointer drops\n"
 	const (

@@ -15,6 +15,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gpurack/gpurack/internal/testreq"
 )
 
 func newTestCA(t *testing.T, cn string) *CA {
@@ -263,10 +265,13 @@ func TestSPKIPinIndependent(t *testing.T) {
 		t.Errorf("CA.Pin = %s, want %s", ca.Pin(), want)
 	}
 
-	if _, err := exec.LookPath("openssl"); err != nil {
-		t.Log("skipping the openssl cross-check: openssl is not on PATH")
-		return
-	}
+	t.Run("openssl", func(t *testing.T) { opensslAgreesOnPin(t, ca) })
+}
+
+// opensslAgreesOnPin computes the pin of ca's certificate with openssl and compares it
+// with SPKIPin.
+func opensslAgreesOnPin(t *testing.T, ca *CA) {
+	testreq.Tool(t, "openssl", "apt-get install openssl (hack/deps.sh lists it); it cross-checks the pin")
 	dir := t.TempDir()
 	certPath := filepath.Join(dir, "ca.crt")
 	if err := os.WriteFile(certPath, EncodeCertPEM(ca.Cert), 0o644); err != nil {

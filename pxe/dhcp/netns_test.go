@@ -18,6 +18,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/gpurack/gpurack/internal/netnstest"
+	"github.com/gpurack/gpurack/internal/testreq"
 )
 
 // startDHCP runs a Server on ports 67 and 4011 in a fresh
@@ -62,9 +63,7 @@ func startDHCP(t *testing.T, cfg Config) (env *netnstest.Env, clientNS, clientIf
 // script saw for the lease (the "bound" event), as a map.
 func udhcpc(t *testing.T, env *netnstest.Env, ns, iface string, args ...string) map[string]string {
 	t.Helper()
-	if _, err := exec.LookPath("udhcpc"); err != nil {
-		t.Skip("udhcpc not installed (apt-get install udhcpc; hack/deps.sh lists it)")
-	}
+	testreq.Tool(t, "udhcpc", "apt-get install udhcpc (hack/deps.sh lists it)")
 	dir := t.TempDir()
 	script := filepath.Join(dir, "script.sh")
 	out := filepath.Join(dir, "bound.env")
@@ -165,9 +164,7 @@ func counterValue(c prometheus.Counter) float64 {
 // replies to the relay's giaddr on port 67 (RFC 2131 §4.1) and the client
 // gets its boot file.
 func TestProxyThroughRelay(t *testing.T) {
-	if _, err := exec.LookPath("dnsmasq"); err != nil {
-		t.Skip("dnsmasq not installed (apt-get install dnsmasq-base): it is the DHCP relay here")
-	}
+	testreq.Tool(t, "dnsmasq", "apt-get install dnsmasq-base (hack/deps.sh lists it); it is the DHCP relay here")
 	env := netnstest.New(t)
 	srvNS, relayNS, cliNS := env.Namespace(), env.Namespace(), env.Namespace()
 	s, rs := env.Veth(srvNS, relayNS)

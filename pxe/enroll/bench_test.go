@@ -11,6 +11,13 @@ import (
 // BenchmarkRegisterNew measures first registrations of distinct machines over real TLS
 // gRPC on loopback into a bbolt inventory (two fsynced transactions each), with 16
 // goroutines per CPU registering at once (a boot storm).
+//
+// It runs with the bounds on new records off: the harness sets CreateRate and
+// CreateBurst to 1e6 and this benchmark MaxUnapproved to 1<<30, so it measures the
+// Register path itself. With the defaults gpuboot admits new machines at
+// DefaultCreateRate (5/s) after a burst of DefaultCreateBurst (50), and no more than
+// DefaultMaxUnapproved (1000) waiting; a real boot storm of new machines is paced by
+// that limiter, not by this figure.
 func BenchmarkRegisterNew(b *testing.B) {
 	e := newEnv(b, func(c *Config) { c.MaxUnapproved = 1 << 30 })
 	var n atomic.Int64

@@ -245,9 +245,44 @@ func TestRequestAuthStaleOrTampered(t *testing.T) {
 	bootv1.SignRequest(a.key, bootv1.EnrollmentService_Register_FullMethodName, req, e.clk.Now())
 	_, err = a.c.Register(context.Background(), req)
 	wantCode(t, err, codes.InvalidArgument, "public_key differs from the signing key")
-	// A Register signature replayed on GetJoinBundle's method does not verify.
 	if n, _ := e.store.List(context.Background()); len(n) != 0 {
 		t.Fatalf("refused requests created %d records", len(n))
+	}
+}
+
+// TestRequestAuthBoundToMethod: a request whose auth was signed for another method is
+// refused, although everything else in it is right; signed for its own method, the same
+// request then succeeds, so the method alone made the difference.
+func TestRequestAuthBoundToMethod(t *testing.T) {
+	e := newEnv(t, nil)
+	a := e.agent("52:54:00:00:00:0b", "SN11")
+	a.mustRegister(bootv1.RegisterStatus_REGISTER_STATUS_PENDING)
+	e.approve("52:54:00:00:00:0b")
+	r := a.mustRegister(bootv1.RegisterStatus_REGISTER_STATUS_APPROVED)
+
+	get := &bootv1.GetJoinBundleRequest{Token: r.Token, Signature: bootv1.SignJoinBundle(a.key, r.Challenge, r.Token)}
+	for _, other := range []string{bootv1.EnrollmentService_Register_FullMethodName, bootv1.EnrollmentService_Heartbeat_FullMethodName} {
+		if err := bootv1.SignRequest(a.key, other, get, e.clk.Now()); err != nil {
+			t.Fatal(err)
+		}
+		_, err := a.c.GetJoinBundle(context.Background(), get)
+		wantCode(t, err, codes.Unauthenticated, "GetJoinBundle signed for "+other)
+	}
+	if err := bootv1.SignRequest(a.key, bootv1.EnrollmentService_GetJoinBundle_FullMethodName, get, e.clk.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := a.c.GetJoinBundle(context.Background(), get); err != nil || b.GetBundle().GetNodeName() == "" {
+		t.Fatalf("GetJoinBundle signed for its own method: %v, %v", b, err)
+	}
+
+	hb := &bootv1.HeartbeatRequest{Identity: a.facts.Identity, Health: &machinev1.HealthSummary{State: machinev1.HealthState_HEALTH_STATE_HEALTHY, GpuHealthy: true}}
+	if err := bootv1.SignRequest(a.key, bootv1.EnrollmentService_ReportCommissioning_FullMethodName, hb, e.clk.Now()); err != nil {
+		t.Fatal(err)
+	}
+	_, err := a.c.Heartbeat(context.Background(), hb)
+	wantCode(t, err, codes.Unauthenticated, "Heartbeat signed for ReportCommissioning")
+	if _, err := a.heartbeat(a.c, true); err != nil {
+		t.Fatalf("Heartbeat signed for its own method: %v", err)
 	}
 }
 

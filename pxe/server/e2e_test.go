@@ -30,6 +30,7 @@ import (
 	"github.com/gpurack/gpurack/internal/manifest"
 	"github.com/gpurack/gpurack/internal/netnstest"
 	"github.com/gpurack/gpurack/internal/pki"
+	"github.com/gpurack/gpurack/internal/testreq"
 	"github.com/gpurack/gpurack/pxe/enroll"
 	"github.com/gpurack/gpurack/pxe/inventory"
 )
@@ -484,16 +485,15 @@ func TestServeAcceptance(t *testing.T) {
 	}
 
 	// Server reflection, with the grpcurl of `make k8s-bins` when it is installed.
-	if grpcurl, err := exec.LookPath("grpcurl"); err != nil {
-		t.Logf("grpcurl not on PATH (make k8s-bins installs it): reflection check skipped")
-	} else {
+	t.Run("grpcurl reflection", func(t *testing.T) {
+		grpcurl := testreq.Tool(t, "grpcurl", "run make k8s-bins and put its bin folder on PATH (make test does)")
 		out, err := exec.Command(grpcurl, "-cacert", filepath.Join(in.creds, "ca.crt"), "-cert", filepath.Join(in.creds, "operator.crt"),
 			"-key", filepath.Join(in.creds, "operator.key"), in.tlsAddr, "list").CombinedOutput()
 		if err != nil || !strings.Contains(string(out), "gpurack.boot.v1.EnrollmentService") || !strings.Contains(string(out), "gpurack.boot.v1.AdminService") {
 			t.Errorf("grpcurl list: %v\n%s", err, out)
 		}
 		t.Logf("grpcurl list:\n%s", out)
-	}
+	})
 	in.stop()
 }
 

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/gpurack/gpurack/internal/netnstest"
+	"github.com/gpurack/gpurack/internal/testreq"
 	"github.com/gpurack/gpurack/pxe/tftp"
 )
 
@@ -18,12 +19,7 @@ import (
 // not the protocols (pxe/dhcp and pxe/tftp test those).
 func TestServeInNamespace(t *testing.T) {
 	netnstest.Require(t)
-	if _, err := os.Stat(filepath.Join(tftp.DefaultDir, "ipxe.efi")); err != nil {
-		if os.Getenv("GPURACK_NETNS_REQUIRED") == "1" {
-			t.Fatalf("the Debian ipxe package is not installed (%v)", err)
-		}
-		t.Skipf("skipping: the Debian ipxe package is not installed (%v); make deps installs it", err)
-	}
+	testreq.File(t, filepath.Join(tftp.DefaultDir, "ipxe.efi"), "apt-get install ipxe (make deps installs it)")
 	env := netnstest.New(t)
 	srvNS, cliNS := env.Namespace(), env.Namespace()
 	a, b := env.Veth(srvNS, cliNS)

@@ -7,7 +7,6 @@ import (
 	"context"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -18,6 +17,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/gpurack/gpurack/internal/netnstest"
+	"github.com/gpurack/gpurack/internal/testreq"
 )
 
 func counterValue(c prometheus.Counter) float64 {
@@ -44,9 +44,7 @@ func eventually(read func() float64, want float64) float64 {
 // ipxeDir skips the test unless the Debian ipxe package is installed.
 func ipxeDir(t *testing.T) string {
 	t.Helper()
-	if _, err := os.Stat(filepath.Join(DefaultDir, "ipxe.efi")); err != nil {
-		t.Skipf("%s/ipxe.efi missing (apt-get install ipxe; hack/deps.sh lists it): %v", DefaultDir, err)
-	}
+	testreq.File(t, filepath.Join(DefaultDir, "ipxe.efi"), "apt-get install ipxe (hack/deps.sh lists it)")
 	return DefaultDir
 }
 
@@ -129,9 +127,7 @@ func TestTFTPWithRealClients(t *testing.T) {
 			if single {
 				return
 			}
-			if _, err := exec.LookPath("tftp"); err != nil {
-				t.Skip("tftp-hpa not installed (apt-get install tftp-hpa)")
-			}
+			testreq.Tool(t, "tftp", "apt-get install tftp-hpa (hack/deps.sh lists it)")
 			tmp := t.TempDir()
 			cmd := env.Command(ns, "tftp", "-v", "-m", "octet", "10.89.0.1", "-c", "get", "../../etc/passwd", filepath.Join(tmp, "passwd"))
 			outb, _ := cmd.CombinedOutput()

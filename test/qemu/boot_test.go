@@ -26,6 +26,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/gpurack/gpurack/internal/netnstest"
+	"github.com/gpurack/gpurack/internal/testreq"
 	"github.com/gpurack/gpurack/pxe/dhcp"
 	"github.com/gpurack/gpurack/pxe/httpboot"
 	"github.com/gpurack/gpurack/pxe/httpboot/imagetest"
@@ -45,14 +46,10 @@ const (
 func requireTools(t *testing.T, files ...string) {
 	t.Helper()
 	for _, bin := range []string{"qemu-system-x86_64", "dnsmasq", "timeout"} {
-		if _, err := exec.LookPath(bin); err != nil {
-			t.Skipf("%s not installed (hack/deps.sh installs qemu-system-x86, dnsmasq-base): %v", bin, err)
-		}
+		testreq.Tool(t, bin, "hack/deps.sh installs qemu-system-x86, dnsmasq-base")
 	}
 	for _, f := range append(files, filepath.Join(tftp.DefaultDir, "snponly.efi")) {
-		if _, err := os.Stat(f); err != nil {
-			t.Skipf("%s missing (hack/deps.sh installs ipxe, ipxe-qemu, ovmf): %v", f, err)
-		}
+		testreq.File(t, f, "hack/deps.sh installs ipxe, ipxe-qemu, ovmf")
 	}
 }
 
@@ -61,7 +58,7 @@ func kernelPath(t *testing.T) string {
 	t.Helper()
 	ks, _ := filepath.Glob("/boot/vmlinuz-*")
 	if len(ks) == 0 {
-		t.Skip("no /boot/vmlinuz-* (apt-get install linux-image-amd64; hack/deps.sh lists it)")
+		testreq.Missing(t, "no /boot/vmlinuz-*", "apt-get install linux-image-amd64 (hack/deps.sh lists it)")
 	}
 	sort.Strings(ks)
 	return ks[len(ks)-1]
@@ -147,7 +144,7 @@ func newRig(t *testing.T) *rig {
 	t.Helper()
 	kernel, err := os.ReadFile(kernelPath(t))
 	if err != nil {
-		t.Skipf("cannot read the kernel (%v)", err)
+		testreq.Missing(t, fmt.Sprintf("cannot read the kernel (%v)", err), "run the tests as root (Debian's kernels are readable by root only)")
 	}
 	initrd := buildInitrd(t)
 	env := netnstest.New(t)

@@ -31,6 +31,7 @@ import (
 	"github.com/gpurack/gpurack/imagebuilder/build"
 	"github.com/gpurack/gpurack/imagebuilder/buildtest"
 	"github.com/gpurack/gpurack/internal/netnstest"
+	"github.com/gpurack/gpurack/internal/testreq"
 )
 
 // The node's view of the servers: QEMU's user-mode network (slirp) sends the guest's
@@ -78,9 +79,7 @@ const (
 // GPURACK_JOIN_JOURNAL=1 forwards the guest's journal (agent, kubelet, systemd) to the
 // serial console, which the test logs.
 func TestTinyNodeJoin(t *testing.T) {
-	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
-		t.Skip("skipping: qemu-system-x86_64 is not installed (run make deps)")
-	}
+	testreq.Tool(t, "qemu-system-x86_64", "apt-get install qemu-system-x86 (make deps installs it)")
 	reuse := os.Getenv("GPURACK_JOIN_IMAGE")
 	var k8sDir string
 	if reuse == "" {

@@ -26,7 +26,10 @@ func BenchmarkValidateProcess(b *testing.B) {
 
 // BenchmarkRunCost runs `gpuagent run` on a simulated 8-GPU node, checking every
 // second with metrics served, for GPUAGENT_BENCH_SECONDS (default 60) and reports its
-// resident memory and CPU use. dcgm-exporter's published figure is 135–155 MiB.
+// resident memory and CPU use. The figure is the simulator backend's: no NVML library
+// is loaded and no GPU is read, so a node with the nvml backend uses more (not measured
+// here, for want of a GPU). dcgm-exporter's 135–155 MiB is its published figure on real
+// GPUs, not one measured beside this, so the two are not like for like.
 func BenchmarkRunCost(b *testing.B) {
 	secs := 60
 	if v, err := strconv.Atoi(os.Getenv("GPUAGENT_BENCH_SECONDS")); err == nil && v > 0 {

@@ -34,6 +34,7 @@ import (
 	machinev1 "github.com/gpurack/gpurack/api/machine/v1"
 	"github.com/gpurack/gpurack/controlplane-bootstrap/testcluster"
 	"github.com/gpurack/gpurack/internal/pki"
+	"github.com/gpurack/gpurack/internal/testreq"
 )
 
 // The test binary doubles as gpuagent: with GPUAGENT_TEST_MAIN=1 it runs main, so the
@@ -78,7 +79,7 @@ func runAgent(t *testing.T, args ...string) (string, string, int) {
 
 func TestValidateNVMLWithoutDriver(t *testing.T) {
 	if _, err := os.Stat("/dev/nvidiactl"); err == nil {
-		t.Skip("this machine has an NVIDIA driver; the no-driver path cannot be tested here")
+		testreq.NotApplicable(t, "this machine has an NVIDIA driver; the no-driver path cannot be tested here")
 	}
 	out, stderr, code := runAgent(t, "validate", "--gpu-backend", "nvml", "--profile", h100Profile, "--kmsg", "off")
 	if code != 2 {
@@ -422,7 +423,11 @@ func TestRunServesMTLS(t *testing.T) {
 			t.Errorf("metrics lack %s", want)
 		}
 	}
-	if promtool := k8sBin("promtool"); promtool != "" {
+	t.Run("promtool check metrics", func(t *testing.T) {
+		promtool := k8sBin("promtool")
+		if promtool == "" {
+			testreq.Missing(t, "promtool is neither in the k8s-bins cache nor in PATH", "run make k8s-bins")
+		}
 		// The exposition must parse; promtool's lints must find nothing but the
 		// camelCase label names we keep on purpose (dcgm-exporter's UUID, modelName,
 		// Hostname, decision 0204).
@@ -444,10 +449,12 @@ func TestRunServesMTLS(t *testing.T) {
 		if other == 0 {
 			t.Log("promtool check metrics: parses; lints only the dcgm-exporter camelCase label names")
 		}
-	} else {
-		t.Log("promtool not found (run make k8s-bins); skipping `promtool check metrics`")
-	}
-	if grpcurl := k8sBin("grpcurl"); grpcurl != "" {
+	})
+	t.Run("grpcurl", func(t *testing.T) {
+		grpcurl := k8sBin("grpcurl")
+		if grpcurl == "" {
+			testreq.Missing(t, "grpcurl is neither in the k8s-bins cache nor in PATH", "run make k8s-bins")
+		}
 		tlsArgs := []string{"-cacert", fx.caPEM, "-cert", fx.opCert, "-key", fx.opKey, "-servername", "node-a"}
 		for _, args := range [][]string{{"list"}, {"describe", "gpurack.agent.v1.AgentService"}, {"gpurack.agent.v1.AgentService/Status"},
 			{"-d", `{"service":"gpurack.agent.v1.AgentService"}`, "grpc.health.v1.Health/Check"}} {
@@ -470,9 +477,7 @@ func TestRunServesMTLS(t *testing.T) {
 			}
 		}
 		t.Log("grpcurl over mTLS: list, describe, Status, health: ok")
-	} else {
-		t.Log("grpcurl not found (run make k8s-bins); skipping grpcurl checks")
-	}
+	})
 	d.stop(t)
 }
 
@@ -518,9 +523,7 @@ func TestRunPlaintextNeedsFlag(t *testing.T) {
 // TestThreeAgentsGossip runs three agent processes in one rack: they see each other,
 // and a killed one is seen dead.
 func TestThreeAgentsGossip(t *testing.T) {
-	if testing.Short() {
-		t.Skip("-short: three agent processes")
-	}
+	testreq.Short(t, "three agent processes")
 	key := filepath.Join(t.TempDir(), "gossip.key")
 	os.WriteFile(key, []byte(hex.EncodeToString([]byte("0123456789abcdef"))), 0o600)
 	seed := freePort(t)
@@ -622,10 +625,7 @@ func k8sBin(name string) string {
 // TestUnitVerifies checks agent/systemd/gpuagent.service with systemd-analyze verify,
 // pointing ExecStart at this test binary (the unit names /usr/bin/gpuagent).
 func TestUnitVerifies(t *testing.T) {
-	sa, err := exec.LookPath("systemd-analyze")
-	if err != nil {
-		t.Skip("systemd-analyze not installed (apt-get install systemd); cannot verify the unit")
-	}
+	sa := testreq.Tool(t, "systemd-analyze", "apt-get install systemd (hack/deps.sh lists it); it verifies the unit")
 	data, err := os.ReadFile("../../systemd/gpuagent.service")
 	if err != nil {
 		t.Fatal(err)

@@ -5,6 +5,7 @@ import (
 	"crypto/ed25519"
 	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"strings"
 	"testing"
@@ -251,4 +252,34 @@ func hexString(b []byte) string {
 		s = append(s, digits[c>>4], digits[c&15])
 	}
 	return string(s)
+}
+
+// TestRequestSignatureFixedVector pins the signed bytes and the signature of one request
+// to values recorded once: agents and gpuboot of different versions must agree on them,
+// so a change to the field order, the encoding or the payload layout fails here even
+// when signing and verifying change together.
+func TestRequestSignatureFixedVector(t *testing.T) {
+	const (
+		wantPayload   = "2f6770757261636b2e626f6f742e76312e456e726f6c6c6d656e74536572766963652f5265676973746572ea287638d038f75755c5244572836048df58e95a2c3d7331b330ff0f4e5b96d5000000006553f100"
+		wantSignature = "e200e5bd6b2cee1bf8be9ede9872c3d22e02564de404836cfbfc585a8e4920fd1d23cf60ff1b21e036b5b93df7c1f75a4dd5950cabb55a6b120616792eb24f0b"
+	)
+	req := testRequest()
+	req.Facts.Gpus = []*machinev1.GPU{{Index: 1, Uuid: "GPU-1"}, {Index: 0, Uuid: "GPU-0"}}
+	req.Facts.Ips = []string{"10.0.0.17", "fd00::17"}
+	payload, err := bootv1.RequestSigningPayload(method, req, 1700000000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := hex.EncodeToString(payload); got != wantPayload {
+		t.Errorf("signing payload changed:\n got %s\nwant %s", got, wantPayload)
+	}
+	if err := bootv1.SignRequest(testKey, method, req, time.Unix(1700000000, 0)); err != nil {
+		t.Fatal(err)
+	}
+	if got := hex.EncodeToString(req.GetAuth().GetSignature()); got != wantSignature {
+		t.Errorf("signature changed:\n got %s\nwant %s", got, wantSignature)
+	}
+	if _, err := bootv1.VerifyRequest(method, req, time.Unix(1700000060, 0)); err != nil {
+		t.Errorf("the fixed vector does not verify: %v", err)
+	}
 }

@@ -1,14 +1,15 @@
 package main
 
 import (
+	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/gpurack/gpurack/imagebuilder/build"
 	"github.com/gpurack/gpurack/internal/profile"
+	"github.com/gpurack/gpurack/internal/testreq"
 )
 
 // TestBadInputs: each bad input gets an error that names it and says what to do.
@@ -59,11 +60,9 @@ func TestBadInputs(t *testing.T) {
 		expectFail(t, []string{"has no lock file", "run gpuimage lock"}, "build", p, "--out", t.TempDir())
 	})
 
-	if _, err := exec.LookPath("apt-get"); err != nil {
-		t.Skip("skipping the archive cases: apt-get is not installed")
-	}
+	testreq.Tool(t, "apt-get", "run the archive cases on Debian (apt)")
 	if _, err := build.Sources(&profile.Profile{Base: profile.Base{Suite: "bookworm"}}); err != nil {
-		t.Skipf("skipping the archive cases: %v", err)
+		testreq.Missing(t, fmt.Sprintf("the archive cases have no Debian source (%v)", err), "configure a Debian apt source on this machine")
 	}
 	t.Run("unreachable mirror", func(t *testing.T) {
 		p := write(t, "tiny.yaml", strings.Replace(string(tiny), "  # mirror: leave out to use the host's configured Debian source\n", "  mirror: http://127.0.0.1:1/debian\n", 1))

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/gpurack/gpurack/imagebuilder/build"
 	"github.com/gpurack/gpurack/imagebuilder/buildtest"
+	"github.com/gpurack/gpurack/internal/testreq"
 )
 
 // TestNvidiaImages builds the NVIDIA profiles (minutes each: the kernel modules compile
@@ -17,9 +19,7 @@ import (
 // the kernel, `modprobe --show-depends nvidia` through Debian's aliases, and the driver
 // version in `gpuimage inspect`. It runs under GPURACK_E2E_SLOW=1 (make e2e-slow).
 func TestNvidiaImages(t *testing.T) {
-	if os.Getenv("GPURACK_E2E_SLOW") == "" {
-		t.Skip("skipping: the NVIDIA images take many minutes each; set GPURACK_E2E_SLOW=1 (make e2e-slow)")
-	}
+	testreq.OptIn(t, "GPURACK_E2E_SLOW", "the NVIDIA images take many minutes each (make e2e-slow)")
 	k8s := buildtest.RequireImageTools(t, "qemu-system-x86_64")
 	root := repoRoot(t)
 	cache := build.DefaultCacheDir()
@@ -33,7 +33,7 @@ func TestNvidiaImages(t *testing.T) {
 			prof := filepath.Join(tmp, name+".yaml")
 			os.WriteFile(prof, src, 0o644)
 			if out, errOut, code := runGPUImage("lock", prof, "--cache", cache); code != 0 {
-				t.Skipf("skipping: %s does not lock against the live archive: %s%s", name, out, lastLines(errOut, 3))
+				testreq.Missing(t, fmt.Sprintf("%s does not lock against the live archive: %s%s", name, out, lastLines(errOut, 3)), "update the profile's driver version to one the archive has")
 			}
 			priv, pub := filepath.Join(tmp, "key.pem"), filepath.Join(tmp, "key.pub.pem")
 			mustRun(t, "keygen", priv, pub)
