@@ -1,3 +1,10 @@
+// Package gpu reads a node's GPUs into a Snapshot (agent/gpu/snapshot): plain data
+// that the checks (agent/checks) evaluate without touching NVML.
+//
+// It declares what it needs from a GPU backend (Backend, Library) and reads through
+// go-nvml's own interfaces, so the same adapter code runs against the real library
+// (agent/gpu/nvml) and against go-nvml's mock servers (agent/gpu/sim). It is not a
+// general NVML wrapper: it reads what the checks and metrics use, nothing else.
 package gpu
 
 import (
