@@ -37,7 +37,12 @@ type Snapshot struct {
 	Simulated bool
 	// TakenAt is when the read started.
 	TakenAt time.Time
-	Driver  Driver
+	// SlowTakenAt is when the slow-changing fields (identity, VBIOS, InfoROM, ECC
+	// mode and aggregate counters, row remapping, retired pages, PCIe maximum link,
+	// NVLink, fabric; agent/gpu.Tier lists them) were read: TakenAt after a full
+	// read, earlier when a fast read carried them over from the snapshot before.
+	SlowTakenAt time.Time
+	Driver      Driver
 	// Count is what DeviceGetCount answered; GPUs may hold fewer entries when a handle
 	// could not be obtained.
 	Count Value[int]
