@@ -36,23 +36,26 @@ fi
   --kubelet-dir "$work/kubelet" --kmsg off --log-level warn "$@" >"$work/log" 2>&1 &
 pid=$!
 
-# ticks prints utime+stime of $pid in clock ticks.
+# ticks prints utime+stime of $pid in clock ticks (10 ms: coarse for an idle agent).
 ticks() { awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$pid/stat"; }
+# cpuns prints the CPU time of $pid's threads in nanoseconds (schedstat: fine-grained;
+# Go keeps its threads, so none of the time leaves with an exited thread).
+cpuns() { cat /proc/"$pid"/task/*/schedstat | awk '{ s += $1 } END { printf "%d\n", s }'; }
 
 sleep "$warm"
 kill -0 "$pid" 2>/dev/null || { echo "gpuagent exited during warm-up:" >&2; cat "$work/log" >&2; exit 1; }
-t0=$(ticks) w0=$(date +%s.%N)
+t0=$(ticks) n0=$(cpuns) w0=$(date +%s.%N)
 sleep "$secs"
-t1=$(ticks) w1=$(date +%s.%N)
+t1=$(ticks) n1=$(cpuns) w1=$(date +%s.%N)
 hz=$(getconf CLK_TCK)
 exe=$(readlink "/proc/$pid/exe")
 
 echo "gpuagent run --gpu-backend sim:dgxh100 $* ($(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg))"
-awk -v t="$((t1 - t0))" -v hz="$hz" -v w0="$w0" -v w1="$w1" 'BEGIN {
+awk -v t="$((t1 - t0))" -v ns="$((n1 - n0))" -v hz="$hz" -v w0="$w0" -v w1="$w1" 'BEGIN {
   s = w1 - w0
   printf "%-34s %10.1f s\n", "window", s
-  printf "%-34s %10.2f s\n", "CPU (utime+stime)", t / hz
-  printf "%-34s %10.3f %%\n", "of one core", 100 * t / hz / s
+  printf "%-34s %10.2f s  %7.3f %% of one core\n", "CPU, utime+stime (/proc/PID/stat)", t / hz, 100 * t / hz / s
+  printf "%-34s %10.3f s  %7.3f %% of one core\n", "CPU, threads\x27 schedstat", ns / 1e9, 100 * ns / 1e9 / s
 }'
 grep -E '^(VmRSS|RssAnon|RssFile):' "/proc/$pid/status" | awk '{ printf "%-34s %10.1f MiB\n", $1, $2 / 1024 }'
 
