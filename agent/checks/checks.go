@@ -2,7 +2,7 @@
 // check (one file each), registered in one table (registry.go), each returning results
 // with an id from CONTRACTS §9, a status, what was observed and expected, and a remedy.
 //
-// Checks do no I/O: the snapshot (agent/gpu), the XID history (agent/xid), the rack's
+// Checks do no I/O: the snapshot (agent/gpu/snapshot; checks never import NVML), the XID history (agent/xid), the rack's
 // figures (agent/gossip) and the clock are inputs. Thresholds come from the profile's
 // `checks:` section; each check's defaults and their published sources are in the
 // registry. Turning results into health and Node conditions is agent/health's job.
@@ -15,7 +15,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/gpurack/gpurack/agent/gpu"
+	"github.com/gpurack/gpurack/agent/gpu/snapshot"
 	"github.com/gpurack/gpurack/internal/checkid"
 	"github.com/gpurack/gpurack/internal/profile"
 )
@@ -112,10 +112,10 @@ type Peer struct {
 
 // Input is everything checks read.
 type Input struct {
-	Snapshot *gpu.Snapshot
+	Snapshot *snapshot.Snapshot
 	// Previous is an earlier snapshot of the same node, for rates; nil for a single
 	// run (validate).
-	Previous *gpu.Snapshot
+	Previous *snapshot.Snapshot
 	// Profile supplies expectations and threshold overrides. Required.
 	Profile *profile.Profile
 	Phase   Phase
@@ -181,7 +181,7 @@ type Check struct {
 	// Source cites where the default comes from.
 	Source string
 	// eval is the pure function. Per-GPU checks get each GPU; node checks get nil.
-	eval func(in *Input, c *Check, l Limits, g *gpu.GPU) Result
+	eval func(in *Input, c *Check, l Limits, g *snapshot.GPU) Result
 }
 
 // Run evaluates the checks named by ids (all registered checks when ids is empty), in
@@ -262,7 +262,7 @@ func Find(id checkid.ID) *Check {
 
 // unknownFrom is the result for a reading that failed: not-applicable when the GPU or
 // driver does not offer it, unknown otherwise.
-func unknownFrom[T any](v gpu.Value[T], what string) Result {
+func unknownFrom[T any](v snapshot.Value[T], what string) Result {
 	if v.NotSupported {
 		return Result{Status: NotApplicable, Message: what + " not supported: " + v.Err}
 	}
@@ -278,7 +278,7 @@ func pass(observed, expected, msg string) Result {
 func fmtLimit(f float64) string { return fmt.Sprintf("%g", f) }
 
 // gpuName is "GPU i" for messages.
-func gpuName(g *gpu.GPU) string { return fmt.Sprintf("GPU %d (%s)", g.Index, g.PCIBusID) }
+func gpuName(g *snapshot.GPU) string { return fmt.Sprintf("GPU %d (%s)", g.Index, g.PCIBusID) }
 
 // MarkdownTable renders the registry (ids, scope, default thresholds, units,
 // sources) for docs/agent.md; a test keeps the two equal.

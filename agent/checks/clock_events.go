@@ -4,9 +4,7 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
-
-	"github.com/gpurack/gpurack/agent/gpu"
+	"github.com/gpurack/gpurack/agent/gpu/snapshot"
 )
 
 // hwReasons are the clock event reasons that mean hardware is holding clocks down.
@@ -14,15 +12,15 @@ var hwReasons = []struct {
 	bit  uint64
 	name string
 }{
-	{nvml.ClocksThrottleReasonHwSlowdown, "HW slowdown"},
-	{nvml.ClocksThrottleReasonHwThermalSlowdown, "HW thermal slowdown"},
-	{nvml.ClocksThrottleReasonHwPowerBrakeSlowdown, "HW power brake"},
+	{snapshot.ClockEventHWSlowdown, "HW slowdown"},
+	{snapshot.ClockEventHWThermalSlowdown, "HW thermal slowdown"},
+	{snapshot.ClockEventHWPowerBrakeSlowdown, "HW power brake"},
 }
 
 // clockEvents: hardware slowdown reasons active now (HW slowdown 0x8, HW thermal 0x40,
 // power brake 0x80), counted against Warn (0: any warns, as aznhc does) and Fail. SW
 // thermal slowdown (0x20) warns too.
-func clockEvents(_ *Input, _ *Check, l Limits, g *gpu.GPU) Result {
+func clockEvents(_ *Input, _ *Check, l Limits, g *snapshot.GPU) Result {
 	if !g.ClockEvents.OK() {
 		return unknownFrom(g.ClockEvents, "clock event reasons")
 	}
@@ -46,7 +44,7 @@ func clockEvents(_ *Input, _ *Check, l Limits, g *gpu.GPU) Result {
 	case isSet(l.Warn) && n > l.Warn:
 		return Result{Status: Warn, Observed: obs, Expected: exp, Remedy: remedy,
 			Message: fmt.Sprintf("%s's clocks are held down by %s.", gpuName(g), obs)}
-	case g.ClockEvents.V&nvml.ClocksEventReasonSwThermalSlowdown != 0:
+	case g.ClockEvents.V&snapshot.ClockEventSWThermalSlowdown != 0:
 		return Result{Status: Warn, Observed: "SW thermal slowdown", Expected: exp,
 			Message: fmt.Sprintf("%s's driver slows its clocks for temperature.", gpuName(g)),
 			Remedy:  "Check the node's cooling."}

@@ -4,11 +4,11 @@ import (
 	"fmt"
 	"strconv"
 
-	"github.com/gpurack/gpurack/agent/gpu"
+	"github.com/gpurack/gpurack/agent/gpu/snapshot"
 )
 
 // gpuCount: NVML enumerates as many GPUs as the profile expects.
-func gpuCount(in *Input, _ *Check, _ Limits, _ *gpu.GPU) Result {
+func gpuCount(in *Input, _ *Check, _ Limits, _ *snapshot.GPU) Result {
 	want := in.expect().Count
 	c := in.Snapshot.Count
 	if !c.OK() {

@@ -1,9 +1,9 @@
 package checks
 
-import "github.com/gpurack/gpurack/agent/gpu"
+import "github.com/gpurack/gpurack/agent/gpu/snapshot"
 
 // driverLoaded: NVML initialised, so the kernel driver and libnvidia-ml are usable.
-func driverLoaded(in *Input, _ *Check, _ Limits, _ *gpu.GPU) Result {
+func driverLoaded(in *Input, _ *Check, _ Limits, _ *snapshot.GPU) Result {
 	d := in.Snapshot.Driver
 	if !d.Loaded {
 		return Result{Status: Fail, Observed: d.Error, Expected: "NVML initialised",

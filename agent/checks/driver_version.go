@@ -3,11 +3,11 @@ package checks
 import (
 	"fmt"
 
-	"github.com/gpurack/gpurack/agent/gpu"
+	"github.com/gpurack/gpurack/agent/gpu/snapshot"
 )
 
 // driverVersion: the loaded driver is the profile's version (the image pins it).
-func driverVersion(in *Input, _ *Check, _ Limits, _ *gpu.GPU) Result {
+func driverVersion(in *Input, _ *Check, _ Limits, _ *snapshot.GPU) Result {
 	want, got := in.Profile.GPU.Driver.Version, in.Snapshot.Driver.Version
 	if got == want {
 		return pass(got, want, "The driver is the profile's version.")

@@ -3,11 +3,11 @@ package checks
 import (
 	"fmt"
 
-	"github.com/gpurack/gpurack/agent/gpu"
+	"github.com/gpurack/gpurack/agent/gpu/snapshot"
 )
 
 // eccMode: ECC is on now and stays on after the next reset.
-func eccMode(_ *Input, _ *Check, _ Limits, g *gpu.GPU) Result {
+func eccMode(_ *Input, _ *Check, _ Limits, g *snapshot.GPU) Result {
 	if !g.ECC.OK() {
 		return unknownFrom(g.ECC, "ECC mode")
 	}

@@ -3,17 +3,17 @@ package checks
 import (
 	"fmt"
 
-	"github.com/gpurack/gpurack/agent/gpu"
+	"github.com/gpurack/gpurack/agent/gpu/snapshot"
 )
 
 // eccUncorrected: volatile uncorrected ECC errors, against Fail (default 0).
-func eccUncorrected(_ *Input, c *Check, l Limits, g *gpu.GPU) Result {
+func eccUncorrected(_ *Input, c *Check, l Limits, g *snapshot.GPU) Result {
 	return counterCheck(g, g.ECCUncorrected, l, "uncorrected ECC errors", "since the driver loaded",
 		"Drain the GPU and reset it; if errors return, replace it (check gpu.row-remap.* first).")
 }
 
 // counterCheck judges a counter against warn/fail limits ("above the limit").
-func counterCheck(g *gpu.GPU, v gpu.Value[uint64], l Limits, what, since, remedy string) Result {
+func counterCheck(g *snapshot.GPU, v snapshot.Value[uint64], l Limits, what, since, remedy string) Result {
 	if !v.OK() {
 		return unknownFrom(v, what)
 	}

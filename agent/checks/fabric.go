@@ -3,7 +3,7 @@ package checks
 import (
 	"fmt"
 
-	"github.com/gpurack/gpurack/agent/gpu"
+	"github.com/gpurack/gpurack/agent/gpu/snapshot"
 )
 
 var fabricStates = map[int]string{0: "not supported", 1: "not started", 2: "in progress", 3: "completed"}
@@ -11,7 +11,7 @@ var fabricStates = map[int]string{0: "not supported", 1: "not started", 2: "in p
 // fabricState: the GPU finished registering with the NVSwitch fabric
 // (nvmlDeviceGetGpuFabricInfoV: state COMPLETED, status SUCCESS); degraded bandwidth
 // warns. Not applicable without NVSwitch or on drivers without the call.
-func fabricState(_ *Input, _ *Check, _ Limits, g *gpu.GPU) Result {
+func fabricState(_ *Input, _ *Check, _ Limits, g *snapshot.GPU) Result {
 	if !g.Fabric.OK() {
 		return unknownFrom(g.Fabric, "fabric state")
 	}

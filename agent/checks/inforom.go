@@ -3,12 +3,12 @@ package checks
 import (
 	"fmt"
 
-	"github.com/gpurack/gpurack/agent/gpu"
+	"github.com/gpurack/gpurack/agent/gpu/snapshot"
 )
 
 // inforomValid: nvmlDeviceValidateInforom passes, and the InfoROM image version is the
 // one most GPUs of the node have.
-func inforomValid(in *Input, _ *Check, _ Limits, g *gpu.GPU) Result {
+func inforomValid(in *Input, _ *Check, _ Limits, g *snapshot.GPU) Result {
 	if !g.InfoROMValid.OK() {
 		return unknownFrom(g.InfoROMValid, "InfoROM validation")
 	}
@@ -26,7 +26,7 @@ func inforomValid(in *Input, _ *Check, _ Limits, g *gpu.GPU) Result {
 	return pass("valid "+g.InfoROMImage.V, "valid", "InfoROM valid.")
 }
 
-func mostCommonInfoROM(s *gpu.Snapshot) string {
+func mostCommonInfoROM(s *snapshot.Snapshot) string {
 	n := map[string]int{}
 	best := ""
 	for _, g := range s.GPUs {

@@ -3,11 +3,11 @@ package checks
 import (
 	"fmt"
 
-	"github.com/gpurack/gpurack/agent/gpu"
+	"github.com/gpurack/gpurack/agent/gpu/snapshot"
 )
 
 // memory: the framebuffer NVML reports is at least the profile's size.
-func memory(in *Input, _ *Check, _ Limits, g *gpu.GPU) Result {
+func memory(in *Input, _ *Check, _ Limits, g *snapshot.GPU) Result {
 	want := in.expect().MemoryMiB
 	if !g.MemoryTotalMiB.OK() {
 		return unknownFrom(g.MemoryTotalMiB, "memory size")

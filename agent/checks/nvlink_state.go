@@ -3,11 +3,11 @@ package checks
 import (
 	"fmt"
 
-	"github.com/gpurack/gpurack/agent/gpu"
+	"github.com/gpurack/gpurack/agent/gpu/snapshot"
 )
 
 // nvlinkState: as many NVLink links are active as the profile expects per GPU.
-func nvlinkState(in *Input, _ *Check, _ Limits, g *gpu.GPU) Result {
+func nvlinkState(in *Input, _ *Check, _ Limits, g *snapshot.GPU) Result {
 	want := in.expect().NVLinkLinks
 	if want == 0 {
 		return Result{Status: NotApplicable, Message: "the profile expects no NVLink"}

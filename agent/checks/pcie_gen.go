@@ -3,13 +3,13 @@ package checks
 import (
 	"fmt"
 
-	"github.com/gpurack/gpurack/agent/gpu"
+	"github.com/gpurack/gpurack/agent/gpu/snapshot"
 )
 
 // pcieLinkGen: the link can run at the profile's generation (fail otherwise) and runs
 // at it now (warn otherwise: an idle GPU trains down to save power, so only a loaded
 // GPU's current generation is conclusive).
-func pcieLinkGen(in *Input, _ *Check, _ Limits, g *gpu.GPU) Result {
+func pcieLinkGen(in *Input, _ *Check, _ Limits, g *snapshot.GPU) Result {
 	want := in.expect().PCIe.Gen
 	if !g.PCIe.MaxGen.OK() {
 		return unknownFrom(g.PCIe.MaxGen, "PCIe max generation")

@@ -3,18 +3,18 @@ package checks
 import (
 	"fmt"
 
-	"github.com/gpurack/gpurack/agent/gpu"
+	"github.com/gpurack/gpurack/agent/gpu/snapshot"
 )
 
 // pcieReplays: the PCIe replay rate per minute against Warn (16/min, DCGM's Gen4 x16
 // tolerance). The rate needs an earlier reading of the same GPU; a single run
 // (validate) reports the count since driver load and passes.
-func pcieReplays(in *Input, _ *Check, l Limits, g *gpu.GPU) Result {
+func pcieReplays(in *Input, _ *Check, l Limits, g *snapshot.GPU) Result {
 	if !g.PCIe.Replays.OK() {
 		return unknownFrom(g.PCIe.Replays, "PCIe replay counter")
 	}
 	exp := limitText(l) + "/min"
-	rate, ok := ratePerMinute(in, g, func(p *gpu.GPU) gpu.Value[uint64] { return p.PCIe.Replays })
+	rate, ok := ratePerMinute(in, g, func(p *snapshot.GPU) snapshot.Value[uint64] { return p.PCIe.Replays })
 	if !ok {
 		return pass(fmt.Sprintf("%d since driver load", g.PCIe.Replays.V), exp,
 			"One reading only: the replay rate needs two.")
@@ -35,7 +35,7 @@ func pcieReplays(in *Input, _ *Check, l Limits, g *gpu.GPU) Result {
 
 // ratePerMinute is the increase of a counter per minute between in.Previous and now,
 // matching the GPU by UUID. A counter that went down (driver reload) has no rate.
-func ratePerMinute(in *Input, g *gpu.GPU, get func(*gpu.GPU) gpu.Value[uint64]) (float64, bool) {
+func ratePerMinute(in *Input, g *snapshot.GPU, get func(*snapshot.GPU) snapshot.Value[uint64]) (float64, bool) {
 	if in.Previous == nil {
 		return 0, false
 	}

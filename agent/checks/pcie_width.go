@@ -3,12 +3,12 @@ package checks
 import (
 	"fmt"
 
-	"github.com/gpurack/gpurack/agent/gpu"
+	"github.com/gpurack/gpurack/agent/gpu/snapshot"
 )
 
 // pcieLinkWidth: the link runs at the profile's width (widths do not drop at idle, so
 // a narrower link is a fault: gcm check_pci).
-func pcieLinkWidth(in *Input, _ *Check, _ Limits, g *gpu.GPU) Result {
+func pcieLinkWidth(in *Input, _ *Check, _ Limits, g *snapshot.GPU) Result {
 	want := in.expect().PCIe.Width
 	if !g.PCIe.CurWidth.OK() {
 		return unknownFrom(g.PCIe.CurWidth, "PCIe width")

@@ -6,7 +6,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/gpurack/gpurack/agent/gpu"
+	"github.com/gpurack/gpurack/agent/gpu/snapshot"
 )
 
 // minPeers is how many other members a comparison needs (three nodes in all).
@@ -18,7 +18,7 @@ var peerFloors = struct{ tempC, replaysPerMin, eccPerHour float64 }{10, 10, 100}
 
 // peerOutlier: this node's figures against the rack median (modified z-score
 // 0.6745·|x − median| / MAD, Iglewicz & Hoaglin), warning above Warn (3.5).
-func peerOutlier(in *Input, _ *Check, l Limits, _ *gpu.GPU) Result {
+func peerOutlier(in *Input, _ *Check, l Limits, _ *snapshot.GPU) Result {
 	if in.Profile.GPU == nil {
 		return Result{Status: NotApplicable, Message: "no GPUs to compare"}
 	}
@@ -109,10 +109,10 @@ func FiguresOf(in *Input) Figures {
 		if g.TemperatureC.OK() && (math.IsNaN(f.MaxTemperatureC) || float64(g.TemperatureC.V) > f.MaxTemperatureC) {
 			f.MaxTemperatureC = float64(g.TemperatureC.V)
 		}
-		if r, ok := ratePerMinute(in, g, func(p *gpu.GPU) gpu.Value[uint64] { return p.PCIe.Replays }); ok {
+		if r, ok := ratePerMinute(in, g, func(p *snapshot.GPU) snapshot.Value[uint64] { return p.PCIe.Replays }); ok {
 			f.PCIeReplaysPerMin = nanAdd(f.PCIeReplaysPerMin, r)
 		}
-		if r, ok := ratePerMinute(in, g, func(p *gpu.GPU) gpu.Value[uint64] { return p.ECCCorrected }); ok {
+		if r, ok := ratePerMinute(in, g, func(p *snapshot.GPU) snapshot.Value[uint64] { return p.ECCCorrected }); ok {
 			f.ECCCorrectedPerHour = nanAdd(f.ECCCorrectedPerHour, r*60)
 		}
 	}

@@ -3,12 +3,12 @@ package checks
 import (
 	"fmt"
 
-	"github.com/gpurack/gpurack/agent/gpu"
+	"github.com/gpurack/gpurack/agent/gpu/snapshot"
 )
 
 // persistenceMode: persistence mode keeps the driver initialised between jobs. Off is
 // a warning (DCGM L1 reports it; jobs still run, only slower to start).
-func persistenceMode(_ *Input, _ *Check, _ Limits, g *gpu.GPU) Result {
+func persistenceMode(_ *Input, _ *Check, _ Limits, g *snapshot.GPU) Result {
 	if !g.Persistence.OK() {
 		return unknownFrom(g.Persistence, "persistence mode")
 	}

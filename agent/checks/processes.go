@@ -3,14 +3,14 @@ package checks
 import (
 	"fmt"
 
-	"github.com/gpurack/gpurack/agent/gpu"
+	"github.com/gpurack/gpurack/agent/gpu/snapshot"
 )
 
 // processes: at commissioning the GPU is idle: no compute process (Fail: 0 allowed,
 // DCGM L1, gcm running_procs) and no memory in use beyond Warn MiB (15, gcm mem_usage).
 // While workloads run (continuous phase) processes are expected and the check passes
 // with what it saw.
-func processes(in *Input, _ *Check, l Limits, g *gpu.GPU) Result {
+func processes(in *Input, _ *Check, l Limits, g *snapshot.GPU) Result {
 	if !g.Processes.OK() {
 		return unknownFrom(g.Processes, "process list")
 	}

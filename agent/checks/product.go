@@ -4,12 +4,12 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/gpurack/gpurack/agent/gpu"
+	"github.com/gpurack/gpurack/agent/gpu/snapshot"
 )
 
 // product: the GPU's NVML name starts with the profile's product (so "NVIDIA H200"
 // matches "NVIDIA H200 141GB HBM3e").
-func product(in *Input, _ *Check, _ Limits, g *gpu.GPU) Result {
+func product(in *Input, _ *Check, _ Limits, g *snapshot.GPU) Result {
 	want := in.expect().Product
 	if !g.Name.OK() {
 		return unknownFrom(g.Name, "product name")

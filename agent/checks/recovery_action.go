@@ -3,7 +3,7 @@ package checks
 import (
 	"fmt"
 
-	"github.com/gpurack/gpurack/agent/gpu"
+	"github.com/gpurack/gpurack/agent/gpu/snapshot"
 )
 
 var recoveryActions = map[int]struct {
@@ -23,7 +23,7 @@ var recoveryActions = map[int]struct {
 
 // recoveryAction: the driver's recommended recovery (FI_DEV_GET_GPU_RECOVERY_ACTION)
 // is none. Drivers before the field existed answer not-supported.
-func recoveryAction(_ *Input, _ *Check, _ Limits, g *gpu.GPU) Result {
+func recoveryAction(_ *Input, _ *Check, _ Limits, g *snapshot.GPU) Result {
 	if !g.RecoveryAction.OK() {
 		return unknownFrom(g.RecoveryAction, "recovery action")
 	}

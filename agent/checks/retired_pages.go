@@ -3,13 +3,13 @@ package checks
 import (
 	"fmt"
 
-	"github.com/gpurack/gpurack/agent/gpu"
+	"github.com/gpurack/gpurack/agent/gpu/snapshot"
 )
 
 // retiredPages: pre-Ampere page retirement; the total against Warn (10, gcm) and Fail
 // (63, DCGM), and a pending retirement. Ampere and later GPUs remap rows instead and
 // answer not-supported.
-func retiredPages(_ *Input, _ *Check, l Limits, g *gpu.GPU) Result {
+func retiredPages(_ *Input, _ *Check, l Limits, g *snapshot.GPU) Result {
 	if !g.RetiredPages.OK() {
 		return unknownFrom(g.RetiredPages, "retired pages")
 	}

@@ -3,12 +3,12 @@ package checks
 import (
 	"fmt"
 
-	"github.com/gpurack/gpurack/agent/gpu"
+	"github.com/gpurack/gpurack/agent/gpu/snapshot"
 )
 
 // rowRemapFailed: no remapping failed, and rows remapped for uncorrectable errors stay
 // within Fail (512, the GPU's spare rows).
-func rowRemapFailed(_ *Input, _ *Check, l Limits, g *gpu.GPU) Result {
+func rowRemapFailed(_ *Input, _ *Check, l Limits, g *snapshot.GPU) Result {
 	if !g.RowRemap.OK() {
 		return unknownFrom(g.RowRemap, "row remapping")
 	}

@@ -3,11 +3,11 @@ package checks
 import (
 	"fmt"
 
-	"github.com/gpurack/gpurack/agent/gpu"
+	"github.com/gpurack/gpurack/agent/gpu/snapshot"
 )
 
 // rowRemapPending: a row remapping waits for a GPU reset to take effect.
-func rowRemapPending(_ *Input, _ *Check, _ Limits, g *gpu.GPU) Result {
+func rowRemapPending(_ *Input, _ *Check, _ Limits, g *snapshot.GPU) Result {
 	if !g.RowRemap.OK() {
 		return unknownFrom(g.RowRemap, "row remapping")
 	}

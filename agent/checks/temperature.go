@@ -3,12 +3,12 @@ package checks
 import (
 	"fmt"
 
-	"github.com/gpurack/gpurack/agent/gpu"
+	"github.com/gpurack/gpurack/agent/gpu/snapshot"
 )
 
 // temperature: the margin below the GPU's own slowdown threshold, against Warn (5 °C)
 // and Fail (0 °C: at the threshold the GPU slows down).
-func temperature(_ *Input, _ *Check, l Limits, g *gpu.GPU) Result {
+func temperature(_ *Input, _ *Check, l Limits, g *snapshot.GPU) Result {
 	if !g.TemperatureC.OK() {
 		return unknownFrom(g.TemperatureC, "temperature")
 	}

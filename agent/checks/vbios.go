@@ -5,11 +5,11 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/gpurack/gpurack/agent/gpu"
+	"github.com/gpurack/gpurack/agent/gpu/snapshot"
 )
 
 // vbiosConsistent: every GPU of the node runs the same VBIOS (gcm vbios_mismatch).
-func vbiosConsistent(in *Input, _ *Check, _ Limits, _ *gpu.GPU) Result {
+func vbiosConsistent(in *Input, _ *Check, _ Limits, _ *snapshot.GPU) Result {
 	byVersion := map[string][]int{}
 	for _, g := range in.Snapshot.GPUs {
 		if g.VBIOS.OK() {

@@ -5,12 +5,12 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/gpurack/gpurack/agent/gpu"
+	"github.com/gpurack/gpurack/agent/gpu/snapshot"
 )
 
 // xidFatal: no XID that needs a GPU reset, a reboot or a replacement since boot (or
 // the GPU's last reset). A lost GPU (ERROR_GPU_IS_LOST) counts as XID 79.
-func xidFatal(in *Input, _ *Check, _ Limits, g *gpu.GPU) Result {
+func xidFatal(in *Input, _ *Check, _ Limits, g *snapshot.GPU) Result {
 	var codes []string
 	if g.Lost {
 		codes = append(codes, "79 (GPU lost)")
@@ -33,7 +33,7 @@ func xidFatal(in *Input, _ *Check, _ Limits, g *gpu.GPU) Result {
 }
 
 // xidRemedy picks the strongest action among the GPU's fatal XIDs.
-func xidRemedy(in *Input, g *gpu.GPU) string {
+func xidRemedy(in *Input, g *snapshot.GPU) string {
 	reboot, replace := g.Lost, false
 	for _, e := range in.XIDs {
 		if e.GPU != g.Index || !e.Fatal {

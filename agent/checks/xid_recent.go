@@ -5,7 +5,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/gpurack/gpurack/agent/gpu"
+	"github.com/gpurack/gpurack/agent/gpu/snapshot"
 )
 
 // RecentXIDWindow is how far back gpu.xid.recent looks (aznhc: 2 h).
@@ -13,7 +13,7 @@ const RecentXIDWindow = 2 * time.Hour
 
 // xidRecent: XIDs that are neither fatal nor caused by applications, in the last
 // RecentXIDWindow, counted against Warn (0) and Fail.
-func xidRecent(in *Input, _ *Check, l Limits, g *gpu.GPU) Result {
+func xidRecent(in *Input, _ *Check, l Limits, g *snapshot.GPU) Result {
 	var codes []string
 	for _, e := range in.XIDs {
 		if e.GPU != g.Index || e.Fatal || e.Application || in.Now.Sub(e.At) > RecentXIDWindow {

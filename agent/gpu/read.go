@@ -1,3 +1,10 @@
+// Package gpu reads a node's GPUs into a Snapshot (agent/gpu/snapshot): plain data
+// that the checks (agent/checks) evaluate without touching NVML.
+//
+// It declares what it needs from a GPU backend (Backend, Library) and reads through
+// go-nvml's own interfaces, so the same adapter code runs against the real library
+// (agent/gpu/nvml) and against go-nvml's mock servers (agent/gpu/sim). It is not a
+// general NVML wrapper: it reads what the checks and metrics use, nothing else.
 package gpu
 
 import (
@@ -40,23 +47,85 @@ type FabricReader interface {
 	GpuFabricInfoV3() (nvml.GpuFabricInfo_v3, nvml.Return)
 }
 
-// Read reads every GPU of b once. It never panics on a missing library: when
-// b.Library fails, the snapshot says so in Driver.Error and has no GPUs.
-func Read(b Backend) Snapshot {
-	s := Snapshot{Backend: b.Name(), Simulated: b.Simulated(), TakenAt: time.Now()}
-	lib, err := b.Library()
+// Tier selects which fields a read refreshes.
+type Tier int
+
+const (
+	// Full reads every field.
+	Full Tier = iota
+	// Fast reads what changes from one tick to the next and copies the slow fields
+	// from the previous snapshot. Fast fields: the GPU count, temperature, clock
+	// event reasons, utilization, power, memory used (and total, from the same
+	// call), compute processes, the volatile ECC and PCIe replay counters (their
+	// rates feed checks), the current PCIe link and the recovery-action field. Slow
+	// fields: driver versions, identity (UUID, name, serial, bus id, compute
+	// capability), VBIOS, InfoROM, persistence
+	// and ECC mode, aggregate ECC counters, row remapping, retired pages, PCIe
+	// maximum link, NVLink state and counters, fabric state and the slowdown
+	// temperature. The slow ones change with a reset, a reboot, or a fault that the
+	// driver also reports as an XID or NVML event, on which the monitor reads Full.
+	Fast
+)
+
+func (t Tier) String() string {
+	if t == Fast {
+		return "fast"
+	}
+	return "full"
+}
+
+// Read reads every GPU of b once (a Full read). It never panics on a missing
+// library: when b.Library fails, the snapshot says so in Driver.Error and has no
+// GPUs.
+func Read(b Backend) Snapshot { return NewReader(b).Read(Full, nil) }
+
+// Reader reads one backend repeatedly, remembering which NVML symbols the loaded
+// library exports. Its methods are safe for concurrent use.
+type Reader struct {
+	b Backend
+
+	mu   sync.Mutex
+	syms map[string]bool
+}
+
+// NewReader returns a Reader of b.
+func NewReader(b Backend) *Reader { return &Reader{b: b} }
+
+// Read reads the backend. With Fast and a previous snapshot of the same GPUs
+// (prev non-nil, its driver loaded, the same GPU count), it refreshes only the fast
+// fields (see Tier) and copies the rest, and SlowTakenAt stays prev's; any GPU prev
+// lacks, or had lost, is read in full. Otherwise it reads everything. The returned
+// snapshot may share the slow fields' slices with prev; snapshots are read-only.
+func (rd *Reader) Read(tier Tier, prev *Snapshot) Snapshot {
+	s := Snapshot{Backend: rd.b.Name(), Simulated: rd.b.Simulated(), TakenAt: time.Now()}
+	lib, err := rd.b.Library()
 	if err != nil {
 		s.Driver.Error = err.Error()
 		s.Count = Value[int]{Err: err.Error()}
+		s.SlowTakenAt = s.TakenAt
+		rd.mu.Lock()
+		rd.syms = nil // a library that comes back may export other symbols
+		rd.mu.Unlock()
 		return s
 	}
-	ReadLibrary(&s, lib)
+	r := reader{lib: lib, real: !s.Simulated, rd: rd}
+	if tier == Fast && prev != nil && prev.Driver.Loaded && prev.Count.OK() {
+		r.readFast(&s, prev)
+		return s
+	}
+	r.read(&s)
 	return s
 }
 
-// ReadLibrary fills s from an initialised library.
+// ReadLibrary fills s from an initialised library (a Full read).
 func ReadLibrary(s *Snapshot, lib Library) {
-	r := reader{lib: lib, real: !s.Simulated}
+	r := reader{lib: lib, real: !s.Simulated, rd: &Reader{}}
+	r.read(s)
+}
+
+func (r *reader) read(s *Snapshot) {
+	lib := r.lib
+	s.SlowTakenAt = s.TakenAt
 	s.Driver.Loaded = true
 	if v, ret := lib.SystemGetDriverVersion(); ret == nvml.SUCCESS {
 		s.Driver.Version = v
@@ -78,37 +147,70 @@ func ReadLibrary(s *Snapshot, lib Library) {
 	for i := 0; i < n; i++ {
 		dev, ret := lib.DeviceGetHandleByIndex(i)
 		if ret != nvml.SUCCESS {
-			g := GPU{Index: i, Lost: ret == nvml.ERROR_GPU_IS_LOST}
-			g.Name = Value[string]{Err: "nvmlDeviceGetHandleByIndex: " + ret.Error()}
-			s.GPUs = append(s.GPUs, g)
+			s.GPUs = append(s.GPUs, noHandle(i, ret))
 			continue
 		}
 		s.GPUs = append(s.GPUs, r.device(i, dev))
 	}
 }
 
+// readFast is a Fast read: the count, then per GPU the fast fields over a copy of
+// prev's GPU. A changed count means GPUs came or went and indexes may now name other
+// GPUs, so it reads everything.
+func (r *reader) readFast(s *Snapshot, prev *Snapshot) {
+	n, ret := r.lib.DeviceGetCount()
+	if ret != nvml.SUCCESS || n != prev.Count.V {
+		r.read(s)
+		return
+	}
+	s.Driver, s.Count, s.SlowTakenAt = prev.Driver, Known(n), prev.SlowTakenAt
+	for i := 0; i < n; i++ {
+		dev, ret := r.lib.DeviceGetHandleByIndex(i)
+		if ret != nvml.SUCCESS {
+			s.GPUs = append(s.GPUs, noHandle(i, ret))
+			continue
+		}
+		old := prev.ByIndex(i)
+		if old == nil || old.Lost || old.UUID == "" {
+			s.GPUs = append(s.GPUs, r.device(i, dev))
+			continue
+		}
+		g := *old
+		g.Lost = false
+		r.fast(&g, dev)
+		s.GPUs = append(s.GPUs, g)
+	}
+}
+
+func noHandle(i int, ret nvml.Return) GPU {
+	g := GPU{Index: i, Lost: ret == nvml.ERROR_GPU_IS_LOST}
+	g.Name = Value[string]{Err: "nvmlDeviceGetHandleByIndex: " + ret.Error()}
+	return g
+}
+
+// reader is one read: the library it reads and the Reader whose symbol cache it
+// uses.
 type reader struct {
 	lib  Library
 	real bool
-
-	mu   sync.Mutex
-	syms map[string]bool
+	rd   *Reader
 }
 
 // has reports whether the loaded library exports sym. go-nvml resolves symbols lazily,
 // so calling a function the driver lacks kills the process; probe first, as go-nvlib
-// does.
+// does. Answers are kept for the Reader's life (until the library goes away).
 func (r *reader) has(sym string) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if ok, seen := r.syms[sym]; seen {
+	rd := r.rd
+	rd.mu.Lock()
+	defer rd.mu.Unlock()
+	if ok, seen := rd.syms[sym]; seen {
 		return ok
 	}
-	if r.syms == nil {
-		r.syms = map[string]bool{}
+	if rd.syms == nil {
+		rd.syms = map[string]bool{}
 	}
 	ok := r.lib.Extensions().LookupSymbol(sym) == nil
-	r.syms[sym] = ok
+	rd.syms[sym] = ok
 	return ok
 }
 
@@ -139,16 +241,24 @@ func call[T any](r *reader, g *GPU, sym string, f func() (T, nvml.Return)) Value
 	return value(g, v, ret)
 }
 
+// device is a Full read of one GPU: the slow fields, then the fast ones.
 func (r *reader) device(i int, d nvml.Device) GPU {
 	g := GPU{Index: i}
-	if v := call(r, &g, "nvmlDeviceGetUUID", d.GetUUID); v.OK() {
+	r.slow(&g, d)
+	r.fast(&g, d)
+	return g
+}
+
+// slow reads the fields a Fast read copies from the previous snapshot (see Tier).
+func (r *reader) slow(g *GPU, d nvml.Device) {
+	if v := call(r, g, "nvmlDeviceGetUUID", d.GetUUID); v.OK() {
 		g.UUID = v.V
 	}
-	g.Name = call(r, &g, "nvmlDeviceGetName", d.GetName)
-	if v := call(r, &g, "nvmlDeviceGetPciInfo", d.GetPciInfo); v.OK() {
+	g.Name = call(r, g, "nvmlDeviceGetName", d.GetName)
+	if v := call(r, g, "nvmlDeviceGetPciInfo", d.GetPciInfo); v.OK() {
 		g.PCIBusID = busID(v.V.BusId)
 	}
-	if v := call(r, &g, "nvmlDeviceGetSerial", d.GetSerial); v.OK() {
+	if v := call(r, g, "nvmlDeviceGetSerial", d.GetSerial); v.OK() {
 		g.Serial = v.V
 	}
 	if r.has("nvmlDeviceGetCudaComputeCapability") {
@@ -156,7 +266,55 @@ func (r *reader) device(i int, d nvml.Device) GPU {
 			g.ComputeCapability = fmt.Sprintf("%d.%d", maj, minor)
 		}
 	}
-	mem := call(r, &g, "nvmlDeviceGetMemoryInfo", d.GetMemoryInfo)
+
+	g.VBIOS = call(r, g, "nvmlDeviceGetVbiosVersion", d.GetVbiosVersion)
+	g.InfoROMImage = call(r, g, "nvmlDeviceGetInforomImageVersion", d.GetInforomImageVersion)
+	if r.has("nvmlDeviceValidateInforom") {
+		switch ret := d.ValidateInforom(); ret {
+		case nvml.SUCCESS:
+			g.InfoROMValid = Known(true)
+		case nvml.ERROR_CORRUPTED_INFOROM:
+			g.InfoROMValid = Known(false)
+		default:
+			g.InfoROMValid = value(g, false, ret)
+		}
+	} else {
+		g.InfoROMValid = missing[bool]("nvmlDeviceValidateInforom")
+	}
+
+	g.Persistence = enabled(call(r, g, "nvmlDeviceGetPersistenceMode", d.GetPersistenceMode))
+	if r.has("nvmlDeviceGetEccMode") {
+		cur, pend, ret := d.GetEccMode()
+		g.ECC = value(g, ECCMode{Current: cur == nvml.FEATURE_ENABLED, Pending: pend == nvml.FEATURE_ENABLED}, ret)
+	} else {
+		g.ECC = missing[ECCMode]("nvmlDeviceGetEccMode")
+	}
+	g.ECCUncorrectedAggregate = r.ecc(g, d, nvml.MEMORY_ERROR_TYPE_UNCORRECTED, nvml.AGGREGATE_ECC)
+	g.ECCCorrectedAggregate = r.ecc(g, d, nvml.MEMORY_ERROR_TYPE_CORRECTED, nvml.AGGREGATE_ECC)
+
+	if r.has("nvmlDeviceGetRemappedRows") {
+		c, u, p, f, ret := d.GetRemappedRows()
+		g.RowRemap = value(g, RowRemap{Corrected: c, Uncorrected: u, Pending: p, Failed: f}, ret)
+	} else {
+		g.RowRemap = missing[RowRemap]("nvmlDeviceGetRemappedRows")
+	}
+	g.RetiredPages = r.retiredPages(g, d)
+
+	g.PCIe.MaxGen = call(r, g, "nvmlDeviceGetMaxPcieLinkGeneration", d.GetMaxPcieLinkGeneration)
+	g.PCIe.MaxWidth = call(r, g, "nvmlDeviceGetMaxPcieLinkWidth", d.GetMaxPcieLinkWidth)
+
+	g.NVLinks = r.nvlinks(g, d)
+	g.Fabric = r.fabric(g, d)
+
+	th := call(r, g, "nvmlDeviceGetTemperatureThreshold", func() (uint32, nvml.Return) {
+		return d.GetTemperatureThreshold(nvml.TEMPERATURE_THRESHOLD_SLOWDOWN)
+	})
+	g.SlowdownC = Value[int]{V: int(th.V), Err: th.Err, NotSupported: th.NotSupported}
+}
+
+// fast reads the fields every tick refreshes (see Tier).
+func (r *reader) fast(g *GPU, d nvml.Device) {
+	mem := call(r, g, "nvmlDeviceGetMemoryInfo", d.GetMemoryInfo)
 	g.MemoryTotalMiB = Value[uint64]{V: mem.V.Total >> 20, Err: mem.Err, NotSupported: mem.NotSupported}
 	g.MemoryUsedMiB = Value[uint64]{V: mem.V.Used >> 20, Err: mem.Err, NotSupported: mem.NotSupported}
 	// The v1 "used" includes memory the driver reserves (hundreds of MiB on Hopper);
@@ -168,75 +326,35 @@ func (r *reader) device(i int, d nvml.Device) GPU {
 		}
 	}
 
-	g.VBIOS = call(r, &g, "nvmlDeviceGetVbiosVersion", d.GetVbiosVersion)
-	g.InfoROMImage = call(r, &g, "nvmlDeviceGetInforomImageVersion", d.GetInforomImageVersion)
-	if r.has("nvmlDeviceValidateInforom") {
-		switch ret := d.ValidateInforom(); ret {
-		case nvml.SUCCESS:
-			g.InfoROMValid = Known(true)
-		case nvml.ERROR_CORRUPTED_INFOROM:
-			g.InfoROMValid = Known(false)
-		default:
-			g.InfoROMValid = value(&g, false, ret)
-		}
-	} else {
-		g.InfoROMValid = missing[bool]("nvmlDeviceValidateInforom")
-	}
+	// Volatile ECC counters (since the last driver load or GPU reset).
+	g.ECCUncorrected = r.ecc(g, d, nvml.MEMORY_ERROR_TYPE_UNCORRECTED, nvml.VOLATILE_ECC)
+	g.ECCCorrected = r.ecc(g, d, nvml.MEMORY_ERROR_TYPE_CORRECTED, nvml.VOLATILE_ECC)
 
-	g.Persistence = enabled(call(r, &g, "nvmlDeviceGetPersistenceMode", d.GetPersistenceMode))
-	if r.has("nvmlDeviceGetEccMode") {
-		cur, pend, ret := d.GetEccMode()
-		g.ECC = value(&g, ECCMode{Current: cur == nvml.FEATURE_ENABLED, Pending: pend == nvml.FEATURE_ENABLED}, ret)
-	} else {
-		g.ECC = missing[ECCMode]("nvmlDeviceGetEccMode")
-	}
-	ecc := func(t nvml.MemoryErrorType, c nvml.EccCounterType) Value[uint64] {
-		return call(r, &g, "nvmlDeviceGetTotalEccErrors", func() (uint64, nvml.Return) { return d.GetTotalEccErrors(t, c) })
-	}
-	g.ECCUncorrected = ecc(nvml.MEMORY_ERROR_TYPE_UNCORRECTED, nvml.VOLATILE_ECC)
-	g.ECCCorrected = ecc(nvml.MEMORY_ERROR_TYPE_CORRECTED, nvml.VOLATILE_ECC)
-	g.ECCUncorrectedAggregate = ecc(nvml.MEMORY_ERROR_TYPE_UNCORRECTED, nvml.AGGREGATE_ECC)
-	g.ECCCorrectedAggregate = ecc(nvml.MEMORY_ERROR_TYPE_CORRECTED, nvml.AGGREGATE_ECC)
-
-	if r.has("nvmlDeviceGetRemappedRows") {
-		c, u, p, f, ret := d.GetRemappedRows()
-		g.RowRemap = value(&g, RowRemap{Corrected: c, Uncorrected: u, Pending: p, Failed: f}, ret)
-	} else {
-		g.RowRemap = missing[RowRemap]("nvmlDeviceGetRemappedRows")
-	}
-	g.RetiredPages = r.retiredPages(&g, d)
-
-	g.PCIe.CurGen = call(r, &g, "nvmlDeviceGetCurrPcieLinkGeneration", d.GetCurrPcieLinkGeneration)
-	g.PCIe.CurWidth = call(r, &g, "nvmlDeviceGetCurrPcieLinkWidth", d.GetCurrPcieLinkWidth)
-	g.PCIe.MaxGen = call(r, &g, "nvmlDeviceGetMaxPcieLinkGeneration", d.GetMaxPcieLinkGeneration)
-	g.PCIe.MaxWidth = call(r, &g, "nvmlDeviceGetMaxPcieLinkWidth", d.GetMaxPcieLinkWidth)
-	rep := call(r, &g, "nvmlDeviceGetPcieReplayCounter", d.GetPcieReplayCounter)
+	g.PCIe.CurGen = call(r, g, "nvmlDeviceGetCurrPcieLinkGeneration", d.GetCurrPcieLinkGeneration)
+	g.PCIe.CurWidth = call(r, g, "nvmlDeviceGetCurrPcieLinkWidth", d.GetCurrPcieLinkWidth)
+	rep := call(r, g, "nvmlDeviceGetPcieReplayCounter", d.GetPcieReplayCounter)
 	g.PCIe.Replays = Value[uint64]{V: uint64(max(rep.V, 0)), Err: rep.Err, NotSupported: rep.NotSupported}
 
-	g.NVLinks = r.nvlinks(&g, d)
-	g.Fabric = r.fabric(&g, d)
-
-	t := call(r, &g, "nvmlDeviceGetTemperature", func() (uint32, nvml.Return) { return d.GetTemperature(nvml.TEMPERATURE_GPU) })
+	t := call(r, g, "nvmlDeviceGetTemperature", func() (uint32, nvml.Return) { return d.GetTemperature(nvml.TEMPERATURE_GPU) })
 	g.TemperatureC = Value[int]{V: int(t.V), Err: t.Err, NotSupported: t.NotSupported}
-	th := call(r, &g, "nvmlDeviceGetTemperatureThreshold", func() (uint32, nvml.Return) {
-		return d.GetTemperatureThreshold(nvml.TEMPERATURE_THRESHOLD_SLOWDOWN)
-	})
-	g.SlowdownC = Value[int]{V: int(th.V), Err: th.Err, NotSupported: th.NotSupported}
 	// nvmlDeviceGetCurrentClocksEventReasons replaced ...ClocksThrottleReasons in 535;
 	// older drivers only have the latter.
 	if r.has("nvmlDeviceGetCurrentClocksEventReasons") {
 		v, ret := d.GetCurrentClocksEventReasons()
-		g.ClockEvents = value(&g, v, ret)
+		g.ClockEvents = value(g, v, ret)
 	} else {
-		g.ClockEvents = call(r, &g, "nvmlDeviceGetCurrentClocksThrottleReasons", d.GetCurrentClocksThrottleReasons)
+		g.ClockEvents = call(r, g, "nvmlDeviceGetCurrentClocksThrottleReasons", d.GetCurrentClocksThrottleReasons)
 	}
 
-	g.Processes = r.processes(&g, d)
-	g.RecoveryAction = r.recoveryAction(&g, d)
-	g.PowerMW = call(r, &g, "nvmlDeviceGetPowerUsage", d.GetPowerUsage)
-	u := call(r, &g, "nvmlDeviceGetUtilizationRates", d.GetUtilizationRates)
+	g.Processes = r.processes(g, d)
+	g.RecoveryAction = r.recoveryAction(g, d)
+	g.PowerMW = call(r, g, "nvmlDeviceGetPowerUsage", d.GetPowerUsage)
+	u := call(r, g, "nvmlDeviceGetUtilizationRates", d.GetUtilizationRates)
 	g.UtilizationPct = Value[uint32]{V: u.V.Gpu, Err: u.Err, NotSupported: u.NotSupported}
-	return g
+}
+
+func (r *reader) ecc(g *GPU, d nvml.Device, t nvml.MemoryErrorType, c nvml.EccCounterType) Value[uint64] {
+	return call(r, g, "nvmlDeviceGetTotalEccErrors", func() (uint64, nvml.Return) { return d.GetTotalEccErrors(t, c) })
 }
 
 func enabled(v Value[nvml.EnableState]) Value[bool] {

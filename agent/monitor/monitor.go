@@ -50,8 +50,15 @@ type Config struct {
 	Backend gpu.Backend
 	Profile *profile.Profile
 	Log     *slog.Logger
-	// Interval between continuous runs; default 10 s.
+	// Interval between continuous runs; default 10 s. Each tick reads the fast GPU
+	// fields (gpu.Fast); see SlowInterval.
 	Interval time.Duration
+	// SlowInterval is how often a tick reads the slow-changing fields too (a full
+	// read: identity, VBIOS, InfoROM, ECC aggregate counters, row remapping, retired
+	// pages, PCIe maximum link, NVLink; gpu.Tier); default 5 min. XIDs, other NVML
+	// events, kicks and RunChecks always read in full, so a fault the driver reports
+	// is seen at once; the period bounds how late a silent change is seen.
+	SlowInterval time.Duration
 	// ClearAfter is the health hysteresis; default 30 s.
 	ClearAfter time.Duration
 	// KmsgPath, when set, is read for NVRM Xid lines (/dev/kmsg).
@@ -66,21 +73,23 @@ type Config struct {
 type Monitor struct {
 	cfg    Config
 	log    *slog.Logger
+	reader *gpu.Reader
 	xids   *xid.Tracker
 	broker *Broker
 	kick   chan struct{}
 
 	runMu sync.Mutex // one checklist at a time
 
-	mu      sync.Mutex
-	last    *Checklist
-	prev    *gpu.Snapshot
-	health  health.Tracker
-	summary health.Summary
-	byKey   map[resultKey]checks.Result
-	figures checks.Figures
-	uuids   map[int]string // last known UUID and bus id per index, for lost GPUs
-	buses   map[int]string
+	mu       sync.Mutex
+	last     *Checklist
+	prev     *gpu.Snapshot
+	lastFull time.Time // monitor clock (cfg.Now) of the last full read
+	health   health.Tracker
+	summary  health.Summary
+	byKey    map[resultKey]checks.Result
+	figures  checks.Figures
+	uuids    map[int]string // last known UUID and bus id per index, for lost GPUs
+	buses    map[int]string
 }
 
 type resultKey struct {
@@ -93,6 +102,9 @@ func New(cfg Config) *Monitor {
 	if cfg.Interval <= 0 {
 		cfg.Interval = 10 * time.Second
 	}
+	if cfg.SlowInterval <= 0 {
+		cfg.SlowInterval = 5 * time.Minute
+	}
 	if cfg.ClearAfter < 0 {
 		cfg.ClearAfter = 0
 	} else if cfg.ClearAfter == 0 {
@@ -104,7 +116,7 @@ func New(cfg Config) *Monitor {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	m := &Monitor{cfg: cfg, log: cfg.Log, xids: xid.NewTracker(), broker: NewBroker(), kick: make(chan struct{}, 1),
+	m := &Monitor{cfg: cfg, log: cfg.Log, reader: gpu.NewReader(cfg.Backend), xids: xid.NewTracker(), broker: NewBroker(), kick: make(chan struct{}, 1),
 		byKey: map[resultKey]checks.Result{}, uuids: map[int]string{}, buses: map[int]string{}}
 	m.health.ClearAfter = cfg.ClearAfter
 	m.summary = health.NotRun(cfg.Now())
@@ -154,17 +166,38 @@ func (m *Monitor) Kick() {
 	}
 }
 
-// RunChecks reads the backend and runs the checks named by ids (all when empty). A
-// whole continuous checklist updates health; every run replaces the latest results.
+// RunChecks reads every field of the backend (a full read) and runs the checks named
+// by ids (all when empty). A whole continuous checklist updates health; every run
+// replaces the latest results.
 func (m *Monitor) RunChecks(phase Phase, ids ...checkid.ID) *Checklist {
+	return m.runChecks(phase, false, ids...)
+}
+
+// readTier decides what a continuous run reads: everything when asked (kicks, XIDs,
+// NVML events), when there is no earlier snapshot, or when the slow fields are
+// SlowInterval old; otherwise only the fast fields.
+func readTier(kicked bool, prev *gpu.Snapshot, lastFull, now time.Time, slow time.Duration) gpu.Tier {
+	if kicked || prev == nil || lastFull.IsZero() || now.Sub(lastFull) >= slow {
+		return gpu.Full
+	}
+	return gpu.Fast
+}
+
+// runChecks is RunChecks; tick is true for a timer tick of the continuous loop, the
+// only run that may read just the fast fields.
+func (m *Monitor) runChecks(phase Phase, tick bool, ids ...checkid.ID) *Checklist {
 	m.runMu.Lock()
 	defer m.runMu.Unlock()
 	start := m.cfg.Now()
-	snap := gpu.Read(m.cfg.Backend)
-	m.noteLost(&snap)
 	m.mu.Lock()
-	prev := m.prev
+	prev, lastFull := m.prev, m.lastFull
 	m.mu.Unlock()
+	tier := readTier(!tick, prev, lastFull, start, m.cfg.SlowInterval)
+	snap := m.reader.Read(tier, prev)
+	m.noteLost(&snap)
+	if snap.SlowTakenAt.Equal(snap.TakenAt) {
+		lastFull = start // a fast read may have fallen back to a full one
+	}
 	cphase := checks.Continuous
 	if phase != PhaseContinuous {
 		cphase = checks.Commissioning
@@ -185,6 +218,7 @@ func (m *Monitor) RunChecks(phase Phase, ids ...checkid.ID) *Checklist {
 	m.mu.Lock()
 	if snap.Driver.Loaded {
 		m.prev = &snap
+		m.lastFull = lastFull
 	}
 	m.last = cl
 	for _, r := range rs {
@@ -294,14 +328,17 @@ func (m *Monitor) Run(ctx context.Context) {
 	}
 	t := time.NewTicker(m.cfg.Interval)
 	defer t.Stop()
+	tick := false // the first run reads everything
 	for {
-		m.RunChecks(PhaseContinuous)
+		m.runChecks(PhaseContinuous, tick)
 		select {
 		case <-ctx.Done():
 			wg.Wait()
 			return
 		case <-t.C:
+			tick = true
 		case <-m.kick:
+			tick = false
 		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/gpurack/gpurack/agent/checks"
+	"github.com/gpurack/gpurack/agent/gpu"
 	"github.com/gpurack/gpurack/agent/gpu/sim"
 	"github.com/gpurack/gpurack/agent/health"
 	"github.com/gpurack/gpurack/internal/checkid"
@@ -152,5 +153,87 @@ func BenchmarkChecklist(b *testing.B) {
 	m := New(Config{Backend: s, Profile: p})
 	for b.Loop() {
 		m.RunChecks(PhaseCommissioning)
+	}
+}
+
+// TestTicksReadSlowFieldsOnTheirPeriod: a continuous tick refreshes the fast fields
+// (temperature) every time and the slow ones (row remapping) only once SlowInterval
+// has passed since the last full read; a kick reads everything at once.
+func TestTicksReadSlowFieldsOnTheirPeriod(t *testing.T) {
+	m, s := newMon(t, -1)
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	m.cfg.Now = func() time.Time { return now }
+	m.cfg.Interval, m.cfg.SlowInterval = 10*time.Second, time.Minute
+	tick := func(d time.Duration) *Checklist { now = now.Add(d); return m.runChecks(PhaseContinuous, true) }
+	status := func(cl *Checklist, id checkid.ID, gpu int) checks.Status {
+		for _, r := range cl.Results {
+			if r.ID == id && r.GPU == gpu {
+				return r.Status
+			}
+		}
+		t.Fatalf("no %s result for GPU %d", id, gpu)
+		return 0
+	}
+
+	first := tick(0)
+	if !first.Snapshot.SlowTakenAt.Equal(first.Snapshot.TakenAt) {
+		t.Fatal("the first tick did not read the slow fields")
+	}
+	inject(t, s, "temperature:95@gpu3")
+	inject(t, s, "row-remap-pending@gpu3")
+	var cl *Checklist
+	for i := 1; i <= 5; i++ { // 10 s … 50 s: fast reads
+		cl = tick(10 * time.Second)
+		g := cl.Snapshot.ByIndex(3)
+		if g.TemperatureC.V != 95 {
+			t.Fatalf("tick %d: temperature %v, want the injected 95 °C at once", i, g.TemperatureC)
+		}
+		if g.RowRemap.V.Pending || !cl.Snapshot.SlowTakenAt.Equal(first.Snapshot.SlowTakenAt) {
+			t.Fatalf("tick %d (%v after the full read) refreshed the slow fields", i, time.Duration(i)*10*time.Second)
+		}
+	}
+	if st := status(cl, checkid.RowRemapPending, 3); st != checks.Pass {
+		t.Fatalf("row-remap-pending is %s before the slow period", st)
+	}
+	cl = tick(10 * time.Second) // 60 s: the slow period is over
+	if !cl.Snapshot.ByIndex(3).RowRemap.V.Pending || !cl.Snapshot.SlowTakenAt.Equal(cl.Snapshot.TakenAt) {
+		t.Fatal("the tick one SlowInterval after the full read did not read the slow fields")
+	}
+	if st := status(cl, checkid.RowRemapPending, 3); st == checks.Pass {
+		t.Fatalf("row-remap-pending still passes after the full read")
+	}
+
+	// A kick (fault injection, XID, NVML event) reads everything at once.
+	s.Clear()
+	inject(t, s, "row-remap-failed@gpu5")
+	if cl = tick(10 * time.Second); cl.Snapshot.ByIndex(5).RowRemap.V.Failed {
+		t.Fatal("a fast tick read the row remapping")
+	}
+	now = now.Add(time.Second)
+	if cl = m.runChecks(PhaseContinuous, false); !cl.Snapshot.ByIndex(5).RowRemap.V.Failed {
+		t.Fatal("a kicked run did not read the slow fields")
+	}
+}
+
+func TestReadTier(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	prev := &gpu.Snapshot{}
+	for _, c := range []struct {
+		name     string
+		kicked   bool
+		prev     *gpu.Snapshot
+		lastFull time.Time
+		now      time.Time
+		want     gpu.Tier
+	}{
+		{"first run", false, nil, time.Time{}, t0, gpu.Full},
+		{"tick within the period", false, prev, t0, t0.Add(59 * time.Second), gpu.Fast},
+		{"tick at the period", false, prev, t0, t0.Add(time.Minute), gpu.Full},
+		{"kick within the period", true, prev, t0, t0.Add(time.Second), gpu.Full},
+		{"no full read yet", false, prev, time.Time{}, t0, gpu.Full},
+	} {
+		if got := readTier(c.kicked, c.prev, c.lastFull, c.now, time.Minute); got != c.want {
+			t.Errorf("%s: %s, want %s", c.name, got, c.want)
+		}
 	}
 }

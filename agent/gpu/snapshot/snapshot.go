@@ -1,11 +1,13 @@
-// Package gpu reads a node's GPUs once into a Snapshot: plain data that the checks
-// (agent/checks) evaluate without touching NVML.
+// Package snapshot holds what the agent read from its GPUs at one moment: plain data
+// (Snapshot, GPU, Value) that the checks (agent/checks), health, metrics and reports
+// use without touching NVML.
 //
-// It declares what it needs from a GPU backend (Backend, Library) and reads through
-// go-nvml's own interfaces, so the same adapter code runs against the real library
-// (agent/gpu/nvml) and against go-nvml's mock servers (agent/gpu/sim). It is not a
-// general NVML wrapper: it reads what the checks and metrics use, nothing else.
-package gpu
+// It is a leaf: it imports neither go-nvml nor any other GPU library, so a package
+// that needs only the data cannot reach NVML by accident (agent/checks has a test that
+// holds it to this). Reading the GPUs is agent/gpu's job; NVML's numeric encodings the
+// data keeps (clock event reasons) are mirrored here as constants, with a test that
+// they equal go-nvml's.
+package snapshot
 
 import "time"
 
@@ -35,7 +37,12 @@ type Snapshot struct {
 	Simulated bool
 	// TakenAt is when the read started.
 	TakenAt time.Time
-	Driver  Driver
+	// SlowTakenAt is when the slow-changing fields (identity, VBIOS, InfoROM, ECC
+	// mode and aggregate counters, row remapping, retired pages, PCIe maximum link,
+	// NVLink, fabric; agent/gpu.Tier lists them) were read: TakenAt after a full
+	// read, earlier when a fast read carried them over from the snapshot before.
+	SlowTakenAt time.Time
+	Driver      Driver
 	// Count is what DeviceGetCount answered; GPUs may hold fewer entries when a handle
 	// could not be obtained.
 	Count Value[int]

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# agent-cpu.sh measures what `gpuagent run` costs on the simulated 8-GPU node: CPU
+# (utime+stime from /proc/PID/stat over a window, after a warm-up) and resident memory
+# with a per-mapping breakdown from /proc/PID/smaps. It prints one table.
+#
+#   hack/agent-cpu.sh [-b GPUAGENT] [-s SECONDS] [-w WARMUP] [-- EXTRA RUN FLAGS]
+#
+# Defaults: builds ./agent/cmd/gpuagent, 60 s window, 5 s warm-up, and the agent's
+# default settings (--interval 10s) with the sim:dgxh100 backend, no gRPC TCP listener,
+# /metrics on a loopback port nobody scrapes, gossip off. Add e.g. `-- --interval 1s`
+# to poll faster. The figures depend on the host; on a shared machine, CPU time (not
+# wall time) is what is counted, so other load changes them little.
+set -euo pipefail
+
+bin="" secs=60 warm=5
+while getopts "b:s:w:" o; do
+  case $o in
+    b) bin=$OPTARG ;;
+    s) secs=$OPTARG ;;
+    w) warm=$OPTARG ;;
+    *) echo "usage: $0 [-b GPUAGENT] [-s SECONDS] [-w WARMUP] [-- EXTRA RUN FLAGS]" >&2; exit 2 ;;
+  esac
+done
+shift $((OPTIND - 1))
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+work=$(mktemp -d)
+trap 'kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; rm -rf "$work"' EXIT
+if [[ -z $bin ]]; then
+  (cd "$root" && go build -o "$work/gpuagent" ./agent/cmd/gpuagent)
+  bin=$work/gpuagent
+fi
+
+"$bin" run --gpu-backend sim:dgxh100 --profile "$root/profiles/debian12-nvidia535.yaml" \
+  --listen "" --metrics-listen 127.0.0.1:0 --socket "$work/agent.sock" --key-dir "$work" \
+  --kubelet-dir "$work/kubelet" --kmsg off --log-level warn "$@" >"$work/log" 2>&1 &
+pid=$!
+
+# ticks prints utime+stime of $pid in clock ticks (10 ms: coarse for an idle agent).
+ticks() { awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$pid/stat"; }
+# cpuns prints the CPU time of $pid's threads in nanoseconds (schedstat: fine-grained;
+# Go keeps its threads, so none of the time leaves with an exited thread).
+cpuns() { cat /proc/"$pid"/task/*/schedstat | awk '{ s += $1 } END { printf "%d\n", s }'; }
+
+sleep "$warm"
+kill -0 "$pid" 2>/dev/null || { echo "gpuagent exited during warm-up:" >&2; cat "$work/log" >&2; exit 1; }
+t0=$(ticks) n0=$(cpuns) w0=$(date +%s.%N)
+sleep "$secs"
+t1=$(ticks) n1=$(cpuns) w1=$(date +%s.%N)
+hz=$(getconf CLK_TCK)
+exe=$(readlink "/proc/$pid/exe")
+
+echo "gpuagent run --gpu-backend sim:dgxh100 $* ($(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg))"
+awk -v t="$((t1 - t0))" -v ns="$((n1 - n0))" -v hz="$hz" -v w0="$w0" -v w1="$w1" 'BEGIN {
+  s = w1 - w0
+  printf "%-34s %10.1f s\n", "window", s
+  printf "%-34s %10.2f s  %7.3f %% of one core\n", "CPU, utime+stime (/proc/PID/stat)", t / hz, 100 * t / hz / s
+  printf "%-34s %10.3f s  %7.3f %% of one core\n", "CPU, threads\x27 schedstat", ns / 1e9, 100 * ns / 1e9 / s
+}'
+grep -E '^(VmRSS|RssAnon|RssFile):' "/proc/$pid/status" | awk '{ printf "%-34s %10.1f MiB\n", $1, $2 / 1024 }'
+
+# smaps: RSS by mapping, grouped into the binary's text, data and read-only segments,
+# heap, stack, anonymous mappings, and other files (shared libraries).
+echo "RSS by mapping (smaps):"
+awk -v exe="$exe" '
+  /^[0-9a-f]+-[0-9a-f]+ / {
+    perms = $2; path = (NF >= 6) ? $6 : ""
+    if (path == exe) name = "binary " (perms ~ /x/ ? "text" : perms ~ /w/ ? "data" : "rodata")
+    else if (path == "") name = "anonymous (Go heap, stacks)"
+    else if (path ~ /^\[/) name = path
+    else { n = split(path, p, "/"); name = p[n] }
+    next
+  }
+  /^Rss:/ { rss[name] += $2 }
+  END { for (k in rss) if (rss[k] > 0) printf "%d\t%s\n", rss[k], k }
+' "/proc/$pid/smaps" | sort -rn | awk -F'\t' '{ printf "  %-32s %10.1f MiB\n", $2, $1 / 1024 }'
