@@ -211,7 +211,7 @@ stop_pid "$server_pid"
 dnsmasq_args=(--no-daemon --conf-file=/dev/null --user=root --port=0 --pid-file=
   --bind-interfaces --interface="$sif" --log-facility="$work/dnsmasq.log"
   --dhcp-leasefile="$work/dnsmasq.leases" --dhcp-range=10.90.1.1,10.90.255.254,255.255.0.0,1h
-  --dhcp-lease-max=70000 --dhcp-boot=undionly.kpxe)
+  --dhcp-lease-max=70000 --dhcp-boot=undionly.kpxe --no-ping)
 perf_args() { echo "-4 -l $cif -r $1 -R $DHCP_CLIENTS -p $DHCP_SECONDS -W 1000000"; }
 start_dhcp() { # side
   if [ "$1" = gpuboot ]; then
@@ -224,14 +224,19 @@ start_dhcp() { # side
     sleep 0.5
   fi
 }
-# dhcp_run SIDE RATE: one run; appends "DO-drop% RA-drop% DO-avg-ms RA-avg-ms" to
-# $work/dhcp-RATE-SIDE.
+# overflows NS: datagrams the kernel dropped in NS because a socket's receive
+# buffer was full, since the namespace was made.
+overflows() { ip netns exec "$1" nstat -asz UdpRcvbufErrors | awk '$1 == "UdpRcvbufErrors" { print $2 }'; }
+# dhcp_run SIDE RATE: one run; appends "DO-drop% RA-drop% DO-avg-ms RA-avg-ms
+# server-overflows client-overflows" to $work/dhcp-RATE-SIDE.
 dhcp_run() {
-  local side=$1 rate=$2 out
+  local side=$1 rate=$2 out s0 c0
   start_dhcp "$side"
   # Warm-up: a second at a tenth of the rate, from other MACs than the run's.
   in_cli perfdhcp -4 -l "$cif" -r $((rate / 10)) -R 1000 -b mac=02:99:00:00:00:00 -p 1 >/dev/null 2>&1 || true
+  s0=$(overflows "$srv") c0=$(overflows "$cli")
   out=$(in_cli perfdhcp $(perf_args "$rate") 2>&1) || true
+  s0=$(($(overflows "$srv") - s0)) c0=$(($(overflows "$cli") - c0))
   stop_pid "$server_pid"
   echo "$out" | awk '
     /^\*\*\*.*DISCOVER-OFFER/ { x = "do" } /^\*\*\*.*REQUEST-ACK/ { x = "ra" }
@@ -239,8 +244,9 @@ dhcp_run() {
     /^drops:/ { sub(/^drops: /, ""); drops[x] = $1 + 0 }
     /^avg delay:/ { sub(/^avg delay: /, ""); avg[x] = $1 + 0 }
     function pct(k) { return sent[k] > 0 ? 100 * drops[k] / sent[k] : 100 }
-    END { printf "%.2f %.2f %.3f %.3f\n", pct("do"), pct("ra"), avg["do"], avg["ra"] }' >>"$work/dhcp-$rate-$side"
-  log "dhcp $side at $rate/s: $(tail -n 1 "$work/dhcp-$rate-$side") (DO drop %, RA drop %, DO avg ms, RA avg ms)"
+    END { printf "%.2f %.2f %.3f %.3f ", pct("do"), pct("ra"), avg["do"], avg["ra"] }' >>"$work/dhcp-$rate-$side"
+  echo "$s0 $c0" >>"$work/dhcp-$rate-$side"
+  log "dhcp $side at $rate/s: $(tail -n 1 "$work/dhcp-$rate-$side") (DO drop %, RA drop %, DO avg ms, RA avg ms, server and client socket overflows)"
   grep -q '^sent packets:' <<<"$out" || log "perfdhcp reported no exchanges: $out"
 }
 for rate in $DHCP_RATES; do
@@ -269,17 +275,20 @@ section=$(mktemp)
 {
   echo "## PXE: gpuboot against nginx, tftpd-hpa and dnsmasq"
   echo
-  echo "Machine: $(bench_machine). Command: \`make bench-pxe\` (test/bench/pxe.sh with"
-  echo "RUNS=$RUNS HTTP_CLIENTS=$HTTP_CLIENTS TFTP_CLIENTS=$TFTP_CLIENTS DHCP_RATES=\"$DHCP_RATES\" DHCP_SECONDS=$DHCP_SECONDS DHCP_CLIENTS=$DHCP_CLIENTS)."
+  echo "Machine: $(bench_machine)."
+  echo "Command: \`make bench-pxe\` (test/bench/pxe.sh with RUNS=$RUNS HTTP_CLIENTS=$HTTP_CLIENTS"
+  echo "TFTP_CLIENTS=$TFTP_CLIENTS DHCP_RATES=\"$DHCP_RATES\" DHCP_SECONDS=$DHCP_SECONDS DHCP_CLIENTS=$DHCP_CLIENTS)."
   echo
-  echo "gpuboot: \`gpuboot serve --config gpuboot.yaml\` built from commit $commit, after \`gpuboot"
-  echo "init\`, with default logging (info, to a file) and metrics; DHCP in full mode (pool"
-  echo "10.90.1.1–10.90.255.254). Peers, measured in the same run: nginx $(version nginx) (sendfile on,"
-  echo "tcp_nopush on, access_log off, worker_processes auto), tftpd-hpa $(version tftpd-hpa) (--blocksize"
-  echo "1468), dnsmasq $(version dnsmasq-base) (the same pool, dhcp-lease-max 70000, default DHCP logging to a"
-  echo "file). Each side is warmed first and runs $RUNS times; the order of the two sides alternates"
-  echo "from run to run. Cells: median (min–max); ratio: gpuboot/peer of the medians (min–max of"
-  echo "the per-run ratios)."
+  echo "gpuboot: \`gpuboot serve --config gpuboot.yaml\` after \`gpuboot init\`, built from commit"
+  echo "$commit, with default logging (info, to a file) and metrics; DHCP in full mode"
+  echo "(pool 10.90.1.1–10.90.255.254)."
+  echo "Peers, measured in the same run: nginx $(version nginx) (sendfile on, tcp_nopush on,"
+  echo "access_log off, worker_processes auto), tftpd-hpa $(version tftpd-hpa) (--blocksize 1468),"
+  echo "dnsmasq $(version dnsmasq-base) (the same pool, dhcp-lease-max 70000, no-ping since gpuboot does"
+  echo "no ping check either, default DHCP logging to a file)."
+  echo "Each side is warmed first and runs $RUNS times; the order of the two sides alternates from"
+  echo "run to run. Cells: median (min–max); ratio: gpuboot/peer of the medians (min–max of the"
+  echo "per-run ratios)."
   echo
   echo "| benchmark | gpuboot | peer | peer figure | gpuboot/peer | failed (gpuboot, peer) |"
   echo "|---|---|---|---|---|---|"
@@ -290,13 +299,15 @@ section=$(mktemp)
   echo
   echo "DHCP full mode, perfdhcp DORA exchanges (DISCOVER→OFFER, REQUEST→ACK) over the veth"
   echo "link for $DHCP_SECONDS s from $DHCP_CLIENTS simulated clients; a reply not back within 1 s is a drop."
+  echo "Socket overflows: datagrams the kernel dropped for a full receive buffer, all runs"
+  echo "together, on the server's side and on perfdhcp's (there, not the server's doing)."
   echo
-  echo "| DISCOVER/s | server | DISCOVER→OFFER drops % | REQUEST→ACK drops % | OFFER avg ms | ACK avg ms |"
-  echo "|---|---|---|---|---|---|"
+  echo "| DISCOVER/s | server | DISCOVER→OFFER drops % | REQUEST→ACK drops % | OFFER avg ms | ACK avg ms | socket overflows (server, client) |"
+  echo "|---|---|---|---|---|---|---|"
   for rate in $DHCP_RATES; do
     for side in gpuboot dnsmasq; do
       f=$work/dhcp-$rate-$side
-      echo "| $rate | $side | $(cell "$f" 1) | $(cell "$f" 2) | $(cell "$f" 3) | $(cell "$f" 4) |"
+      echo "| $rate | $side | $(cell "$f" 1) | $(cell "$f" 2) | $(cell "$f" 3) | $(cell "$f" 4) | $(awk '{ s += $5; c += $6 } END { print s + 0 ", " c + 0 }' "$f") |"
     done
   done
   echo
