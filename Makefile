@@ -67,7 +67,11 @@ e2e-slow: deps ## build the NVIDIA images with their kernel modules (about 20 mi
 	PATH="$(TOOLS):$$PATH" GPURACK_E2E_SLOW=1 $(GO) test $(TEST_FLAGS) -v -run 'TestNvidiaImages' ./imagebuilder/cmd/gpuimage/
 
 .PHONY: bench
-bench: bench-go bench-pxe bench-image ## every benchmark: Go benchmarks, then the peer comparisons
+bench: bench-go bench-pxe bench-image bench-doc ## every benchmark; writes docs/benchmarks.md, one section per target
+
+.PHONY: bench-doc
+bench-doc: ## reassemble docs/benchmarks.md from the sections in docs/bench/ (each bench-* target does this too)
+	test/bench/benchdoc.sh
 
 .PHONY: bench-image
 bench-image: ## cold and warm gpuimage build of tiny, artifact sizes, squashfs against mksquashfs
@@ -78,12 +82,12 @@ bench-image-nvidia: ## the same for debian13-nvidia550: module build chroot and 
 	imagebuilder/hack/bench.sh profiles/debian13-nvidia550.yaml
 
 .PHONY: bench-go
-bench-go: ## Go benchmarks, printed as a table
-	PATH="$(TOOLS):$$PATH" $(GO) test -run '^$$' -bench . -benchmem ./... | tee /dev/stderr | awk '/^Benchmark/ {printf "%-50s %14s %s\n", $$1, $$3, $$4}'
+bench-go: ## Go benchmarks; writes the "go" section of docs/benchmarks.md
+	PATH="$(TOOLS):$$PATH" GO=$(GO) test/bench/go.sh
 
 .PHONY: bench-pxe
-bench-pxe: ## gpuboot HTTP/TFTP/DHCP against nginx, tftpd-hpa and dnsmasq, side by side
-	@for p in nginx tftpd-hpa dnsmasq-base; do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || \
+bench-pxe: ## gpuboot serve against nginx, tftpd-hpa and dnsmasq (perfdhcp); writes the PXE section of docs/benchmarks.md
+	@for p in nginx tftpd-hpa dnsmasq-base kea-admin ipxe; do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$p; done
 	test/bench/pxe.sh
 

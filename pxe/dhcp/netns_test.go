@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -239,5 +240,38 @@ func TestFullModeWithUdhcpc(t *testing.T) {
 	}
 	if vars["opt175"] != "b00101" {
 		t.Errorf("option 175 %q; want b00101 (no-pxedhcp)", vars["opt175"])
+	}
+}
+
+// TestListenReceiveBuffer: Listen's socket gets the large receive buffer
+// (the kernel reports twice what was set, for its bookkeeping), not the
+// default of about 200 KiB, which overflows in a boot storm.
+func TestListenReceiveBuffer(t *testing.T) {
+	env := netnstest.New(t)
+	ns := env.Namespace()
+	s, _ := env.Veth(ns, env.Namespace())
+	var got int
+	if err := netnstest.InNamespace(ns, func() error {
+		conn, err := Listen(s.Name, 67)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		rc, err := conn.SyscallConn()
+		if err != nil {
+			return err
+		}
+		var serr error
+		if err := rc.Control(func(fd uintptr) {
+			got, serr = syscall.GetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF)
+		}); err != nil {
+			return err
+		}
+		return serr
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got < ReceiveBuffer {
+		t.Errorf("SO_RCVBUF = %d; want at least %d (needs CAP_NET_ADMIN for SO_RCVBUFFORCE)", got, ReceiveBuffer)
 	}
 }

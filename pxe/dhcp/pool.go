@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 )
@@ -14,6 +15,11 @@ import (
 // Leases are not persisted: after a restart a client keeps its address
 // when it renews (REQUEST with ciaddr is accepted if the address is free),
 // and reserved machines always get theirs.
+//
+// Offer costs O(1) amortised while nothing expires, however many leases
+// the pool holds (a boot storm of thousands of new clients): a client's
+// leases are found through byMAC, and the search for the lowest free
+// address starts at low, below which every address is taken.
 type Pool struct {
 	start, end   netip.Addr
 	reservations map[string]netip.Addr // lowercase MAC → address
@@ -23,6 +29,16 @@ type Pool struct {
 
 	mu     sync.Mutex
 	leases map[netip.Addr]lease
+	// byMAC lists the addresses set aside for each MAC, oldest first;
+	// entries whose lease has since gone to another MAC or expired are
+	// dropped when the list is next read.
+	byMAC map[string][]netip.Addr
+	// low is where the search for a free pool address starts: every
+	// address in [start, low) is reserved, or leased to someone until
+	// lowUntil or later. Once lowUntil passes, the search starts over at
+	// start.
+	low      netip.Addr
+	lowUntil time.Time
 }
 
 type lease struct {
@@ -48,8 +64,9 @@ func NewPool(start, end netip.Addr, reservations map[string]netip.Addr, leaseTim
 	if now == nil {
 		now = time.Now
 	}
-	p := &Pool{start: start, end: end, leaseTime: leaseTime, now: now,
-		reservations: map[string]netip.Addr{}, reserved: map[netip.Addr]string{}, leases: map[netip.Addr]lease{}}
+	p := &Pool{start: start, end: end, leaseTime: leaseTime, now: now, low: start, lowUntil: maxTime,
+		reservations: map[string]netip.Addr{}, reserved: map[netip.Addr]string{}, leases: map[netip.Addr]lease{},
+		byMAC: map[string][]netip.Addr{}}
 	for macStr, addr := range reservations {
 		mac, err := net.ParseMAC(macStr)
 		if err != nil || len(mac) != 6 {
@@ -76,23 +93,86 @@ func (p *Pool) Offer(mac net.HardwareAddr, requested netip.Addr) (netip.Addr, bo
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	now := p.now()
-	for addr, l := range p.leases {
-		if l.mac == key && now.Before(l.expires) {
-			return addr, true
-		}
+	if addr, ok := p.current(key, now); ok {
+		return addr, true
 	}
 	hold := lease{mac: key, expires: now.Add(OfferHold)}
 	if requested.IsValid() && p.free(requested, key, now) {
-		p.leases[requested] = hold
+		p.set(requested, hold)
 		return requested, true
 	}
-	for a := p.start; a.IsValid() && !p.end.Less(a); a = a.Next() {
+	if !now.Before(p.lowUntil) {
+		// A lease below low may have expired: search from the start.
+		p.low, p.lowUntil = p.start, maxTime
+	}
+	for a := p.low; a.IsValid() && !p.end.Less(a); a = a.Next() {
+		p.low = a.Next()
 		if p.free(a, key, now) {
-			p.leases[a] = hold
+			p.set(a, hold) // a is below low now: lowUntil ≤ hold.expires
 			return a, true
+		}
+		if l, ok := p.leases[a]; ok { // else reserved, for good
+			p.lowerLowUntil(l.expires)
 		}
 	}
 	return netip.Addr{}, false
+}
+
+// maxTime is later than any lease expiry.
+var maxTime = time.Unix(1<<62, 0)
+
+// lowerLowUntil keeps lowUntil at or before t.
+func (p *Pool) lowerLowUntil(t time.Time) {
+	if t.Before(p.lowUntil) {
+		p.lowUntil = t
+	}
+}
+
+// current returns the most recently set aside address that is still
+// leased (or offered) to mac, dropping stale entries of its list.
+func (p *Pool) current(mac string, now time.Time) (netip.Addr, bool) {
+	list := p.byMAC[mac]
+	live := list[:0]
+	for _, a := range list {
+		if l, ok := p.leases[a]; ok && l.mac == mac && now.Before(l.expires) {
+			live = append(live, a)
+		}
+	}
+	if len(live) == 0 {
+		delete(p.byMAC, mac)
+		return netip.Addr{}, false
+	}
+	p.byMAC[mac] = live
+	return live[len(live)-1], true
+}
+
+// set records l on addr and keeps byMAC and low's bound true.
+func (p *Pool) set(addr netip.Addr, l lease) {
+	p.leases[addr] = l
+	if l.mac != declined {
+		list := p.byMAC[l.mac]
+		if i := slices.Index(list, addr); i >= 0 {
+			list = slices.Delete(list, i, i+1)
+		}
+		p.byMAC[l.mac] = append(list, addr)
+	}
+	if p.below(addr) {
+		p.lowerLowUntil(l.expires)
+	}
+}
+
+// below reports whether addr lies in [start, low); low is invalid once
+// the search has passed the end of the range.
+func (p *Pool) below(addr netip.Addr) bool {
+	return !addr.Less(p.start) && (!p.low.IsValid() || addr.Less(p.low))
+}
+
+// remove frees addr.
+func (p *Pool) remove(addr netip.Addr) {
+	delete(p.leases, addr)
+	if p.below(addr) {
+		p.low = addr
+	}
 }
 
 // Commit implements Leases.
@@ -107,7 +187,7 @@ func (p *Pool) Commit(mac net.HardwareAddr, addr netip.Addr) bool {
 	if !p.free(addr, key, now) {
 		return false
 	}
-	p.leases[addr] = lease{mac: key, expires: now.Add(p.leaseTime)}
+	p.set(addr, lease{mac: key, expires: now.Add(p.leaseTime)})
 	return true
 }
 
@@ -116,7 +196,7 @@ func (p *Pool) Release(mac net.HardwareAddr, addr netip.Addr) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if l, ok := p.leases[addr]; ok && l.mac == mac.String() {
-		delete(p.leases, addr)
+		p.remove(addr)
 	}
 }
 
@@ -132,7 +212,7 @@ func (p *Pool) Decline(mac net.HardwareAddr, addr netip.Addr) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if l, ok := p.leases[addr]; ok && l.mac == mac.String() {
-		p.leases[addr] = lease{mac: declined, expires: p.now().Add(DeclineHold)}
+		p.set(addr, lease{mac: declined, expires: p.now().Add(DeclineHold)})
 	}
 }
 

@@ -7,9 +7,11 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 
 	"github.com/insomniacslk/dhcp/dhcpv4"
 	"github.com/insomniacslk/dhcp/dhcpv4/server4"
@@ -67,31 +69,77 @@ func (s *Server) init() {
 
 // Listen opens a UDP socket for DHCP on port (67 or 4011) bound to the
 // network interface iface (SO_BINDTODEVICE, so that broadcasts are
-// received and sent on that interface only) with SO_BROADCAST set. The
-// caller must be in the network namespace that holds iface.
+// received and sent on that interface only) with SO_BROADCAST set and a
+// receive buffer of ReceiveBuffer bytes. The caller must be in the network
+// namespace that holds iface.
 func Listen(iface string, port int) (*net.UDPConn, error) {
 	conn, err := server4.NewIPv4UDPConn(iface, &net.UDPAddr{IP: net.IPv4zero, Port: port})
 	if err != nil {
 		return nil, fmt.Errorf("dhcp: listen on %s port %d: %w", iface, port, err)
 	}
+	setReceiveBuffer(conn, ReceiveBuffer)
 	return conn, nil
+}
+
+// ReceiveBuffer is the socket receive buffer Listen asks for: room for
+// about 8000 queued requests (each costs a few KiB of kernel memory), so a
+// boot storm of thousands of requests a second rides out the moments the
+// server is not scheduled, instead of the kernel dropping what does not
+// fit in the default of about 200 KiB.
+const ReceiveBuffer = 16 << 20
+
+// setReceiveBuffer sets SO_RCVBUFFORCE, which may exceed the
+// net.core.rmem_max limit but needs CAP_NET_ADMIN, and falls back to
+// SO_RCVBUF, which the kernel caps at rmem_max. Failure leaves the default
+// buffer: the server still works, only drops sooner under load.
+func setReceiveBuffer(conn *net.UDPConn, n int) {
+	rc, err := conn.SyscallConn()
+	if err != nil {
+		return
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUFFORCE, n)
+	}); err != nil || serr != nil {
+		conn.SetReadBuffer(n)
+	}
 }
 
 // Serve reads requests from conn until ctx is done or conn fails, and
 // answers them. It closes conn when ctx is done. The port conn is bound to
 // matters: Destination answers requests to 4011 at their source.
+//
+// One reader per CPU (GOMAXPROCS) reads, handles and answers datagrams
+// side by side, so one request waiting for the pool's lock or a slow log
+// write does not hold up the socket.
 func (s *Server) Serve(ctx context.Context, conn *net.UDPConn) error {
 	if err := s.Config.Validate(); err != nil {
 		return err
 	}
 	s.init()
-	log := s.Log
 	localPort := uint16(0)
 	if la, ok := conn.LocalAddr().(*net.UDPAddr); ok {
 		localPort = uint16(la.Port)
 	}
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
+	workers := runtime.GOMAXPROCS(0)
+	errs := make(chan error, workers)
+	for range workers {
+		go func() { errs <- s.serveConn(ctx, conn, localPort) }()
+	}
+	var first error
+	for range workers {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// serveConn is one reader of Serve: it returns when conn is closed.
+func (s *Server) serveConn(ctx context.Context, conn *net.UDPConn, localPort uint16) error {
+	log := s.Log
 	buf := make([]byte, 4096)
 	for {
 		n, src, err := conn.ReadFromUDPAddrPort(buf)
@@ -107,7 +155,9 @@ func (s *Server) Serve(ctx context.Context, conn *net.UDPConn) error {
 		}
 		reply, dst, reason := s.Handle(buf[:n], netip.AddrPortFrom(src.Addr().Unmap(), src.Port()), localPort)
 		if reply == nil {
-			log.Debug("dhcp: ignored", "from", src, "reason", reason)
+			if log.Enabled(ctx, slog.LevelDebug) {
+				log.Debug("dhcp: ignored", "from", src, "reason", reason)
+			}
 			continue
 		}
 		if _, err := conn.WriteToUDPAddrPort(reply.ToBytes(), dst); err != nil {
