@@ -59,6 +59,15 @@ func TestBadInputs(t *testing.T) {
 		expectFail(t, []string{"has no lock file", "run gpuimage lock"}, "build", p, "--out", t.TempDir())
 	})
 
+	t.Run("no agent unit", func(t *testing.T) {
+		p := write(t, "tiny.yaml", string(tiny))
+		os.WriteFile(profile.LockPath(p), lock, 0o644)
+		expectFail(t, []string{"no gpuagent unit given", "pass --agent-unit", "agent/systemd/gpuagent.service"}, "build", p, "--out", t.TempDir(), "--cache", t.TempDir())
+		missing := filepath.Join(t.TempDir(), "gpuagent.service")
+		expectFail(t, []string{"--agent-unit " + missing + " does not exist", "agent/systemd/gpuagent.service"}, "build", p, "--out", t.TempDir(), "--cache", t.TempDir(), "--agent-unit", missing)
+		expectFail(t, []string{"is not a regular file"}, "build", p, "--out", t.TempDir(), "--cache", t.TempDir(), "--agent-unit", t.TempDir())
+	})
+
 	if _, err := exec.LookPath("apt-get"); err != nil {
 		t.Skip("skipping the archive cases: apt-get is not installed")
 	}

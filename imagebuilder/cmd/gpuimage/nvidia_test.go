@@ -40,7 +40,7 @@ func TestNvidiaImages(t *testing.T) {
 			priv, pub := filepath.Join(tmp, "key.pem"), filepath.Join(tmp, "key.pub.pem")
 			mustRun(t, "keygen", priv, pub)
 			start := time.Now()
-			out, errOut, code := runGPUImage("build", prof, "--out", filepath.Join(tmp, "store"), "--cache", cache, "--key", priv, "--src", root, "--k8s-dir", k8s)
+			out, errOut, code := runGPUImage("build", prof, "--out", filepath.Join(tmp, "store"), "--cache", cache, "--key", priv, "--src", root, "--agent-unit", filepath.Join(root, "agent", "systemd", "gpuagent.service"), "--k8s-dir", k8s)
 			if code != 0 {
 				t.Fatalf("build: exit %d\n%s", code, lastLines(out+errOut, 40))
 			}
