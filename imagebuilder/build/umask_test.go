@@ -147,6 +147,12 @@ func writeStages(t *testing.T, umask int) map[string]map[string]string {
 		if err := b.squashfs(ctx); err != nil {
 			t.Fatal(err)
 		}
+		// mksquashfs -tar ignores the tarball's "./" entry; the root must still be 0755.
+		if list, err := exec.Command("unsquashfs", "-lln", filepath.Join(b.stageDir, manifest.ArtifactRootfs)).Output(); err == nil {
+			if first, _, _ := strings.Cut(string(list), "\n"); !strings.HasPrefix(first, "drwxr-xr-x ") {
+				t.Errorf("the squashfs root directory: %q, want drwxr-xr-x", first)
+			}
+		}
 	} else {
 		t.Log("mksquashfs is not installed: a stand-in rootfs.squashfs replaces the squashfs stage")
 		if err := b.makeStageDir(); err != nil {

@@ -137,6 +137,7 @@ func TestTinyImage(t *testing.T) {
 		}
 		modes := map[string]string{}
 		for _, line := range strings.Split(string(list), "\n") {
+			line, _, _ = strings.Cut(line, " -> ") // a symbolic link: "path -> target"
 			if f := strings.Fields(line); len(f) >= 6 {
 				modes[strings.TrimPrefix(f[len(f)-1], "squashfs-root")] = f[0]
 			}
