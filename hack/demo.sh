@@ -53,7 +53,7 @@ gpuboot init --state-dir "$work/gpuboot" --advertise 127.0.0.1 --rack r1
 if [ "${DEMO_FAST:-0}" != 1 ]; then
   step "8. A reproducible, signed netboot image of the tiny profile (a few minutes)"
   gpuimage keygen "$work/sign.pem" "$work/sign.pub.pem"
-  gpuimage build profiles/tiny.yaml --out "$work/images" --key "$work/sign.pem"
+  gpuimage build profiles/tiny.yaml --agent-unit agent/systemd/gpuagent.service --out "$work/images" --key "$work/sign.pem"
   img=$(ls "$work/images" | sed -n 1p)
   gpuimage verify "$work/images/$img" --pubkey "$work/sign.pub.pem"
   gpuimage inspect "$work/images/$img" | sed -n 1,20p

@@ -11,7 +11,8 @@ import (
 
 // Squashfs converts a root-filesystem tarball into a zstd squashfs with mksquashfs,
 // which clamps every time to SOURCE_DATE_EPOCH (epoch) and writes entries in sorted
-// order, so the same tarball gives the same bytes.
+// order, so the same tarball gives the same bytes. The tarball's "./" entry is ignored by
+// mksquashfs -tar, which would make the root directory 0777: it is set to 0755.
 func Squashfs(tarball, out string, epoch int64) error {
 	in, err := os.Open(tarball)
 	if err != nil {
@@ -19,7 +20,7 @@ func Squashfs(tarball, out string, epoch int64) error {
 	}
 	defer in.Close()
 	os.Remove(out)
-	cmd := exec.Command("mksquashfs", "-", out, "-tar", "-comp", "zstd", "-noappend", "-quiet", "-no-progress")
+	cmd := exec.Command("mksquashfs", "-", out, "-tar", "-comp", "zstd", "-root-mode", "755", "-noappend", "-quiet", "-no-progress")
 	cmd.Stdin = in
 	cmd.Env = append(os.Environ(), "SOURCE_DATE_EPOCH="+strconv.FormatInt(epoch, 10))
 	var stderr bytes.Buffer

@@ -5,9 +5,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/ed25519"
-	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,12 +14,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/gpurack/gpurack/imagebuilder/apt"
-	"github.com/gpurack/gpurack/imagebuilder/assemble"
-	"github.com/gpurack/gpurack/imagebuilder/debcache"
-	"github.com/gpurack/gpurack/imagebuilder/kmod"
-	"github.com/gpurack/gpurack/imagebuilder/rootfs"
-	"github.com/gpurack/gpurack/internal/buildinfo"
+	"golang.org/x/sys/unix"
+
 	"github.com/gpurack/gpurack/internal/manifest"
 	"github.com/gpurack/gpurack/internal/profile"
 )
@@ -35,8 +29,12 @@ type Options struct {
 	Key      string // ed25519 private key (PKIX PEM); default Cache/signing-key.pem, made once
 	Src      string // repository root, for gpuagent and gpurack-init
 	AgentBin string // a prebuilt gpuagent instead of building it from Src
-	InitBin  string // a prebuilt gpurack-init instead of building it from Src
-	K8sDir   string // make k8s-bins output: bin/kubelet, images/pause.tar, images/pause.tag
+	// AgentUnit is the gpuagent systemd unit the image installs and enables (required:
+	// agent/systemd/gpuagent.service in the gpurack repository). The builder takes it as
+	// given and looks for nothing in the agent's sources.
+	AgentUnit string
+	InitBin   string // a prebuilt gpurack-init instead of building it from Src
+	K8sDir    string // make k8s-bins output: bin/kubelet, images/pause.tar, images/pause.tag
 	// Epoch is SOURCE_DATE_EPOCH; 0 means the newest Release date in the lock, so the
 	// same lock gives the same bytes without anyone choosing a time.
 	Epoch    int64
@@ -57,336 +55,63 @@ var InitModules = []string{
 	"e1000", "e1000e", "igb", "ixgbe", "i40e", "ice", "bnxt_en", "tg3", "mlx5_core",
 }
 
-const stages = 10
+// stages are the pipeline in order. Each reads what the stages before it left in
+// imageBuild and adds its own results; Build reports stage n as "[n/len(stages)] name".
+var stages = []struct {
+	name string
+	run  func(*imageBuild, context.Context) error
+}{
+	{"inputs", (*imageBuild).inputs},
+	{"fetch .debs", (*imageBuild).fetch},
+	{"kernel", (*imageBuild).kernel},
+	{"nvidia kernel modules", (*imageBuild).kmod},
+	{"rootfs (mmdebstrap)", (*imageBuild).rootfs},
+	{"squashfs", (*imageBuild).squashfs},
+	{"initramfs", (*imageBuild).initramfs},
+	{"sbom", (*imageBuild).sbom},
+	{"manifest + signature", (*imageBuild).sign},
+	{"publish", (*imageBuild).publish},
+}
 
 // Build runs the whole pipeline.
+//
+// The image must not depend on who builds it: a umask of 077 once gave a rootfs whose
+// /etc was 0700 under the same image id as a build under 022. The stages give every
+// file and directory they write an explicit mode, and Build also sets the process
+// umask to 022 while it runs (restoring it afterwards), so that what the child
+// processes create (depmod, dpkg-deb, the module build, mksquashfs) is the same for
+// every builder. The umask is process-wide: do not create files elsewhere in the
+// process while Build runs if their mode matters.
 func Build(ctx context.Context, o Options) (*Result, error) {
-	rep := o.Reporter
-	if rep == nil {
-		rep = NewReporter(os.Stderr)
+	defer pinUmask()()
+	if o.Reporter == nil {
+		o.Reporter = NewReporter(os.Stderr)
 	}
+	b := &imageBuild{o: o, rep: o.Reporter}
+	defer b.cleanup()
 	res := &Result{Timings: map[string]time.Duration{}}
-	stage := func(n int, name string) func() {
-		rep.Stage(n, stages, name)
-		t := time.Now()
-		return func() { res.Timings[name] = time.Since(t); rep.Done() }
-	}
-
-	// 1. inputs
-	end := stage(1, "inputs")
-	p, err := profile.Load(o.Profile)
-	if err != nil {
-		return nil, err
-	}
-	if o.Lock == "" {
-		o.Lock = profile.LockPath(o.Profile)
-	}
-	lockBytes, err := os.ReadFile(o.Lock)
-	if err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
-			return nil, fmt.Errorf("%s has no lock file %s: run gpuimage lock %s", o.Profile, o.Lock, o.Profile)
-		}
-		return nil, err
-	}
-	lock, err := profile.ParseLock(o.Lock, lockBytes)
-	if err != nil {
-		return nil, err
-	}
-	if lock.ProfileDigest != p.Digest() {
-		return nil, fmt.Errorf("%s is stale: the profile changed since it was locked (lock has %s, profile is %s); run gpuimage lock %s",
-			o.Lock, lock.ProfileDigest, p.Digest(), o.Profile)
-	}
-	if p.HasGPU() {
-		if err := checkDriverInputs(p, lock); err != nil {
-			return nil, fmt.Errorf("%s: %w", o.Lock, err)
-		}
-	}
-	epoch := o.Epoch
-	if epoch == 0 {
-		if epoch, err = lockEpoch(lock); err != nil {
+	for i, st := range stages {
+		b.rep.Stage(i+1, len(stages), st.name)
+		start := time.Now()
+		if err := st.run(b, ctx); err != nil {
 			return nil, err
 		}
+		res.Timings[st.name] = time.Since(start)
+		b.rep.Done()
 	}
-	if o.Cache == "" {
-		o.Cache = DefaultCacheDir()
-	}
-	if err := os.MkdirAll(o.Cache, 0o755); err != nil {
-		return nil, err
-	}
-	work, err := os.MkdirTemp(o.Cache, "work-")
-	if err != nil {
-		return nil, err
-	}
-	defer os.RemoveAll(work)
-	key, err := signingKey(o.Key, o.Cache, rep)
-	if err != nil {
-		return nil, err
-	}
-	kubelet := filepath.Join(o.K8sDir, "bin", "kubelet")
-	pause := filepath.Join(o.K8sDir, "images", "pause.tar")
-	for _, f := range []string{kubelet, pause} {
-		if _, err := os.Stat(f); err != nil {
-			return nil, fmt.Errorf("%s is missing: run make k8s-bins (or set GPURACK_K8S_DIR to where it put the pinned Kubernetes binaries)", f)
-		}
-	}
-	pauseTag := "registry.k8s.io/pause:3.10.1"
-	if b, err := os.ReadFile(filepath.Join(o.K8sDir, "images", "pause.tag")); err == nil {
-		pauseTag = strings.TrimSpace(string(b))
-	}
-	builder := buildinfo.String()
-	agent, initBin := o.AgentBin, o.InitBin
-	if agent == "" {
-		agent = filepath.Join(work, "gpuagent")
-		if err := GoBuild(ctx, o.Src, "./agent/cmd/gpuagent", agent, true, builder); err != nil {
-			return nil, err
-		}
-	}
-	if initBin == "" {
-		initBin = filepath.Join(work, "gpurack-init")
-		if err := GoBuild(ctx, o.Src, "./imagebuilder/cmd/gpurack-init", initBin, false, builder); err != nil {
-			return nil, err
-		}
-	}
-	bins := map[string]string{manifest.BinaryAgent: agent, manifest.BinaryKubelet: kubelet, "gpurack-init": initBin}
-	binDigests := map[string]manifest.FileDigest{}
-	idDigests := map[string]string{}
-	for name, path := range bins {
-		d, err := manifest.DigestFile(path)
-		if err != nil {
-			return nil, err
-		}
-		binDigests[name], idDigests[name] = d, d.SHA256
-	}
-	imageID := manifest.ImageID(p.Canonical(), lockBytes, builder, idDigests)
-	rep.Logf("image %s: profile %s, %d packages, SOURCE_DATE_EPOCH=%d", imageID, p.Name, len(lock.Packages), epoch)
-	end()
-
-	// 2. fetch
-	end = stage(2, "fetch .debs")
-	bases, err := Bases(p)
-	if err != nil {
-		return nil, err
-	}
-	cache := &debcache.Cache{Dir: filepath.Join(o.Cache, "debs"), Log: rep.Logf}
-	paths := map[string]profile.LockedPackage{}
-	var kernelDeb string
-	var kernelPkg profile.LockedPackage
-	for i, lp := range lock.Packages {
-		rep.Progress("%d/%d %s", i+1, len(lock.Packages), lp.Name)
-		cache.Progress = func(name string, done, total int64) {
-			rep.Progress("%d/%d %s %d/%d KiB", i+1, len(lock.Packages), name, done>>10, total>>10)
-		}
-		path, err := cache.Get(ctx, lp, bases)
-		if err != nil {
-			return nil, err
-		}
-		if apt.KernelImageRE.MatchString(lp.Name) {
-			kernelDeb, kernelPkg = path, lp
-			continue
-		}
-		paths[path] = lp
-	}
-	if kernelDeb == "" {
-		return nil, fmt.Errorf("%s locks no linux-image package; re-run gpuimage lock %s", o.Lock, o.Profile)
-	}
-	buildDebs := map[string]string{}
-	for _, lp := range lock.Build {
-		path, err := cache.Get(ctx, lp, bases)
-		if err != nil {
-			return nil, err
-		}
-		buildDebs[lp.Name] = path
-	}
-	end()
-
-	// 3. kernel
-	end = stage(3, "kernel")
-	kdir := filepath.Join(work, "kernel")
-	if err := run(ctx, "", "dpkg-deb", "-x", kernelDeb, kdir); err != nil {
-		return nil, err
-	}
-	vmlinuz, _ := filepath.Glob(filepath.Join(kdir, "boot", "vmlinuz-*"))
-	if len(vmlinuz) != 1 {
-		return nil, fmt.Errorf("%s holds %d kernels in /boot, want 1", kernelPkg.Name, len(vmlinuz))
-	}
-	kver := strings.TrimPrefix(filepath.Base(vmlinuz[0]), "vmlinuz-")
-	modDir := filepath.Join(kdir, "lib", "modules", kver)
-	if _, err := os.Stat(modDir); err != nil {
-		// A merged-/usr kernel package (trixie) ships /usr/lib/modules; the
-		// host's depmod -b looks under BASE/lib/modules.
-		modDir = filepath.Join(kdir, "usr", "lib", "modules", kver)
-		if err := os.Symlink("usr/lib", filepath.Join(kdir, "lib")); err != nil && !os.IsExist(err) {
-			return nil, err
-		}
-	}
-	if err := run(ctx, "", "depmod", "-b", kdir, kver); err != nil {
-		return nil, err
-	}
-	deps, err := assemble.ParseModulesDep(filepath.Join(modDir, "modules.dep"))
-	if err != nil {
-		return nil, err
-	}
-	builtin := assemble.ParseBuiltin(filepath.Join(modDir, "modules.builtin"))
-	nodeMods, err := deps.Closure(rootfs.NodeModules, builtin)
-	if err != nil {
-		return nil, fmt.Errorf("kernel %s: %w", kver, err)
-	}
-	initMods, err := deps.Closure(InitModules, builtin)
-	if err != nil {
-		return nil, fmt.Errorf("kernel %s: %w", kver, err)
-	}
-	end()
-
-	end = stage(4, "nvidia kernel modules")
-	var driver *manifest.Driver
-	var extraMods map[string]string
-	if p.HasGPU() {
-		kernelVermagic, err := kmod.Vermagic(filepath.Join(modDir, nodeMods[0]))
-		if err != nil {
-			return nil, err
-		}
-		out, vermagic, err := nvidiaModules(ctx, o.Cache, work, p, lock, kver, kernelPkg.Version, buildDebs, kernelVermagic, epoch, rep)
-		if err != nil {
-			return nil, err
-		}
-		extraMods = map[string]string{}
-		for _, m := range kmod.Modules {
-			if _, err := os.Stat(filepath.Join(out, m)); err == nil {
-				extraMods[filepath.Join("updates", "dkms", m)] = filepath.Join(out, m)
-			}
-		}
-		driver = &manifest.Driver{Version: p.GPU.Driver.Version, Flavor: p.GPU.Driver.Flavor, Vermagic: vermagic}
-		rep.Logf("nvidia %s %s modules for %s: vermagic %q matches the kernel", p.GPU.Driver.Version, p.GPU.Driver.Flavor, kver, vermagic)
-	}
-	end()
-
-	// 4. rootfs
-	end = stage(5, "rootfs (mmdebstrap)")
-	repo := filepath.Join(work, "repo")
-	if err := debcache.WriteRepo(repo, p.Base.Suite, paths); err != nil {
-		return nil, err
-	}
-	overlay := filepath.Join(work, "overlay")
-	node := &rootfs.Node{
-		ImageID: imageID, ProfileJSON: p.Canonical(), Kubelet: kubelet, PauseImage: pause, PauseTag: pauseTag,
-		Agent: agent, AgentUnit: findAgentUnit(o.Src), KernelVersion: kver, KernelModules: modDir, Modules: nodeMods,
-		InstalledList: filepath.Join(work, "installed.txt"), ExtraModules: extraMods,
-	}
-	if node.AgentUnit == "" {
-		rep.Logf("gpuagent.service: agent/ ships no unit yet; the image carries gpurack-boot-report.service, which proves switch_root worked")
-	}
-	cmds, err := node.Write(overlay)
-	if err != nil {
-		return nil, err
-	}
-	var names []string
-	for _, lp := range paths {
-		names = append(names, lp.Name)
-	}
-	sort.Strings(names)
-	tarball := filepath.Join(work, "rootfs.tar")
-	mm := &rootfs.Mmdebstrap{Suite: p.Base.Suite, Repo: repo, Packages: names, Overlay: overlay, Commands: cmds, Epoch: epoch, Out: tarball,
-		Log: func(l string) { rep.Progress("%s", truncate(l, 100)) }}
-	if err := mm.Run(ctx); err != nil {
-		return nil, err
-	}
-	if err := checkInstalled(node.InstalledList, paths); err != nil {
-		return nil, err
-	}
-	end()
-
-	// 5. squashfs
-	end = stage(6, "squashfs")
-	stageDir := filepath.Join(o.Out, ".building-"+imageID)
-	os.RemoveAll(stageDir)
-	if err := os.MkdirAll(stageDir, 0o755); err != nil {
-		return nil, err
-	}
-	defer os.RemoveAll(stageDir)
-	if err := assemble.Squashfs(tarball, filepath.Join(stageDir, manifest.ArtifactRootfs), epoch); err != nil {
-		return nil, err
-	}
-	os.Remove(tarball)
-	rootDigest, err := manifest.DigestFile(filepath.Join(stageDir, manifest.ArtifactRootfs))
-	if err != nil {
-		return nil, err
-	}
-	end()
-
-	// 6. initramfs
-	end = stage(7, "initramfs")
-	entries := []assemble.Entry{
-		{Path: "init", Mode: assemble.ModeReg | 0o755, Source: initBin},
-		{Path: "dev/console", Mode: assemble.ModeChr | 0o600, Major: 5, Minor: 1},
-		{Path: "dev/kmsg", Mode: assemble.ModeChr | 0o644, Major: 1, Minor: 11},
-		{Path: "proc", Mode: assemble.ModeDir | 0o755}, {Path: "sys", Mode: assemble.ModeDir | 0o755},
-		{Path: "run", Mode: assemble.ModeDir | 0o755}, {Path: "newroot", Mode: assemble.ModeDir | 0o755},
-		{Path: "tmp", Mode: assemble.ModeDir | 0o1777},
-	}
-	var order strings.Builder
-	for _, m := range initMods {
-		rel := filepath.Join("lib/modules", kver, m)
-		entries = append(entries, assemble.Entry{Path: rel, Mode: assemble.ModeReg | 0o644, Source: filepath.Join(modDir, m)})
-		order.WriteString("/" + rel + "\n")
-	}
-	entries = append(entries, assemble.Entry{Path: strings.TrimPrefix(moduleListPath, "/"), Mode: assemble.ModeReg | 0o644, Data: []byte(order.String())})
-	if err := writeWith(filepath.Join(stageDir, manifest.ArtifactInitrd), func(f *os.File) error { return assemble.WriteCpio(f, entries, epoch) }); err != nil {
-		return nil, err
-	}
-	if err := copyPlain(vmlinuz[0], filepath.Join(stageDir, manifest.ArtifactKernel)); err != nil {
-		return nil, err
-	}
-	args := append(append([]string{}, p.Boot.KernelArgs...), "gpurack.rootfs.sha256="+rootDigest.SHA256)
-	if err := os.WriteFile(filepath.Join(stageDir, manifest.ArtifactCmdline), []byte(strings.Join(args, " ")+"\n"), 0o644); err != nil {
-		return nil, err
-	}
-	end()
-
-	// 7. SBOM
-	end = stage(8, "sbom")
-	var sbomPkgs []manifest.Package
-	for _, lp := range lock.Packages {
-		sbomPkgs = append(sbomPkgs, manifest.Package{Name: lp.Name, Version: lp.Version, Arch: lp.Architecture, SHA256: lp.SHA256})
-	}
-	sbom, err := manifest.SBOM(imageID, "gpurack-"+p.Name, time.Unix(epoch, 0), sbomPkgs)
-	if err != nil {
-		return nil, err
-	}
-	if err := os.WriteFile(filepath.Join(stageDir, manifest.ArtifactSBOM), sbom, 0o644); err != nil {
-		return nil, err
-	}
-	end()
-
-	// 8. manifest
-	end = stage(9, "manifest + signature")
-	m := &manifest.Manifest{
-		SchemaVersion: manifest.SchemaVersion, ImageID: imageID, Profile: p.Name,
-		ProfileDigest: p.Digest(), LockDigest: "sha256:" + sha256Hex(lockBytes), BuilderVersion: builder,
-		SourceDateEpoch: epoch, Kernel: manifest.Kernel{Version: kver, Package: kernelPkg.Name},
-		KubernetesVersion: p.Kubernetes.Version, Binaries: binDigests, Driver: driver,
-	}
-	for _, name := range []string{manifest.ArtifactKernel, manifest.ArtifactInitrd, manifest.ArtifactRootfs, manifest.ArtifactCmdline, manifest.ArtifactSBOM} {
-		a, err := manifest.ArtifactOf(stageDir, name)
-		if err != nil {
-			return nil, err
-		}
-		m.Artifacts = append(m.Artifacts, a)
-	}
-	if err := manifest.WriteSigned(stageDir, m, key); err != nil {
-		return nil, err
-	}
-	end()
-
-	// 9. publish
-	end = stage(10, "publish")
-	final := filepath.Join(o.Out, imageID)
-	os.RemoveAll(final)
-	if err := os.Rename(stageDir, final); err != nil {
-		return nil, err
-	}
-	end()
-	res.Dir, res.Manifest = final, m
+	res.Dir, res.Manifest = b.final, b.manifest
 	return res, nil
+}
+
+// imageUmask is the umask Build runs under: directories 0755, files 0644 unless a
+// stage says otherwise.
+const imageUmask = 0o022
+
+// pinUmask sets the process umask to imageUmask and returns the function that
+// restores the previous one.
+func pinUmask() (restore func()) {
+	old := unix.Umask(imageUmask)
+	return func() { unix.Umask(old) }
 }
 
 const moduleListPath = "/etc/gpurack-init/modules"
@@ -460,20 +185,6 @@ func GoBuild(ctx context.Context, src, pkg, out string, cgo bool, version string
 	return nil
 }
 
-func findAgentUnit(src string) string {
-	if src == "" {
-		return ""
-	}
-	var found string
-	filepath.WalkDir(filepath.Join(src, "agent"), func(path string, d fs.DirEntry, err error) error {
-		if err == nil && !d.IsDir() && d.Name() == "gpuagent.service" && found == "" {
-			found = path
-		}
-		return nil
-	})
-	return found
-}
-
 func checkInstalled(list string, want map[string]profile.LockedPackage) error {
 	data, err := os.ReadFile(list)
 	if err != nil {
@@ -515,9 +226,14 @@ func run(ctx context.Context, dir, name string, args ...string) error {
 	return nil
 }
 
+// writeWith creates path with mode 0644 whatever the umask, and fills it with fn.
 func writeWith(path string, fn func(*os.File) error) error {
 	f, err := os.Create(path)
 	if err != nil {
+		return err
+	}
+	if err := f.Chmod(0o644); err != nil {
+		f.Close()
 		return err
 	}
 	if err := fn(f); err != nil {
@@ -527,12 +243,29 @@ func writeWith(path string, fn func(*os.File) error) error {
 	return f.Close()
 }
 
+// writeFileMode writes path with exactly mode, whatever the umask.
+func writeFileMode(path string, data []byte, mode os.FileMode) error {
+	if err := os.WriteFile(path, data, mode); err != nil {
+		return err
+	}
+	return os.Chmod(path, mode)
+}
+
+// mkdirMode makes dir and any missing parents, and gives dir exactly mode whatever
+// the umask (the parents are left as the umask makes them).
+func mkdirMode(dir string, mode os.FileMode) error {
+	if err := os.MkdirAll(dir, mode); err != nil {
+		return err
+	}
+	return os.Chmod(dir, mode)
+}
+
 func copyPlain(src, dst string) error {
 	data, err := os.ReadFile(src)
 	if err != nil {
 		return err
 	}
-	return os.WriteFile(dst, data, 0o644)
+	return writeFileMode(dst, data, 0o644)
 }
 
 func truncate(s string, n int) string {

@@ -1,10 +1,12 @@
 // Package buildtest holds what tests that build gpurack images share: the check that
-// this machine can build one, which skips the test, saying why, when it cannot.
+// this machine can build one, which skips the test (or, where the test was asked for
+// explicitly, fails it), saying why, when it cannot.
 package buildtest
 
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
 
@@ -20,20 +22,48 @@ import (
 // first (make deps), so CI does not skip.
 func RequireImageTools(t testing.TB, extraTools ...string) string {
 	t.Helper()
-	testreq.Root(t, "gpuimage build (mmdebstrap --mode=root)")
-	for _, tool := range append([]string{"mmdebstrap", "mksquashfs", "unsquashfs", "apt-get", "dpkg-deb", "depmod"}, extraTools...) {
-		testreq.Tool(t, tool, "run make deps")
+	k8s, missing := imageTools(extraTools)
+	if missing != "" {
+		testreq.Missing(t, missing, "run make deps and make k8s-bins")
 	}
-	k8s := os.Getenv("GPURACK_K8S_DIR")
+	return k8s
+}
+
+// NeedImageTools is RequireImageTools for a test that was asked for explicitly (make
+// e2e-slow): it fails t, saying what is missing, instead of skipping, so that the run
+// cannot pass without building anything.
+func NeedImageTools(t testing.TB, extraTools ...string) string {
+	t.Helper()
+	k8s, missing := imageTools(extraTools)
+	if missing != "" {
+		t.Fatal("this machine cannot build images: " + missing)
+	}
+	return k8s
+}
+
+// imageTools returns the pinned Kubernetes directory and, when this machine cannot
+// build images, why not.
+func imageTools(extraTools []string) (k8s, missing string) {
+	if os.Geteuid() != 0 {
+		return "", "gpuimage build needs root (mmdebstrap --mode=root)"
+	}
+	for _, tool := range append([]string{"mmdebstrap", "mksquashfs", "unsquashfs", "apt-get", "dpkg-deb", "depmod"}, extraTools...) {
+		if _, err := exec.LookPath(tool); err != nil {
+			return "", fmt.Sprintf("%s is not installed (run make deps)", tool)
+		}
+	}
+	k8s = os.Getenv("GPURACK_K8S_DIR")
 	if k8s == "" {
 		d, _ := os.UserCacheDir()
 		k8s = filepath.Join(d, "gpurack", "k8s", "v1.34.2")
 	}
 	for _, f := range []string{"bin/kubelet", "images/pause.tar"} {
-		testreq.File(t, filepath.Join(k8s, f), "run make k8s-bins")
+		if _, err := os.Stat(filepath.Join(k8s, f)); err != nil {
+			return "", fmt.Sprintf("%s is missing (run make k8s-bins)", filepath.Join(k8s, f))
+		}
 	}
 	if _, err := build.Sources(&profile.Profile{Base: profile.Base{Suite: "bookworm"}}); err != nil {
-		testreq.Missing(t, fmt.Sprintf("no Debian source to build from (%v)", err), "configure a Debian apt source on this machine")
+		return "", err.Error()
 	}
-	return k8s
+	return k8s, ""
 }

@@ -18,8 +18,9 @@ p="$work/$(basename "$profile")"
 "$work/gpuimage" lock "$p" --cache "$work/cache" >/dev/null
 
 t() { local s=$(date +%s.%N); "$@" >"$work/last.log" 2>&1; awk -v a="$s" -v b="$(date +%s.%N)" 'BEGIN {printf "%.1f", b - a}'; }
-cold=$(t "$work/gpuimage" build "$p" --out "$work/cold" --cache "$work/cache")
-warm=$(t "$work/gpuimage" build "$p" --out "$work/warm" --cache "$work/cache")
+unit=agent/systemd/gpuagent.service
+cold=$(t "$work/gpuimage" build "$p" --agent-unit "$unit" --out "$work/cold" --cache "$work/cache")
+warm=$(t "$work/gpuimage" build "$p" --agent-unit "$unit" --out "$work/warm" --cache "$work/cache")
 cp "$work/last.log" "$work/warm.log"
 dir=$(ls -d "$work"/warm/*/)
 

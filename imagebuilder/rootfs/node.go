@@ -16,7 +16,7 @@ type Node struct {
 	PauseImage    string // path of the pause image archive (docker archive)
 	PauseTag      string // its tag, containerd's sandbox_image
 	Agent         string // path of the gpuagent binary
-	AgentUnit     string // path of gpuagent.service from agent/, or "" while agent/ ships none
+	AgentUnit     string // path of the gpuagent.service to install and enable
 	KernelVersion string
 	KernelModules string   // the extracted kernel's lib/modules/<version> directory
 	Modules       []string // module files to ship, relative to KernelModules
@@ -40,7 +40,22 @@ var NodeModules = []string{
 
 // Write lays the node's files out in overlay (copied over the tree by mmdebstrap) and
 // returns the customize-hook commands that finish the tree ($1 is the tree).
+//
+// mmdebstrap copies the overlay with cp -a, so its modes become the image's: overlay
+// itself becomes the root directory and overlay/etc becomes /etc. Every directory
+// Write makes is therefore 0755 and every file has its stated mode, whatever the
+// builder's umask.
 func (n *Node) Write(overlay string) ([]string, error) {
+	if n.AgentUnit == "" {
+		return nil, fmt.Errorf("node files: no gpuagent unit given (the image installs and enables gpuagent.service)")
+	}
+	// overlay may exist already; it becomes the root directory.
+	if err := mkdir(overlay); err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(overlay, 0o755); err != nil {
+		return nil, err
+	}
 	files := map[string]string{
 		"etc/hostname":                                   "",
 		"etc/gpurack/image-id":                           n.ImageID + "\n",
@@ -74,14 +89,11 @@ func (n *Node) Write(overlay string) ([]string, error) {
 		"usr/bin/gpuagent":                   {n.Agent, 0o755},
 		"usr/share/gpurack/images/pause.tar": {n.PauseImage, 0o644},
 	}
-	enable := []string{"systemd-networkd.service", "systemd-resolved.service", "gpurack-images.service", "gpurack-boot-report.service"}
-	if n.AgentUnit != "" {
-		copies["etc/systemd/system/gpuagent.service"] = struct {
-			src  string
-			mode os.FileMode
-		}{n.AgentUnit, 0o644}
-		enable = append(enable, "gpuagent.service")
-	}
+	copies["etc/systemd/system/gpuagent.service"] = struct {
+		src  string
+		mode os.FileMode
+	}{n.AgentUnit, 0o644}
+	enable := []string{"systemd-networkd.service", "systemd-resolved.service", "gpurack-images.service", "gpurack-boot-report.service", "gpuagent.service"}
 	for dst, src := range n.ExtraModules {
 		copies[filepath.Join("usr/lib/modules", n.KernelVersion, dst)] = struct {
 			src  string
@@ -128,8 +140,25 @@ func (n *Node) Write(overlay string) ([]string, error) {
 	return cmds, nil
 }
 
+// mkdir makes dir and its missing parents, each with mode 0755 whatever the umask.
+func mkdir(dir string) error {
+	if st, err := os.Stat(dir); err == nil {
+		if !st.IsDir() {
+			return fmt.Errorf("%s is not a directory", dir)
+		}
+		return nil
+	}
+	if err := mkdir(filepath.Dir(dir)); err != nil {
+		return err
+	}
+	if err := os.Mkdir(dir, 0o755); err != nil && !os.IsExist(err) {
+		return err
+	}
+	return os.Chmod(dir, 0o755)
+}
+
 func writeFile(path string, data []byte, mode os.FileMode) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+	if err := mkdir(filepath.Dir(path)); err != nil {
 		return err
 	}
 	if err := os.WriteFile(path, data, mode); err != nil {
@@ -144,7 +173,7 @@ func copyFile(src, dst string, mode os.FileMode) error {
 		return err
 	}
 	defer in.Close()
-	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+	if err := mkdir(filepath.Dir(dst)); err != nil {
 		return err
 	}
 	out, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, mode)

@@ -53,4 +53,8 @@ func TestNodeWrite(t *testing.T) {
 	if strings.Contains(all, "kubelet.service") {
 		t.Error("kubelet.service must not be enabled: gpuagent starts it")
 	}
+	n.AgentUnit = ""
+	if _, err := n.Write(t.TempDir()); err == nil || !strings.Contains(err.Error(), "no gpuagent unit given") {
+		t.Errorf("Write without a gpuagent unit: err = %v", err)
+	}
 }

@@ -296,7 +296,8 @@ func buildTinyImage(t *testing.T, root, gpuimage, k8sDir string) (string, string
 	priv, pub := filepath.Join(tmp, "key.pem"), filepath.Join(tmp, "key.pub.pem")
 	run("keygen", priv, pub)
 	start := time.Now()
-	out := run("build", prof, "--out", filepath.Join(tmp, "store"), "--cache", cache, "--key", priv, "--src", root, "--k8s-dir", k8sDir)
+	out := run("build", prof, "--out", filepath.Join(tmp, "store"), "--cache", cache, "--key", priv, "--src", root,
+		"--agent-unit", filepath.Join(root, "agent", "systemd", "gpuagent.service"), "--k8s-dir", k8sDir)
 	m := regexp.MustCompile(`(?m)^built (\S+)$`).FindStringSubmatch(out)
 	if m == nil {
 		t.Fatalf("no 'built DIR' line in:\n%s", out)

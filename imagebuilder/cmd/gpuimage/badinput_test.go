@@ -60,6 +60,15 @@ func TestBadInputs(t *testing.T) {
 		expectFail(t, []string{"has no lock file", "run gpuimage lock"}, "build", p, "--out", t.TempDir())
 	})
 
+	t.Run("no agent unit", func(t *testing.T) {
+		p := write(t, "tiny.yaml", string(tiny))
+		os.WriteFile(profile.LockPath(p), lock, 0o644)
+		expectFail(t, []string{"no gpuagent unit given", "pass --agent-unit", "agent/systemd/gpuagent.service"}, "build", p, "--out", t.TempDir(), "--cache", t.TempDir())
+		missing := filepath.Join(t.TempDir(), "gpuagent.service")
+		expectFail(t, []string{"--agent-unit " + missing + " does not exist", "agent/systemd/gpuagent.service"}, "build", p, "--out", t.TempDir(), "--cache", t.TempDir(), "--agent-unit", missing)
+		expectFail(t, []string{"is not a regular file"}, "build", p, "--out", t.TempDir(), "--cache", t.TempDir(), "--agent-unit", t.TempDir())
+	})
+
 	testreq.Tool(t, "apt-get", "run the archive cases on Debian (apt)")
 	if _, err := build.Sources(&profile.Profile{Base: profile.Base{Suite: "bookworm"}}); err != nil {
 		testreq.Missing(t, fmt.Sprintf("the archive cases have no Debian source (%v)", err), "configure a Debian apt source on this machine")

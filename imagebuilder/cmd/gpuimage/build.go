@@ -22,9 +22,10 @@ manifest.json, manifest.sig and sbom.spdx.json under OUT/<image-id>/.
 Every locked .deb comes from the sha256-keyed cache (fetched from the archive when missing,
 refetched when corrupted); mmdebstrap installs exactly those .debs with SOURCE_DATE_EPOCH
 set (default: the newest Release date in the lock), so the same profile and lock give the
-same bytes. Needs root (mmdebstrap runs maintainer scripts in a chroot), mmdebstrap,
+same bytes. The image installs and enables the gpuagent unit given with --agent-unit
+(agent/systemd/gpuagent.service in the gpurack repository). Needs root (mmdebstrap runs maintainer scripts in a chroot), mmdebstrap,
 squashfs-tools, the Go toolchain and the pinned Kubernetes binaries (make k8s-bins).`,
-		Example: "  gpuimage build profiles/tiny.yaml --out /srv/gpurack/images",
+		Example: "  gpuimage build profiles/tiny.yaml --agent-unit agent/systemd/gpuagent.service --out /srv/gpurack/images",
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			o.Profile = args[0]
@@ -61,6 +62,7 @@ squashfs-tools, the Go toolchain and the pinned Kubernetes binaries (make k8s-bi
 	f.StringVar(&o.Lock, "lock", "", "lock file (default: NAME.lock.json beside the profile)")
 	f.StringVar(&o.Src, "src", "", "gpurack source tree for gpuagent and gpurack-init (default: the enclosing repository)")
 	f.StringVar(&o.AgentBin, "agent-bin", "", "use this gpuagent binary instead of building it")
+	f.StringVar(&o.AgentUnit, "agent-unit", "", "the gpuagent systemd unit the image installs and enables (required; agent/systemd/gpuagent.service in the repository)")
 	f.StringVar(&o.InitBin, "init-bin", "", "use this gpurack-init binary instead of building it")
 	f.StringVar(&o.K8sDir, "k8s-dir", k8s, "output of make k8s-bins (bin/kubelet, images/pause.tar)")
 	return cmd

@@ -40,9 +40,9 @@ func mustRun(t *testing.T, args ...string) string {
 }
 
 // TestTinyImage is the tiny profile end to end: lock against the live archive (the
-// committed lock rots as the mirror drops versions), build twice into different
-// directories and compare every byte, verify, inspect, boot it in QEMU with the rootfs
-// over HTTP, and refuse a tampered rootfs in gpurack-init and in gpuimage verify.
+// committed lock rots as the mirror drops versions), build twice as two different
+// builders would and compare every byte, verify, inspect, boot it in QEMU with the
+// rootfs over HTTP, and refuse a tampered rootfs in gpurack-init and in gpuimage verify.
 func TestTinyImage(t *testing.T) {
 	k8s := buildtest.RequireImageTools(t, "qemu-system-x86_64")
 	root := repoRoot(t)
@@ -68,12 +68,22 @@ func TestTinyImage(t *testing.T) {
 	if err := build.GoBuild(context.Background(), root, "./agent/cmd/gpuagent", agent, true, buildinfo.String()); err != nil {
 		t.Fatal(err)
 	}
-	common := []string{"--cache", cache, "--key", priv, "--src", root, "--agent-bin", agent, "--k8s-dir", k8s}
+	agentUnit := filepath.Join(root, "agent", "systemd", "gpuagent.service")
+	common := []string{"--key", priv, "--src", root, "--agent-bin", agent, "--agent-unit", agentUnit, "--k8s-dir", k8s}
 
 	start := time.Now()
-	out1 := mustRun(t, append([]string{"build", prof, "--out", filepath.Join(tmp, "store1")}, common...)...)
+	out1 := mustRun(t, append([]string{"build", prof, "--out", filepath.Join(tmp, "store1"), "--cache", cache}, common...)...)
 	t.Logf("build 1 took %s:\n%s", time.Since(start).Round(time.Second), lastLines(out1, 20))
 	dir1 := builtDir(t, out1)
+
+	// Build 2 is another builder: its own cache directory (given the .debs through
+	// gpuimage cache export/import, as a host without the archive would be), its own
+	// process, working directory and time zone, and umask 077, which once made /etc
+	// 0700 in the image.
+	cache2 := filepath.Join(tmp, "cache2")
+	debs := filepath.Join(tmp, "debs.tar")
+	mustRun(t, "cache", "export", debs, profile.LockPath(prof), "--cache", cache)
+	mustRun(t, "cache", "import", debs, "--cache", cache2)
 
 	// A corrupted cache entry is detected and fetched again, never used.
 	l, err := profile.LoadLock(profile.LockPath(prof))
@@ -81,34 +91,61 @@ func TestTinyImage(t *testing.T) {
 		t.Fatal(err)
 	}
 	victim := l.Find("netbase")
-	c := filepath.Join(cache, "debs", "sha256", victim.SHA256[:2], victim.SHA256+".deb")
-	// Replace the file rather than write into it: a concurrent build may hold a hard
-	// link to the entry in its local repository.
-	if err := os.WriteFile(c+".corrupt", []byte("not a deb"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(c+".corrupt", c); err != nil {
+	c := filepath.Join(cache2, "debs", "sha256", victim.SHA256[:2], victim.SHA256+".deb")
+	if err := os.WriteFile(c, []byte("not a deb"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 
 	start = time.Now()
-	out2 := mustRun(t, append([]string{"build", prof, "--out", filepath.Join(tmp, "store2")}, common...)...)
-	t.Logf("build 2 took %s:\n%s", time.Since(start).Round(time.Second), lastLines(out2, 20))
+	out2 := runAsOtherBuilder(t, filepath.Join(tmp, "elsewhere"), append([]string{"build", prof, "--out", filepath.Join(tmp, "store2"), "--cache", cache2}, common...)...)
+	t.Logf("build 2 (umask 077, TZ=%s, own cache) took %s:\n%s", otherTZ, time.Since(start).Round(time.Second), lastLines(out2, 20))
 	dir2 := builtDir(t, out2)
 	if !strings.Contains(out2, "netbase") || !strings.Contains(out2, "removing it and fetching again") {
 		t.Errorf("build 2 did not report refetching the corrupted cache entry of netbase:\n%s", out2)
 	}
 
+	artifacts := []string{"vmlinuz", "initrd.img", "rootfs.squashfs", "cmdline", "manifest.json", "manifest.sig", "sbom.spdx.json"}
 	t.Run("reproducible", func(t *testing.T) {
 		if filepath.Base(dir1) != filepath.Base(dir2) {
 			t.Errorf("image ids differ: %s vs %s", filepath.Base(dir1), filepath.Base(dir2))
 		}
-		for _, name := range []string{"vmlinuz", "initrd.img", "rootfs.squashfs", "cmdline", "manifest.json", "manifest.sig", "sbom.spdx.json"} {
+		for _, name := range artifacts {
 			a, b := sha256File(t, filepath.Join(dir1, name)), sha256File(t, filepath.Join(dir2, name))
 			if a != b {
 				t.Errorf("%s differs between two builds: %s vs %s", name, a, b)
 			} else {
 				t.Logf("%-16s sha256:%s identical", name, a)
+			}
+		}
+		// The store's files are the same for every builder too: gpuboot, under
+		// another user, must be able to read them.
+		for _, dir := range []string{dir1, dir2} {
+			if st, err := os.Stat(dir); err != nil || st.Mode().Perm() != 0o755 {
+				t.Errorf("%s: mode %v, %v; want 0755", dir, st.Mode(), err)
+			}
+			for _, name := range artifacts {
+				if st, err := os.Stat(filepath.Join(dir, name)); err != nil || st.Mode().Perm() != 0o644 {
+					t.Errorf("%s: mode %v, %v; want 0644", filepath.Join(dir, name), st.Mode(), err)
+				}
+			}
+		}
+		// Byte-identical could still be identically wrong: the modes the umask once
+		// changed, read from the image itself.
+		list, err := exec.Command("unsquashfs", "-lln", filepath.Join(dir2, "rootfs.squashfs")).Output()
+		if err != nil {
+			t.Fatalf("unsquashfs -lln: %v", err)
+		}
+		modes := map[string]string{}
+		for _, line := range strings.Split(string(list), "\n") {
+			line, _, _ = strings.Cut(line, " -> ") // a symbolic link: "path -> target"
+			if f := strings.Fields(line); len(f) >= 6 {
+				modes[strings.TrimPrefix(f[len(f)-1], "squashfs-root")] = f[0]
+			}
+		}
+		for path, want := range map[string]string{"": "drwxr-xr-x", "/etc": "drwxr-xr-x", "/etc/gpurack": "drwxr-xr-x", "/etc/gpurack/image-id": "-rw-r--r--",
+			"/etc/systemd/system/gpuagent.service": "-rw-r--r--", "/usr/bin/gpuagent": "-rwxr-xr-x", "/usr/lib/gpurack": "drwxr-xr-x"} {
+			if modes[path] != want {
+				t.Errorf("/%s in the image built under umask 077: mode %q, want %s", strings.TrimPrefix(path, "/"), modes[path], want)
 			}
 		}
 	})
@@ -131,12 +168,7 @@ func TestTinyImage(t *testing.T) {
 		cmdline, _ := os.ReadFile(filepath.Join(dir1, "cmdline"))
 		id := filepath.Base(dir1)
 		args := strings.TrimSpace(string(cmdline)) + " gpurack.rootfs=http://10.0.2.2:" + port + "/rootfs.squashfs BOOTIF=01-52-54-00-12-34-56 gpurack.onfail=poweroff"
-		want := `gpurack: booted image ` + id + ` root=overlay lower=squashfs multi-user.target=active containerd.service=active \S+ `
-		if _, err := os.Stat(filepath.Join(root, "agent", "systemd", "gpuagent.service")); err == nil {
-			want += `gpuagent.service=active`
-		} else {
-			t.Log("agent/systemd/gpuagent.service does not exist yet: asserting switch_root and multi-user.target only")
-		}
+		want := `gpurack: booted image ` + id + ` root=overlay lower=squashfs multi-user.target=active containerd.service=active \S+ gpuagent.service=active`
 		log := bootQEMU(t, filepath.Join(dir1, "vmlinuz"), filepath.Join(dir1, "initrd.img"), args, regexp.MustCompile(want), nil)
 		for _, want := range []string{"DHCP lease 10.0.2.15/24", "rootfs sha256 ", " verified", "switch_root: exec /sbin/init", "gpurack-images.service=active", "cgroup=cgroup2fs"} {
 			if !strings.Contains(log, want) {
@@ -148,7 +180,7 @@ func TestTinyImage(t *testing.T) {
 	t.Run("tampered rootfs", func(t *testing.T) {
 		bad := filepath.Join(tmp, "tampered", filepath.Base(dir1))
 		os.MkdirAll(bad, 0o755)
-		for _, name := range []string{"vmlinuz", "initrd.img", "rootfs.squashfs", "cmdline", "manifest.json", "manifest.sig", "sbom.spdx.json"} {
+		for _, name := range artifacts {
 			data, err := os.ReadFile(filepath.Join(dir1, name))
 			if err != nil {
 				t.Fatal(err)
@@ -193,6 +225,31 @@ func TestTinyImage(t *testing.T) {
 			t.Error("the refusal does not tell the operator what to do")
 		}
 	})
+}
+
+// otherTZ is far from UTC and from the usual builder's zone.
+const otherTZ = "Pacific/Kiritimati"
+
+// runAsOtherBuilder runs gpuimage (this test binary, see TestMain) in its own process
+// under umask 077, TZ=otherTZ and the working directory dir, and returns its stdout and
+// stderr; it fails t unless gpuimage exits 0.
+func runAsOtherBuilder(t *testing.T, dir string, args ...string) string {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("sh", append([]string{"-c", `umask 077 && exec "$0" "$@"`, self}, args...)...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), runAsGPUImage+"=1", "TZ="+otherTZ)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("gpuimage %s (umask 077, TZ=%s, in %s): %v\n%s", strings.Join(args, " "), otherTZ, dir, err, out)
+	}
+	return string(out)
 }
 
 var builtRE = regexp.MustCompile(`(?m)^built (\S+)$`)
