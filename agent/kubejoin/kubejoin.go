@@ -44,13 +44,8 @@ import (
 	"k8s.io/client-go/util/keyutil"
 
 	"github.com/gpurack/gpurack/internal/atomicfile"
+	"github.com/gpurack/gpurack/internal/nodecontract"
 )
-
-// ConditionGPUHealthy is the Node condition type the agent owns.
-const ConditionGPUHealthy corev1.NodeConditionType = "GPUHealthy"
-
-// TaintUnvalidated is registered with the Node; gpuboot removes it (CONTRACTS §5).
-const TaintUnvalidated = "gpurack.io/unvalidated"
 
 // Bootstrap does kubelet TLS bootstrap: it authenticates with the bootstrap token,
 // submits a CSR for system:node:NAME, waits for the cluster to approve and sign it, and
@@ -106,7 +101,7 @@ type NodeSpec struct {
 	Name string
 	// Labels are the profile's node labels plus the agent's gpurack.io/* labels.
 	Labels map[string]string
-	// Taints are the profile's; TaintUnvalidated is added.
+	// Taints are the profile's; nodecontract.TaintUnvalidated is added.
 	Taints []corev1.Taint
 	// GPUs is the nvidia.com/gpu capacity to advertise (simulation mode).
 	GPUs int
@@ -115,15 +110,15 @@ type NodeSpec struct {
 // AgentLabels are the labels the agent owns (CONTRACTS §5).
 func AgentLabels(imageID, driver, product string, count int, simulated bool) map[string]string {
 	l := map[string]string{
-		"gpurack.io/driver-version": SanitizeLabel(driver),
-		"gpurack.io/gpu.product":    SanitizeLabel(product),
-		"gpurack.io/gpu.count":      fmt.Sprint(count),
+		nodecontract.LabelDriverVersion: SanitizeLabel(driver),
+		nodecontract.LabelGPUProduct:    SanitizeLabel(product),
+		nodecontract.LabelGPUCount:      fmt.Sprint(count),
 	}
 	if imageID != "" {
-		l["gpurack.io/image"] = SanitizeLabel(imageID)
+		l[nodecontract.LabelImage] = SanitizeLabel(imageID)
 	}
 	if simulated {
-		l["gpurack.io/simulated"] = "true"
+		l[nodecontract.LabelSimulated] = "true"
 	}
 	return l
 }
@@ -139,14 +134,14 @@ type Node struct {
 // scheduler and the node lifecycle controller treat it as a node. It then sets
 // GPUHealthy Unknown until the first checklist.
 func Register(ctx context.Context, client kubernetes.Interface, spec NodeSpec) (*Node, error) {
-	taints := append([]corev1.Taint{{Key: TaintUnvalidated, Effect: corev1.TaintEffectNoSchedule}}, spec.Taints...)
+	taints := append([]corev1.Taint{{Key: nodecontract.TaintUnvalidated, Effect: corev1.TaintEffectNoSchedule}}, spec.Taints...)
 	capacity := corev1.ResourceList{
 		corev1.ResourceCPU:    resource.MustParse("8"),
 		corev1.ResourceMemory: resource.MustParse("64Gi"),
 		corev1.ResourcePods:   resource.MustParse("110"),
 	}
 	if spec.GPUs > 0 {
-		capacity["nvidia.com/gpu"] = *resource.NewQuantity(int64(spec.GPUs), resource.DecimalSI)
+		capacity[nodecontract.ResourceGPU] = *resource.NewQuantity(int64(spec.GPUs), resource.DecimalSI)
 	}
 	node := &corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: spec.Name, Labels: spec.Labels},
@@ -165,7 +160,7 @@ func Register(ctx context.Context, client kubernetes.Interface, spec NodeSpec) (
 	status := corev1.NodeStatus{Capacity: capacity, Allocatable: capacity,
 		Conditions: []corev1.NodeCondition{
 			{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "SimulatedKubeletReady", Message: "gpuagent simulates kubelet (no kubelet on this machine)", LastHeartbeatTime: now, LastTransitionTime: now},
-			{Type: ConditionGPUHealthy, Status: corev1.ConditionUnknown, Reason: "ChecksNotRun", Message: "No checklist has completed yet.", LastHeartbeatTime: now, LastTransitionTime: now},
+			{Type: nodecontract.ConditionGPUHealthy, Status: corev1.ConditionUnknown, Reason: "ChecksNotRun", Message: "No checklist has completed yet.", LastHeartbeatTime: now, LastTransitionTime: now},
 		},
 		NodeInfo: corev1.NodeSystemInfo{KubeletVersion: "gpuagent-simulated"}}
 	patch, err := json.Marshal(map[string]any{"status": status})
@@ -183,7 +178,7 @@ func Register(ctx context.Context, client kubernetes.Interface, spec NodeSpec) (
 func (n *Node) SetGPUHealthy(ctx context.Context, status corev1.ConditionStatus, reason, message string) error {
 	now := metav1.Now()
 	patch := map[string]any{"status": map[string]any{"conditions": []corev1.NodeCondition{{
-		Type: ConditionGPUHealthy, Status: status, Reason: reason, Message: message, LastHeartbeatTime: now, LastTransitionTime: now,
+		Type: nodecontract.ConditionGPUHealthy, Status: status, Reason: reason, Message: message, LastHeartbeatTime: now, LastTransitionTime: now,
 	}}}}
 	data, err := json.Marshal(patch)
 	if err != nil {

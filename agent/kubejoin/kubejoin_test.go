@@ -90,7 +90,7 @@ func TestSimulatedJoin(t *testing.T) {
 	if n.Labels["gpurack.io/gpu.product"] != "NVIDIA-H100-80GB-HBM3" || n.Labels["gpurack.io/gpu.count"] != "8" || n.Labels["gpurack.io/simulated"] != "true" {
 		t.Errorf("labels %v", n.Labels)
 	}
-	if len(n.Spec.Taints) == 0 || n.Spec.Taints[0].Key != TaintUnvalidated {
+	if len(n.Spec.Taints) == 0 || n.Spec.Taints[0].Key != "gpurack.io/unvalidated" {
 		t.Errorf("taints %v", n.Spec.Taints)
 	}
 
@@ -105,7 +105,7 @@ func TestSimulatedJoin(t *testing.T) {
 		for {
 			n, err := admin.CoreV1().Nodes().Get(ctx, "gpu-node-1", metav1.GetOptions{})
 			if err == nil {
-				if c := condition(n, ConditionGPUHealthy); c != nil && c.Status == want {
+				if c := condition(n, "GPUHealthy"); c != nil && c.Status == want {
 					return c, time.Since(start)
 				}
 			}
