@@ -109,7 +109,7 @@ racks: [{name: r1, defaultImage: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa}]
 dhcp: {enabled: false}
 tftp: {enabled: false}
 logLevel: info
-cluster: {kubeconfig: %s, clearAfter: 1s}
+cluster: {kubeconfig: %s}
 `, freePort(t), g.tls, c.EnrollerKubeconfig)
 	if err := os.WriteFile(g.cfg, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
@@ -241,7 +241,7 @@ func (e *enrolled) enrollment() *agentv1.EnrollmentStatus {
 
 // TestEnrollWithGpuboot is the whole path with real parts (enrollToReady), then health:
 // XID 79 → GPUHealthy=False → gpuboot sets gpurack.io/gpu-unhealthy; clear → the taint
-// is removed after both hysteresis delays.
+// is removed once the agent's hysteresis (--clear-after) has passed.
 func TestEnrollWithGpuboot(t *testing.T) {
 	e := enrollToReady(t, "52:54:00:e2:e0:01", "gpu-r1-e2e")
 	ctx := e.ctx
@@ -284,7 +284,7 @@ func TestEnrollWithGpuboot(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitUntil(t, 60*time.Second, "gpu-unhealthy taint removed", func() bool { n := e.nodeOf(); return n != nil && !hasTaint(n, "gpurack.io/gpu-unhealthy") })
-	t.Logf("ClearFaults -> taint removed after %v (agent 1 s + gpuboot 1 s hysteresis)", time.Since(t1).Round(time.Millisecond))
+	t.Logf("ClearFaults -> taint removed after %v (the agent's 1 s hysteresis)", time.Since(t1).Round(time.Millisecond))
 	if s, _ := gpuHealthyOf(e.nodeOf()); s != "True" {
 		t.Errorf("GPUHealthy %s after clearing", s)
 	}
