@@ -41,7 +41,6 @@ type Monitor interface {
 	StateReader
 	RunChecks(phase monitor.Phase, ids ...checkid.ID) *monitor.Checklist
 	Broker() *monitor.Broker
-	RecordXID(e xid.Event, kmsgSeq uint64)
 	Kick()
 	GPUsReset(gpus []int)
 }
@@ -234,7 +233,8 @@ func (s *Service) render(e monitor.Event) (agentv1.EventKind, *agentv1.Event) {
 	return 0, nil
 }
 
-// InjectFault applies a simulator fault.
+// InjectFault applies a simulator fault. XIDs (and lost GPUs) come back through the
+// agent's NVML event watch, as on real GPUs.
 func (s *Service) InjectFault(_ context.Context, req *agentv1.InjectFaultRequest) (*agentv1.InjectFaultResponse, error) {
 	if s.Faults == nil {
 		return nil, status.Errorf(codes.FailedPrecondition, "fault injection needs the simulator backend; this agent runs %s", s.Monitor.Backend().Name())
@@ -247,10 +247,8 @@ func (s *Service) InjectFault(_ context.Context, req *agentv1.InjectFaultRequest
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	if f.Kind == sim.KindXID {
-		// The NVML event watch delivers it too; the XID history dedups the pair.
-		s.Monitor.RecordXID(xid.Event{GPU: f.GPU, Code: uint32(f.Value), At: time.Now(), Source: "sim", Simulated: true}, 0)
-	}
+	// An XID reaches the monitor the way a real one does: the simulator puts it on the
+	// NVML event sets, and the agent's event watch records it.
 	s.Monitor.Kick()
 	return &agentv1.InjectFaultResponse{FaultId: id, Fault: faultSpec(f, d)}, nil
 }
