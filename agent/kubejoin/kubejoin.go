@@ -28,6 +28,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"time"
 
 	certificatesv1 "k8s.io/api/certificates/v1"
@@ -127,6 +128,11 @@ func AgentLabels(imageID, driver, product string, count int, simulated bool) map
 type Node struct {
 	Client kubernetes.Interface
 	Name   string
+
+	mu sync.Mutex
+	// gpuHealthy is the GPUHealthy status this Node last wrote; "" until it wrote
+	// one (SetGPUHealthy then reads the Node's).
+	gpuHealthy corev1.ConditionStatus
 }
 
 // Register creates the Node (or adopts an existing one of the same name) the way a
@@ -170,24 +176,50 @@ func Register(ctx context.Context, client kubernetes.Interface, spec NodeSpec) (
 	if _, err := client.CoreV1().Nodes().Patch(ctx, created.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil {
 		return nil, fmt.Errorf("register node %s: status: %w", spec.Name, err)
 	}
-	return &Node{Client: client, Name: spec.Name}, nil
+	return &Node{Client: client, Name: spec.Name, gpuHealthy: corev1.ConditionUnknown}, nil
 }
 
 // SetGPUHealthy patches the GPUHealthy condition (status "True", "False" or
 // "Unknown"). Conditions merge by type, so others' conditions are untouched.
+// lastTransitionTime changes only when the status does, as for every Node condition
+// (the first write of a Node value reads the status on the Node to know).
 func (n *Node) SetGPUHealthy(ctx context.Context, status corev1.ConditionStatus, reason, message string) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	prev := n.gpuHealthy
+	if prev == "" {
+		prev = n.readGPUHealthy(ctx)
+	}
 	now := metav1.Now()
-	patch := map[string]any{"status": map[string]any{"conditions": []corev1.NodeCondition{{
-		Type: nodecontract.ConditionGPUHealthy, Status: status, Reason: reason, Message: message, LastHeartbeatTime: now, LastTransitionTime: now,
-	}}}}
-	data, err := json.Marshal(patch)
+	cond := map[string]any{"type": nodecontract.ConditionGPUHealthy, "status": status, "reason": reason, "message": message,
+		"lastHeartbeatTime": now}
+	if status != prev {
+		cond["lastTransitionTime"] = now
+	}
+	data, err := json.Marshal(map[string]any{"status": map[string]any{"conditions": []any{cond}}})
 	if err != nil {
 		return err
 	}
 	if _, err := n.Client.CoreV1().Nodes().Patch(ctx, n.Name, types.StrategicMergePatchType, data, metav1.PatchOptions{}, "status"); err != nil {
 		return fmt.Errorf("set GPUHealthy on %s: %w", n.Name, err)
 	}
+	n.gpuHealthy = status
 	return nil
+}
+
+// readGPUHealthy is the Node's GPUHealthy status, "" when it has none or cannot be
+// read (the write then sets lastTransitionTime).
+func (n *Node) readGPUHealthy(ctx context.Context) corev1.ConditionStatus {
+	node, err := n.Client.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+	if err != nil {
+		return ""
+	}
+	for _, c := range node.Status.Conditions {
+		if c.Type == nodecontract.ConditionGPUHealthy {
+			return c.Status
+		}
+	}
+	return ""
 }
 
 // RenewLease creates or renews the node's Lease in kube-node-lease, as kubelet does
