@@ -33,6 +33,7 @@ import (
 	"google.golang.org/protobuf/types/descriptorpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/gpurack/gpurack/agent/gossip"
 	"github.com/gpurack/gpurack/agent/gpu/sim"
 	"github.com/gpurack/gpurack/agent/monitor"
 	"github.com/gpurack/gpurack/agent/server"
@@ -61,9 +62,6 @@ type rig struct {
 	broker *monitor.Broker
 }
 
-// ping is published into the agent's event broker to learn that a watch is subscribed;
-// the agent renders it as a gossip event for gpu-r1-ping.
-type ping struct{}
 
 func newRig(t *testing.T) *rig {
 	t.Helper()
@@ -105,14 +103,7 @@ func newRig(t *testing.T) *rig {
 	mon.RunChecks(monitor.PhaseContinuous) // the agent's first run, before it serves
 	go mon.Run(ctx)
 	agent := &server.Service{Monitor: mon, Faults: s, ImageID: rackImage, StartedAt: time.Now(),
-		NodeName: func() string { return nodeName },
-		Render: func(o any) (agentv1.EventKind, *agentv1.Event) {
-			if _, ok := o.(ping); !ok {
-				return 0, nil
-			}
-			return agentv1.EventKind_EVENT_KIND_GOSSIP_MEMBER, &agentv1.Event{Payload: &agentv1.Event_MemberChanged{MemberChanged: &agentv1.GossipMemberChanged{
-				Change: agentv1.MemberChange_MEMBER_CHANGE_JOINED, Member: &agentv1.RackMember{NodeName: "gpu-r1-ping"}}}}
-		}}
+		NodeName: func() string { return nodeName }}
 
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -126,7 +117,11 @@ func newRig(t *testing.T) *rig {
 	})))
 	agentv1.RegisterAgentServiceServer(gs, agent)
 	bootv1.RegisterEnrollmentServiceServer(gs, svc)
-	bootv1.RegisterAdminServiceServer(gs, admin.New(svc, nil))
+	adm, err := admin.New(admin.Config{Lifecycle: svc, Inventory: store, CA: ca.Cert, Revoked: svc.Revoked, Racks: []string{"r1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bootv1.RegisterAdminServiceServer(gs, adm)
 	reflection.Register(gs)
 	go func() { _ = gs.Serve(lis) }()
 	t.Cleanup(gs.Stop)
@@ -323,7 +318,7 @@ func (r *rig) subscribed(t *testing.T, watches ...<-chan *agentv1.Event) {
 		tick := time.NewTicker(20 * time.Millisecond)
 	wait:
 		for {
-			r.broker.Publish(monitor.Event{Time: time.Now(), Other: ping{}})
+			r.broker.Publish(monitor.Event{Time: time.Now(), Member: &monitor.MemberChange{Change: gossip.Joined, Member: gossip.Member{Name: "gpu-r1-ping"}}})
 			select {
 			case ev, ok := <-w:
 				if !ok {

@@ -368,15 +368,22 @@ func (e *events) NotifyLeave(n *memberlist.Node) {
 	e.notify(Failed, n, Dead)
 }
 
-// PeerFigures returns the alive, non-observer peers' figures (rack.peer-outlier
-// input), excluding self.
-func (a *Agent) PeerFigures() map[string][3]float64 {
-	out := map[string][3]float64{}
+// Figures are a peer's comparable figures as its metadata carries them (NaN where the
+// peer does not know one).
+type Figures struct {
+	MaxTemperatureC, PCIeReplaysPerMin, ECCCorrectedPerHour float64
+}
+
+// PeerFigures returns the alive, non-observer peers' figures by member name
+// (rack.peer-outlier input), excluding self.
+func (a *Agent) PeerFigures() map[string]Figures {
+	out := map[string]Figures{}
 	for _, m := range a.Members() {
 		if m.Self || m.State != Alive || m.Meta.Observer || m.MetaErr != "" {
 			continue
 		}
-		out[m.Name] = [3]float64{f64(m.Meta.MaxTemperatureC), f64(m.Meta.PCIeReplaysPerMin), f64(m.Meta.ECCCorrectedPerHour)}
+		out[m.Name] = Figures{MaxTemperatureC: f64(m.Meta.MaxTemperatureC), PCIeReplaysPerMin: f64(m.Meta.PCIeReplaysPerMin),
+			ECCCorrectedPerHour: f64(m.Meta.ECCCorrectedPerHour)}
 	}
 	return out
 }

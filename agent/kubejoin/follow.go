@@ -3,6 +3,7 @@ package kubejoin
 import (
 	"context"
 	"log/slog"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -10,6 +11,13 @@ import (
 	"github.com/gpurack/gpurack/agent/health"
 	"github.com/gpurack/gpurack/agent/monitor"
 )
+
+// HealthSource is the node's published health and the broker that announces its
+// changes (agent/monitor.Monitor).
+type HealthSource interface {
+	Health() health.Summary
+	Broker() *monitor.Broker
+}
 
 // conditionOf maps a health summary to the GPUHealthy condition.
 func conditionOf(s health.Summary) (corev1.ConditionStatus, string, string) {
@@ -22,48 +30,49 @@ func conditionOf(s health.Summary) (corev1.ConditionStatus, string, string) {
 	return corev1.ConditionFalse, s.Reason, s.Message
 }
 
-// Follow keeps the Node's GPUHealthy condition equal to the monitor's health (written
-// as soon as health changes) and renews the node Lease every leaseEvery (kubelet: 10
-// s; zero: kubelet runs and keeps the Lease itself), until ctx ends.
-func Follow(ctx context.Context, n *Node, mon *monitor.Monitor, leaseEvery time.Duration, log *slog.Logger) {
-	sub := mon.Broker().Subscribe()
-	defer func() { sub.Close() }()
+// Follow keeps the Node's GPUHealthy condition equal to src's health (written as soon
+// as health changes; the hysteresis is src's) and renews the node Lease every
+// leaseEvery (kubelet: 10 s; zero: kubelet runs and keeps the Lease itself), until ctx
+// ends.
+func Follow(ctx context.Context, n *Node, src HealthSource, leaseEvery time.Duration, log *slog.Logger) {
 	write := func(s health.Summary) {
 		st, reason, msg := conditionOf(s)
-		if err := n.SetGPUHealthy(ctx, st, reason, msg); err != nil && ctx.Err() == nil {
-			log.Warn("GPUHealthy not written", "error", err)
+		if err := n.SetGPUHealthy(ctx, st, reason, msg); err != nil {
+			if ctx.Err() == nil {
+				log.Warn("GPUHealthy not written", "error", err)
+			}
 			return
 		}
 		log.Info("GPUHealthy written", "node", n.Name, "status", st, "reason", reason)
 	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
 	// The Lease first: once GPUHealthy is written the node is fully there.
-	var leaseC <-chan time.Time
 	if leaseEvery > 0 {
 		if err := n.RenewLease(ctx, 40*time.Second); err != nil {
 			log.Warn("node lease", "error", err)
 		}
-		lease := time.NewTicker(leaseEvery)
-		defer lease.Stop()
-		leaseC = lease.C
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			t := time.NewTicker(leaseEvery)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+					if err := n.RenewLease(ctx, 40*time.Second); err != nil && ctx.Err() == nil {
+						log.Warn("node lease", "error", err)
+					}
+				}
+			}
+		}()
 	}
-	write(mon.Health())
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-leaseC:
-			if err := n.RenewLease(ctx, 40*time.Second); err != nil && ctx.Err() == nil {
-				log.Warn("node lease", "error", err)
-			}
-		case e, ok := <-sub.C:
-			if !ok { // fell behind: resubscribe and write the current state
-				sub = mon.Broker().Subscribe()
-				write(mon.Health())
-				continue
-			}
-			if e.Health != nil {
-				write(e.Health.Current)
-			}
+	// The current health at once, and again whenever events may have been missed.
+	monitor.Follow(ctx, src.Broker(), func(e monitor.Event) {
+		if e.Health != nil {
+			write(e.Health.Current)
 		}
-	}
+	}, func() { write(src.Health()) })
 }

@@ -28,6 +28,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"time"
 
 	certificatesv1 "k8s.io/api/certificates/v1"
@@ -44,13 +45,8 @@ import (
 	"k8s.io/client-go/util/keyutil"
 
 	"github.com/gpurack/gpurack/internal/atomicfile"
+	"github.com/gpurack/gpurack/internal/nodecontract"
 )
-
-// ConditionGPUHealthy is the Node condition type the agent owns.
-const ConditionGPUHealthy corev1.NodeConditionType = "GPUHealthy"
-
-// TaintUnvalidated is registered with the Node; gpuboot removes it (CONTRACTS §5).
-const TaintUnvalidated = "gpurack.io/unvalidated"
 
 // Bootstrap does kubelet TLS bootstrap: it authenticates with the bootstrap token,
 // submits a CSR for system:node:NAME, waits for the cluster to approve and sign it, and
@@ -106,7 +102,7 @@ type NodeSpec struct {
 	Name string
 	// Labels are the profile's node labels plus the agent's gpurack.io/* labels.
 	Labels map[string]string
-	// Taints are the profile's; TaintUnvalidated is added.
+	// Taints are the profile's; nodecontract.TaintUnvalidated is added.
 	Taints []corev1.Taint
 	// GPUs is the nvidia.com/gpu capacity to advertise (simulation mode).
 	GPUs int
@@ -115,15 +111,15 @@ type NodeSpec struct {
 // AgentLabels are the labels the agent owns (CONTRACTS §5).
 func AgentLabels(imageID, driver, product string, count int, simulated bool) map[string]string {
 	l := map[string]string{
-		"gpurack.io/driver-version": SanitizeLabel(driver),
-		"gpurack.io/gpu.product":    SanitizeLabel(product),
-		"gpurack.io/gpu.count":      fmt.Sprint(count),
+		nodecontract.LabelDriverVersion: SanitizeLabel(driver),
+		nodecontract.LabelGPUProduct:    SanitizeLabel(product),
+		nodecontract.LabelGPUCount:      fmt.Sprint(count),
 	}
 	if imageID != "" {
-		l["gpurack.io/image"] = SanitizeLabel(imageID)
+		l[nodecontract.LabelImage] = SanitizeLabel(imageID)
 	}
 	if simulated {
-		l["gpurack.io/simulated"] = "true"
+		l[nodecontract.LabelSimulated] = "true"
 	}
 	return l
 }
@@ -132,6 +128,11 @@ func AgentLabels(imageID, driver, product string, count int, simulated bool) map
 type Node struct {
 	Client kubernetes.Interface
 	Name   string
+
+	mu sync.Mutex
+	// gpuHealthy is the GPUHealthy status this Node last wrote; "" until it wrote
+	// one (SetGPUHealthy then reads the Node's).
+	gpuHealthy corev1.ConditionStatus
 }
 
 // Register creates the Node (or adopts an existing one of the same name) the way a
@@ -139,14 +140,14 @@ type Node struct {
 // scheduler and the node lifecycle controller treat it as a node. It then sets
 // GPUHealthy Unknown until the first checklist.
 func Register(ctx context.Context, client kubernetes.Interface, spec NodeSpec) (*Node, error) {
-	taints := append([]corev1.Taint{{Key: TaintUnvalidated, Effect: corev1.TaintEffectNoSchedule}}, spec.Taints...)
+	taints := append([]corev1.Taint{{Key: nodecontract.TaintUnvalidated, Effect: corev1.TaintEffectNoSchedule}}, spec.Taints...)
 	capacity := corev1.ResourceList{
 		corev1.ResourceCPU:    resource.MustParse("8"),
 		corev1.ResourceMemory: resource.MustParse("64Gi"),
 		corev1.ResourcePods:   resource.MustParse("110"),
 	}
 	if spec.GPUs > 0 {
-		capacity["nvidia.com/gpu"] = *resource.NewQuantity(int64(spec.GPUs), resource.DecimalSI)
+		capacity[nodecontract.ResourceGPU] = *resource.NewQuantity(int64(spec.GPUs), resource.DecimalSI)
 	}
 	node := &corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: spec.Name, Labels: spec.Labels},
@@ -165,7 +166,7 @@ func Register(ctx context.Context, client kubernetes.Interface, spec NodeSpec) (
 	status := corev1.NodeStatus{Capacity: capacity, Allocatable: capacity,
 		Conditions: []corev1.NodeCondition{
 			{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "SimulatedKubeletReady", Message: "gpuagent simulates kubelet (no kubelet on this machine)", LastHeartbeatTime: now, LastTransitionTime: now},
-			{Type: ConditionGPUHealthy, Status: corev1.ConditionUnknown, Reason: "ChecksNotRun", Message: "No checklist has completed yet.", LastHeartbeatTime: now, LastTransitionTime: now},
+			{Type: nodecontract.ConditionGPUHealthy, Status: corev1.ConditionUnknown, Reason: "ChecksNotRun", Message: "No checklist has completed yet.", LastHeartbeatTime: now, LastTransitionTime: now},
 		},
 		NodeInfo: corev1.NodeSystemInfo{KubeletVersion: "gpuagent-simulated"}}
 	patch, err := json.Marshal(map[string]any{"status": status})
@@ -175,24 +176,50 @@ func Register(ctx context.Context, client kubernetes.Interface, spec NodeSpec) (
 	if _, err := client.CoreV1().Nodes().Patch(ctx, created.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil {
 		return nil, fmt.Errorf("register node %s: status: %w", spec.Name, err)
 	}
-	return &Node{Client: client, Name: spec.Name}, nil
+	return &Node{Client: client, Name: spec.Name, gpuHealthy: corev1.ConditionUnknown}, nil
 }
 
 // SetGPUHealthy patches the GPUHealthy condition (status "True", "False" or
 // "Unknown"). Conditions merge by type, so others' conditions are untouched.
+// lastTransitionTime changes only when the status does, as for every Node condition
+// (the first write of a Node value reads the status on the Node to know).
 func (n *Node) SetGPUHealthy(ctx context.Context, status corev1.ConditionStatus, reason, message string) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	prev := n.gpuHealthy
+	if prev == "" {
+		prev = n.readGPUHealthy(ctx)
+	}
 	now := metav1.Now()
-	patch := map[string]any{"status": map[string]any{"conditions": []corev1.NodeCondition{{
-		Type: ConditionGPUHealthy, Status: status, Reason: reason, Message: message, LastHeartbeatTime: now, LastTransitionTime: now,
-	}}}}
-	data, err := json.Marshal(patch)
+	cond := map[string]any{"type": nodecontract.ConditionGPUHealthy, "status": status, "reason": reason, "message": message,
+		"lastHeartbeatTime": now}
+	if status != prev {
+		cond["lastTransitionTime"] = now
+	}
+	data, err := json.Marshal(map[string]any{"status": map[string]any{"conditions": []any{cond}}})
 	if err != nil {
 		return err
 	}
 	if _, err := n.Client.CoreV1().Nodes().Patch(ctx, n.Name, types.StrategicMergePatchType, data, metav1.PatchOptions{}, "status"); err != nil {
 		return fmt.Errorf("set GPUHealthy on %s: %w", n.Name, err)
 	}
+	n.gpuHealthy = status
 	return nil
+}
+
+// readGPUHealthy is the Node's GPUHealthy status, "" when it has none or cannot be
+// read (the write then sets lastTransitionTime).
+func (n *Node) readGPUHealthy(ctx context.Context) corev1.ConditionStatus {
+	node, err := n.Client.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+	if err != nil {
+		return ""
+	}
+	for _, c := range node.Status.Conditions {
+		if c.Type == nodecontract.ConditionGPUHealthy {
+			return c.Status
+		}
+	}
+	return ""
 }
 
 // RenewLease creates or renews the node's Lease in kube-node-lease, as kubelet does

@@ -90,7 +90,7 @@ func TestSimulatedJoin(t *testing.T) {
 	if n.Labels["gpurack.io/gpu.product"] != "NVIDIA-H100-80GB-HBM3" || n.Labels["gpurack.io/gpu.count"] != "8" || n.Labels["gpurack.io/simulated"] != "true" {
 		t.Errorf("labels %v", n.Labels)
 	}
-	if len(n.Spec.Taints) == 0 || n.Spec.Taints[0].Key != TaintUnvalidated {
+	if len(n.Spec.Taints) == 0 || n.Spec.Taints[0].Key != "gpurack.io/unvalidated" {
 		t.Errorf("taints %v", n.Spec.Taints)
 	}
 
@@ -105,7 +105,7 @@ func TestSimulatedJoin(t *testing.T) {
 		for {
 			n, err := admin.CoreV1().Nodes().Get(ctx, "gpu-node-1", metav1.GetOptions{})
 			if err == nil {
-				if c := condition(n, ConditionGPUHealthy); c != nil && c.Status == want {
+				if c := condition(n, "GPUHealthy"); c != nil && c.Status == want {
 					return c, time.Since(start)
 				}
 			}
@@ -137,4 +137,59 @@ func TestSimulatedJoin(t *testing.T) {
 	mon.GPUsReset([]int{3})
 	_, d := waitCondition(corev1.ConditionTrue, "after clearing")
 	t.Logf("cleared -> GPUHealthy=True after %v (1 s hysteresis)", d.Round(time.Millisecond))
+}
+
+// TestGPUHealthyKeepsTransitionTime: lastTransitionTime is when GPUHealthy last changed
+// status, as for every Node condition; writing the same status again (a new reason or
+// message, or an agent restart) keeps it.
+func TestGPUHealthyKeepsTransitionTime(t *testing.T) {
+	c := testcluster.Shared(t)
+	admin := c.Clientset(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const name = "gpu-node-ltt"
+	n, err := Register(ctx, admin, NodeSpec{Name: name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { admin.CoreV1().Nodes().Delete(context.Background(), name, metav1.DeleteOptions{}) })
+	read := func() corev1.NodeCondition {
+		t.Helper()
+		node, err := admin.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := condition(node, "GPUHealthy")
+		if c == nil {
+			t.Fatal("no GPUHealthy condition")
+		}
+		return *c
+	}
+	if err := n.SetGPUHealthy(ctx, corev1.ConditionTrue, "AllChecksPassed", "All checks passed on 8 GPUs."); err != nil {
+		t.Fatal(err)
+	}
+	first := read()
+	// lastTransitionTime has one-second resolution: let a second pass so that a
+	// rewritten time would show.
+	time.Sleep(1100 * time.Millisecond)
+	if err := n.SetGPUHealthy(ctx, corev1.ConditionTrue, "ChecksWarning", "GPUs usable; 1 check warns."); err != nil {
+		t.Fatal(err)
+	}
+	if got := read(); !got.LastTransitionTime.Equal(&first.LastTransitionTime) || got.Reason != "ChecksWarning" {
+		t.Errorf("True again: lastTransitionTime %v reason %s, want %v ChecksWarning", got.LastTransitionTime, got.Reason, first.LastTransitionTime)
+	}
+	// A restarted agent has a new Node value that has written nothing yet.
+	restarted := &Node{Client: admin, Name: name}
+	if err := restarted.SetGPUHealthy(ctx, corev1.ConditionTrue, "AllChecksPassed", "All checks passed on 8 GPUs."); err != nil {
+		t.Fatal(err)
+	}
+	if got := read(); !got.LastTransitionTime.Equal(&first.LastTransitionTime) {
+		t.Errorf("True after a restart: lastTransitionTime %v, want %v", got.LastTransitionTime, first.LastTransitionTime)
+	}
+	if err := restarted.SetGPUHealthy(ctx, corev1.ConditionFalse, "XidFatal", "1 of 8 GPUs unhealthy."); err != nil {
+		t.Fatal(err)
+	}
+	if got := read(); !got.LastTransitionTime.After(first.LastTransitionTime.Time) || got.Status != corev1.ConditionFalse {
+		t.Errorf("False: lastTransitionTime %v status %s, want after %v and False", got.LastTransitionTime, got.Status, first.LastTransitionTime)
+	}
 }

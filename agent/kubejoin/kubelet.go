@@ -10,6 +10,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/gpurack/gpurack/internal/atomicfile"
+	"github.com/gpurack/gpurack/internal/nodecontract"
 )
 
 // Real-node join (CONTRACTS §6): kubelet, shipped by the image but not enabled, does the
@@ -79,9 +80,9 @@ func KubeletConfig(j KubeletJoin) ([]byte, error) {
 	if j.CgroupDriver != "systemd" && j.CgroupDriver != "cgroupfs" {
 		return nil, fmt.Errorf("kubelet config: cgroup driver %q, want systemd or cgroupfs", j.CgroupDriver)
 	}
-	taints := []TaintSpec{{Key: TaintUnvalidated, Effect: "NoSchedule"}}
+	taints := []TaintSpec{{Key: nodecontract.TaintUnvalidated, Effect: "NoSchedule"}}
 	for _, t := range j.Taints {
-		if t.Key != TaintUnvalidated {
+		if t.Key != nodecontract.TaintUnvalidated {
 			taints = append(taints, t)
 		}
 	}

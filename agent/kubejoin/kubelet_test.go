@@ -70,7 +70,7 @@ func TestStartKubelet(t *testing.T) {
 	dir := t.TempDir()
 	p := KubeletPaths{BootstrapKubeconfig: filepath.Join(dir, "bootstrap-kubeconfig"), Config: filepath.Join(dir, "config.yaml"), Kubeconfig: filepath.Join(dir, "kubeconfig")}
 	j := KubeletJoin{Server: c.Server, ClusterCAPEM: c.CAPEM, Token: token, CgroupDriver: "systemd",
-		Taints:     []TaintSpec{{Key: "gpurack.example/dedicated", Value: "ml", Effect: "NoSchedule"}, {Key: TaintUnvalidated, Effect: "NoSchedule"}},
+		Taints:     []TaintSpec{{Key: "gpurack.example/dedicated", Value: "ml", Effect: "NoSchedule"}, {Key: "gpurack.io/unvalidated", Effect: "NoSchedule"}},
 		ClusterDNS: []string{"10.96.0.10"}, ClusterDomain: "cluster.local"}
 	h := &fakeHost{}
 	if err := StartKubelet(context.Background(), h, p, "gpu-r1-u07", j); err != nil {
@@ -92,7 +92,7 @@ func TestStartKubelet(t *testing.T) {
 	if err := yaml.Unmarshal(data, &cfg); err != nil {
 		t.Fatalf("config.yaml: %v\n%s", err, data)
 	}
-	wantTaints := []TaintSpec{{Key: TaintUnvalidated, Effect: "NoSchedule"}, {Key: "gpurack.example/dedicated", Value: "ml", Effect: "NoSchedule"}}
+	wantTaints := []TaintSpec{{Key: "gpurack.io/unvalidated", Effect: "NoSchedule"}, {Key: "gpurack.example/dedicated", Value: "ml", Effect: "NoSchedule"}}
 	if cfg.Kind != "KubeletConfiguration" || cfg.APIVersion != "kubelet.config.k8s.io/v1beta1" || cfg.CgroupDriver != "systemd" ||
 		cfg.ContainerRuntimeEndpoint != ContainerdEndpoint || !reflect.DeepEqual(cfg.RegisterWithTaints, wantTaints) ||
 		!reflect.DeepEqual(cfg.ClusterDNS, []string{"10.96.0.10"}) || cfg.ClusterDomain != "cluster.local" || !cfg.RotateCertificates {

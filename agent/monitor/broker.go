@@ -1,10 +1,12 @@
 package monitor
 
 import (
+	"context"
 	"sync"
 	"time"
 
 	"github.com/gpurack/gpurack/agent/checks"
+	"github.com/gpurack/gpurack/agent/gossip"
 	"github.com/gpurack/gpurack/agent/health"
 	"github.com/gpurack/gpurack/agent/xid"
 )
@@ -15,9 +17,14 @@ type Event struct {
 	Health *HealthChange
 	XID    *xid.Event
 	Check  *CheckChange
-	// Other carries events from other parts (gossip member changes, enrollment), which
-	// the API layer knows how to render.
-	Other any
+	// Member is a rack member change that gossip saw.
+	Member *MemberChange
+}
+
+// MemberChange is a change of a rack member (agent/gossip's OnChange).
+type MemberChange struct {
+	Change gossip.Change
+	Member gossip.Member
 }
 
 // HealthChange is a change of the published health summary.
@@ -88,6 +95,37 @@ func (b *Broker) Publish(e Event) {
 			delete(b.subs, s)
 			close(s.over)
 			close(s.c)
+		}
+	}
+}
+
+// Follow calls onEvent for every event published on b until ctx ends, from one
+// goroutine (the caller's), and closes its subscription when it returns. resync, when
+// not nil, is called after each subscription: once at the start, and again each time
+// the subscriber fell more than SubscriberBuffer events behind and the broker dropped
+// it, when Follow subscribes afresh. A follower that mirrors state (the GPUHealthy
+// condition) reads it there, so no change is lost in a gap.
+func Follow(ctx context.Context, b *Broker, onEvent func(Event), resync func()) {
+	sub := b.Subscribe()
+	defer func() { sub.Close() }() // the latest subscription, not the first
+	if resync != nil {
+		resync()
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case e, ok := <-sub.C:
+			if ok {
+				onEvent(e)
+				continue
+			}
+			// Dropped for falling behind (Close is a no-op on it then): subscribe again.
+			sub.Close()
+			sub = b.Subscribe()
+			if resync != nil {
+				resync()
+			}
 		}
 	}
 }

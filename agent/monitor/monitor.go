@@ -280,8 +280,8 @@ func (m *Monitor) noteLost(s *gpu.Snapshot) {
 func (m *Monitor) checkXIDs(now time.Time) []checks.XIDEvent {
 	var out []checks.XIDEvent
 	for _, e := range m.xids.Events(now, checks.RecentXIDWindow) {
-		out = append(out, checks.XIDEvent{GPU: e.GPU, Code: e.Code, Class: string(e.Info.Class),
-			Fatal: e.Info.Class.Counts(), Application: e.Info.Class == xid.Application, At: e.At})
+		out = append(out, checks.XIDEvent{GPU: e.GPU, Code: e.Code, Class: string(e.Class),
+			Fatal: e.Class.Counts(), Application: e.Class == xid.Application, At: e.At})
 	}
 	return out
 }
@@ -289,8 +289,8 @@ func (m *Monitor) checkXIDs(now time.Time) []checks.XIDEvent {
 // RecordXID adds an XID to the history; when new, it publishes it and asks for an
 // immediate checklist run.
 func (m *Monitor) RecordXID(e xid.Event, kmsgSeq uint64) {
-	if e.Info.Code == 0 {
-		e.Info, _ = xid.Classify(e.Code)
+	if e.Class == "" {
+		e.Class = xid.ClassOf(e.Code)
 	}
 	if e.PCIBusID == "" && e.GPU >= 0 {
 		m.mu.Lock()
@@ -300,7 +300,7 @@ func (m *Monitor) RecordXID(e xid.Event, kmsgSeq uint64) {
 	if !m.xids.Add(e, kmsgSeq) {
 		return
 	}
-	m.log.Warn("XID", "gpu", e.GPU, "pci_bus_id", e.PCIBusID, "xid", e.Code, "class", e.Info.Class, "source", e.Source, "message", e.Message)
+	m.log.Warn("XID", "gpu", e.GPU, "pci_bus_id", e.PCIBusID, "xid", e.Code, "class", e.Class, "source", e.Source, "message", e.Message)
 	ev := e
 	m.broker.Publish(Event{Time: e.At, XID: &ev})
 	m.Kick()

@@ -115,7 +115,7 @@ func GPU(g *gpu.GPU) *machinev1.GPU {
 
 // XID maps an XID event.
 func XID(e xid.Event) *agentv1.XIDEvent {
-	out := &agentv1.XIDEvent{PciBusId: e.PCIBusID, Xid: e.Code, Class: string(e.Info.Class), Fatal: e.Info.Class.Counts(),
+	out := &agentv1.XIDEvent{PciBusId: e.PCIBusID, Xid: e.Code, Class: string(e.Class), Fatal: e.Class.Counts(),
 		Message: e.Message, Pid: e.PID, ProcessName: e.Process, Simulated: e.Simulated}
 	if e.GPU >= 0 {
 		i := int32(e.GPU)

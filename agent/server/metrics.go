@@ -10,7 +10,6 @@ import (
 
 	"github.com/gpurack/gpurack/agent/gpu"
 	"github.com/gpurack/gpurack/agent/health"
-	"github.com/gpurack/gpurack/agent/monitor"
 	"github.com/gpurack/gpurack/agent/xid"
 )
 
@@ -29,7 +28,7 @@ func nodeDesc(name, help string, labels ...string) *prometheus.Desc {
 // Collector exports the monitor's latest snapshot, results and health at scrape time.
 // It never calls NVML itself: a scrape costs no GPU reads.
 type Collector struct {
-	Monitor  *monitor.Monitor
+	Monitor  StateReader
 	Hostname string
 	Version  string
 	// Rack returns gossip member counts by state; nil without gossip.
@@ -127,12 +126,12 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(mCheck, 1, h, string(r.ID), idx, r.Status.String())
 	}
 	for k, n := range c.Monitor.XIDs().Counts() {
-		l, ok := byIndex[k[0]]
+		l, ok := byIndex[k.GPU]
 		if !ok {
-			l = []string{strconv.Itoa(k[0]), "", "", "", h}
+			l = []string{strconv.Itoa(k.GPU), "", "", "", h}
 		}
-		info, _ := xid.Classify(uint32(k[1]))
-		counter(mXID, float64(n), append(append([]string{}, l...), strconv.Itoa(k[1]), string(info.Class))...)
+		code := strconv.FormatUint(uint64(k.Code), 10)
+		counter(mXID, float64(n), append(append([]string{}, l...), code, string(xid.ClassOf(k.Code)))...)
 	}
 	gauge(mInfo, 1, h, c.Version, b.Name(), drv, profile, strconv.FormatBool(b.Simulated()))
 	if c.Rack != nil {

@@ -19,12 +19,14 @@ import (
 	"github.com/gpurack/gpurack/agent/facts"
 	"github.com/gpurack/gpurack/agent/gpu"
 	"github.com/gpurack/gpurack/agent/gpu/sim"
+	"github.com/gpurack/gpurack/agent/health"
 	"github.com/gpurack/gpurack/agent/monitor"
 	"github.com/gpurack/gpurack/agent/protoconv"
 	"github.com/gpurack/gpurack/agent/xid"
 	agentv1 "github.com/gpurack/gpurack/api/agent/v1"
 	machinev1 "github.com/gpurack/gpurack/api/machine/v1"
 	"github.com/gpurack/gpurack/internal/checkid"
+	"github.com/gpurack/gpurack/internal/profile"
 )
 
 // FaultInjector is the simulator's fault API (agent/gpu/sim.Sim).
@@ -34,11 +36,30 @@ type FaultInjector interface {
 	Active() []sim.ActiveFault
 }
 
+// Monitor is what the API reads and drives: agent/monitor.Monitor.
+type Monitor interface {
+	StateReader
+	RunChecks(phase monitor.Phase, ids ...checkid.ID) *monitor.Checklist
+	Broker() *monitor.Broker
+	Kick()
+	GPUsReset(gpus []int)
+}
+
+// StateReader is the monitor's state as the API and the metrics read it.
+type StateReader interface {
+	Backend() gpu.Backend
+	Profile() *profile.Profile
+	Health() health.Summary
+	Last() *monitor.Checklist
+	Results() []checks.Result
+	XIDs() *xid.Tracker
+}
+
 // Service implements AgentService.
 type Service struct {
 	agentv1.UnimplementedAgentServiceServer
 
-	Monitor *monitor.Monitor
+	Monitor Monitor
 	// Faults is the simulator, or nil on real GPUs.
 	Faults    FaultInjector
 	Identity  facts.Identity
@@ -51,9 +72,6 @@ type Service struct {
 	Rack func() *agentv1.RackView
 	// Enrollment returns the enrollment status.
 	Enrollment func() *agentv1.EnrollmentStatus
-	// Render converts an event from another part (monitor.Event.Other) into an API
-	// event payload; nil ignores such events.
-	Render func(any) (kind agentv1.EventKind, ev *agentv1.Event)
 }
 
 func (s *Service) nodeName() string {
@@ -209,13 +227,14 @@ func (s *Service) render(e monitor.Event) (agentv1.EventKind, *agentv1.Event) {
 			cc.Previous = protoconv.Result(*e.Check.Previous, at)
 		}
 		return agentv1.EventKind_EVENT_KIND_CHECK_RESULT, &agentv1.Event{Payload: &agentv1.Event_CheckResultChanged{CheckResultChanged: cc}}
-	case e.Other != nil && s.Render != nil:
-		return s.Render(e.Other)
+	case e.Member != nil:
+		return agentv1.EventKind_EVENT_KIND_GOSSIP_MEMBER, memberChanged(e.Member, s.Monitor.Health())
 	}
 	return 0, nil
 }
 
-// InjectFault applies a simulator fault.
+// InjectFault applies a simulator fault. XIDs (and lost GPUs) come back through the
+// agent's NVML event watch, as on real GPUs.
 func (s *Service) InjectFault(_ context.Context, req *agentv1.InjectFaultRequest) (*agentv1.InjectFaultResponse, error) {
 	if s.Faults == nil {
 		return nil, status.Errorf(codes.FailedPrecondition, "fault injection needs the simulator backend; this agent runs %s", s.Monitor.Backend().Name())
@@ -228,10 +247,8 @@ func (s *Service) InjectFault(_ context.Context, req *agentv1.InjectFaultRequest
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	if f.Kind == sim.KindXID {
-		// The NVML event watch delivers it too; the XID history dedups the pair.
-		s.Monitor.RecordXID(xid.Event{GPU: f.GPU, Code: uint32(f.Value), At: time.Now(), Source: "sim", Simulated: true}, 0)
-	}
+	// An XID reaches the monitor the way a real one does: the simulator puts it on the
+	// NVML event sets, and the agent's event watch records it.
 	s.Monitor.Kick()
 	return &agentv1.InjectFaultResponse{FaultId: id, Fault: faultSpec(f, d)}, nil
 }

@@ -30,8 +30,9 @@ const (
 // Counts reports whether an XID of the class counts toward gpu.xid.fatal.
 func (c Class) Counts() bool { return c == ResetGPU || c == Reboot || c == Fatal }
 
-// Info is one row of the table.
-type Info struct {
+// Classification is one row of the table: what an XID code is and what gpurack does
+// about it.
+type Classification struct {
 	Code  uint32
 	Name  string
 	Class Class
@@ -39,7 +40,7 @@ type Info struct {
 	Why string
 }
 
-// Sources, abbreviated in Info.Why:
+// Sources, abbreviated in Classification.Why:
 //
 //	catalog  NVIDIA Xid catalog, "Immediate Action" column
 //	DP       NVIDIA k8s-device-plugin internal/rm/health.go (ignored XIDs)
@@ -47,7 +48,7 @@ type Info struct {
 //	gcm      facebookresearch/gcm NON_CRITICAL_ERRORS
 //	aznhc    Azure/azurehpc-health-checks XID_EC list
 //	EKS      aws/eks-node-monitoring-agent WellKnownXidCodes
-var table = map[uint32]Info{
+var table = map[uint32]Classification{
 	13:  {13, "Graphics Engine Exception", Application, "catalog RESTART_APP; DP ignores; gcm non-critical"},
 	31:  {31, "GPU memory page fault", Application, "catalog RESTART_APP; DP ignores; gcm non-critical; DCGM warns"},
 	43:  {43, "GPU stopped processing", Application, "catalog IGNORE; DP ignores; gcm non-critical; DCGM warns"},
@@ -72,16 +73,22 @@ var table = map[uint32]Info{
 // Classify returns the table's row for code. Codes the table does not know are
 // Recoverable: the device plugin and gcm would mark them unhealthy, aznhc would ignore
 // them; a warning makes them visible without draining nodes on an unknown code.
-func Classify(code uint32) (Info, bool) {
+func Classify(code uint32) (Classification, bool) {
 	if i, ok := table[code]; ok {
 		return i, true
 	}
-	return Info{Code: code, Name: fmt.Sprintf("XID %d", code), Class: Recoverable, Why: "not in the table; warn"}, false
+	return Classification{Code: code, Name: fmt.Sprintf("XID %d", code), Class: Recoverable, Why: "not in the table; warn"}, false
+}
+
+// ClassOf is the class of code (Recoverable for codes the table does not know).
+func ClassOf(code uint32) Class {
+	c, _ := Classify(code)
+	return c.Class
 }
 
 // Table returns the table's rows ordered by code.
-func Table() []Info {
-	out := make([]Info, 0, len(table))
+func Table() []Classification {
+	out := make([]Classification, 0, len(table))
 	for code := uint32(0); code < 1000; code++ {
 		if i, ok := table[code]; ok {
 			out = append(out, i)

@@ -12,8 +12,10 @@ type Event struct {
 	GPU      int
 	PCIBusID string
 	Code     uint32
-	Info     Info
-	At       time.Time
+	// Class is the code's class in the table; Tracker.Add and the monitor fill it in
+	// when it is empty.
+	Class Class
+	At    time.Time
 	// Source is "kmsg", "nvml" (event set), "nvml-lost" (ERROR_GPU_IS_LOST) or "sim".
 	Source           string
 	PID              uint32
@@ -43,8 +45,8 @@ func NewTracker() *Tracker { return &Tracker{resets: map[int]time.Time{}, seqs: 
 // Add records e unless it duplicates one already recorded, and reports whether it
 // was new. kmsgSeq, when not 0, dedups kernel log records re-read after a restart.
 func (t *Tracker) Add(e Event, kmsgSeq uint64) bool {
-	if e.Info.Code == 0 {
-		e.Info, _ = Classify(e.Code)
+	if e.Class == "" {
+		e.Class = ClassOf(e.Code)
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -73,7 +75,7 @@ func (t *Tracker) Add(e Event, kmsgSeq uint64) bool {
 	}
 	t.events = append(t.events, e)
 	if len(t.events) > maxEvents {
-		drop := slices.IndexFunc(t.events, func(x Event) bool { return !x.Info.Class.Counts() })
+		drop := slices.IndexFunc(t.events, func(x Event) bool { return !x.Class.Counts() })
 		if drop < 0 {
 			drop = 0
 		}
@@ -98,7 +100,7 @@ func (t *Tracker) Events(now time.Time, window time.Duration) []Event {
 	defer t.mu.Unlock()
 	var out []Event
 	for _, e := range t.events {
-		if e.Info.Class.Counts() {
+		if e.Class.Counts() {
 			if e.At.After(t.resets[e.GPU]) {
 				out = append(out, e)
 			}
@@ -122,14 +124,20 @@ func (t *Tracker) Recent(now time.Time, window time.Duration) []Event {
 	return out
 }
 
+// CodeOnGPU is one XID code on one GPU (GPU -1: not attributed to a GPU).
+type CodeOnGPU struct {
+	GPU  int
+	Code uint32
+}
+
 // Counts returns how many XIDs were seen per GPU and code since the agent started (for
 // the gpurack_xid_errors_total metric).
-func (t *Tracker) Counts() map[[2]int]int {
+func (t *Tracker) Counts() map[CodeOnGPU]int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	m := map[[2]int]int{}
+	m := map[CodeOnGPU]int{}
 	for _, e := range t.events {
-		m[[2]int{e.GPU, int(e.Code)}]++
+		m[CodeOnGPU{e.GPU, e.Code}]++
 	}
 	return m
 }

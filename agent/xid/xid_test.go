@@ -136,7 +136,7 @@ func TestTracker(t *testing.T) {
 	}
 	tr.Add(Event{GPU: 2, Code: 13, At: t0, Source: "kmsg"}, 44)
 	ev := tr.Events(t0.Add(time.Minute), time.Hour)
-	if len(ev) != 3 || ev[0].Info.Class != Reboot {
+	if len(ev) != 3 || ev[0].Class != Reboot {
 		t.Fatalf("events %+v", ev)
 	}
 	// Three hours later the recoverable and application XIDs left the window; the
@@ -152,7 +152,7 @@ func TestTracker(t *testing.T) {
 	if !tr.Add(Event{GPU: 3, Code: 79, At: t0.Add(4 * time.Hour), Source: "nvml-lost"}, 0) {
 		t.Error("GPU lost again after its reset not counted")
 	}
-	if c := tr.Counts(); c[[2]int{3, 79}] != 2 {
+	if c := tr.Counts(); c[CodeOnGPU{3, 79}] != 2 {
 		t.Errorf("counts %v", c)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/gpurack/gpurack/internal/checkid"
+	"github.com/gpurack/gpurack/internal/nodecontract"
 	"github.com/gpurack/gpurack/internal/strictyaml"
 )
 
@@ -236,8 +237,8 @@ func (v *validator) node(n *Node) {
 		f := "node.labels[" + k + "]"
 		if msg := labelKeyProblem(k); msg != "" {
 			v.fail(f, "%s", msg)
-		} else if strings.HasPrefix(k, "nvidia.com/") || strings.HasPrefix(k, "gpurack.io/") {
-			v.fail(f, "%q is reserved: GPU feature discovery owns nvidia.com/ and the agent owns gpurack.io/", k)
+		} else if strings.HasPrefix(k, "nvidia.com/") || strings.HasPrefix(k, nodecontract.LabelPrefix) {
+			v.fail(f, "%q is reserved: GPU feature discovery owns nvidia.com/ and the agent owns %s", k, nodecontract.LabelPrefix)
 		}
 		if !labelValueRE.MatchString(n.Labels[k]) {
 			v.fail(f, "value %q is not a valid label value (at most 63 of [A-Za-z0-9._-], alphanumeric at both ends)", n.Labels[k])

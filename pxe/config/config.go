@@ -154,8 +154,9 @@ type Cluster struct {
 	Domain     string   `yaml:"domain"`
 	// UnhealthyEffect of gpurack.io/gpu-unhealthy: NoSchedule (default) or NoExecute.
 	UnhealthyEffect string `yaml:"unhealthyEffect"`
-	// ClearAfter is the hysteresis before the taint is removed once GPUHealthy is True
-	// again; default 30s.
+	// ClearAfter is no longer used: the taint mirrors GPUHealthy, and the agent's
+	// --clear-after is the only hysteresis (decision 0205). It is still accepted, so
+	// that older files load; gpuboot warns when it is set.
 	ClearAfter time.Duration `yaml:"clearAfter"`
 }
 
@@ -230,9 +231,6 @@ func (c *Config) applyDefaults() {
 	}
 	if c.Cluster.UnhealthyEffect == "" {
 		c.Cluster.UnhealthyEffect = "NoSchedule"
-	}
-	if c.Cluster.ClearAfter == 0 {
-		c.Cluster.ClearAfter = 30 * time.Second
 	}
 	if c.Admin.TokensFile == "" && c.StateDir != "" {
 		c.Admin.TokensFile = filepath.Join(c.StateDir, "operator-tokens")

@@ -3,10 +3,13 @@
 // Nodes (Cluster, which pxe/enroll uses), and it watches Nodes (Controller): it tells
 // the enrollment service when a joining machine's Node registers, removes
 // gpurack.io/unvalidated once the machine is ready, and sets gpurack.io/gpu-unhealthy
-// while the Node's GPUHealthy condition is False, clearing it only after the condition
-// has been True for a while (hysteresis on clearing only).
+// while the Node's GPUHealthy condition is False, removing it when the condition is
+// True. It mirrors the condition and adds no hysteresis: the agent's is the only one
+// (it holds GPUHealthy False until its checks have been better for --clear-after;
+// decision 0205).
 //
-// It does not write labels or conditions: the agent owns those (NodeRestriction).
+// It does not write labels or conditions: the agent owns those (NodeRestriction). The
+// names it reads and writes are internal/nodecontract's.
 package nodecontrol
 
 import (

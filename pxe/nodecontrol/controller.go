@@ -31,8 +31,6 @@ type Lifecycle interface {
 type Options struct {
 	// Effect of gpurack.io/gpu-unhealthy: NoSchedule (default) or NoExecute.
 	Effect corev1.TaintEffect
-	// ClearAfter is the hysteresis before clearing it.
-	ClearAfter time.Duration
 	// Workers reconciling Nodes in parallel; default 4.
 	Workers int
 	Log     *slog.Logger
@@ -116,52 +114,47 @@ func (c *Controller) next(ctx context.Context) bool {
 		return false
 	}
 	defer c.queue.Done(name)
-	after, err := c.reconcile(ctx, name)
-	switch {
-	case err != nil:
+	if err := c.reconcile(ctx, name); err != nil {
 		c.opts.Log.Warn("node controller", "node", name, "err", err)
 		c.queue.AddRateLimited(name)
-	case after > 0:
-		c.queue.Forget(name)
-		c.queue.AddAfter(name, after)
-	default:
+	} else {
 		c.queue.Forget(name)
 	}
 	return true
 }
 
-func (c *Controller) reconcile(ctx context.Context, name string) (time.Duration, error) {
+func (c *Controller) reconcile(ctx context.Context, name string) error {
 	obj, exists, err := c.lister.GetByKey(name)
 	if err != nil || !exists {
-		return 0, err
+		return err
 	}
 	node := obj.(*corev1.Node)
 	if _, err := c.life.NodeRegistered(ctx, name); err != nil {
-		return 0, err
+		return err
 	}
 	st, known, err := c.life.StateByNode(ctx, name)
 	if err != nil {
-		return 0, err
+		return err
 	}
-	facts := Facts{Known: known, Ready: st == inventory.Ready, Effect: c.opts.Effect, ClearAfter: c.opts.ClearAfter}
+	facts := Facts{Known: known, Ready: st == inventory.Ready, Effect: c.opts.Effect}
 	// The informer's copy may lag the API server (the node lifecycle controller
 	// patches Nodes too): when the guarded patch fails, decide again on a fresh read
 	// rather than waiting for the cache and a rate-limited requeue.
 	for attempt := 0; ; attempt++ {
 		d := Decide(node, facts, c.opts.Now())
 		if !d.Changed {
-			return d.RequeueAfter, nil
+			return nil
 		}
 		err := c.patchTaints(ctx, node, d.Taints)
 		if err == nil {
 			c.opts.Log.Info("node taints updated", "node", name, "taints", taintKeys(d.Taints))
-			return d.RequeueAfter, nil
+			return nil
 		}
 		if !errors.Is(err, errStale) || attempt == 4 {
-			return 0, err
+			return err
 		}
 		if node, err = c.cluster.client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{}); err != nil {
-			return 0, err
+			return err
 		}
 	}
 }

@@ -24,7 +24,7 @@ func TestMain(m *testing.M) { os.Exit(testcluster.Main(m)) }
 func TestServeWithCluster(t *testing.T) {
 	c := testcluster.Shared(t)
 	admin := c.Clientset(t)
-	in := newInstance(t, "cluster: {kubeconfig: "+c.EnrollerKubeconfig+", clearAfter: 1s}\n")
+	in := newInstance(t, "cluster: {kubeconfig: "+c.EnrollerKubeconfig+"}\n")
 	in.start()
 	enrollc := in.enrollClient()
 	a := newTestAgent(21)

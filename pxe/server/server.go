@@ -136,8 +136,11 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 
 	if cluster != nil {
 		ctlMu.Lock()
+		if cfg.Cluster.ClearAfter != 0 {
+			log.Warn("cluster.clearAfter is ignored: the taint follows GPUHealthy and the agent's --clear-after is the only hysteresis (decision 0205); remove it from the configuration")
+		}
 		ctl = nodecontrol.NewController(cluster, svc, nodecontrol.Options{
-			Effect: corev1Effect(cfg.Cluster.UnhealthyEffect), ClearAfter: cfg.Cluster.ClearAfter, Log: log})
+			Effect: corev1Effect(cfg.Cluster.UnhealthyEffect), Log: log})
 		ctlMu.Unlock()
 		start("node controller", func() error { return ctl.Run(ctx) })
 	}

@@ -460,7 +460,7 @@ tftp: {enabled: false}
 enrollment: {unknownMachines: discover}
 policy: {approval: manual}
 logLevel: info
-cluster: {kubeconfig: %s, clearAfter: 1s}
+cluster: {kubeconfig: %s}
 `, joinHost, store, pubKey, imageID, enroller)
 	cfgPath := filepath.Join(dir, "gpuboot.yaml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {

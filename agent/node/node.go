@@ -1,0 +1,300 @@
+// Package node is the agent's life on a node: it runs the node's services (the check
+// loop, the gRPC API on the local socket and over mutual TLS, metrics, gossip, the
+// systemd watchdog) behind one small interface, Service, and takes the node through
+// enrollment with gpuboot, the Kubernetes join and commissioning (CONTRACTS §2, §5,
+// §6). Later node services (the pod network, kube-proxy, the device plugin) plug in as
+// one more Service.
+//
+// It is not the command line: agent/cmd/gpuagent parses flags, loads the profile and
+// the JoinBundle, opens the GPU backend and hands a Config to Run. Health decisions are
+// agent/monitor's and agent/health's; the API is agent/server's.
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/coreos/go-systemd/v22/daemon"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/gpurack/gpurack/agent/checks"
+	"github.com/gpurack/gpurack/agent/enroll"
+	"github.com/gpurack/gpurack/agent/facts"
+	"github.com/gpurack/gpurack/agent/gpu"
+	"github.com/gpurack/gpurack/agent/gpu/sim"
+	"github.com/gpurack/gpurack/agent/joinbundle"
+	"github.com/gpurack/gpurack/agent/kubejoin"
+	"github.com/gpurack/gpurack/agent/monitor"
+	"github.com/gpurack/gpurack/agent/server"
+	agentv1 "github.com/gpurack/gpurack/api/agent/v1"
+	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
+	"github.com/gpurack/gpurack/internal/buildinfo"
+	"github.com/gpurack/gpurack/internal/profile"
+)
+
+// Config is what the node runs with; agent/cmd/gpuagent fills it from its flags.
+type Config struct {
+	// Backend reads the GPUs; the caller closes it after Run returned (by then the
+	// NVML event watch has stopped).
+	Backend gpu.Backend
+	// Sim is the simulator behind Backend, or nil on real GPUs.
+	Sim     *sim.Sim
+	Profile *profile.Profile
+	Log     *slog.Logger
+
+	// Bundle, when not nil, is the JoinBundle given at start (--join-bundle, read from
+	// BundleFile) with its Credentials; the node then does not enroll.
+	Bundle      *bootv1.JoinBundle
+	BundleFile  string
+	Credentials *joinbundle.Credentials
+	// Enroll, when not nil, is the gpuboot the node enrolls with.
+	Enroll *enroll.Target
+
+	// Listen is the gRPC TCP address (mutual TLS with the bundle's certificate, or
+	// plaintext with Insecure); MetricsListen the /metrics address; Socket the local
+	// unix socket. Empty: none.
+	Listen, MetricsListen, Socket string
+	Insecure                      bool
+	// KeyDir holds the enrollment key, the kept JoinBundle and node credentials.
+	KeyDir string
+	// Interval between checklists; ClearAfter the health hysteresis (the only one:
+	// decision 0205).
+	Interval, ClearAfter time.Duration
+	// KmsgPath is the kernel log to watch for XIDs; empty: none.
+	KmsgPath string
+	// NodeName when there is no JoinBundle; default: the hostname.
+	NodeName string
+	// FactsRoot is where identity and the kernel command line are read.
+	FactsRoot facts.Root
+	// KubeletDir and CgroupRoot are for the real-node join.
+	KubeletDir, CgroupRoot string
+	// Console, when set, also gets enrollment progress (the machine's console).
+	Console string
+	Gossip  GossipConfig
+	// Host starts kubelet on real nodes; nil: systemd over D-Bus.
+	Host kubejoin.Host
+}
+
+// Run runs the node until ctx ends, then stops every service and returns nil. An error
+// means it could not start (a listener, gossip): the configuration needs fixing.
+func Run(ctx context.Context, cfg Config) error {
+	n, err := newNode(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	// READY=1 before enrolling (CONTRACTS §6): the unit is active with or without
+	// gpurack.enroll.
+	if ok, err := daemon.SdNotify(false, daemon.SdNotifyReady+"\nSTATUS=checking GPUs ("+cfg.Backend.Name()+")"); err != nil {
+		n.log.Warn("sd_notify READY failed", "error", err)
+	} else if ok {
+		n.log.Info("notified systemd: READY")
+	}
+	n.log.Info("gpuagent running", "version", buildinfo.String(), "backend", cfg.Backend.Name(), "profile", cfg.Profile.Name, "node", n.name.get())
+
+	<-ctx.Done()
+	n.log.Info("stopping")
+	daemon.SdNotify(false, daemon.SdNotifyStopping)
+	n.services.Wait()
+	for _, st := range n.services.Statuses() {
+		if st.State == Failed {
+			n.log.Warn("node service had failed", "service", st.Name, "error", st.Message)
+		}
+	}
+	return nil
+}
+
+// node is one running agent.
+type node struct {
+	cfg        Config
+	log        *slog.Logger
+	mon        *monitor.Monitor
+	api        *server.Service
+	services   *Services
+	rack       atomic.Pointer[rackGossip]
+	name       nodeName
+	enrollment *enrollState
+	identity   facts.Identity
+	imageID    string
+	started    time.Time
+}
+
+// newNode builds the monitor and the API and starts the services the configuration
+// asks for at start.
+func newNode(ctx context.Context, cfg Config) (*node, error) {
+	if cfg.Insecure && cfg.Credentials != nil {
+		return nil, errors.New("--insecure and --join-bundle both given: the bundle's certificate would go unused")
+	}
+	log := cfg.Log
+	n := &node{cfg: cfg, log: log, services: NewServices(ctx, log), started: time.Now(),
+		identity: cfg.FactsRoot.ReadIdentity(), imageID: cfg.FactsRoot.ImageID()}
+	n.name.set(cfg.NodeName)
+	if cfg.Bundle != nil {
+		n.name.set(cfg.Bundle.GetNodeName())
+	}
+	if n.name.get() == "" {
+		n.name.set(facts.Hostname())
+	}
+	n.mon = monitor.New(monitor.Config{Backend: cfg.Backend, Profile: cfg.Profile, Log: log, Interval: cfg.Interval,
+		ClearAfter: cfg.ClearAfter, KmsgPath: cfg.KmsgPath, Peers: func() []checks.Peer { return n.rack.Load().peers() }})
+	n.api = &server.Service{Monitor: n.mon, Identity: n.identity, ImageID: n.imageID, Version: buildinfo.String(),
+		StartedAt: n.started, NodeName: n.name.get,
+		Rack: func() *agentv1.RackView {
+			if r := n.rack.Load(); r != nil {
+				return r.view()
+			}
+			return nil
+		}}
+	if cfg.Sim != nil {
+		n.api.Faults = cfg.Sim
+	}
+	n.enrollment = &enrollState{st: initialEnrollment(cfg, n.started)}
+	n.api.Enrollment = n.enrollment.get
+
+	// Everything that can fail on bad configuration first, so that nothing runs
+	// when Run returns an error.
+	var start []Service
+	fail := func(err error) (*node, error) {
+		for _, s := range start {
+			if c, ok := s.(interface{ close() }); ok {
+				c.close()
+			}
+		}
+		return nil, err
+	}
+	if cfg.Bundle != nil {
+		svcs, err := n.bundleServices(cfg.Bundle, cfg.Credentials)
+		if err != nil {
+			return fail(err)
+		}
+		start = append(start, svcs...)
+	} else if g, err := startGossip(cfg.Gossip, nil, n.name.get(), n.imageID, n.mon, log); err != nil {
+		return fail(err)
+	} else if g != nil {
+		n.rack.Store(g.rack)
+		start = append(start, g)
+	}
+	if cfg.Socket != "" {
+		l, err := listenUnix(cfg.Socket)
+		if err != nil {
+			return fail(err)
+		}
+		gs, _ := server.NewGRPC(n.api, nil)
+		start = append(start, &grpcService{name: "grpc-unix", l: l, gs: gs, log: log, socket: cfg.Socket})
+	}
+	switch {
+	case cfg.Listen == "" || cfg.Credentials != nil:
+	case cfg.Insecure:
+		l, err := net.Listen("tcp", cfg.Listen)
+		if err != nil {
+			return fail(fmt.Errorf("--listen: %w", err))
+		}
+		log.Warn("serving gRPC WITHOUT TLS (--insecure); use only in labs")
+		gs, _ := server.NewGRPC(n.api, nil)
+		start = append(start, &grpcService{name: "grpc-tcp-plaintext", l: l, gs: gs, log: log})
+	case cfg.Enroll != nil:
+		log.Info("no TCP gRPC until enrollment brings the agent certificate; the local socket serves", "socket", cfg.Socket)
+	default:
+		log.Info("no TCP gRPC: no certificate yet (pass --join-bundle or --enroll, or --insecure in labs); the local socket serves", "socket", cfg.Socket)
+	}
+	if cfg.MetricsListen != "" {
+		l, err := net.Listen("tcp", cfg.MetricsListen)
+		if err != nil {
+			return fail(fmt.Errorf("--metrics-listen: %w", err))
+		}
+		col := &server.Collector{Monitor: n.mon, Hostname: facts.Hostname(), Version: buildinfo.String(),
+			Rack: func() map[string]int {
+				if r := n.rack.Load(); r != nil {
+					return r.counts()
+				}
+				return nil
+			}}
+		start = append(start, &metricsService{l: l, log: log,
+			srv: &http.Server{Handler: server.MetricsHandler(col), ReadHeaderTimeout: 10 * time.Second}})
+	}
+	start = append(start, &checksService{mon: n.mon, interval: cfg.Interval},
+		&watchdogService{mon: n.mon, interval: cfg.Interval, log: log})
+	if cfg.Bundle != nil || cfg.Enroll != nil {
+		start = append(start, &joinService{n: n})
+	}
+	for _, s := range start {
+		n.services.Start(s)
+	}
+	return n, nil
+}
+
+// bundleServices sets up what a JoinBundle enables: gossip with its rack key and the
+// mutual-TLS listener with its certificate. The services are not started yet.
+func (n *node) bundleServices(bundle *bootv1.JoinBundle, creds *joinbundle.Credentials) ([]Service, error) {
+	n.name.set(bundle.GetNodeName())
+	var out []Service
+	g, err := startGossip(n.cfg.Gossip, bundle, bundle.GetNodeName(), n.imageID, n.mon, n.log)
+	if err != nil {
+		return nil, err
+	}
+	if g != nil {
+		n.rack.Store(g.rack)
+		out = append(out, g)
+	}
+	if n.cfg.Listen != "" && creds != nil && !n.cfg.Insecure {
+		l, err := net.Listen("tcp", n.cfg.Listen)
+		if err != nil {
+			if g != nil {
+				g.close()
+			}
+			return nil, fmt.Errorf("--listen: %w", err)
+		}
+		gs, _ := server.NewGRPC(n.api, creds.ServerTLS())
+		out = append(out, &grpcService{name: "grpc-tcp-mtls", l: l, gs: gs, log: n.log})
+	}
+	return out, nil
+}
+
+// withBundle starts what a JoinBundle that enrollment fetched enables.
+func (n *node) withBundle(bundle *bootv1.JoinBundle, creds *joinbundle.Credentials) error {
+	svcs, err := n.bundleServices(bundle, creds)
+	if err != nil {
+		return err
+	}
+	for _, s := range svcs {
+		n.services.Start(s)
+	}
+	return nil
+}
+
+// initialEnrollment is the enrollment state at start.
+func initialEnrollment(cfg Config, since time.Time) *agentv1.EnrollmentStatus {
+	st := &agentv1.EnrollmentStatus{Since: timestamppb.New(since)}
+	switch {
+	case cfg.Bundle != nil:
+		st.State = agentv1.EnrollmentState_ENROLLMENT_STATE_JOINING
+		st.Message = "JoinBundle loaded from " + cfg.BundleFile
+	case cfg.Enroll != nil:
+		st.State = agentv1.EnrollmentState_ENROLLMENT_STATE_REGISTERING
+		st.Endpoint = cfg.Enroll.Endpoint
+		st.Message = "registering with gpuboot at " + cfg.Enroll.Endpoint
+	default:
+		st.State = agentv1.EnrollmentState_ENROLLMENT_STATE_NOT_ENROLLING
+		st.Message = "no gpurack.enroll on the kernel command line and no --enroll: serving the API and checks only"
+	}
+	return st
+}
+
+// nodeName is the node name, set again when enrollment brings a JoinBundle.
+type nodeName struct{ v atomic.Value }
+
+func (n *nodeName) set(s string) {
+	if s != "" {
+		n.v.Store(s)
+	}
+}
+
+func (n *nodeName) get() string {
+	s, _ := n.v.Load().(string)
+	return s
+}
