@@ -62,7 +62,6 @@ type rig struct {
 	broker *monitor.Broker
 }
 
-
 func newRig(t *testing.T) *rig {
 	t.Helper()
 	ca, err := pki.NewCA(pki.CARequest{CommonName: "gpurack api test CA"})
