@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
+
+	"github.com/gpurack/gpurack/internal/testreq"
 )
 
 var rackKey = []byte("0123456789abcdef0123456789abcdef")
@@ -196,6 +198,11 @@ func BenchmarkGossipConvergence(b *testing.B) {
 	}()
 	for _, n := range []int{100, 500} {
 		b.Run(fmt.Sprintf("members=%d", n), func(b *testing.B) {
+			if n > 100 {
+				// On a 2-core host a rack of 500 in one process did not form in 25 minutes
+				// (docs/agent.md); make bench must not hang on it.
+				testreq.OptIn(b, "GPURACK_BENCH_GOSSIP_LARGE", "a rack of 500 in one process needs many cores to form")
+			}
 			r := racks[n]
 			if r == nil {
 				for k, other := range racks { // one rack at a time on this host
