@@ -3,6 +3,7 @@ package build
 import (
 	"context"
 	"crypto/ed25519"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -114,11 +115,11 @@ func (b *imageBuild) inputs(ctx context.Context) error {
 	if err := b.binaries(ctx); err != nil {
 		return err
 	}
-	ids := map[string]string{}
-	for name, d := range b.bins {
-		ids[name] = d.SHA256
+	unit, err := os.ReadFile(b.o.AgentUnit)
+	if err != nil {
+		return fmt.Errorf("--agent-unit: %w", err)
 	}
-	b.imageID = manifest.ImageID(b.p.Canonical(), b.lockBytes, b.builder, ids)
+	b.imageID = manifest.ImageID(b.p.Canonical(), b.lockBytes, b.builder, bundledDigests(b.bins, unit))
 	b.rep.Logf("image %s: profile %s, %d packages, SOURCE_DATE_EPOCH=%d", b.imageID, b.p.Name, len(b.lock.Packages), b.epoch)
 	return nil
 }
@@ -179,6 +180,20 @@ func (b *imageBuild) hostInputs() error {
 		b.pauseTag = strings.TrimSpace(string(data))
 	}
 	return nil
+}
+
+// agentUnitName is the unit's entry among the image id's bundled-file digests.
+const agentUnitName = "gpuagent.service"
+
+// bundledDigests are the digests the image id covers besides the profile and the lock:
+// the bundled binaries and the gpuagent unit. The unit ships like the binaries, so two
+// builds that differ only in the unit must not share an id.
+func bundledDigests(bins map[string]manifest.FileDigest, unit []byte) map[string]string {
+	ids := map[string]string{agentUnitName: fmt.Sprintf("%x", sha256.Sum256(unit))}
+	for name, d := range bins {
+		ids[name] = d.SHA256
+	}
+	return ids
 }
 
 // checkAgentUnit fails, saying what to pass, unless unit names a regular file.
