@@ -433,7 +433,9 @@ func TestWaitPortUDP(t *testing.T) {
 func TestWaitPortTCPTimeoutSaysWhy(t *testing.T) {
 	env := New(t)
 	ns := env.Namespace()
-	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+	// Long enough for a refused dial to complete on a loaded host; a dial the deadline
+	// cuts short does not hide the earlier tries' reason.
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
 	defer cancel()
 	err := WaitPortIn(ctx, ns, "tcp", "127.0.0.1:1")
 	if err == nil {

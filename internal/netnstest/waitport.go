@@ -73,14 +73,18 @@ func waitPort(ctx context.Context, network, addr string) error {
 	default:
 		return fmt.Errorf("wait for %s %s: network must be tcp, tcp4, tcp6, udp, udp4 or udp6", network, addr)
 	}
+	var last error // the last try's reason, unless only the deadline cut it short
 	for {
 		err := try()
 		if err == nil {
 			return nil
 		}
+		if last == nil || ctx.Err() == nil {
+			last = err
+		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("wait for %s %s: %w (last try: %v)", network, addr, context.Cause(ctx), err)
+			return fmt.Errorf("wait for %s %s: %w (last try: %v)", network, addr, context.Cause(ctx), last)
 		case <-time.After(pollInterval):
 		}
 	}
