@@ -118,7 +118,7 @@ func (b *imageBuild) inputs(ctx context.Context) error {
 	for name, d := range b.bins {
 		ids[name] = d.SHA256
 	}
-	b.imageID = manifest.ImageID(b.p.Canonical(), b.lockBytes, b.builder, ids)
+	b.imageID = manifest.ImageID(b.p.Canonical(), b.lockBytes, b.builder, ids, nil)
 	b.rep.Logf("image %s: profile %s, %d packages, SOURCE_DATE_EPOCH=%d", b.imageID, b.p.Name, len(b.lock.Packages), b.epoch)
 	return nil
 }
