@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/gpurack/gpurack/imagebuilder/build"
 	"github.com/gpurack/gpurack/internal/profile"
 )
 
@@ -45,6 +46,10 @@ func lintOne(cmd *cobra.Command, path string) bool {
 	out, errOut := cmd.OutOrStdout(), cmd.ErrOrStderr()
 	p, err := profile.Load(path)
 	if err != nil {
+		fmt.Fprintln(errOut, err)
+		return false
+	}
+	if _, err := build.ImageArchives(path, p); err != nil {
 		fmt.Fprintln(errOut, err)
 		return false
 	}
