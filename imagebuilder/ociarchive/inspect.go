@@ -184,7 +184,7 @@ func readTar(r io.Reader) (*contents, error) {
 			return nil, fmt.Errorf("entry %s appears twice", name)
 		}
 		switch hdr.Typeflag {
-		case tar.TypeReg, tar.TypeRegA:
+		case tar.TypeReg: // the reader reports the old TypeRegA as TypeReg
 			e, err := readEntry(tr, hdr.Size, &kept)
 			if err != nil {
 				return nil, fmt.Errorf("entry %s: %v", name, err)

@@ -49,7 +49,8 @@ func lintOne(cmd *cobra.Command, path string) bool {
 		fmt.Fprintln(errOut, err)
 		return false
 	}
-	if _, err := build.ImageArchives(path, p); err != nil {
+	archives, err := build.ImageArchives(path, p)
+	if err != nil {
 		fmt.Fprintln(errOut, err)
 		return false
 	}
@@ -71,6 +72,9 @@ func lintOne(cmd *cobra.Command, path string) bool {
 		return false
 	default:
 		lockState = fmt.Sprintf("lock ok, %d packages", len(l.Packages))
+	}
+	if len(archives) > 0 {
+		gpu += fmt.Sprintf(", %d image archive(s)", len(archives))
 	}
 	fmt.Fprintf(out, "ok  %s: %s, %s, kernel %s, Kubernetes %s, %s; %s\n",
 		path, p.Name, p.Base.Suite, p.Kernel.Package, p.Kubernetes.Version, gpu, lockState)
