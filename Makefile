@@ -50,6 +50,10 @@ generate: ## regenerate the protobuf code in api/ (protoc + pinned plugins)
 k8s-bins: ## build pinned Kubernetes v1.34.2, etcd v3.6.16, grpcurl, promtool and the pause image into the cache
 	@hack/k8s-bins.sh
 
+.PHONY: probe-image
+probe-image: ## pack the test probe (test/probe, static Go) into $(BIN)/images/probe.tar with hack/imagearchive, reproducibly
+	hack/probe-image.sh $(BIN)/images/probe.tar
+
 .PHONY: fuzz
 fuzz: ## run every fuzz target for FUZZTIME each (default 30s)
 	@hack/fuzz.sh $(or $(FUZZTIME),30s)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	admissionv1 "k8s.io/api/admissionregistration/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/client-go/tools/clientcmd"
 	bootstrapapi "k8s.io/cluster-bootstrap/token/api"
 
@@ -77,9 +78,32 @@ func TestObjects(t *testing.T) {
 		"clusterroles gpurack:enroller",
 		"validatingadmissionpolicies " + EnrollerPolicy,
 		"validatingadmissionpolicybindings " + EnrollerPolicy,
+		"clusterroles " + NodeReaderRole,
+		"clusterrolebindings " + NodeReaderRole,
+		"clusterrolebindings " + NodeProxierBinding,
 	} {
 		if !slices.Contains(names, want) {
 			t.Errorf("no %s in %v", want, names)
+		}
+	}
+	// What the nodes get is read-only: no grant bound to system:nodes writes.
+	roles := map[string][]rbacv1.PolicyRule{}
+	for _, o := range objs {
+		if r, ok := o.Obj.(*rbacv1.ClusterRole); ok {
+			roles[r.Name] = r.Rules
+		}
+	}
+	for _, o := range objs {
+		b, ok := o.Obj.(*rbacv1.ClusterRoleBinding)
+		if !ok || !slices.ContainsFunc(b.Subjects, func(s rbacv1.Subject) bool { return s.Name == NodesGroup }) {
+			continue
+		}
+		for _, r := range roles[b.RoleRef.Name] {
+			for _, v := range r.Verbs {
+				if v != "get" && v != "list" && v != "watch" {
+					t.Errorf("%s gives system:nodes %s on %v", b.Name, v, r.Resources)
+				}
+			}
 		}
 	}
 	for _, o := range objs {

@@ -85,6 +85,7 @@ func Objects(cfg *clusterconfig.Config, caPEM []byte) ([]Object, error) {
 	objs = append(objs, nodeBootstrapRBAC()...)
 	objs = append(objs, kubeadmConfigMaps(cfg)...)
 	objs = append(objs, enrollerObjects()...)
+	objs = append(objs, nodeServiceRBAC()...)
 	return objs, nil
 }
 
@@ -168,6 +169,31 @@ func nodeBootstrapRBAC() []Object {
 		role(metav1.NamespacePublic, "kubeadm:bootstrap-signer-clusterinfo",
 			rbacv1.PolicyRule{Verbs: []string{"get"}, APIGroups: []string{""}, Resources: []string{"configmaps"}, ResourceNames: []string{bootstrapapi.ConfigMapClusterInfo}}),
 		roleBinding(metav1.NamespacePublic, "kubeadm:bootstrap-signer-clusterinfo", user("system:anonymous")),
+	}
+}
+
+// Names of the read-only grants to every node (CONTRACTS.md §10).
+const (
+	// NodeReaderRole lets a node list and watch every Node: the pod network reads
+	// the other nodes' podCIDRs and addresses.
+	NodeReaderRole = "gpurack:node-reader"
+	// NodeProxierBinding binds Kubernetes' system:node-proxier (read Services,
+	// EndpointSlices and Nodes, write Events) to the nodes, for kube-proxy.
+	NodeProxierBinding = "gpurack:node-proxier"
+)
+
+// nodeServiceRBAC lets the node-side cluster services (pod network, kube-proxy) run
+// with the node's own identity, the kubelet's client certificate system:node:NAME in
+// the group system:nodes. The Node authorizer gives a node only what its own pods
+// need (and, since Kubernetes 1.32, only its own Node object to read); these grants add
+// reads and nothing else. NodeRestriction keeps limiting each node to writing itself,
+// so no node holds a credential that can change the rest of the cluster.
+func nodeServiceRBAC() []Object {
+	return []Object{
+		clusterRole(NodeReaderRole,
+			rbacv1.PolicyRule{Verbs: []string{"get", "list", "watch"}, APIGroups: []string{""}, Resources: []string{"nodes"}}),
+		clusterRoleBinding(NodeReaderRole, NodeReaderRole, group(NodesGroup)),
+		clusterRoleBinding(NodeProxierBinding, "system:node-proxier", group(NodesGroup)),
 	}
 }
 

@@ -12,7 +12,7 @@ import (
 func TestUnitNamesTheImage(t *testing.T) {
 	bins := map[string]manifest.FileDigest{"gpuagent": {SHA256: "aa"}, "kubelet": {SHA256: "bb"}}
 	id := func(unit string) string {
-		return manifest.ImageID([]byte("profile"), []byte("lock"), "builder", bundledDigests(bins, []byte(unit)))
+		return manifest.ImageID([]byte("profile"), []byte("lock"), "builder", bundledDigests(bins, []byte(unit)), nil)
 	}
 	a := id("[Service]\nExecStart=/usr/bin/gpuagent run\n")
 	if b := id("[Service]\nExecStart=/usr/bin/gpuagent run --interval 1s\n"); a == b {

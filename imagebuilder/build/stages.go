@@ -17,6 +17,7 @@ import (
 	"github.com/gpurack/gpurack/imagebuilder/assemble"
 	"github.com/gpurack/gpurack/imagebuilder/debcache"
 	"github.com/gpurack/gpurack/imagebuilder/kmod"
+	"github.com/gpurack/gpurack/imagebuilder/ociarchive"
 	"github.com/gpurack/gpurack/imagebuilder/rootfs"
 	"github.com/gpurack/gpurack/internal/buildinfo"
 	"github.com/gpurack/gpurack/internal/manifest"
@@ -43,6 +44,7 @@ type imageBuild struct {
 	agent     string // gpuagent binary
 	initBin   string // gpurack-init binary
 	bins      map[string]manifest.FileDigest
+	archives  []*ociarchive.File // the profile's image archives, checked
 	imageID   string
 
 	// fetch
@@ -94,6 +96,11 @@ func (b *imageBuild) inputs(ctx context.Context) error {
 	if err := checkAgentUnit(b.o.AgentUnit); err != nil {
 		return err
 	}
+	archives, err := ImageArchives(b.o.Profile, b.p)
+	if err != nil {
+		return err
+	}
+	b.archives = archives
 	o := &b.o
 	if o.Cache == "" {
 		o.Cache = DefaultCacheDir()
@@ -119,8 +126,8 @@ func (b *imageBuild) inputs(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("--agent-unit: %w", err)
 	}
-	b.imageID = manifest.ImageID(b.p.Canonical(), b.lockBytes, b.builder, bundledDigests(b.bins, unit))
-	b.rep.Logf("image %s: profile %s, %d packages, SOURCE_DATE_EPOCH=%d", b.imageID, b.p.Name, len(b.lock.Packages), b.epoch)
+	b.imageID = manifest.ImageID(b.p.Canonical(), b.lockBytes, b.builder, bundledDigests(b.bins, unit), archiveDigests(b.archives))
+	b.rep.Logf("image %s: profile %s, %d packages, %d image archives, SOURCE_DATE_EPOCH=%d", b.imageID, b.p.Name, len(b.lock.Packages), len(b.archives), b.epoch)
 	return nil
 }
 
@@ -382,7 +389,7 @@ func (b *imageBuild) customize(overlay, installed string) ([]string, error) {
 	node := &rootfs.Node{
 		ImageID: b.imageID, ProfileJSON: b.p.Canonical(), Kubelet: b.kubelet, PauseImage: b.pause, PauseTag: b.pauseTag,
 		Agent: b.agent, AgentUnit: b.o.AgentUnit, KernelVersion: b.kver, KernelModules: b.modDir, Modules: b.nodeMods,
-		InstalledList: installed, ExtraModules: b.extraMods,
+		InstalledList: installed, ExtraModules: b.extraMods, Images: nodeArchives(b.archives),
 	}
 	return node.Write(overlay)
 }
@@ -467,7 +474,7 @@ func (b *imageBuild) sign(ctx context.Context) error {
 		SchemaVersion: manifest.SchemaVersion, ImageID: b.imageID, Profile: p.Name,
 		ProfileDigest: p.Digest(), LockDigest: "sha256:" + sha256Hex(b.lockBytes), BuilderVersion: b.builder,
 		SourceDateEpoch: b.epoch, Kernel: manifest.Kernel{Version: b.kver, Package: b.kernelPkg.Name},
-		KubernetesVersion: p.Kubernetes.Version, Binaries: b.bins, Driver: b.driver,
+		KubernetesVersion: p.Kubernetes.Version, Binaries: b.bins, Driver: b.driver, Images: manifestArchives(b.archives),
 	}
 	for _, name := range []string{manifest.ArtifactKernel, manifest.ArtifactInitrd, manifest.ArtifactRootfs, manifest.ArtifactCmdline, manifest.ArtifactSBOM} {
 		a, err := manifest.ArtifactOf(b.stageDir, name)

@@ -24,6 +24,16 @@ type Node struct {
 	// ExtraModules maps a module file under /usr/lib/modules/<version>/ (for example
 	// updates/dkms/nvidia-current.ko) to the built file to ship there.
 	ExtraModules map[string]string
+	// Images are the profile's container image archives, imported after the pause
+	// image by gpurack-images.service.
+	Images []ImageArchive
+}
+
+// ImageArchive is one container image archive the rootfs ships.
+type ImageArchive struct {
+	Src   string   // the checked archive on the build host
+	Dst   string   // its absolute path in the rootfs, under /usr/share/gpurack/images
+	Names []string // the image references it carries, for the unit's comment
 }
 
 // NodeModules are the kernel modules every node loads or may load: what kubelet,
@@ -63,7 +73,7 @@ func (n *Node) Write(overlay string) ([]string, error) {
 		"etc/sysctl.d/90-gpurack-kubernetes.conf":        sysctls,
 		"etc/modules-load.d/gpurack-kubernetes.conf":     "overlay\nbr_netfilter\nnf_conntrack\n",
 		"etc/systemd/system/kubelet.service":             kubeletUnit,
-		"etc/systemd/system/gpurack-images.service":      fmt.Sprintf(imagesUnit, n.PauseTag),
+		"etc/systemd/system/gpurack-images.service":      imagesUnit(n.PauseTag, n.Images),
 		"etc/systemd/system/gpurack-boot-report.service": bootReportUnit,
 		"usr/lib/gpurack/boot-report":                    bootReport,
 		"etc/systemd/network/80-gpurack-dhcp.network":    networkdConfig,
@@ -85,15 +95,25 @@ func (n *Node) Write(overlay string) ([]string, error) {
 		src  string
 		mode os.FileMode
 	}{
-		"usr/bin/kubelet":                    {n.Kubelet, 0o755},
-		"usr/bin/gpuagent":                   {n.Agent, 0o755},
-		"usr/share/gpurack/images/pause.tar": {n.PauseImage, 0o644},
+		"usr/bin/kubelet":  {n.Kubelet, 0o755},
+		"usr/bin/gpuagent": {n.Agent, 0o755},
+		pauseArchive:       {n.PauseImage, 0o644},
 	}
 	copies["etc/systemd/system/gpuagent.service"] = struct {
 		src  string
 		mode os.FileMode
 	}{n.AgentUnit, 0o644}
 	enable := []string{"systemd-networkd.service", "systemd-resolved.service", "gpurack-images.service", "gpurack-boot-report.service", "gpuagent.service"}
+	for _, im := range n.Images {
+		dst := strings.TrimPrefix(im.Dst, "/")
+		if !strings.HasPrefix(dst, "usr/share/gpurack/images/") || strings.Contains(dst, "..") || dst == pauseArchive {
+			return nil, fmt.Errorf("node files: image archive %s: %q is not a file in /usr/share/gpurack/images", im.Src, im.Dst)
+		}
+		copies[dst] = struct {
+			src  string
+			mode os.FileMode
+		}{im.Src, 0o644}
+	}
 	for dst, src := range n.ExtraModules {
 		copies[filepath.Join("usr/lib/modules", n.KernelVersion, dst)] = struct {
 			src  string
@@ -232,10 +252,32 @@ RestartSec=5
 WantedBy=multi-user.target
 `
 
-// imagesUnit imports the pause image shipped in the image into containerd's k8s.io
-// namespace, so that pods start with no registry reachable.
-const imagesUnit = `# gpurack: import the pause image (%s) shipped in the image into containerd.
-[Unit]
+// pauseArchive is the pause image's archive in the rootfs.
+const pauseArchive = "usr/share/gpurack/images/pause.tar"
+
+// imagesUnit imports the pause image and the profile's image archives shipped in the
+// image into containerd's k8s.io namespace, so that pods start with no registry
+// reachable. The profile's archives are imported for the node's platform only (a
+// multi-platform export may hold just that one; gpuimage checked it is complete).
+func imagesUnit(pauseTag string, images []ImageArchive) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# gpurack: import the pause image (%s)", pauseTag)
+	if len(images) > 0 {
+		b.WriteString(" and the profile's image archives")
+	}
+	b.WriteString(" shipped in the image into containerd.\n")
+	for _, im := range images {
+		fmt.Fprintf(&b, "# %s: %s\n", im.Dst, strings.Join(im.Names, " "))
+	}
+	b.WriteString(imagesUnitBody)
+	for _, im := range images {
+		fmt.Fprintf(&b, "ExecStart=/usr/bin/ctr --namespace k8s.io images import %s\n", im.Dst)
+	}
+	b.WriteString(imagesUnitInstall)
+	return b.String()
+}
+
+const imagesUnitBody = `[Unit]
 Description=Import the gpurack node's bundled container images
 After=containerd.service
 Requires=containerd.service
@@ -245,7 +287,9 @@ Before=kubelet.service
 Type=oneshot
 RemainAfterExit=yes
 ExecStart=/usr/bin/ctr --namespace k8s.io images import --all-platforms /usr/share/gpurack/images/pause.tar
+`
 
+const imagesUnitInstall = `
 [Install]
 WantedBy=multi-user.target
 `

@@ -58,3 +58,43 @@ func TestNodeWrite(t *testing.T) {
 		t.Errorf("Write without a gpuagent unit: err = %v", err)
 	}
 }
+
+func TestNodeImageArchives(t *testing.T) {
+	src := t.TempDir()
+	for _, f := range []string{"kubelet", "pause.tar", "gpuagent", "gpuagent.service", "probe.tar"} {
+		os.WriteFile(filepath.Join(src, f), []byte(f), 0o644)
+	}
+	n := &Node{ImageID: "abc", ProfileJSON: []byte(`{}`), Kubelet: filepath.Join(src, "kubelet"), PauseImage: filepath.Join(src, "pause.tar"),
+		PauseTag: "registry.k8s.io/pause:3.10.1", Agent: filepath.Join(src, "gpuagent"), AgentUnit: filepath.Join(src, "gpuagent.service"),
+		KernelVersion: "6.1.0-57-amd64", KernelModules: filepath.Join(src, "mods"), InstalledList: "/tmp/x",
+		Images: []ImageArchive{{Src: filepath.Join(src, "probe.tar"), Dst: "/usr/share/gpurack/images/0123.tar", Names: []string{"gpurack.io/probe:v1"}}}}
+	ov := t.TempDir()
+	if _, err := n.Write(ov); err != nil {
+		t.Fatal(err)
+	}
+	if data, err := os.ReadFile(filepath.Join(ov, "usr/share/gpurack/images/0123.tar")); err != nil || string(data) != "probe.tar" {
+		t.Errorf("archive not shipped: %q %v", data, err)
+	}
+	unit, _ := os.ReadFile(filepath.Join(ov, "etc/systemd/system/gpurack-images.service"))
+	pause := strings.Index(string(unit), "import --all-platforms /usr/share/gpurack/images/pause.tar\n")
+	probe := strings.Index(string(unit), "ExecStart=/usr/bin/ctr --namespace k8s.io images import /usr/share/gpurack/images/0123.tar\n")
+	if pause < 0 || probe < pause || !strings.Contains(string(unit), "Before=kubelet.service") || !strings.Contains(string(unit), "gpurack.io/probe:v1") {
+		t.Errorf("gpurack-images.service does not import the archive after the pause image, before kubelet:\n%s", unit)
+	}
+	// Without archives the unit is what it always was: one import, of the pause image.
+	n.Images = nil
+	ov = t.TempDir()
+	if _, err := n.Write(ov); err != nil {
+		t.Fatal(err)
+	}
+	unit, _ = os.ReadFile(filepath.Join(ov, "etc/systemd/system/gpurack-images.service"))
+	if strings.Count(string(unit), "ExecStart=") != 1 || !strings.HasSuffix(string(unit), "pause.tar\n\n[Install]\nWantedBy=multi-user.target\n") {
+		t.Errorf("unit without archives:\n%s", unit)
+	}
+	for _, dst := range []string{"/etc/passwd", "/usr/share/gpurack/images/../../x.tar", "/usr/share/gpurack/images/pause.tar"} {
+		n.Images = []ImageArchive{{Src: filepath.Join(src, "probe.tar"), Dst: dst}}
+		if _, err := n.Write(t.TempDir()); err == nil {
+			t.Errorf("archive destination %s accepted", dst)
+		}
+	}
+}

@@ -24,12 +24,19 @@ const imageIDDomain = "gpurack-image-id-v1\x00"
 //	field(canonicalProfile) field(lock) field(builderVersion)
 //	u64(number of binaries)
 //	for each binary, in byte order of its name: field(name) field(digest)
+//	only when archiveDigests is not empty:
+//	u64(number of archives)
+//	for each archive, in the given order: field(digest)
 //
 // canonicalProfile and lock are the exact bytes of the canonical profile
 // and of the lock file; binaryDigests maps each bundled binary's name
 // ("gpuagent", "kubelet") to its digest as the caller records it (lowercase
-// hex SHA-256 by convention; the bytes are hashed as given).
-func ImageID(canonicalProfile, lock []byte, builderVersion string, binaryDigests map[string]string) string {
+// hex SHA-256 by convention; the bytes are hashed as given). archiveDigests
+// are the digests of the container image archives the image ships, in the
+// profile's order (the canonical profile names their paths, this their
+// content): a changed archive changes the id. Without archives the framing,
+// and so every id, is what it was before archives existed.
+func ImageID(canonicalProfile, lock []byte, builderVersion string, binaryDigests map[string]string, archiveDigests []string) string {
 	h := sha256.New()
 	h.Write([]byte(imageIDDomain))
 	writeField(h, canonicalProfile)
@@ -44,6 +51,12 @@ func ImageID(canonicalProfile, lock []byte, builderVersion string, binaryDigests
 	for _, name := range names {
 		writeField(h, []byte(name))
 		writeField(h, []byte(binaryDigests[name]))
+	}
+	if len(archiveDigests) > 0 {
+		writeUint64(h, uint64(len(archiveDigests)))
+		for _, d := range archiveDigests {
+			writeField(h, []byte(d))
+		}
 	}
 	return hex.EncodeToString(h.Sum(nil))[:40]
 }

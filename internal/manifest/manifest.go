@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"path"
 	"reflect"
 	"slices"
 	"strings"
@@ -86,6 +87,28 @@ type Manifest struct {
 	// Artifacts are the image directory's files, sorted by name. Each is a
 	// plain file name in the image directory.
 	Artifacts []Artifact `json:"artifacts"`
+	// Images are the container image archives the rootfs ships, in the
+	// profile's order; gpurack-images.service imports them into containerd
+	// at boot. Their digests enter the image id. Absent when the profile
+	// lists none.
+	Images []ImageArchive `json:"images,omitempty"`
+}
+
+// ImagesDir is where the rootfs keeps the container image archives it
+// ships (the pause image's pause.tar and the profile's images).
+const ImagesDir = "/usr/share/gpurack/images"
+
+// ImageArchive is one container image archive inside the rootfs.
+type ImageArchive struct {
+	// Path is the archive's absolute path in the rootfs, under ImagesDir.
+	Path string `json:"path"`
+	// SHA256 and Size are the archive file's lowercase hex SHA-256 and its
+	// size in bytes.
+	SHA256 string `json:"sha256"`
+	Size   int64  `json:"size"`
+	// Names are the image references the archive carries, as containerd
+	// names them (docker.io/library/busybox:latest): what a pod refers to.
+	Names []string `json:"names"`
 }
 
 // Kernel identifies the image's kernel.
@@ -291,6 +314,31 @@ func (m *Manifest) Validate() error {
 		}
 		if a.Size < 0 {
 			bad(field+".size", "%d is negative", a.Size)
+		}
+	}
+	seenImage := map[string]bool{}
+	for i, im := range m.Images {
+		field := fmt.Sprintf("images[%d]", i)
+		if dir, base := path.Split(im.Path); dir != ImagesDir+"/" || checkFileName(base) != nil {
+			bad(field+".path", "%q must be a plain file name in %s", im.Path, ImagesDir)
+		} else if seenImage[im.Path] {
+			bad(field+".path", "%q is listed more than once", im.Path)
+		}
+		seenImage[im.Path] = true
+		if !isHex(im.SHA256, 64) {
+			bad(field+".sha256", "%q must be 64 lowercase hex characters", im.SHA256)
+		}
+		if im.Size < 0 {
+			bad(field+".size", "%d is negative", im.Size)
+		}
+		if len(im.Names) == 0 {
+			bad(field+".names", "missing: an archive ships only with a name a pod can refer to")
+		}
+		for j, n := range im.Names {
+			checkText(fmt.Sprintf("%s.names[%d]", field, j), n)
+			if strings.ContainsRune(n, ' ') {
+				bad(fmt.Sprintf("%s.names[%d]", field, j), "%q must be an image reference, without spaces", n)
+			}
 		}
 	}
 	for _, name := range requiredArtifacts {

@@ -317,7 +317,7 @@ func TestImageID(t *testing.T) {
 	profile := []byte("name: h100-550\n")
 	lock := []byte(`{"profileDigest":"x"}`)
 	bins := map[string]string{BinaryAgent: hexOf('a', 64), BinaryKubelet: hexOf('b', 64)}
-	id := ImageID(profile, lock, "0.1.0", bins)
+	id := ImageID(profile, lock, "0.1.0", bins, nil)
 
 	// Golden, computed separately (in Python) from the framing documented on
 	// ImageID. Changing the framing changes every image id, which must be a
@@ -329,25 +329,25 @@ func TestImageID(t *testing.T) {
 	if !isHex(id, 40) {
 		t.Errorf("ImageID %q is not 40 lowercase hex characters", id)
 	}
-	if again := ImageID(profile, lock, "0.1.0", map[string]string{BinaryKubelet: hexOf('b', 64), BinaryAgent: hexOf('a', 64)}); again != id {
+	if again := ImageID(profile, lock, "0.1.0", map[string]string{BinaryKubelet: hexOf('b', 64), BinaryAgent: hexOf('a', 64)}, nil); again != id {
 		t.Errorf("ImageID is not stable: %s vs %s", again, id)
 	}
 
 	variants := map[string]string{
-		"profile":         ImageID([]byte("name: h100-551\n"), lock, "0.1.0", bins),
-		"lock":            ImageID(profile, []byte(`{"profileDigest":"y"}`), "0.1.0", bins),
-		"builder":         ImageID(profile, lock, "0.1.1", bins),
-		"agent digest":    ImageID(profile, lock, "0.1.0", map[string]string{BinaryAgent: hexOf('c', 64), BinaryKubelet: hexOf('b', 64)}),
-		"kubelet digest":  ImageID(profile, lock, "0.1.0", map[string]string{BinaryAgent: hexOf('a', 64), BinaryKubelet: hexOf('c', 64)}),
-		"binary renamed":  ImageID(profile, lock, "0.1.0", map[string]string{"gpuagent2": hexOf('a', 64), BinaryKubelet: hexOf('b', 64)}),
-		"binary dropped":  ImageID(profile, lock, "0.1.0", map[string]string{BinaryAgent: hexOf('a', 64)}),
-		"no binaries":     ImageID(profile, lock, "0.1.0", nil),
-		"digests swapped": ImageID(profile, lock, "0.1.0", map[string]string{BinaryAgent: hexOf('b', 64), BinaryKubelet: hexOf('a', 64)}),
+		"profile":         ImageID([]byte("name: h100-551\n"), lock, "0.1.0", bins, nil),
+		"lock":            ImageID(profile, []byte(`{"profileDigest":"y"}`), "0.1.0", bins, nil),
+		"builder":         ImageID(profile, lock, "0.1.1", bins, nil),
+		"agent digest":    ImageID(profile, lock, "0.1.0", map[string]string{BinaryAgent: hexOf('c', 64), BinaryKubelet: hexOf('b', 64)}, nil),
+		"kubelet digest":  ImageID(profile, lock, "0.1.0", map[string]string{BinaryAgent: hexOf('a', 64), BinaryKubelet: hexOf('c', 64)}, nil),
+		"binary renamed":  ImageID(profile, lock, "0.1.0", map[string]string{"gpuagent2": hexOf('a', 64), BinaryKubelet: hexOf('b', 64)}, nil),
+		"binary dropped":  ImageID(profile, lock, "0.1.0", map[string]string{BinaryAgent: hexOf('a', 64)}, nil),
+		"no binaries":     ImageID(profile, lock, "0.1.0", nil, nil),
+		"digests swapped": ImageID(profile, lock, "0.1.0", map[string]string{BinaryAgent: hexOf('b', 64), BinaryKubelet: hexOf('a', 64)}, nil),
 		// Moving bytes across a field boundary must change the id.
-		"boundary profile/lock":   ImageID(append(append([]byte(nil), profile...), lock[0]), lock[1:], "0.1.0", bins),
-		"boundary lock/builder":   ImageID(profile, append(append([]byte(nil), lock...), '0'), ".1.0", bins),
-		"boundary name/digest":    ImageID(profile, lock, "0.1.0", map[string]string{BinaryAgent + "a": hexOf('a', 63), BinaryKubelet: hexOf('b', 64)}),
-		"boundary builder/binary": ImageID(profile, lock, "0.1.0"+BinaryAgent, map[string]string{BinaryKubelet: hexOf('b', 64)}),
+		"boundary profile/lock":   ImageID(append(append([]byte(nil), profile...), lock[0]), lock[1:], "0.1.0", bins, nil),
+		"boundary lock/builder":   ImageID(profile, append(append([]byte(nil), lock...), '0'), ".1.0", bins, nil),
+		"boundary name/digest":    ImageID(profile, lock, "0.1.0", map[string]string{BinaryAgent + "a": hexOf('a', 63), BinaryKubelet: hexOf('b', 64)}, nil),
+		"boundary builder/binary": ImageID(profile, lock, "0.1.0"+BinaryAgent, map[string]string{BinaryKubelet: hexOf('b', 64)}, nil),
 	}
 	seen := map[string]string{id: "base"}
 	for name, v := range variants {
@@ -356,7 +356,61 @@ func TestImageID(t *testing.T) {
 		}
 		seen[v] = name
 	}
-	if a, b := ImageID(nil, nil, "", nil), ImageID([]byte{}, []byte{}, "", map[string]string{}); a != b {
+	if a, b := ImageID(nil, nil, "", nil, nil), ImageID([]byte{}, []byte{}, "", map[string]string{}, []string{}); a != b {
 		t.Errorf("nil and empty inputs differ: %s %s", a, b)
+	}
+
+	// Image archives: their content changes the id, and so do their order and
+	// number; the framing stays unambiguous.
+	a1, a2 := hexOf('1', 64), hexOf('2', 64)
+	archives := map[string]string{
+		"one archive":          ImageID(profile, lock, "0.1.0", bins, []string{a1}),
+		"archive changed":      ImageID(profile, lock, "0.1.0", bins, []string{a2}),
+		"two archives":         ImageID(profile, lock, "0.1.0", bins, []string{a1, a2}),
+		"two archives swapped": ImageID(profile, lock, "0.1.0", bins, []string{a2, a1}),
+		"archive split":        ImageID(profile, lock, "0.1.0", bins, []string{a1[:32], a1[32:]}),
+		"empty digest":         ImageID(profile, lock, "0.1.0", bins, []string{""}),
+	}
+	for name, v := range archives {
+		if prev, dup := seen[v]; dup {
+			t.Errorf("%s gives the same id as %s: %s", name, prev, v)
+		}
+		seen[v] = name
+	}
+}
+
+func TestImagesRoundTripAndValidate(t *testing.T) {
+	m := testManifest()
+	m.Images = []ImageArchive{{Path: ImagesDir + "/" + hexOf('a', 64) + ".tar", SHA256: hexOf('a', 64), Size: 4096, Names: []string{"gpurack.io/probe:v1"}}}
+	data, err := Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := Parse(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(back.Images, m.Images) {
+		t.Errorf("images after a round trip: %+v, want %+v", back.Images, m.Images)
+	}
+	for name, c := range map[string]struct {
+		im   ImageArchive
+		want string
+	}{
+		"outside the images dir": {ImageArchive{Path: "/etc/x.tar", SHA256: hexOf('a', 64), Names: []string{"a:b"}}, "images[0].path"},
+		"bad digest":             {ImageArchive{Path: ImagesDir + "/x.tar", SHA256: "x", Names: []string{"a:b"}}, "images[0].sha256"},
+		"no names":               {ImageArchive{Path: ImagesDir + "/x.tar", SHA256: hexOf('a', 64)}, "images[0].names"},
+		"negative size":          {ImageArchive{Path: ImagesDir + "/x.tar", SHA256: hexOf('a', 64), Size: -1, Names: []string{"a:b"}}, "images[0].size"},
+	} {
+		bad := testManifest()
+		bad.Images = []ImageArchive{c.im}
+		if err := bad.Validate(); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want %s", name, err, c.want)
+		}
+	}
+	// A manifest without images does not mention them (older readers accept it).
+	plain, _ := Marshal(testManifest())
+	if bytes.Contains(plain, []byte(`"images"`)) {
+		t.Error("a manifest without images has an images field")
 	}
 }

@@ -19,6 +19,7 @@ func FuzzParse(f *testing.F) {
 	}
 	f.Add([]byte(nvidia))
 	f.Add([]byte(tiny))
+	f.Add([]byte(strings.Replace(tiny, "kubernetes:", "images:\n  - path: images/probe.tar\n    name: gpurack.io/probe:v1\nkubernetes:", 1)))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		p, err := Parse("f.yaml", data)
 		if err != nil {

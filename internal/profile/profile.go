@@ -15,6 +15,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"path/filepath"
 )
 
 // Profile is one node class.
@@ -33,6 +34,11 @@ type Profile struct {
 	// ExtraDebs are vendor packages that are not in Debian (NVIDIA Fabric Manager, say),
 	// given as a file and its sha256.
 	ExtraDebs []ExtraDeb `yaml:"extraDebs,omitempty" json:"extraDebs,omitempty"`
+	// Images are container image archives (what docker save writes, or an OCI layout
+	// in a tar) that the image ships and imports into containerd's k8s.io namespace at
+	// boot, before kubelet starts, so that pods run them with no registry reachable.
+	// Their digests enter the image id.
+	Images []ImageArchive `yaml:"images,omitempty" json:"images,omitempty"`
 	// Checks overrides the agent's check thresholds, keyed by check id (CONTRACTS §9).
 	Checks map[string]CheckOverride `yaml:"checks,omitempty" json:"checks,omitempty"`
 	Node   Node                     `yaml:"node,omitempty" json:"node"`
@@ -108,6 +114,25 @@ type ExtraDeb struct {
 	// File is a path relative to the profile's folder.
 	File   string `yaml:"file" json:"file"`
 	SHA256 string `yaml:"sha256" json:"sha256"`
+}
+
+// ImageArchive is one container image archive to ship in the image.
+type ImageArchive struct {
+	// Path is the archive file, relative to the profile's folder (or absolute).
+	Path string `yaml:"path" json:"path"`
+	// Name, when set, is an image reference the archive must carry (a docker RepoTag
+	// or the OCI index's io.containerd.image.name); the build fails otherwise. It is
+	// the name pods use, so checking it catches a re-tagged export early.
+	Name string `yaml:"name,omitempty" json:"name,omitempty"`
+}
+
+// ArchivePath is where an image archive listed in the profile at profilePath lives:
+// a relative path is taken from the profile's folder.
+func ArchivePath(profilePath, archive string) string {
+	if filepath.IsAbs(archive) {
+		return archive
+	}
+	return filepath.Join(filepath.Dir(profilePath), archive)
 }
 
 // CheckOverride changes one check's thresholds. The meaning of Warn and Fail depends

@@ -118,6 +118,9 @@ func TestProfileErrors(t *testing.T) {
 		{"reserved kernel arg", tiny, "kubernetes:", "boot:\n  kernelArgs: [gpurack.rootfs=x]\nkubernetes:", "boot.kernelArgs[0]", 8, "set by gpuimage"},
 		{"versioned package", tiny, "kubernetes:", "packages: [curl=7.88]\nkubernetes:", "packages[0]", 7, "carries a version"},
 		{"extra deb sha", tiny, "kubernetes:", "extraDebs:\n  - file: fm.deb\n    sha256: abc\nkubernetes:", "extraDebs[0].sha256", 9, "64 lowercase hex"},
+		{"image without path", tiny, "kubernetes:", "images:\n  - name: gpurack.io/probe:v1\nkubernetes:", "images[0].path", 8, "is required"},
+		{"image listed twice", tiny, "kubernetes:", "images:\n  - path: a.tar\n  - path: ./a.tar\nkubernetes:", "images[1].path", 9, "listed twice"},
+		{"image bad name", tiny, "kubernetes:", "images:\n  - path: a.tar\n    name: 'a b'\nkubernetes:", "images[0].name", 9, "not an image reference"},
 		{"alias", tiny, "name: tiny", "name: &n tiny\ndescription: *n", "description", 2, "aliases are not supported"},
 		{"bad mirror", tiny, "  suite: bookworm", "  suite: bookworm\n  mirror: ftp:/x", "base.mirror", 5, "not an http"},
 	}
@@ -163,5 +166,33 @@ func TestLoadMissingFile(t *testing.T) {
 	_, err := Load(filepath.Join(t.TempDir(), "nope.yaml"))
 	if err == nil || !strings.Contains(err.Error(), "nope.yaml") {
 		t.Fatalf("want an error naming the file, got %v", err)
+	}
+}
+
+func TestImagesField(t *testing.T) {
+	src := strings.Replace(tiny, "kubernetes:", "images:\n  - path: images/probe.tar\n    name: gpurack.io/probe:v1\nkubernetes:", 1)
+	p, err := Parse("profiles/p.yaml", []byte(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(p.Images) != 1 || p.Images[0].Path != "images/probe.tar" || p.Images[0].Name != "gpurack.io/probe:v1" {
+		t.Fatalf("images %+v", p.Images)
+	}
+	if !strings.Contains(string(p.Canonical()), `"images":[{"path":"images/probe.tar","name":"gpurack.io/probe:v1"}]`) {
+		t.Errorf("canonical form lacks the images: %s", p.Canonical())
+	}
+	// A profile without images keeps its canonical form (and so its lock).
+	plain, err := Parse("profiles/p.yaml", []byte(tiny))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(plain.Canonical()), "images") {
+		t.Errorf("a profile without images mentions them: %s", plain.Canonical())
+	}
+	if got := ArchivePath("profiles/p.yaml", "images/probe.tar"); got != "profiles/images/probe.tar" {
+		t.Errorf("ArchivePath relative = %s", got)
+	}
+	if got := ArchivePath("profiles/p.yaml", "/srv/a.tar"); got != "/srv/a.tar" {
+		t.Errorf("ArchivePath absolute = %s", got)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"maps"
 	"net/url"
 	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -70,6 +71,9 @@ var (
 	labelNameRE     = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$`)
 	dnsSubdomainRE  = regexp.MustCompile(`^[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?$`)
 	labelValueRE    = regexp.MustCompile(`^([A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?)?$`)
+	// imageRefRE is the shape of an image reference; gpuimage checks it in full
+	// against the archive.
+	imageRefRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:/@-]{0,254}$`)
 )
 
 // Suites are the Debian releases a profile may name.
@@ -89,6 +93,7 @@ func (v *validator) profile(p *Profile) {
 	v.kubernetes(&p.Kubernetes)
 	v.packages(p.Packages)
 	v.extraDebs(p.ExtraDebs)
+	v.images(p.Images)
 	v.checks(p.Checks)
 	v.node(&p.Node)
 	v.boot(&p.Boot)
@@ -211,6 +216,25 @@ func (v *validator) extraDebs(debs []ExtraDeb) {
 		}
 		if !sha256RE.MatchString(d.SHA256) {
 			v.fail(f+".sha256", "must be the file's sha256 as 64 lowercase hex digits (sha256sum prints it)")
+		}
+	}
+}
+
+func (v *validator) images(ims []ImageArchive) {
+	seen := map[string]bool{}
+	for i, im := range ims {
+		f := fmt.Sprintf("images[%d]", i)
+		if v.required(f+".path", im.Path, "path: images/probe.tar") {
+			switch {
+			case strings.ContainsFunc(im.Path, func(r rune) bool { return r < 0x20 || r == 0x7f }):
+				v.fail(f+".path", "%q contains a control character", im.Path)
+			case seen[filepath.Clean(im.Path)]:
+				v.fail(f+".path", "%q is listed twice", im.Path)
+			}
+			seen[filepath.Clean(im.Path)] = true
+		}
+		if im.Name != "" && !imageRefRE.MatchString(im.Name) {
+			v.fail(f+".name", "%q is not an image reference like registry.example/team/image:tag", im.Name)
 		}
 	}
 }

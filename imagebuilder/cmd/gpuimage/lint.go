@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/gpurack/gpurack/imagebuilder/build"
 	"github.com/gpurack/gpurack/internal/profile"
 )
 
@@ -48,6 +49,11 @@ func lintOne(cmd *cobra.Command, path string) bool {
 		fmt.Fprintln(errOut, err)
 		return false
 	}
+	archives, err := build.ImageArchives(path, p)
+	if err != nil {
+		fmt.Fprintln(errOut, err)
+		return false
+	}
 	gpu := "no GPU"
 	if p.HasGPU() {
 		gpu = fmt.Sprintf("%dx %s, driver %s (%s)", p.GPU.Expect.Count, p.GPU.Expect.Product, p.GPU.Driver.Version, p.GPU.Driver.Flavor)
@@ -66,6 +72,9 @@ func lintOne(cmd *cobra.Command, path string) bool {
 		return false
 	default:
 		lockState = fmt.Sprintf("lock ok, %d packages", len(l.Packages))
+	}
+	if len(archives) > 0 {
+		gpu += fmt.Sprintf(", %d image archive(s)", len(archives))
 	}
 	fmt.Fprintf(out, "ok  %s: %s, %s, kernel %s, Kubernetes %s, %s; %s\n",
 		path, p.Name, p.Base.Suite, p.Kernel.Package, p.Kubernetes.Version, gpu, lockState)

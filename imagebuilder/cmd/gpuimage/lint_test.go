@@ -45,6 +45,7 @@ func TestLintReportsKeyAndLine(t *testing.T) {
 	}{
 		"unknown.yaml":   {string(tiny) + "surprise: 1\n", []string{"unknown.yaml:", `unknown field "surprise"`}},
 		"noversion.yaml": {strings.Replace(string(nv), "    version: 535.261.03\n", "", 1), []string{"noversion.yaml:", "gpu.driver.version: is required"}},
+		"images.yaml":    {string(tiny) + "images:\n  - path: images/gone.tar\n", []string{"images.yaml: images[0]", filepath.Join(dir, "images/gone.tar"), "no such file"}},
 		"flavor.yaml":    {strings.Replace(string(nv), "flavor: open", "flavor: propietary", 1), []string{"flavor.yaml:", `gpu.driver.flavor: unknown flavor "propietary"`, `did you mean "proprietary"`}},
 	}
 	for name, c := range cases {

@@ -32,6 +32,11 @@ when the profile changed or a locked .deb is neither in the archive nor in the c
 			if err != nil {
 				return err
 			}
+			// The archives are not locked (their digests enter the image id at build
+			// time), but a missing or corrupt one is better found now.
+			if _, err := build.ImageArchives(args[0], p); err != nil {
+				return err
+			}
 			lockPath := out
 			if lockPath == "" {
 				lockPath = profile.LockPath(args[0])

@@ -1,0 +1,165 @@
+// Command probe is the small workload the node tests run from a preloaded image
+// (make probe-image packs it with hack/imagearchive, no registry involved). It is a
+// static binary that answers HTTP and resolves names through the pod's DNS, so one
+// pod shows that the node runs preloaded images, that cluster DNS answers and that
+// Services route.
+//
+//	probe [serve] [-listen :8080]   HTTP: /, /healthz, /resolve?name=N, /fetch?url=U
+//	probe resolve NAME              print NAME's addresses; exit 1 if it does not resolve
+//	probe fetch URL                 GET URL, print the status; exit 1 on no answer
+//
+// fetch trusts the pod's service-account CA for https (the apiserver through the
+// kubernetes Service) when the pod has one.
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"sort"
+	"time"
+)
+
+// serviceAccountCA is where kubelet mounts the cluster CA into a pod.
+const serviceAccountCA = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
+
+func main() {
+	args := os.Args[1:]
+	cmd := "serve"
+	if len(args) > 0 && (args[0] == "serve" || args[0] == "resolve" || args[0] == "fetch") {
+		cmd, args = args[0], args[1:]
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	switch cmd {
+	case "resolve":
+		if len(args) != 1 {
+			fail(errors.New("usage: probe resolve NAME"))
+		}
+		addrs, err := resolve(ctx, args[0])
+		if err != nil {
+			fail(err)
+		}
+		for _, a := range addrs {
+			fmt.Println(a)
+		}
+	case "fetch":
+		if len(args) != 1 {
+			fail(errors.New("usage: probe fetch URL"))
+		}
+		status, err := fetch(ctx, newClient(serviceAccountCA), args[0])
+		if err != nil {
+			fail(err)
+		}
+		fmt.Println(status)
+	default:
+		fs := flag.NewFlagSet("serve", flag.ExitOnError)
+		listen := fs.String("listen", ":8080", "address to serve HTTP on")
+		fs.Parse(args)
+		srv := &http.Server{Addr: *listen, Handler: newHandler(hostname(), newClient(serviceAccountCA)), ReadHeaderTimeout: 10 * time.Second}
+		fail(srv.ListenAndServe())
+	}
+}
+
+func fail(err error) {
+	fmt.Fprintln(os.Stderr, "probe:", err)
+	os.Exit(1)
+}
+
+func hostname() string {
+	h, err := os.Hostname()
+	if err != nil {
+		return "unknown"
+	}
+	return h
+}
+
+// maxName bounds a name to resolve (RFC 1035 §2.3.4: 255 octets).
+const maxName = 255
+
+// resolve returns name's addresses, sorted, with the resolver the pod is given
+// (/etc/resolv.conf, which kubelet points at cluster DNS).
+func resolve(ctx context.Context, name string) ([]string, error) {
+	if name == "" || len(name) > maxName {
+		return nil, fmt.Errorf("name %q: want a DNS name of 1 to %d characters", name, maxName)
+	}
+	addrs, err := net.DefaultResolver.LookupHost(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	sort.Strings(addrs)
+	return addrs, nil
+}
+
+// newClient is an HTTP client that also trusts the CA at caFile when it exists.
+func newClient(caFile string) *http.Client {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	if pem, err := os.ReadFile(caFile); err == nil {
+		pool, err := x509.SystemCertPool()
+		if err != nil || pool == nil {
+			pool = x509.NewCertPool()
+		}
+		pool.AppendCertsFromPEM(pem)
+		tr.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	}
+	return &http.Client{Transport: tr, Timeout: 10 * time.Second}
+}
+
+// fetch GETs u and returns the response's status line ("200 OK"); any answer is a
+// success, since reaching the server is what is probed.
+func fetch(ctx context.Context, c *http.Client, u string) (string, error) {
+	pu, err := url.Parse(u)
+	if err != nil || (pu.Scheme != "http" && pu.Scheme != "https") || pu.Host == "" {
+		return "", fmt.Errorf("url %q: want an http or https URL", u)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return "", err
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
+	return resp.Status, nil
+}
+
+// newHandler serves the probe's HTTP endpoints; every answer is JSON but /.
+func newHandler(host string, client *http.Client) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "probe on %s\n", host)
+	})
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "ok\n")
+	})
+	mux.HandleFunc("GET /resolve", func(w http.ResponseWriter, r *http.Request) {
+		addrs, err := resolve(r.Context(), r.URL.Query().Get("name"))
+		reply(w, map[string]any{"name": r.URL.Query().Get("name"), "addresses": addrs}, err)
+	})
+	mux.HandleFunc("GET /fetch", func(w http.ResponseWriter, r *http.Request) {
+		status, err := fetch(r.Context(), client, r.URL.Query().Get("url"))
+		reply(w, map[string]any{"url": r.URL.Query().Get("url"), "status": status}, err)
+	})
+	return mux
+}
+
+// reply writes v as JSON, or the error with 502 (the probe's target failed).
+func reply(w http.ResponseWriter, v map[string]any, err error) {
+	w.Header().Set("Content-Type", "application/json")
+	if err != nil {
+		w.WriteHeader(http.StatusBadGateway)
+		v = map[string]any{"error": err.Error()}
+	}
+	json.NewEncoder(w).Encode(v)
+}

@@ -1,0 +1,96 @@
+package main
+
+import (
+	"encoding/json"
+	"encoding/pem"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/gpurack/gpurack/imagebuilder/ociarchive"
+	"github.com/gpurack/gpurack/internal/testreq"
+)
+
+func get(t *testing.T, h http.Handler, target string) (int, map[string]any) {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, target, nil))
+	var body map[string]any
+	json.Unmarshal(rec.Body.Bytes(), &body)
+	return rec.Code, body
+}
+
+func TestHandler(t *testing.T) {
+	target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusTeapot) }))
+	defer target.Close()
+	h := newHandler("node-a", newClient(filepath.Join(t.TempDir(), "no-ca.crt")))
+
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
+	if rec.Code != 200 || rec.Body.String() != "probe on node-a\n" {
+		t.Errorf("/ = %d %q", rec.Code, rec.Body)
+	}
+	code, body := get(t, h, "/resolve?name=localhost")
+	if addrs, _ := body["addresses"].([]any); code != 200 || !slices.ContainsFunc(addrs, func(a any) bool { return a == "127.0.0.1" || a == "::1" }) {
+		t.Errorf("/resolve?name=localhost = %d %v", code, body)
+	}
+	if code, body := get(t, h, "/resolve?name="); code != http.StatusBadGateway || !strings.Contains(body["error"].(string), "want a DNS name") {
+		t.Errorf("/resolve without a name = %d %v", code, body)
+	}
+	if code, body := get(t, h, "/resolve?name="+strings.Repeat("a", 300)); code != http.StatusBadGateway || body["error"] == nil {
+		t.Errorf("/resolve with a long name = %d %v", code, body)
+	}
+	if code, body := get(t, h, "/fetch?url="+target.URL); code != 200 || body["status"] != "418 I'm a teapot" {
+		t.Errorf("/fetch = %d %v", code, body)
+	}
+	if code, body := get(t, h, "/fetch?url=file:///etc/passwd"); code != http.StatusBadGateway || !strings.Contains(body["error"].(string), "http or https") {
+		t.Errorf("/fetch of a file URL = %d %v", code, body)
+	}
+}
+
+// TestFetchTrustsServiceAccountCA: fetch reaches an https server whose CA is the
+// one in the CA file, as a pod reaches the apiserver.
+func TestFetchTrustsServiceAccountCA(t *testing.T) {
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer srv.Close()
+	if _, err := fetch(t.Context(), newClient(filepath.Join(t.TempDir(), "none")), srv.URL); err == nil {
+		t.Error("fetch trusted an unknown CA")
+	}
+	ca := filepath.Join(t.TempDir(), "ca.crt")
+	os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o644)
+	if status, err := fetch(t.Context(), newClient(ca), srv.URL); err != nil || status != "200 OK" {
+		t.Errorf("fetch with the CA: %q %v", status, err)
+	}
+}
+
+// TestProbeImageIsReproducible builds the probe image twice the way make probe-image
+// does and checks the archives are the same bytes and a complete image.
+func TestProbeImageIsReproducible(t *testing.T) {
+	testreq.Short(t, "builds the probe twice")
+	testreq.Tool(t, "go", "install Go")
+	dir := t.TempDir()
+	var sums []string
+	for _, name := range []string{"a.tar", "b.tar"} {
+		out := filepath.Join(dir, name)
+		cmd := exec.Command("../../hack/probe-image.sh", out)
+		if b, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("hack/probe-image.sh: %v\n%s", err, b)
+		}
+		f, err := ociarchive.InspectFile(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(f.Names, []string{"gpurack.io/probe:v1"}) || f.Images != 1 {
+			t.Errorf("probe archive %+v", f.Archive)
+		}
+		sums = append(sums, f.SHA256)
+	}
+	if sums[0] != sums[1] {
+		t.Errorf("two builds of the probe image differ: %s and %s", sums[0], sums[1])
+	}
+}
