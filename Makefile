@@ -62,6 +62,14 @@ fuzz: ## run every fuzz target for FUZZTIME each (default 30s)
 demo: deps build ## set up and run the main demo
 	@hack/demo.sh
 
+.PHONY: demo-rack
+demo-rack: deps build ## power on a simulated rack of 20 x 8 GPUs against the real control plane and gpuboot (NODES=N)
+	@hack/rack-demo.sh
+
+.PHONY: demo-clean
+demo-clean: ## stop and remove what demo-rack left running
+	@hack/rack-demo.sh clean
+
 .PHONY: e2e
 e2e: deps ## the end-to-end boots alone: tiny image in QEMU, PXE through SeaBIOS iPXE and OVMF, a tiny node joining Kubernetes
 	PATH="$(TOOLS):$$PATH" GPURACK_NETNS_REQUIRED=1 $(GO) test $(TEST_FLAGS) -v -run 'TestTinyImage|TestBIOSiPXEProxyBoot|TestOVMFNativePXEBoot|TestTinyNodeJoin' ./imagebuilder/cmd/gpuimage/ ./test/qemu/

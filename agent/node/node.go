@@ -32,6 +32,7 @@ import (
 	"github.com/gpurack/gpurack/agent/kubejoin"
 	"github.com/gpurack/gpurack/agent/monitor"
 	"github.com/gpurack/gpurack/agent/server"
+	"github.com/gpurack/gpurack/agent/xid"
 	agentv1 "github.com/gpurack/gpurack/api/agent/v1"
 	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
 	"github.com/gpurack/gpurack/internal/buildinfo"
@@ -68,6 +69,9 @@ type Config struct {
 	Interval, ClearAfter time.Duration
 	// KmsgPath is the kernel log to watch for XIDs; empty: none.
 	KmsgPath string
+	// StartupXIDs happened before the agent started (the simulator's --fault xid); they
+	// enter the XID history before the first checklist, so commissioning sees them.
+	StartupXIDs []xid.Event
 	// NodeName when there is no JoinBundle; default: the hostname.
 	NodeName string
 	// FactsRoot is where identity and the kernel command line are read.
@@ -142,6 +146,9 @@ func newNode(ctx context.Context, cfg Config) (*node, error) {
 	}
 	n.mon = monitor.New(monitor.Config{Backend: cfg.Backend, Profile: cfg.Profile, Log: log, Interval: cfg.Interval,
 		ClearAfter: cfg.ClearAfter, KmsgPath: cfg.KmsgPath, Peers: func() []checks.Peer { return n.rack.Load().peers() }})
+	for _, e := range cfg.StartupXIDs {
+		n.mon.RecordXID(e, 0)
+	}
 	n.api = &server.Service{Monitor: n.mon, Identity: n.identity, ImageID: n.imageID, Version: buildinfo.String(),
 		StartedAt: n.started, NodeName: n.name.get,
 		Rack: func() *agentv1.RackView {

@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -257,6 +258,34 @@ func TestRunNotifiesSystemd(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "agent.sock")); !os.IsNotExist(err) {
 		t.Errorf("local socket left behind: %v", err)
+	}
+}
+
+// TestRunRecordsStartupXID: `gpuagent run --fault xid:79@gpu3` is a node whose GPU 3
+// emitted XID 79 before the agent started. The simulator emits it before any NVML event
+// watch exists, so the agent must take it into its XID history at start (as a real node
+// finds it in the kernel log); its first checklist then fails gpu.xid.fatal on GPU 3.
+// Before the fix the event was lost and the node commissioned as healthy.
+func TestRunRecordsStartupXID(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "agent.sock")
+	startDaemon(t, nil, "--gpu-backend", "sim:dgxh100", "--profile", h100Profile, "--listen", "", "--metrics-listen", "",
+		"--socket", sock, "--interval", "1s", "--fault", "xid:79@gpu3")
+	waitUntil(t, 60*time.Second, "agent socket", func() bool { _, err := os.Stat(sock); return err == nil })
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	c := agentv1.NewAgentServiceClient(conn)
+	var h *machinev1.HealthSummary
+	waitUntil(t, 60*time.Second, "a health summary", func() bool {
+		st, err := c.Status(t.Context(), &agentv1.StatusRequest{})
+		h = st.GetHealth()
+		return err == nil && h.GetGpuCount() == 8
+	})
+	if !slices.Contains(h.GetFailingCheckIds(), "gpu.xid.fatal") || !slices.Equal(h.GetUnhealthyGpuIndexes(), []int32{3}) {
+		t.Fatalf("health after a start with XID 79 on GPU 3 = %v; want gpu.xid.fatal failing on GPU 3 alone", h)
 	}
 }
 

@@ -109,7 +109,8 @@ func run(ctx context.Context, f *runFlags) error {
 	cfg := node.Config{Backend: b, Sim: s, Profile: p, Log: log, BundleFile: f.joinBundle,
 		Listen: f.listen, MetricsListen: f.metricsListen, Socket: f.socket, Insecure: f.insecure, KeyDir: f.keyDir,
 		Interval: f.interval, ClearAfter: f.clearAfter, NodeName: f.nodeName, FactsRoot: facts.Root(f.factsRoot),
-		KubeletDir: f.kubeletDir, CgroupRoot: f.cgroupRoot, Console: f.console, Gossip: f.gossip}
+		KubeletDir: f.kubeletDir, CgroupRoot: f.cgroupRoot, Console: f.console, Gossip: f.gossip,
+		StartupXIDs: injectedXIDs(f.faults)}
 	if f.joinBundle != "" {
 		if cfg.Bundle, err = joinbundle.Load(f.joinBundle, time.Now()); err != nil {
 			return &exitError{2, err}

@@ -82,19 +82,28 @@ profile expects GPUs.`,
 	return cmd
 }
 
-// recordInjectedXIDs puts --fault xid and gpu-lost faults into the XID history: a
-// single run has no event watch to receive them.
+// recordInjectedXIDs puts --fault xid faults into the XID history: a single run has no
+// event watch to receive them.
 func recordInjectedXIDs(m *monitor.Monitor, specs []string) {
+	for _, e := range injectedXIDs(specs) {
+		m.RecordXID(e, 0)
+	}
+}
+
+// injectedXIDs are the XIDs that --fault xid:VALUE@gpuN emits at start. The simulator
+// emits them on its NVML event set before any watch is registered, so, like the XIDs a
+// real node finds in its kernel log from before the agent started, they are handed to
+// the monitor's history directly.
+func injectedXIDs(specs []string) []xid.Event {
+	var out []xid.Event
 	for _, spec := range specs {
 		f, err := sim.ParseFault(spec)
-		if err != nil {
+		if err != nil || f.Kind != sim.KindXID {
 			continue
 		}
-		switch f.Kind {
-		case sim.KindXID:
-			m.RecordXID(xid.Event{GPU: f.GPU, Code: uint32(f.Value), At: timeNow(), Source: "sim", Simulated: true}, 0)
-		}
+		out = append(out, xid.Event{GPU: f.GPU, Code: uint32(f.Value), At: timeNow(), Source: "sim", Simulated: true})
 	}
+	return out
 }
 
 // newFaultsCommand prints the fault grammar.
