@@ -59,15 +59,15 @@ fuzz: ## run every fuzz target for FUZZTIME each (default 30s)
 	@hack/fuzz.sh $(or $(FUZZTIME),30s)
 
 .PHONY: demo
-demo: deps build ## set up and run the main demo
-	@hack/demo.sh
-
-.PHONY: demo-rack
-demo-rack: deps build ## power on a simulated rack of 20 x 8 GPUs against the real control plane and gpuboot (NODES=N)
+demo: deps build ## the main demo: power on a simulated rack of 20 x 8 GPUs against the real control plane and gpuboot (NODES=N)
 	@hack/rack-demo.sh
 
+.PHONY: demo-tour
+demo-tour: deps build ## a tour of the parts: profiles, lint errors, checklists, control plane, a signed image (DEMO_FAST=1 skips it)
+	@hack/demo.sh
+
 .PHONY: demo-clean
-demo-clean: ## stop and remove what demo-rack left running
+demo-clean: ## stop and remove what make demo left running (idempotent)
 	@hack/rack-demo.sh clean
 
 .PHONY: e2e

@@ -23,8 +23,11 @@ profile=profiles/debian12-nvidia535.yaml
 
 # Ports: the control plane's (shifted off the defaults, as hack/demo.sh does), gpuboot's,
 # and per node an agent API port and a gossip port.
-api_port=26443 etcd_port=22379 etcd_peer=22380 etcd_metrics=22381 cm_port=30257 sched_port=30259
-boot_http=28080 boot_tls=28443 agent_base=29100 gossip_base=29300
+# DEMO_PORT_SHIFT moves them all (tests run the demo beside other servers).
+o=${DEMO_PORT_SHIFT:-0}
+api_port=$((26443 + o)) etcd_port=$((22379 + o)) etcd_peer=$((22380 + o)) etcd_metrics=$((22381 + o))
+cm_port=$((30257 + o)) sched_port=$((30259 + o)) boot_http=$((28080 + o)) boot_tls=$((28443 + o))
+agent_base=$((29100 + o)) gossip_base=$((29300 + o))
 
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 die() { echo "rack-demo: $*" >&2; exit 1; }

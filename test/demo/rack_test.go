@@ -1,0 +1,137 @@
+// Package demo runs `make demo`'s script, hack/rack-demo.sh, as a test: a small rack of
+// simulated GPU servers (real gpuagent processes on the GPU simulator) powered on
+// against the real control plane and the real gpuboot, so the README's main command
+// cannot rot.
+package demo
+
+import (
+	"bytes"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gpurack/gpurack/internal/testreq"
+)
+
+// TestRackDemo powers on 4 servers: slot 2 starts with an XID 79 on GPU 3 and must be
+// quarantined with gpurack.io/unvalidated kept; slot 3 gets an uncorrectable ECC error
+// once the rack is ready; an 8-GPU pod must be bound to neither. Then `clean` must stop
+// every process it started.
+func TestRackDemo(t *testing.T) {
+	testreq.Short(t, "the rack demo (a control plane, gpuboot and 4 agents)")
+	for _, tool := range []string{"kubectl", "grpcurl", "kube-apiserver", "etcd", "ss", "go"} {
+		testreq.Tool(t, tool, "run make deps and make k8s-bins (make test puts the pinned binaries on PATH)")
+	}
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := t.TempDir()
+	build := exec.Command("go", "build", "-o", bin+"/", "./imagebuilder/cmd/gpuimage", "./pxe/cmd/gpuboot",
+		"./agent/cmd/gpuagent", "./controlplane-bootstrap/cmd/controlplane-bootstrap")
+	build.Dir, build.Env = root, append(os.Environ(), "CGO_ENABLED=1")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	work := filepath.Join(t.TempDir(), "demo")
+	shift := freeShift(t, 4)
+	env := append(os.Environ(), "PATH="+bin+":"+os.Getenv("PATH"), "NODES=4", "QUARANTINE_SLOT=2", "ECC_SLOT=3",
+		"DEMO_DIR="+work, fmt.Sprintf("DEMO_PORT_SHIFT=%d", shift), "DEMO_TIMEOUT=300")
+	run := func(args ...string) (string, error) {
+		cmd := exec.Command(filepath.Join(root, "hack", "rack-demo.sh"), args...)
+		cmd.Dir, cmd.Env = root, env
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		err := cmd.Run()
+		return out.String(), err
+	}
+	t.Cleanup(func() { run("clean") })
+	out, err := run()
+	if err != nil {
+		t.Fatalf("rack-demo.sh: %v\n%s\ngpuboot log:\n%s", err, out, tail(filepath.Join(work, "gpuboot.log")))
+	}
+	t.Logf("rack-demo.sh output:\n%s", out)
+	for _, want := range []string{
+		"all 4 machines commissioned",
+		"4 machines (quarantined 1, ready 3)",
+		"JSON: " + filepath.Join(work, "rack-r1.json"),
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the demo's output lacks %q", want)
+		}
+	}
+	if !regexp.MustCompile(`quarantined\s+r1\s+02\s+gpu-r1-02`).MatchString(out) {
+		t.Error("slot 2 (XID 79 on GPU 3 at power-on) was not shown quarantined")
+	}
+	if !regexp.MustCompile(`gpu-r1-02\s+8\s+\S*gpurack.io/unvalidated`).MatchString(out) {
+		t.Error("the quarantined node does not keep gpurack.io/unvalidated in kubectl get nodes")
+	}
+	m := regexp.MustCompile(`train-8gpu bound to (gpu-r1-\d+)`).FindStringSubmatch(out)
+	if m == nil {
+		t.Fatal("the 8-GPU pod was not reported bound")
+	}
+	if m[1] == "gpu-r1-02" || m[1] == "gpu-r1-03" {
+		t.Errorf("the 8-GPU pod was bound to %s, a node with a bad GPU", m[1])
+	}
+	if _, err := os.Stat(filepath.Join(work, "rack-r1.json")); err != nil {
+		t.Errorf("no JSON report: %v", err)
+	}
+
+	if out, err := run("clean"); err != nil {
+		t.Fatalf("rack-demo.sh clean: %v\n%s", err, out)
+	}
+	if _, err := os.Stat(work); !os.IsNotExist(err) {
+		t.Errorf("clean left %s behind (%v)", work, err)
+	}
+	// Nothing listens on the demo's ports any more.
+	for _, p := range []int{26443, 28443, 29101, 29301} {
+		addr := fmt.Sprintf("127.0.0.1:%d", p+shift)
+		if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+			c.Close()
+			t.Errorf("after clean something still listens on %s", addr)
+		}
+	}
+}
+
+// freeShift picks a DEMO_PORT_SHIFT under which every port the demo uses for n nodes
+// is free now, so the test does not collide with the demo or other tests' servers.
+func freeShift(t *testing.T, n int) int {
+	t.Helper()
+	bases := []int{26443, 22379, 22380, 22381, 30257, 30259, 28080, 28443}
+	for i := 1; i <= n; i++ {
+		bases = append(bases, 29100+i, 29300+i)
+	}
+	for range 50 {
+		// Below 32768, where Linux starts handing out ephemeral ports.
+		shift := 100 + rand.IntN(2300)
+		free := true
+		for _, b := range bases {
+			l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", b+shift))
+			if err != nil {
+				free = false
+				break
+			}
+			l.Close()
+		}
+		if free {
+			return shift
+		}
+	}
+	t.Fatal("no free set of ports for the demo in 50 tries")
+	return 0
+}
+
+func tail(path string) string {
+	b, _ := os.ReadFile(path)
+	if len(b) > 4000 {
+		b = b[len(b)-4000:]
+	}
+	return string(b)
+}
