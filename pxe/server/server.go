@@ -178,11 +178,11 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("listen.http: %w", err)
 	}
-	httpSrv := &http.Server{Handler: hb, ReadHeaderTimeout: 10 * time.Second}
+	httpSrv := newHTTPServer(hb, defaultHTTPLimits)
 	start("http", func() error { return httpSrv.Serve(httpLis) })
 
 	// TLS: gRPC (Enrollment, Admin, reflection) and the REST API + rack view.
-	gs := grpc.NewServer()
+	gs := grpc.NewServer(grpcServerOptions(newSourceLimiter(cfg.Enrollment.SourceRate, cfg.Enrollment.SourceBurst))...)
 	bootv1.RegisterEnrollmentServiceServer(gs, svc)
 	rackNames := make([]string, 0, len(cfg.Racks))
 	for _, r := range cfg.Racks {
@@ -208,17 +208,14 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("listen.tls: %w", err)
 	}
-	tlsSrv := &http.Server{
-		ReadHeaderTimeout: 10 * time.Second,
-		TLSConfig:         tlsCfg,
-		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if r.ProtoMajor == 2 && strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc") {
-				gs.ServeHTTP(w, r)
-				return
-			}
-			restHandler.ServeHTTP(w, r)
-		}),
-	}
+	tlsSrv := newHTTPServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ProtoMajor == 2 && strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc") {
+			gs.ServeHTTP(w, r)
+			return
+		}
+		restHandler.ServeHTTP(w, r)
+	}), defaultHTTPLimits)
+	tlsSrv.TLSConfig = tlsCfg
 	start("tls", func() error { return tlsSrv.ServeTLS(tlsLis, "", "") })
 
 	// DHCP and TFTP.
