@@ -18,6 +18,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -61,11 +62,16 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 			return err
 		}
 	}
-	store, err := inventory.OpenBolt(cfg.InventoryPath())
+	bolt, err := inventory.OpenBolt(cfg.InventoryPath())
 	if err != nil {
 		return err
 	}
-	defer store.Close()
+	defer bolt.Close()
+	// Every write goes through store, which keeps the machines-by-state gauge.
+	store, err := newCountingStore(ctx, bolt)
+	if err != nil {
+		return err
+	}
 
 	mode, _ := policy.ParseMode(cfg.Policy.Approval)
 	pol := policy.Policy{Mode: mode}
@@ -120,7 +126,7 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	reg.MustRegister(newInventoryCollector(svc, store))
+	reg.MustRegister(newInventoryCollector(svc, store.byState))
 
 	errc := make(chan error, 8)
 	var wg sync.WaitGroup
@@ -158,8 +164,11 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	}
 	hb, err := httpboot.NewHandler(httpboot.Config{
 		ImageStore: cfg.Images.Store, TrustedKeys: keys,
-		BaseURL:    "http://" + net.JoinHostPort(cfg.Advertise, httpPort),
-		EnrollAddr: net.JoinHostPort(cfg.Advertise, tlsPort), EnrollCAPin: ca.Pin(),
+		// Verified artifacts are served from private copies (unlinked, so the
+		// directory stays empty): the store's files may change after verification.
+		VerifiedCopies: filepath.Join(cfg.StateDir, "verified-images"),
+		BaseURL:        "http://" + net.JoinHostPort(cfg.Advertise, httpPort),
+		EnrollAddr:     net.JoinHostPort(cfg.Advertise, tlsPort), EnrollCAPin: ca.Pin(),
 		IPXEDir: ipxeDir, Registry: reg, Log: log,
 	}, httpboot.BooterFunc(func(ctx context.Context, id identity.Identity, remote netip.Addr) (httpboot.Target, error) {
 		d, err := svc.DecideBoot(ctx, id, remote)
