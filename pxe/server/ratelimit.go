@@ -112,7 +112,7 @@ func (l *sourceLimiter) unary(ctx context.Context, req any, info *grpc.UnaryServ
 	}
 	if !l.allow(ap.Addr()) {
 		return nil, status.Errorf(codes.ResourceExhausted,
-			"%s: more than %g calls per second (burst %d) from %s: wait and retry (the bound is enrollment.sourceRate and enrollment.sourceBurst in gpuboot.yaml)",
+			"%s: more than %g calls per second (burst %d) from %s, or calls from more than 65536 sources at once: wait and retry (the bound is enrollment.sourceRate and enrollment.sourceBurst in gpuboot.yaml)",
 			info.FullMethod, float64(l.limit), l.burst, sourceKey(ap.Addr()))
 	}
 	return handler(ctx, req)
