@@ -59,17 +59,16 @@ func (s *Service) getJoinBundle(ctx context.Context, req *bootv1.GetJoinBundleRe
 	}
 	// Look the machine up before taking its lock: a lock made for every token id a
 	// caller invents would be kept forever (machine locks are never dropped).
-	m, err := s.store.Get(ctx, id)
-	if errors.Is(err, inventory.ErrNotFound) {
+	if _, err := s.store.Get(ctx, id); errors.Is(err, inventory.ErrNotFound) {
 		return nil, status.Error(codes.NotFound, "unknown or expired token: call Register again")
-	}
-	if err != nil {
+	} else if err != nil {
 		return nil, status.Errorf(codes.Internal, "join bundle: %v", err)
 	}
 	lock := s.machineLock(id)
 	lock.Lock()
 	defer lock.Unlock()
-	if m, err = s.store.Get(ctx, id); err != nil { // again, under the lock
+	m, err := s.store.Get(ctx, id) // again, under the lock
+	if err != nil {
 		return nil, status.Errorf(codes.Internal, "join bundle: %v", err)
 	}
 	fp := bootv1.KeyFingerprint(pub)
