@@ -100,6 +100,9 @@ func (c *imageCache) get(id string) (*verifiedImage, error) {
 	dir := filepath.Join(c.store, id)
 	fi, err := os.Stat(dir)
 	if err != nil {
+		// Drop a verdict of a removed image: its copies are closed (and their disk
+		// space freed) once no request reads them.
+		c.forget(id)
 		return nil, fmt.Errorf("image %s is not in the store: %w", id, err)
 	}
 	c.mu.Lock()
