@@ -115,6 +115,14 @@ type Images struct {
 	TrustedKeys []string `yaml:"trustedKeys"`
 }
 
+// Defaults of the per-source bound on Register and Heartbeat: an agent heartbeats
+// every 10 s and registers a few times per boot, so 5 per second with a burst of 50
+// never slows a real machine and caps what one address can make gpuboot write.
+const (
+	DefaultSourceRate  = 5.0
+	DefaultSourceBurst = 50
+)
+
 // Enrollment configures the enrollment flow (CONTRACTS §2).
 type Enrollment struct {
 	// UnknownMachines: discover (default) or hold.
@@ -125,6 +133,11 @@ type Enrollment struct {
 	MaxUnapproved int     `yaml:"maxUnapproved"`
 	CreateRate    float64 `yaml:"createRate"`
 	CreateBurst   int     `yaml:"createBurst"`
+	// SourceRate and SourceBurst bound Register and Heartbeat calls from one source
+	// address (an IPv6 /64 counts as one): calls per second and burst, a token
+	// bucket per source. Defaults 5 and 50.
+	SourceRate  float64 `yaml:"sourceRate"`
+	SourceBurst int     `yaml:"sourceBurst"`
 	// NodeNamePrefix starts generated node names; default "gpu".
 	NodeNamePrefix string `yaml:"nodeNamePrefix"`
 }
@@ -222,6 +235,12 @@ func (c *Config) applyDefaults() {
 	}
 	if c.Enrollment.Reenroll == "" {
 		c.Enrollment.Reenroll = "auto"
+	}
+	if c.Enrollment.SourceRate == 0 {
+		c.Enrollment.SourceRate = DefaultSourceRate
+	}
+	if c.Enrollment.SourceBurst == 0 {
+		c.Enrollment.SourceBurst = DefaultSourceBurst
 	}
 	if c.Policy.Approval == "" {
 		c.Policy.Approval = "manual"
@@ -344,6 +363,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Enrollment.MaxUnapproved < 0 || c.Enrollment.CreateRate < 0 || c.Enrollment.CreateBurst < 0 {
 		bad("enrollment", "maxUnapproved, createRate and createBurst must not be negative")
+	}
+	if c.Enrollment.SourceRate < 0 || c.Enrollment.SourceBurst < 0 {
+		bad("enrollment", "sourceRate and sourceBurst must not be negative (leave them out for the defaults, %g per second with a burst of %d)", DefaultSourceRate, DefaultSourceBurst)
 	}
 	mode, err := policy.ParseMode(c.Policy.Approval)
 	if err != nil {

@@ -57,14 +57,17 @@ func (s *Service) getJoinBundle(ctx context.Context, req *bootv1.GetJoinBundleRe
 	if !ok || id == "" || len(token) > 128 {
 		return nil, status.Error(codes.NotFound, "unknown or expired token: call Register again")
 	}
+	// Look the machine up before taking its lock: a lock made for every token id a
+	// caller invents would be kept forever (machine locks are never dropped).
+	if _, err := s.store.Get(ctx, id); errors.Is(err, inventory.ErrNotFound) {
+		return nil, status.Error(codes.NotFound, "unknown or expired token: call Register again")
+	} else if err != nil {
+		return nil, status.Errorf(codes.Internal, "join bundle: %v", err)
+	}
 	lock := s.machineLock(id)
 	lock.Lock()
 	defer lock.Unlock()
-
-	m, err := s.store.Get(ctx, id)
-	if errors.Is(err, inventory.ErrNotFound) {
-		return nil, status.Error(codes.NotFound, "unknown or expired token: call Register again")
-	}
+	m, err := s.store.Get(ctx, id) // again, under the lock
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "join bundle: %v", err)
 	}

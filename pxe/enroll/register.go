@@ -54,6 +54,9 @@ func remoteOf(ctx context.Context) string {
 // identity, the randomness of a new approval, the time), lets decideRegister decide and
 // stores what it returns.
 func (s *Service) Register(ctx context.Context, req *bootv1.RegisterRequest) (*bootv1.RegisterResponse, error) {
+	if err := checkRegisterLimits(req); err != nil {
+		return nil, err
+	}
 	now := s.cfg.Now()
 	pub, err := bootv1.VerifyRequest(bootv1.EnrollmentService_Register_FullMethodName, req, now)
 	if err != nil {

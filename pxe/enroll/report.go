@@ -138,6 +138,9 @@ func commissioningMove(cl *machinev1.Checklist) (inventory.State, string) {
 // ReportCommissioning implements EnrollmentService.ReportCommissioning (CONTRACTS
 // §2.3, §2.7).
 func (s *Service) ReportCommissioning(ctx context.Context, req *bootv1.ReportCommissioningRequest) (*bootv1.ReportCommissioningResponse, error) {
+	if err := checkReportLimits(req); err != nil {
+		return nil, err
+	}
 	now := s.cfg.Now()
 	report := req.GetReport()
 	if report == nil {
@@ -209,6 +212,9 @@ func (s *Service) ReportCommissioning(ctx context.Context, req *bootv1.ReportCom
 
 // Heartbeat implements EnrollmentService.Heartbeat (CONTRACTS §2.6, §2.8).
 func (s *Service) Heartbeat(ctx context.Context, req *bootv1.HeartbeatRequest) (*bootv1.HeartbeatResponse, error) {
+	if err := checkHeartbeatLimits(req); err != nil {
+		return nil, err
+	}
 	now := s.cfg.Now()
 	c, err := s.authenticateAgent(ctx, bootv1.EnrollmentService_Heartbeat_FullMethodName, req, req.GetIdentity(), now)
 	if err != nil {

@@ -15,16 +15,21 @@
 // kernel arguments (initrd=initrd.img, gpurack.rootfs=, BOOTIF=,
 // gpurack.enroll=, gpurack.enroll.ca=).
 //
-// Images are served only after internal/manifest.VerifyDir accepts their
-// directory: the manifest's ed25519 signature by one of the configured
-// keys, and every artifact's size and sha256. The verdict is cached per
-// image id and recomputed when the directory's modification time changes
-// or a served file's size or modification time differs from what was
+// Images are served only as bytes whose digest matches the signed
+// manifest. Verification reads the directory through an os.Root (no link
+// leads outside it), checks the manifest's ed25519 signature by one of the
+// configured keys, and copies every artifact into a private, unlinked file
+// while hashing it; an artifact whose size or sha256 differs fails the
+// image. Files and the cmdline of /boot.ipxe come from those copies, so a
+// file of the store rewritten after verification is never served, even with
+// its size and modification time restored. The verdict is cached per image
+// id and recomputed when the directory's modification time changes or a
+// store file's stamp (size, mtime, ctime, inode) differs from the one
 // verified. An image that fails is refused with 403 and never booted.
-// Files are served with http.ServeContent on the open file (Range,
-// If-None-Match; sendfile for whole files); the ETag is the artifact's
-// sha256 from the signed manifest, and responses are marked immutable,
-// since an image id names fixed content (CONTRACTS.md §7).
+// Files are served with http.ServeContent (Range, If-None-Match; sendfile
+// for whole files); the ETag is the artifact's sha256 from the signed
+// manifest, and responses are marked immutable, since an image id names
+// fixed content (CONTRACTS.md §7).
 //
 // Nothing served here is secret; the threat model is CONTRACTS.md §7. The
 // TLS listener (enrollment, admin, REST, rack view) is not this package.
@@ -39,6 +44,7 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
+	"os"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -101,6 +107,11 @@ type Config struct {
 	// enroll).
 	EnrollAddr  string
 	EnrollCAPin string
+	// VerifiedCopies is the directory where verified artifacts are copied to be
+	// served from (each copy is unlinked at once and lives as long as its
+	// verdict). It should be private to gpuboot and on disk: a rootfs is
+	// copied whole. Empty means the system's temporary directory.
+	VerifiedCopies string
 	// IPXEDir, if set, is served at /ipxe/<file> (the iPXE binaries, for
 	// UEFI HTTP boot clients that DHCP points at /ipxe/ipxe.efi).
 	IPXEDir string
@@ -150,13 +161,18 @@ func NewHandler(cfg Config, b Booter) (*Handler, error) {
 	h := &Handler{
 		cfg:     cfg,
 		booter:  b,
-		images:  newImageCache(cfg.ImageStore, cfg.TrustedKeys),
+		images:  newImageCache(cfg.ImageStore, cfg.TrustedKeys, cfg.VerifiedCopies),
 		metrics: m,
 		log:     cfg.Log,
 		mux:     http.NewServeMux(),
 	}
 	if h.log == nil {
 		h.log = slog.Default()
+	}
+	if cfg.VerifiedCopies != "" {
+		if err := os.MkdirAll(cfg.VerifiedCopies, 0o700); err != nil {
+			return nil, fmt.Errorf("httpboot: directory for verified image copies: %w", err)
+		}
 	}
 	if cfg.IPXEDir != "" {
 		if h.ipxe, err = listFiles(cfg.IPXEDir); err != nil {

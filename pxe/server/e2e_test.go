@@ -220,7 +220,7 @@ func (in *instance) listMachines() []*bootv1.Machine {
 // is there, no identity is recorded twice, and every history is a path through the
 // lifecycle ending in the machine's state.
 func TestCrashDuringRegistrationBurst(t *testing.T) {
-	in := newInstance(t, "enrollment: {createRate: 10000, createBurst: 10000}\n")
+	in := newInstance(t, "enrollment: {createRate: 10000, createBurst: 10000, sourceRate: 10000, sourceBurst: 10000}\n")
 	in.start()
 	c := in.enrollClient()
 	const n = 200

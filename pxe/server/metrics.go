@@ -2,6 +2,8 @@ package server
 
 import (
 	"context"
+	"fmt"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -9,18 +11,91 @@ import (
 	"github.com/gpurack/gpurack/pxe/inventory"
 )
 
-// inventoryCollector exports machines by state and the enrollment counters, read at
-// scrape time.
+// countingStore is an inventory.Store that keeps the number of machines in each
+// lifecycle state as writes commit, so that a /metrics scrape (plain HTTP, anyone on
+// the provisioning network) reads a few integers instead of decoding every machine.
+// It counts once from the store at start; after that every Create and Update of
+// gpuboot goes through it (no other writer holds the file: bbolt locks it).
+type countingStore struct {
+	inventory.Store
+
+	mu     sync.Mutex
+	counts map[inventory.State]int
+}
+
+// newCountingStore wraps s and counts its machines by state (one full read).
+func newCountingStore(ctx context.Context, s inventory.Store) (*countingStore, error) {
+	all, err := s.List(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("count machines by state: %w", err)
+	}
+	c := &countingStore{Store: s, counts: map[inventory.State]int{}}
+	for _, m := range all {
+		c.counts[m.State]++
+	}
+	return c, nil
+}
+
+// Create implements inventory.Store.
+func (c *countingStore) Create(ctx context.Context, m *inventory.Machine, ts ...inventory.Transition) error {
+	if err := c.Store.Create(ctx, m, ts...); err != nil {
+		return err
+	}
+	c.move(inventory.None, m.State)
+	return nil
+}
+
+// Update implements inventory.Store. The state the machine had is read in the same
+// transaction as the write (the copy fn receives), so concurrent updates of one
+// machine each count their own move.
+func (c *countingStore) Update(ctx context.Context, id string, fn func(*inventory.Machine) ([]inventory.Transition, error)) (*inventory.Machine, error) {
+	var from inventory.State
+	m, err := c.Store.Update(ctx, id, func(m *inventory.Machine) ([]inventory.Transition, error) {
+		from = m.State
+		return fn(m)
+	})
+	if err != nil {
+		return m, err
+	}
+	c.move(from, m.State)
+	return m, nil
+}
+
+func (c *countingStore) move(from, to inventory.State) {
+	if from == to {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if from != inventory.None {
+		c.counts[from]--
+	}
+	c.counts[to]++
+}
+
+// byState returns a copy of the counts.
+func (c *countingStore) byState() map[inventory.State]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make(map[inventory.State]int, len(c.counts))
+	for st, n := range c.counts {
+		out[st] = n
+	}
+	return out
+}
+
+// inventoryCollector exports machines by state (kept by a countingStore) and the
+// enrollment counters; a scrape reads no machine record.
 type inventoryCollector struct {
 	svc                                                *enroll.Service
-	machines                                           inventory.Store
+	counts                                             func() map[inventory.State]int
 	byState, registrations, released, refused, limited *prometheus.Desc
 }
 
-func newInventoryCollector(svc *enroll.Service, machines inventory.Store) *inventoryCollector {
+func newInventoryCollector(svc *enroll.Service, counts func() map[inventory.State]int) *inventoryCollector {
 	return &inventoryCollector{
 		svc:           svc,
-		machines:      machines,
+		counts:        counts,
 		byState:       prometheus.NewDesc("gpuboot_machines", "Machines in the inventory by lifecycle state.", []string{"state"}, nil),
 		registrations: prometheus.NewDesc("gpuboot_enroll_registrations_total", "Register calls by answer.", []string{"answer"}, nil),
 		released:      prometheus.NewDesc("gpuboot_enroll_bundles_released_total", "JoinBundles released.", nil, nil),
@@ -38,14 +113,12 @@ func (c *inventoryCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *inventoryCollector) Collect(ch chan<- prometheus.Metric) {
-	counts := map[inventory.State]int{}
-	if all, err := c.machines.List(context.Background()); err == nil {
-		for _, m := range all {
-			counts[m.State]++
-		}
-	}
+	counts := c.counts()
 	for _, st := range inventory.States {
 		ch <- prometheus.MustNewConstMetric(c.byState, prometheus.GaugeValue, float64(counts[st]), string(st))
+	}
+	if c.svc == nil {
+		return
 	}
 	regs, released, refused, limited := c.svc.Snapshot()
 	for a, n := range regs {

@@ -18,6 +18,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -61,11 +62,16 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 			return err
 		}
 	}
-	store, err := inventory.OpenBolt(cfg.InventoryPath())
+	bolt, err := inventory.OpenBolt(cfg.InventoryPath())
 	if err != nil {
 		return err
 	}
-	defer store.Close()
+	defer bolt.Close()
+	// Every write goes through store, which keeps the machines-by-state gauge.
+	store, err := newCountingStore(ctx, bolt)
+	if err != nil {
+		return err
+	}
 
 	mode, _ := policy.ParseMode(cfg.Policy.Approval)
 	pol := policy.Policy{Mode: mode}
@@ -120,7 +126,7 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	reg.MustRegister(newInventoryCollector(svc, store))
+	reg.MustRegister(newInventoryCollector(svc, store.byState))
 
 	errc := make(chan error, 8)
 	var wg sync.WaitGroup
@@ -158,8 +164,11 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	}
 	hb, err := httpboot.NewHandler(httpboot.Config{
 		ImageStore: cfg.Images.Store, TrustedKeys: keys,
-		BaseURL:    "http://" + net.JoinHostPort(cfg.Advertise, httpPort),
-		EnrollAddr: net.JoinHostPort(cfg.Advertise, tlsPort), EnrollCAPin: ca.Pin(),
+		// Verified artifacts are served from private copies (unlinked, so the
+		// directory stays empty): the store's files may change after verification.
+		VerifiedCopies: filepath.Join(cfg.StateDir, "verified-images"),
+		BaseURL:        "http://" + net.JoinHostPort(cfg.Advertise, httpPort),
+		EnrollAddr:     net.JoinHostPort(cfg.Advertise, tlsPort), EnrollCAPin: ca.Pin(),
 		IPXEDir: ipxeDir, Registry: reg, Log: log,
 	}, httpboot.BooterFunc(func(ctx context.Context, id identity.Identity, remote netip.Addr) (httpboot.Target, error) {
 		d, err := svc.DecideBoot(ctx, id, remote)
@@ -178,11 +187,11 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("listen.http: %w", err)
 	}
-	httpSrv := &http.Server{Handler: hb, ReadHeaderTimeout: 10 * time.Second}
+	httpSrv := newHTTPServer(hb, defaultHTTPLimits)
 	start("http", func() error { return httpSrv.Serve(httpLis) })
 
 	// TLS: gRPC (Enrollment, Admin, reflection) and the REST API + rack view.
-	gs := grpc.NewServer()
+	gs := grpc.NewServer(grpcServerOptions(newSourceLimiter(cfg.Enrollment.SourceRate, cfg.Enrollment.SourceBurst))...)
 	bootv1.RegisterEnrollmentServiceServer(gs, svc)
 	rackNames := make([]string, 0, len(cfg.Racks))
 	for _, r := range cfg.Racks {
@@ -208,17 +217,14 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("listen.tls: %w", err)
 	}
-	tlsSrv := &http.Server{
-		ReadHeaderTimeout: 10 * time.Second,
-		TLSConfig:         tlsCfg,
-		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if r.ProtoMajor == 2 && strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc") {
-				gs.ServeHTTP(w, r)
-				return
-			}
-			restHandler.ServeHTTP(w, r)
-		}),
-	}
+	tlsSrv := newHTTPServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ProtoMajor == 2 && strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc") {
+			gs.ServeHTTP(w, r)
+			return
+		}
+		restHandler.ServeHTTP(w, r)
+	}), defaultHTTPLimits)
+	tlsSrv.TLSConfig = tlsCfg
 	start("tls", func() error { return tlsSrv.ServeTLS(tlsLis, "", "") })
 
 	// DHCP and TFTP.

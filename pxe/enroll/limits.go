@@ -1,0 +1,91 @@
+package enroll
+
+import (
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
+	machinev1 "github.com/gpurack/gpurack/api/machine/v1"
+)
+
+// Bounds on what an agent may send. Register is unauthenticated (anyone who reaches the
+// TLS port may call it), and what it carries is stored in the inventory while the
+// machine waits for approval, so its size is bounded here rather than by what a real
+// machine happens to send. Real facts of an 8-GPU server with 16 NICs are about 5 kB
+// and a full commissioning checklist about 20 kB: the bounds leave ten times that.
+// gpuboot's gRPC server also refuses any message over MaxMessageBytes before it is
+// decoded.
+const (
+	// MaxFactsBytes bounds MachineFacts (encoded) in Register.
+	MaxFactsBytes = 64 << 10
+	// MaxFactsGPUs, MaxFactsNICs and MaxFactsIPs bound the repeated fields of
+	// MachineFacts.
+	MaxFactsGPUs = 64
+	MaxFactsNICs = 256
+	MaxFactsIPs  = 256
+	// MaxChecklistBytes bounds a Checklist (encoded), in Register and in
+	// ReportCommissioning.
+	MaxChecklistBytes = 256 << 10
+	// MaxChecklistResults bounds Checklist.results.
+	MaxChecklistResults = 1024
+	// MaxHealthBytes bounds the HealthSummary (encoded) of a Heartbeat.
+	MaxHealthBytes = 16 << 10
+	// MaxMessageBytes is the largest gRPC message gpuboot's server decodes: above
+	// MaxFactsBytes + MaxChecklistBytes plus signatures, far below gRPC's default 4 MiB.
+	MaxMessageBytes = 512 << 10
+)
+
+// limitError is the ResourceExhausted error for a bound; it names the field, the size
+// sent and the bound, so that an agent's log says what to send less of.
+func limitError(call, what string, got, limit int, name string) error {
+	return status.Errorf(codes.ResourceExhausted, "%s: %s is %d, above the limit of %d (enroll.%s): send less", call, what, got, limit, name)
+}
+
+// checkRegisterLimits bounds the facts and checklist of a Register call.
+func checkRegisterLimits(req *bootv1.RegisterRequest) error {
+	if f := req.GetFacts(); f != nil {
+		if n := proto.Size(f); n > MaxFactsBytes {
+			return limitError("register", "facts (bytes)", n, MaxFactsBytes, "MaxFactsBytes")
+		}
+		if n := len(f.GetGpus()); n > MaxFactsGPUs {
+			return limitError("register", "facts.gpus (count)", n, MaxFactsGPUs, "MaxFactsGPUs")
+		}
+		if n := len(f.GetNics()); n > MaxFactsNICs {
+			return limitError("register", "facts.nics (count)", n, MaxFactsNICs, "MaxFactsNICs")
+		}
+		if n := len(f.GetIps()); n > MaxFactsIPs {
+			return limitError("register", "facts.ips (count)", n, MaxFactsIPs, "MaxFactsIPs")
+		}
+	}
+	if cl := req.GetChecklist(); cl != nil {
+		return checkChecklistLimits("register", cl)
+	}
+	return nil
+}
+
+// checkReportLimits bounds the checklist of a ReportCommissioning call.
+func checkReportLimits(req *bootv1.ReportCommissioningRequest) error {
+	if cl := req.GetReport(); cl != nil {
+		return checkChecklistLimits("report commissioning", cl)
+	}
+	return nil
+}
+
+func checkChecklistLimits(call string, cl *machinev1.Checklist) error {
+	if n := proto.Size(cl); n > MaxChecklistBytes {
+		return limitError(call, "checklist (bytes)", n, MaxChecklistBytes, "MaxChecklistBytes")
+	}
+	if n := len(cl.GetResults()); n > MaxChecklistResults {
+		return limitError(call, "checklist.results (count)", n, MaxChecklistResults, "MaxChecklistResults")
+	}
+	return nil
+}
+
+// checkHeartbeatLimits bounds the health summary of a Heartbeat.
+func checkHeartbeatLimits(req *bootv1.HeartbeatRequest) error {
+	if n := proto.Size(req.GetHealth()); n > MaxHealthBytes {
+		return limitError("heartbeat", "health (bytes)", n, MaxHealthBytes, "MaxHealthBytes")
+	}
+	return nil
+}
