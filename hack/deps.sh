@@ -21,6 +21,7 @@ packages=(
   dnsmasq-base      # test/qemu: the site DHCP server and IPv6 RA beside gpuboot's proxy
   linux-image-amd64 # test/qemu: the guest kernel (/boot/vmlinuz-*)
   containerd runc containernetworking-plugins # controlplane-bootstrap: a real kubelet joins and runs a pod
+  chromium          # pxe/report: the HTML rack checklist is opened in headless Chromium
 )
 
 missing=()

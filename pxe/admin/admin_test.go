@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"net/http/httptest"
 	"net/netip"
 	"path/filepath"
 	"strings"
@@ -100,5 +101,14 @@ func TestServerOverEnrollment(t *testing.T) {
 	// The configured racks are known even without machines: a report must name one.
 	if _, err := srv.RackReport(alice, &bootv1.RackReportRequest{}); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "r2") {
 		t.Errorf("report without a rack: %v; want InvalidArgument listing r1 and r2", err)
+	}
+	// Over REST the HTML report comes with a policy that lets nothing load.
+	req := httptest.NewRequest("GET", "/api/v1/racks/r1/report?format=html", nil)
+	req.TLS = &tls.ConnectionState{PeerCertificates: []*x509.Certificate{op.Cert}}
+	rec := httptest.NewRecorder()
+	srv.Handler().ServeHTTP(rec, req)
+	if h := rec.Header(); rec.Code != 200 || h.Get("Content-Type") != "text/html; charset=utf-8" ||
+		!strings.HasPrefix(h.Get("Content-Security-Policy"), "default-src 'none'; style-src 'sha256-") || !strings.Contains(rec.Body.String(), "gpu-r1-u01") {
+		t.Errorf("GET report?format=html: %d %v\n%s", rec.Code, h, rec.Body)
 	}
 }

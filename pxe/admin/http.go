@@ -146,6 +146,10 @@ func (s *Server) apiReport(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", resp.ContentType)
 	w.Header().Set("Content-Disposition", fmt.Sprintf("inline; filename=%q", resp.Filename))
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	if f == bootv1.ReportFormat_REPORT_FORMAT_HTML {
+		w.Header().Set("Content-Security-Policy", report.HTMLContentSecurityPolicy)
+	}
 	w.Write(resp.Content)
 }
 

@@ -6,9 +6,7 @@
 package report
 
 import (
-	"bytes"
 	"fmt"
-	"html/template"
 	"sort"
 	"strings"
 	"time"
@@ -24,6 +22,7 @@ import (
 // decommissioned machines are skipped).
 func Build(rack string, machines []*bootv1.Machine, now time.Time) *bootv1.RackReportData {
 	d := &bootv1.RackReportData{Rack: rack, GeneratedAt: timestamppb.New(now), MachinesByState: map[string]uint32{}}
+	var ready, quarantined, allocatable uint32
 	tallies := map[string]*bootv1.CheckTally{}
 	for _, m := range machines {
 		if m.GetRack() != rack || m.GetState() == bootv1.MachineState_MACHINE_STATE_DECOMMISSIONED {
@@ -70,10 +69,25 @@ func Build(rack string, machines []*bootv1.Machine, now time.Time) *bootv1.RackR
 			}
 		}
 		d.GpuCount += gpus
+		healthy := uint32(0)
 		if !nodeFail && uint32(len(failing)) <= gpus {
-			d.HealthyGpuCount += gpus - uint32(len(failing))
+			healthy = gpus - uint32(len(failing))
 		}
+		d.HealthyGpuCount += healthy
+		row.Reason = Reason(m)
+		switch m.GetState() {
+		case bootv1.MachineState_MACHINE_STATE_READY:
+			ready++
+			row.AllocatableGpuCount = healthy
+			if h := m.GetHealth(); h.GetGpuCount() > 0 {
+				row.AllocatableGpuCount = min(h.GetHealthyGpuCount(), h.GetGpuCount())
+			}
+		case bootv1.MachineState_MACHINE_STATE_QUARANTINED:
+			quarantined++
+		}
+		allocatable += row.AllocatableGpuCount
 	}
+	d.Totals = &bootv1.RackReportTotals{NodesReady: &ready, NodesQuarantined: &quarantined, GpusAllocatable: &allocatable}
 	sort.Slice(d.Machines, func(i, j int) bool {
 		a, b := d.Machines[i], d.Machines[j]
 		if a.Slot != b.Slot {
@@ -89,6 +103,97 @@ func Build(rack string, machines []*bootv1.Machine, now time.Time) *bootv1.RackR
 	}
 	sort.Slice(d.Checks, func(i, j int) bool { return d.Checks[i].Id < d.Checks[j].Id })
 	return d
+}
+
+// Reason says in one line why m is in its state, or "" for a ready machine with every
+// GPU healthy (RackReportMachine.reason). Agent-reported text is kept as is.
+func Reason(m *bootv1.Machine) string {
+	switch m.GetState() {
+	case bootv1.MachineState_MACHINE_STATE_QUARANTINED:
+		var fails []string
+		for _, r := range sortedResults(m.GetChecklist()) {
+			if r.GetStatus() == machinev1.CheckStatus_CHECK_STATUS_FAIL {
+				fails = append(fails, checkName(r)+": "+CheckDetail(r))
+			}
+		}
+		if len(fails) == 0 {
+			return "commissioning failed; its latest checklist names no failing check"
+		}
+		return "failed " + strings.Join(fails, "; ")
+	case bootv1.MachineState_MACHINE_STATE_READY:
+		h := m.GetHealth()
+		if len(h.GetUnhealthyGpuIndexes()) == 0 && h.GetState() != machinev1.HealthState_HEALTH_STATE_UNHEALTHY {
+			return ""
+		}
+		var gpus []string
+		for _, i := range h.GetUnhealthyGpuIndexes() {
+			gpus = append(gpus, fmt.Sprint(i))
+		}
+		what := "unhealthy"
+		if len(gpus) > 0 {
+			what = "GPU " + strings.Join(gpus, ", ") + " withdrawn"
+		}
+		if msg := h.GetGpuHealthyMessage(); msg != "" {
+			return what + ": " + msg
+		}
+		if ids := h.GetFailingCheckIds(); len(ids) > 0 {
+			return what + ": failing " + strings.Join(ids, ", ")
+		}
+		return what
+	}
+	return waiting[m.GetState()]
+}
+
+// waiting says what a machine that is neither ready nor quarantined waits for.
+var waiting = map[bootv1.MachineState]string{
+	bootv1.MachineState_MACHINE_STATE_DISCOVERED:    "waiting for its agent to register",
+	bootv1.MachineState_MACHINE_STATE_REGISTERED:    "waiting for approval (gpuboot machines approve)",
+	bootv1.MachineState_MACHINE_STATE_APPROVED:      "approved; waiting for its agent to fetch the JoinBundle",
+	bootv1.MachineState_MACHINE_STATE_JOINING:       "waiting for its Node to register",
+	bootv1.MachineState_MACHINE_STATE_COMMISSIONING: "waiting for the commissioning report",
+	bootv1.MachineState_MACHINE_STATE_REJECTED:      "rejected by an operator (gpuboot machines history)",
+	bootv1.MachineState_MACHINE_STATE_CONFLICT:      "two keys claim this identity (gpuboot machines resolve-conflict)",
+}
+
+// CheckDetail is a result's explanation: its message, else what was observed against
+// what was expected, else its status.
+func CheckDetail(r *machinev1.CheckResult) string {
+	switch {
+	case r.GetMessage() != "":
+		return r.GetMessage()
+	case r.GetObserved() != "" && r.GetExpected() != "":
+		return r.GetObserved() + " (expected " + r.GetExpected() + ")"
+	case r.GetObserved() != "":
+		return r.GetObserved()
+	}
+	return StatusName(r.GetStatus())
+}
+
+// checkName is "id" or "id on GPU n".
+func checkName(r *machinev1.CheckResult) string {
+	if r.GpuIndex != nil && r.GetGpuIndex() >= 0 {
+		return fmt.Sprintf("%s on GPU %d", r.GetId(), r.GetGpuIndex())
+	}
+	return r.GetId()
+}
+
+// sortedResults returns cl's results ordered by check id, node-level before GPU-level,
+// then by GPU index, so renderings do not depend on the agent's order.
+func sortedResults(cl *machinev1.Checklist) []*machinev1.CheckResult {
+	rs := append([]*machinev1.CheckResult(nil), cl.GetResults()...)
+	gpu := func(r *machinev1.CheckResult) int64 {
+		if r.GpuIndex == nil || r.GetGpuIndex() < 0 {
+			return -1
+		}
+		return int64(r.GetGpuIndex())
+	}
+	sort.SliceStable(rs, func(i, j int) bool {
+		if rs[i].GetId() != rs[j].GetId() {
+			return rs[i].GetId() < rs[j].GetId()
+		}
+		return gpu(rs[i]) < gpu(rs[j])
+	})
+	return rs
 }
 
 // slotLess orders slots naturally: "U2" before "U10"; empty slots last.
@@ -152,9 +257,8 @@ func Render(d *bootv1.RackReportData, f bootv1.ReportFormat) (content []byte, co
 		b, err := pbjson.Marshal(d)
 		return b, "application/json", base + ".json", err
 	case bootv1.ReportFormat_REPORT_FORMAT_HTML:
-		var buf bytes.Buffer
-		err := htmlTemplate.Execute(&buf, view(d))
-		return buf.Bytes(), "text/html; charset=utf-8", base + ".html", err
+		b, err := renderHTML(d)
+		return b, "text/html; charset=utf-8", base + ".html", err
 	}
 	return nil, "", "", fmt.Errorf("unknown report format %v", f)
 }
@@ -232,6 +336,14 @@ func shortImage(id string) string {
 	return id
 }
 
+// nodeOrID names a row: its node name, else its machine id.
+func nodeOrID(m *bootv1.RackReportMachine) string {
+	if m.GetNodeName() != "" {
+		return m.GetNodeName()
+	}
+	return m.GetMachineId()
+}
+
 func mdEscape(s string) string {
 	if s == "" {
 		return "–"
@@ -244,6 +356,16 @@ func markdown(d *bootv1.RackReportData) []byte {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# Rack %s commissioning report\n\nGenerated %s. %d machines (%s). GPUs: %d, %d without a failing check.\n\n",
 		p.Rack, p.Generated, len(p.Rows), strings.Join(p.States, ", "), p.GPUs, p.Healthy)
+	t := d.GetTotals()
+	fmt.Fprintf(&b, "Nodes ready: %d. Nodes quarantined: %d. GPUs allocatable: %d.\n\n", t.GetNodesReady(), t.GetNodesQuarantined(), t.GetGpusAllocatable())
+	for _, m := range d.GetMachines() {
+		if m.GetState() == bootv1.MachineState_MACHINE_STATE_QUARANTINED {
+			fmt.Fprintf(&b, "- quarantined %s %s: %s\n", mdEscape(m.GetSlot()), mdEscape(nodeOrID(m)), mdEscape(m.GetReason()))
+		}
+	}
+	if t.GetNodesQuarantined() > 0 {
+		b.WriteString("\n")
+	}
 	b.WriteString("| slot | node | machine | MAC | serial | state | checks | failing | warning | health | image | driver |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range p.Rows {
@@ -267,17 +389,3 @@ table{border-collapse:collapse;margin:1em 0}th,td{border:1px solid #ccc;padding:
 th{background:#f3f3f3}.ready,.pass{background:#dff5df}.quarantined,.fail,.conflict,.rejected{background:#f9d6d6}
 .warn,.commissioning,.joining,.approved{background:#fdf3cf}.discovered,.registered{background:#e4ecf9}
 .decommissioned,.no-report{color:#888}code{font-size:12px}`
-
-var htmlTemplate = template.Must(template.New("report").Parse(`<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>Rack {{.Rack}} commissioning report</title>
-<style>` + Style + `</style></head><body>
-<h1>Rack {{.Rack}} commissioning report</h1>
-<p>Generated {{.Generated}}. {{len .Rows}} machines ({{range $i, $s := .States}}{{if $i}}, {{end}}{{$s}}{{end}}). GPUs: {{.GPUs}}, {{.Healthy}} without a failing check.</p>
-<table><tr><th>slot</th><th>node</th><th>machine</th><th>MAC</th><th>serial</th><th>state</th><th>checks</th><th>failing</th><th>warning</th><th>health</th><th>image</th><th>driver</th></tr>
-{{range .Rows}}<tr><td>{{.Slot}}</td><td>{{.Node}}</td><td><code>{{.ID}}</code></td><td><code>{{.MAC}}</code></td><td>{{.Serial}}</td><td class="{{.State}}">{{.State}}</td><td class="{{.Overall}}">{{.Overall}}</td><td>{{.Failing}}</td><td>{{.Warning}}</td><td>{{.Health}}</td><td><code>{{.Image}}</code></td><td>{{.Driver}}</td></tr>
-{{end}}</table>
-{{if .Checks}}<h2>Checks</h2><table><tr><th>check</th><th>pass</th><th>warn</th><th>fail</th><th>unknown</th><th>n/a</th></tr>
-{{range .Checks}}<tr><td><code>{{.Id}}</code></td><td>{{.Pass}}</td><td>{{.Warn}}</td><td{{if .Fail}} class="fail"{{end}}>{{.Fail}}</td><td>{{.Unknown}}</td><td>{{.NotApplicable}}</td></tr>
-{{end}}</table>{{end}}
-</body></html>
-`))

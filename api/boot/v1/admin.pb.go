@@ -1276,8 +1276,10 @@ type RackReportData struct {
 	GpuCount uint32 `protobuf:"varint,6,opt,name=gpu_count,json=gpuCount,proto3" json:"gpu_count,omitempty"`
 	// Number of those GPUs with no failing GPU-level check.
 	HealthyGpuCount uint32 `protobuf:"varint,7,opt,name=healthy_gpu_count,json=healthyGpuCount,proto3" json:"healthy_gpu_count,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The checklist's bottom line: what the rack gives the cluster.
+	Totals        *RackReportTotals `protobuf:"bytes,8,opt,name=totals,proto3" json:"totals,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RackReportData) Reset() {
@@ -1359,6 +1361,78 @@ func (x *RackReportData) GetHealthyGpuCount() uint32 {
 	return 0
 }
 
+func (x *RackReportData) GetTotals() *RackReportTotals {
+	if x != nil {
+		return x.Totals
+	}
+	return nil
+}
+
+// RackReportTotals sums a rack report. Its fields have explicit presence, so the JSON
+// form always carries them, zero included.
+type RackReportTotals struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Machines in state ready.
+	NodesReady *uint32 `protobuf:"varint,1,opt,name=nodes_ready,json=nodesReady,proto3,oneof" json:"nodes_ready,omitempty"`
+	// Machines in state quarantined; RackReportMachine.reason says why for each.
+	NodesQuarantined *uint32 `protobuf:"varint,2,opt,name=nodes_quarantined,json=nodesQuarantined,proto3,oneof" json:"nodes_quarantined,omitempty"`
+	// Sum of RackReportMachine.allocatable_gpu_count: the GPUs the rack offers to pods.
+	GpusAllocatable *uint32 `protobuf:"varint,3,opt,name=gpus_allocatable,json=gpusAllocatable,proto3,oneof" json:"gpus_allocatable,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *RackReportTotals) Reset() {
+	*x = RackReportTotals{}
+	mi := &file_api_boot_v1_admin_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RackReportTotals) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RackReportTotals) ProtoMessage() {}
+
+func (x *RackReportTotals) ProtoReflect() protoreflect.Message {
+	mi := &file_api_boot_v1_admin_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RackReportTotals.ProtoReflect.Descriptor instead.
+func (*RackReportTotals) Descriptor() ([]byte, []int) {
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *RackReportTotals) GetNodesReady() uint32 {
+	if x != nil && x.NodesReady != nil {
+		return *x.NodesReady
+	}
+	return 0
+}
+
+func (x *RackReportTotals) GetNodesQuarantined() uint32 {
+	if x != nil && x.NodesQuarantined != nil {
+		return *x.NodesQuarantined
+	}
+	return 0
+}
+
+func (x *RackReportTotals) GetGpusAllocatable() uint32 {
+	if x != nil && x.GpusAllocatable != nil {
+		return *x.GpusAllocatable
+	}
+	return 0
+}
+
 // RackReportMachine is one machine's row in a rack report.
 type RackReportMachine struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1379,14 +1453,23 @@ type RackReportMachine struct {
 	// The machine's latest checklist; absent when it reported none.
 	Checklist *v1.Checklist `protobuf:"bytes,8,opt,name=checklist,proto3" json:"checklist,omitempty"`
 	// Health from the latest Heartbeat; absent before the first.
-	Health        *v1.HealthSummary `protobuf:"bytes,9,opt,name=health,proto3" json:"health,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Health *v1.HealthSummary `protobuf:"bytes,9,opt,name=health,proto3" json:"health,omitempty"`
+	// Why the machine is in its state, one line, when that is not plainly ready: the
+	// failing checks with their messages when quarantined, withdrawn GPUs of a ready
+	// machine, what a waiting machine waits for. Text the agent reported is quoted as is:
+	// renderers must escape it.
+	Reason string `protobuf:"bytes,10,opt,name=reason,proto3" json:"reason,omitempty"`
+	// GPUs the machine offers to pods: 0 unless ready; for a ready machine its GPUs less
+	// those failing a GPU-level check (the latest Heartbeat's health when it counted
+	// GPUs, else the checklist).
+	AllocatableGpuCount uint32 `protobuf:"varint,11,opt,name=allocatable_gpu_count,json=allocatableGpuCount,proto3" json:"allocatable_gpu_count,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *RackReportMachine) Reset() {
 	*x = RackReportMachine{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[15]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1398,7 +1481,7 @@ func (x *RackReportMachine) String() string {
 func (*RackReportMachine) ProtoMessage() {}
 
 func (x *RackReportMachine) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[15]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1411,7 +1494,7 @@ func (x *RackReportMachine) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RackReportMachine.ProtoReflect.Descriptor instead.
 func (*RackReportMachine) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{15}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RackReportMachine) GetMachineId() string {
@@ -1477,6 +1560,20 @@ func (x *RackReportMachine) GetHealth() *v1.HealthSummary {
 	return nil
 }
 
+func (x *RackReportMachine) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *RackReportMachine) GetAllocatableGpuCount() uint32 {
+	if x != nil {
+		return x.AllocatableGpuCount
+	}
+	return 0
+}
+
 // CheckTally counts one check's latest statuses across a rack (GPU-level results count
 // once per GPU).
 type CheckTally struct {
@@ -1499,7 +1596,7 @@ type CheckTally struct {
 
 func (x *CheckTally) Reset() {
 	*x = CheckTally{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[16]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1511,7 +1608,7 @@ func (x *CheckTally) String() string {
 func (*CheckTally) ProtoMessage() {}
 
 func (x *CheckTally) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[16]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1524,7 +1621,7 @@ func (x *CheckTally) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckTally.ProtoReflect.Descriptor instead.
 func (*CheckTally) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{16}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *CheckTally) GetId() string {
@@ -1659,7 +1756,7 @@ const file_api_boot_v1_admin_proto_rawDesc = "" +
 	"\acontent\x18\x01 \x01(\fR\acontent\x12!\n" +
 	"\fcontent_type\x18\x02 \x01(\tR\vcontentType\x12\x1a\n" +
 	"\bfilename\x18\x03 \x01(\tR\bfilename\x123\n" +
-	"\x04data\x18\x04 \x01(\v2\x1f.gpurack.boot.v1.RackReportDataR\x04data\"\xc7\x03\n" +
+	"\x04data\x18\x04 \x01(\v2\x1f.gpurack.boot.v1.RackReportDataR\x04data\"\x82\x04\n" +
 	"\x0eRackReportData\x12\x12\n" +
 	"\x04rack\x18\x01 \x01(\tR\x04rack\x12=\n" +
 	"\fgenerated_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\vgeneratedAt\x12>\n" +
@@ -1667,10 +1764,19 @@ const file_api_boot_v1_admin_proto_rawDesc = "" +
 	"\x06checks\x18\x04 \x03(\v2\x1b.gpurack.boot.v1.CheckTallyR\x06checks\x12`\n" +
 	"\x11machines_by_state\x18\x05 \x03(\v24.gpurack.boot.v1.RackReportData.MachinesByStateEntryR\x0fmachinesByState\x12\x1b\n" +
 	"\tgpu_count\x18\x06 \x01(\rR\bgpuCount\x12*\n" +
-	"\x11healthy_gpu_count\x18\a \x01(\rR\x0fhealthyGpuCount\x1aB\n" +
+	"\x11healthy_gpu_count\x18\a \x01(\rR\x0fhealthyGpuCount\x129\n" +
+	"\x06totals\x18\b \x01(\v2!.gpurack.boot.v1.RackReportTotalsR\x06totals\x1aB\n" +
 	"\x14MachinesByStateEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"\x93\x03\n" +
+	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"\xd5\x01\n" +
+	"\x10RackReportTotals\x12$\n" +
+	"\vnodes_ready\x18\x01 \x01(\rH\x00R\n" +
+	"nodesReady\x88\x01\x01\x120\n" +
+	"\x11nodes_quarantined\x18\x02 \x01(\rH\x01R\x10nodesQuarantined\x88\x01\x01\x12.\n" +
+	"\x10gpus_allocatable\x18\x03 \x01(\rH\x02R\x0fgpusAllocatable\x88\x01\x01B\x0e\n" +
+	"\f_nodes_readyB\x14\n" +
+	"\x12_nodes_quarantinedB\x13\n" +
+	"\x11_gpus_allocatable\"\xdf\x03\n" +
 	"\x11RackReportMachine\x12\x1d\n" +
 	"\n" +
 	"machine_id\x18\x01 \x01(\tR\tmachineId\x12\x1b\n" +
@@ -1681,7 +1787,10 @@ const file_api_boot_v1_admin_proto_rawDesc = "" +
 	"\bimage_id\x18\x06 \x01(\tR\aimageId\x12%\n" +
 	"\x0edriver_version\x18\a \x01(\tR\rdriverVersion\x12;\n" +
 	"\tchecklist\x18\b \x01(\v2\x1d.gpurack.machine.v1.ChecklistR\tchecklist\x129\n" +
-	"\x06health\x18\t \x01(\v2!.gpurack.machine.v1.HealthSummaryR\x06health\"\x99\x01\n" +
+	"\x06health\x18\t \x01(\v2!.gpurack.machine.v1.HealthSummaryR\x06health\x12\x16\n" +
+	"\x06reason\x18\n" +
+	" \x01(\tR\x06reason\x122\n" +
+	"\x15allocatable_gpu_count\x18\v \x01(\rR\x13allocatableGpuCount\"\x99\x01\n" +
 	"\n" +
 	"CheckTally\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
@@ -1733,7 +1842,7 @@ func file_api_boot_v1_admin_proto_rawDescGZIP() []byte {
 }
 
 var file_api_boot_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_api_boot_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_api_boot_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_api_boot_v1_admin_proto_goTypes = []any{
 	(MachineState)(0),              // 0: gpurack.boot.v1.MachineState
 	(ReportFormat)(0),              // 1: gpurack.boot.v1.ReportFormat
@@ -1752,68 +1861,70 @@ var file_api_boot_v1_admin_proto_goTypes = []any{
 	(*RackReportRequest)(nil),      // 14: gpurack.boot.v1.RackReportRequest
 	(*RackReportResponse)(nil),     // 15: gpurack.boot.v1.RackReportResponse
 	(*RackReportData)(nil),         // 16: gpurack.boot.v1.RackReportData
-	(*RackReportMachine)(nil),      // 17: gpurack.boot.v1.RackReportMachine
-	(*CheckTally)(nil),             // 18: gpurack.boot.v1.CheckTally
-	nil,                            // 19: gpurack.boot.v1.Machine.LabelsEntry
-	nil,                            // 20: gpurack.boot.v1.RackReportData.MachinesByStateEntry
-	(*v1.MachineIdentity)(nil),     // 21: gpurack.machine.v1.MachineIdentity
-	(*v1.MachineFacts)(nil),        // 22: gpurack.machine.v1.MachineFacts
-	(*v1.Checklist)(nil),           // 23: gpurack.machine.v1.Checklist
-	(*v1.HealthSummary)(nil),       // 24: gpurack.machine.v1.HealthSummary
-	(*timestamppb.Timestamp)(nil),  // 25: google.protobuf.Timestamp
+	(*RackReportTotals)(nil),       // 17: gpurack.boot.v1.RackReportTotals
+	(*RackReportMachine)(nil),      // 18: gpurack.boot.v1.RackReportMachine
+	(*CheckTally)(nil),             // 19: gpurack.boot.v1.CheckTally
+	nil,                            // 20: gpurack.boot.v1.Machine.LabelsEntry
+	nil,                            // 21: gpurack.boot.v1.RackReportData.MachinesByStateEntry
+	(*v1.MachineIdentity)(nil),     // 22: gpurack.machine.v1.MachineIdentity
+	(*v1.MachineFacts)(nil),        // 23: gpurack.machine.v1.MachineFacts
+	(*v1.Checklist)(nil),           // 24: gpurack.machine.v1.Checklist
+	(*v1.HealthSummary)(nil),       // 25: gpurack.machine.v1.HealthSummary
+	(*timestamppb.Timestamp)(nil),  // 26: google.protobuf.Timestamp
 }
 var file_api_boot_v1_admin_proto_depIdxs = []int32{
-	21, // 0: gpurack.boot.v1.Machine.identity:type_name -> gpurack.machine.v1.MachineIdentity
+	22, // 0: gpurack.boot.v1.Machine.identity:type_name -> gpurack.machine.v1.MachineIdentity
 	0,  // 1: gpurack.boot.v1.Machine.state:type_name -> gpurack.boot.v1.MachineState
-	19, // 2: gpurack.boot.v1.Machine.labels:type_name -> gpurack.boot.v1.Machine.LabelsEntry
-	22, // 3: gpurack.boot.v1.Machine.facts:type_name -> gpurack.machine.v1.MachineFacts
-	23, // 4: gpurack.boot.v1.Machine.checklist:type_name -> gpurack.machine.v1.Checklist
+	20, // 2: gpurack.boot.v1.Machine.labels:type_name -> gpurack.boot.v1.Machine.LabelsEntry
+	23, // 3: gpurack.boot.v1.Machine.facts:type_name -> gpurack.machine.v1.MachineFacts
+	24, // 4: gpurack.boot.v1.Machine.checklist:type_name -> gpurack.machine.v1.Checklist
 	3,  // 5: gpurack.boot.v1.Machine.keys:type_name -> gpurack.boot.v1.RegisteredKey
-	24, // 6: gpurack.boot.v1.Machine.health:type_name -> gpurack.machine.v1.HealthSummary
-	25, // 7: gpurack.boot.v1.Machine.last_heartbeat_at:type_name -> google.protobuf.Timestamp
-	25, // 8: gpurack.boot.v1.Machine.created_at:type_name -> google.protobuf.Timestamp
-	25, // 9: gpurack.boot.v1.Machine.updated_at:type_name -> google.protobuf.Timestamp
+	25, // 6: gpurack.boot.v1.Machine.health:type_name -> gpurack.machine.v1.HealthSummary
+	26, // 7: gpurack.boot.v1.Machine.last_heartbeat_at:type_name -> google.protobuf.Timestamp
+	26, // 8: gpurack.boot.v1.Machine.created_at:type_name -> google.protobuf.Timestamp
+	26, // 9: gpurack.boot.v1.Machine.updated_at:type_name -> google.protobuf.Timestamp
 	4,  // 10: gpurack.boot.v1.Machine.history:type_name -> gpurack.boot.v1.Transition
-	25, // 11: gpurack.boot.v1.RegisteredKey.registered_at:type_name -> google.protobuf.Timestamp
-	25, // 12: gpurack.boot.v1.RegisteredKey.last_seen_at:type_name -> google.protobuf.Timestamp
+	26, // 11: gpurack.boot.v1.RegisteredKey.registered_at:type_name -> google.protobuf.Timestamp
+	26, // 12: gpurack.boot.v1.RegisteredKey.last_seen_at:type_name -> google.protobuf.Timestamp
 	0,  // 13: gpurack.boot.v1.Transition.from:type_name -> gpurack.boot.v1.MachineState
 	0,  // 14: gpurack.boot.v1.Transition.to:type_name -> gpurack.boot.v1.MachineState
-	25, // 15: gpurack.boot.v1.Transition.time:type_name -> google.protobuf.Timestamp
+	26, // 15: gpurack.boot.v1.Transition.time:type_name -> google.protobuf.Timestamp
 	0,  // 16: gpurack.boot.v1.ListMachinesRequest.states:type_name -> gpurack.boot.v1.MachineState
 	2,  // 17: gpurack.boot.v1.ListMachinesResponse.machines:type_name -> gpurack.boot.v1.Machine
-	25, // 18: gpurack.boot.v1.HistoryRequest.since:type_name -> google.protobuf.Timestamp
+	26, // 18: gpurack.boot.v1.HistoryRequest.since:type_name -> google.protobuf.Timestamp
 	4,  // 19: gpurack.boot.v1.HistoryResponse.transitions:type_name -> gpurack.boot.v1.Transition
 	1,  // 20: gpurack.boot.v1.RackReportRequest.format:type_name -> gpurack.boot.v1.ReportFormat
 	16, // 21: gpurack.boot.v1.RackReportResponse.data:type_name -> gpurack.boot.v1.RackReportData
-	25, // 22: gpurack.boot.v1.RackReportData.generated_at:type_name -> google.protobuf.Timestamp
-	17, // 23: gpurack.boot.v1.RackReportData.machines:type_name -> gpurack.boot.v1.RackReportMachine
-	18, // 24: gpurack.boot.v1.RackReportData.checks:type_name -> gpurack.boot.v1.CheckTally
-	20, // 25: gpurack.boot.v1.RackReportData.machines_by_state:type_name -> gpurack.boot.v1.RackReportData.MachinesByStateEntry
-	21, // 26: gpurack.boot.v1.RackReportMachine.identity:type_name -> gpurack.machine.v1.MachineIdentity
-	0,  // 27: gpurack.boot.v1.RackReportMachine.state:type_name -> gpurack.boot.v1.MachineState
-	23, // 28: gpurack.boot.v1.RackReportMachine.checklist:type_name -> gpurack.machine.v1.Checklist
-	24, // 29: gpurack.boot.v1.RackReportMachine.health:type_name -> gpurack.machine.v1.HealthSummary
-	5,  // 30: gpurack.boot.v1.AdminService.ListMachines:input_type -> gpurack.boot.v1.ListMachinesRequest
-	7,  // 31: gpurack.boot.v1.AdminService.GetMachine:input_type -> gpurack.boot.v1.GetMachineRequest
-	8,  // 32: gpurack.boot.v1.AdminService.Approve:input_type -> gpurack.boot.v1.ApproveRequest
-	9,  // 33: gpurack.boot.v1.AdminService.Reject:input_type -> gpurack.boot.v1.RejectRequest
-	10, // 34: gpurack.boot.v1.AdminService.Decommission:input_type -> gpurack.boot.v1.DecommissionRequest
-	11, // 35: gpurack.boot.v1.AdminService.History:input_type -> gpurack.boot.v1.HistoryRequest
-	13, // 36: gpurack.boot.v1.AdminService.ResolveConflict:input_type -> gpurack.boot.v1.ResolveConflictRequest
-	14, // 37: gpurack.boot.v1.AdminService.RackReport:input_type -> gpurack.boot.v1.RackReportRequest
-	6,  // 38: gpurack.boot.v1.AdminService.ListMachines:output_type -> gpurack.boot.v1.ListMachinesResponse
-	2,  // 39: gpurack.boot.v1.AdminService.GetMachine:output_type -> gpurack.boot.v1.Machine
-	2,  // 40: gpurack.boot.v1.AdminService.Approve:output_type -> gpurack.boot.v1.Machine
-	2,  // 41: gpurack.boot.v1.AdminService.Reject:output_type -> gpurack.boot.v1.Machine
-	2,  // 42: gpurack.boot.v1.AdminService.Decommission:output_type -> gpurack.boot.v1.Machine
-	12, // 43: gpurack.boot.v1.AdminService.History:output_type -> gpurack.boot.v1.HistoryResponse
-	2,  // 44: gpurack.boot.v1.AdminService.ResolveConflict:output_type -> gpurack.boot.v1.Machine
-	15, // 45: gpurack.boot.v1.AdminService.RackReport:output_type -> gpurack.boot.v1.RackReportResponse
-	38, // [38:46] is the sub-list for method output_type
-	30, // [30:38] is the sub-list for method input_type
-	30, // [30:30] is the sub-list for extension type_name
-	30, // [30:30] is the sub-list for extension extendee
-	0,  // [0:30] is the sub-list for field type_name
+	26, // 22: gpurack.boot.v1.RackReportData.generated_at:type_name -> google.protobuf.Timestamp
+	18, // 23: gpurack.boot.v1.RackReportData.machines:type_name -> gpurack.boot.v1.RackReportMachine
+	19, // 24: gpurack.boot.v1.RackReportData.checks:type_name -> gpurack.boot.v1.CheckTally
+	21, // 25: gpurack.boot.v1.RackReportData.machines_by_state:type_name -> gpurack.boot.v1.RackReportData.MachinesByStateEntry
+	17, // 26: gpurack.boot.v1.RackReportData.totals:type_name -> gpurack.boot.v1.RackReportTotals
+	22, // 27: gpurack.boot.v1.RackReportMachine.identity:type_name -> gpurack.machine.v1.MachineIdentity
+	0,  // 28: gpurack.boot.v1.RackReportMachine.state:type_name -> gpurack.boot.v1.MachineState
+	24, // 29: gpurack.boot.v1.RackReportMachine.checklist:type_name -> gpurack.machine.v1.Checklist
+	25, // 30: gpurack.boot.v1.RackReportMachine.health:type_name -> gpurack.machine.v1.HealthSummary
+	5,  // 31: gpurack.boot.v1.AdminService.ListMachines:input_type -> gpurack.boot.v1.ListMachinesRequest
+	7,  // 32: gpurack.boot.v1.AdminService.GetMachine:input_type -> gpurack.boot.v1.GetMachineRequest
+	8,  // 33: gpurack.boot.v1.AdminService.Approve:input_type -> gpurack.boot.v1.ApproveRequest
+	9,  // 34: gpurack.boot.v1.AdminService.Reject:input_type -> gpurack.boot.v1.RejectRequest
+	10, // 35: gpurack.boot.v1.AdminService.Decommission:input_type -> gpurack.boot.v1.DecommissionRequest
+	11, // 36: gpurack.boot.v1.AdminService.History:input_type -> gpurack.boot.v1.HistoryRequest
+	13, // 37: gpurack.boot.v1.AdminService.ResolveConflict:input_type -> gpurack.boot.v1.ResolveConflictRequest
+	14, // 38: gpurack.boot.v1.AdminService.RackReport:input_type -> gpurack.boot.v1.RackReportRequest
+	6,  // 39: gpurack.boot.v1.AdminService.ListMachines:output_type -> gpurack.boot.v1.ListMachinesResponse
+	2,  // 40: gpurack.boot.v1.AdminService.GetMachine:output_type -> gpurack.boot.v1.Machine
+	2,  // 41: gpurack.boot.v1.AdminService.Approve:output_type -> gpurack.boot.v1.Machine
+	2,  // 42: gpurack.boot.v1.AdminService.Reject:output_type -> gpurack.boot.v1.Machine
+	2,  // 43: gpurack.boot.v1.AdminService.Decommission:output_type -> gpurack.boot.v1.Machine
+	12, // 44: gpurack.boot.v1.AdminService.History:output_type -> gpurack.boot.v1.HistoryResponse
+	2,  // 45: gpurack.boot.v1.AdminService.ResolveConflict:output_type -> gpurack.boot.v1.Machine
+	15, // 46: gpurack.boot.v1.AdminService.RackReport:output_type -> gpurack.boot.v1.RackReportResponse
+	39, // [39:47] is the sub-list for method output_type
+	31, // [31:39] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_api_boot_v1_admin_proto_init() }
@@ -1821,13 +1932,14 @@ func file_api_boot_v1_admin_proto_init() {
 	if File_api_boot_v1_admin_proto != nil {
 		return
 	}
+	file_api_boot_v1_admin_proto_msgTypes[15].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_boot_v1_admin_proto_rawDesc), len(file_api_boot_v1_admin_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   19,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -17,6 +17,7 @@ import (
 
 	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
 	machinev1 "github.com/gpurack/gpurack/api/machine/v1"
+	"github.com/gpurack/gpurack/internal/atomicfile"
 	"github.com/gpurack/gpurack/internal/pbjson"
 	"github.com/gpurack/gpurack/pxe/enroll"
 	"github.com/gpurack/gpurack/pxe/inventory"
@@ -222,6 +223,10 @@ func newRackCommand() *cobra.Command {
 	f.register(cmd)
 	var format, out string
 	rep := &cobra.Command{
+		Long: `Render a rack's commissioning checklist: per machine its state, the reason when it
+is not plainly ready, and every check; totals of nodes ready, nodes quarantined and GPUs
+allocatable. --format html is one self-contained page (inline CSS and an SVG rack
+diagram coloured by state, no scripts, nothing fetched) to open in a browser.`,
 		Use:   "report RACK [--format md|json|html] [-o FILE]",
 		Short: "Render a rack's commissioning report",
 		Args:  cobra.ExactArgs(1),
@@ -236,7 +241,7 @@ func newRackCommand() *cobra.Command {
 					return err
 				}
 				if out != "" {
-					return os.WriteFile(out, resp.Content, 0o644)
+					return atomicfile.Write(out, resp.Content, 0o644)
 				}
 				_, err = cmd.OutOrStdout().Write(resp.Content)
 				return err
