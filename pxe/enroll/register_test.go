@@ -44,6 +44,7 @@ func TestDecideRegister(t *testing.T) {
 		fp      string
 		verdict policy.Decision
 		rules   registerRules
+		heldBy  string // registerCall.RowHeldBy
 
 		err     error
 		status  bootv1.RegisterStatus
@@ -68,6 +69,10 @@ func TestDecideRegister(t *testing.T) {
 			verdict: approveAll, rules: auto,
 			status: bootv1.RegisterStatus_REGISTER_STATUS_APPROVED, state: inventory.Approved, bound: "B", keys: []string{"B"},
 			moves: []string{"registered→approved by policy:auto"}, token: newToken},
+		{name: "allowlist row bound to another machine: waits for an operator",
+			stored: machine(inventory.Registered, "", key("B", time.Minute, 10*time.Second)), fp: "B",
+			verdict: policy.Decision{Line: 2}, heldBy: "m2", rules: auto,
+			status: bootv1.RegisterStatus_REGISTER_STATUS_PENDING, message: "bound to machine m2", state: inventory.Registered, keys: []string{"B"}},
 		{name: "policy approves at the first Register", stored: machine(inventory.Discovered, ""), fp: "B", verdict: approveAll, rules: auto,
 			status: bootv1.RegisterStatus_REGISTER_STATUS_APPROVED, state: inventory.Approved, bound: "B", keys: []string{"B"},
 			moves: []string{"discovered→registered by agent:B", "registered→approved by policy:auto"}, token: newToken},
@@ -125,7 +130,7 @@ func TestDecideRegister(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			before := tc.stored.Clone()
 			call := registerCall{Key: inventory.Key{Fingerprint: tc.fp, RegisteredAt: now, LastSeen: now}, Facts: []byte("facts"),
-				Verdict: tc.verdict, Now: now, TokenSecret: secret, Challenge: challenge}
+				Verdict: tc.verdict, Now: now, TokenSecret: secret, Challenge: challenge, RowHeldBy: tc.heldBy}
 			d, err := decideRegister(tc.stored, call, tc.rules)
 			if !reflect.DeepEqual(tc.stored, before) {
 				t.Errorf("the stored machine was changed:\n%+v\nwas\n%+v", tc.stored, before)
