@@ -38,9 +38,14 @@ type BootDecision struct {
 
 // DecideBoot handles a /boot.ipxe request for id from remote (CONTRACTS §2.1, §2.2):
 // an unknown identity is recorded as discovered (within the bounds on unauthenticated
-// creations); any key registered for a known identity stops being live (the machine
-// rebooted); a decommissioned machine starts over as discovered. remote is logged
-// only: nothing is decided on it.
+// creations); for a known identity the request is only recorded (LastBootAt); a
+// decommissioned machine starts over as discovered. remote is logged only: nothing is
+// decided on it.
+//
+// The request is unauthenticated: anyone who read a machine's MAC, UUID and serial off
+// the wire can send it. So it never ends a key, revokes a certificate or moves a
+// machine that has a key (decision 0405): a rebooted machine's new key takes over once
+// the old key stopped calling (inventory.KeyLiveness), or when an operator says so.
 func (s *Service) DecideBoot(ctx context.Context, id identity.Identity, remote netip.Addr) (BootDecision, error) {
 	now := s.cfg.Now()
 	if id.MAC == "" {
@@ -66,9 +71,6 @@ func (s *Service) DecideBoot(ctx context.Context, id identity.Identity, remote n
 	}
 	m, err = s.update(ctx, m.ID, func(m *inventory.Machine) ([]inventory.Transition, error) {
 		m.LastBootAt = now.UTC()
-		for i := range m.Keys {
-			m.Keys[i].Ended = true
-		}
 		if m.State == inventory.Decommissioned {
 			m.Keys, m.BoundKey, m.Approval, m.NodeName = nil, "", nil, ""
 			m.Facts, m.Checklist, m.CommissioningReport, m.Health = nil, nil, nil, nil
@@ -91,6 +93,21 @@ func (s *Service) DecideBoot(ctx context.Context, id identity.Identity, remote n
 func (s *Service) discover(ctx context.Context, id identity.Identity, remote netip.Addr, now time.Time) (*inventory.Machine, error) {
 	m := &inventory.Machine{ID: inventory.NewID(), Identity: id, CreatedAt: now.UTC(), LastBootAt: now.UTC(), Rack: s.cfg.DefaultRack}
 	d := s.cfg.Policy.Decide(id)
+	if d.ByAllowlist() {
+		// Held while this machine is created, so two identities on one row are
+		// never both approved.
+		s.rowMu.Lock()
+		defer s.rowMu.Unlock()
+		holder, err := s.rowHolder(ctx, id, d)
+		if err != nil {
+			return nil, err
+		}
+		if holder != "" {
+			s.log.Warn("allowlist row already bound to another machine: not approved", "mac", id.MAC, "serial", id.Serial, "uuid", id.UUID,
+				"row", d.Line, "boundTo", holder, "remote", remote)
+			d.Approve = false
+		}
+	}
 	if d.Rack != "" {
 		m.Rack = d.Rack
 	}

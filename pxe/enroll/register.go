@@ -85,9 +85,12 @@ func (s *Service) Register(ctx context.Context, req *bootv1.RegisterRequest) (*b
 		TokenSecret: randomBytes(tokenSecretSize),
 		Challenge:   randomBytes(bootv1.ChallengeSize),
 	}
-	call.Facts, _ = proto.Marshal(req.GetFacts())
+	// Deterministic, so the same facts encode the same and an unchanged Register
+	// writes nothing.
+	enc := proto.MarshalOptions{Deterministic: true}
+	call.Facts, _ = enc.Marshal(req.GetFacts())
 	if req.GetChecklist() != nil {
-		call.Checklist, _ = proto.Marshal(req.GetChecklist())
+		call.Checklist, _ = enc.Marshal(req.GetChecklist())
 	}
 
 	m, err := s.store.Lookup(ctx, id.Key())
@@ -104,6 +107,21 @@ func (s *Service) Register(ctx context.Context, req *bootv1.RegisterRequest) (*b
 		}
 		return nil, status.Errorf(codes.Internal, "register %s: %v", id.MAC, err)
 	}
+	if call.Verdict.ByAllowlist() && (m.State == inventory.Discovered || m.State == inventory.Registered) {
+		// One allowlist row approves one machine: held across the check and the
+		// update, so two identities on one row are never both approved.
+		s.rowMu.Lock()
+		defer s.rowMu.Unlock()
+		holder, err := s.rowHolder(ctx, id, call.Verdict)
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "register %s: %v", id.MAC, err)
+		}
+		if holder != "" {
+			call.Verdict.Approve, call.RowHeldBy = false, holder
+			s.log.Warn("allowlist row already bound to another machine: not approved", "machine", m.ID, "mac", id.MAC, "serial", id.Serial,
+				"uuid", id.UUID, "row", call.Verdict.Line, "boundTo", holder, "key", fp, "remote", call.Key.Remote)
+		}
+	}
 	var d registerDecision
 	m, err = s.update(ctx, m.ID, func(m *inventory.Machine) ([]inventory.Transition, error) {
 		var err error
@@ -119,6 +137,13 @@ func (s *Service) Register(ctx context.Context, req *bootv1.RegisterRequest) (*b
 	// A re-enrollment retired the old key: its certificates go with it.
 	for _, sn := range d.Revoke {
 		s.revoke(sn)
+	}
+	if m.BoundKey != "" && m.BoundKey != fp {
+		// Another key is bound and live: a rebooted machine waiting for its old key
+		// to time out, or someone claiming this identity. It is recorded (the keys
+		// of `gpuboot machines show`) and changes nothing else.
+		s.log.Warn("a key that is not bound registered for a bound identity; it waits until the bound key stops calling or an operator acts",
+			"machine", m.ID, "state", m.State, "key", fp, "bound", m.BoundKey, "remote", call.Key.Remote)
 	}
 	resp := d.Response
 	resp.MachineState = StateProto(m.State)
@@ -172,7 +197,39 @@ type registerCall struct {
 	// TokenSecret (tokenSecretSize bytes) and Challenge (bootv1.ChallengeSize bytes)
 	// are random; they make a new approval when one is needed and are unused otherwise.
 	TokenSecret, Challenge []byte
+	// RowHeldBy is the id of the machine the allowlist row of Verdict is bound to,
+	// when that is another machine (Verdict.Approve is then false); empty otherwise.
+	RowHeldBy string
 }
+
+// rowHolder returns the id of another machine the allowlist row that d matched is
+// bound to: one, other than id's, whose identity matches the same row and which an
+// approval bound (or is in conflict). One row approves at most one machine (issue
+// 14): a listed serial and MAC with another UUID is a second identity and waits for
+// an operator.
+func (s *Service) rowHolder(ctx context.Context, id identity.Identity, d policy.Decision) (string, error) {
+	if !d.ByAllowlist() || s.cfg.Policy.List == nil {
+		return "", nil
+	}
+	all, err := s.store.List(ctx)
+	if err != nil {
+		return "", err
+	}
+	for _, m := range all {
+		if m.Identity == id || !(m.State.Bound() || m.State == inventory.Conflict) {
+			continue
+		}
+		if e, ok := s.cfg.Policy.List.Match(m.Identity); ok && e.Line == d.Line {
+			return m.ID, nil
+		}
+	}
+	return "", nil
+}
+
+// lastSeenStep is how stale the stored LastSeen of a machine's only key may get before
+// a Register from it writes a new one: polls in between change nothing, so they write
+// nothing, and a polling key stays live (inventory.KeyLiveness is six steps).
+const lastSeenStep = inventory.KeyLiveness / 6
 
 // registerRules are the settings decideRegister applies.
 type registerRules struct {
@@ -242,9 +299,13 @@ func decideRegister(stored *inventory.Machine, call registerCall, rules register
 
 	if i := m.FindKey(fp); i >= 0 {
 		k := &m.Keys[i]
-		k.LastSeen, k.Remote = now.UTC(), key.Remote
-		if key.BootID != "" {
-			k.BootID = key.BootID
+		// With another key beside it, liveness decides who keeps the identity
+		// (conflictMove): then every call counts.
+		if now.Sub(k.LastSeen) >= lastSeenStep || len(m.Keys) > 1 || (key.BootID != "" && key.BootID != k.BootID) {
+			k.LastSeen, k.Remote = now.UTC(), key.Remote
+			if key.BootID != "" {
+				k.BootID = key.BootID
+			}
 		}
 	} else {
 		var live []inventory.Key
@@ -357,6 +418,8 @@ func decideRegister(stored *inventory.Machine, call registerCall, rules register
 			resp.Message = fmt.Sprintf("another key (%s) is bound to this identity and still live; waiting for it to go away", short(m.BoundKey))
 		case len(m.Keys) > 1 && !current:
 			resp.Message = "another key for this identity is live; waiting for it to go away"
+		case call.RowHeldBy != "":
+			resp.Message = fmt.Sprintf("the allowlist row for this serial and MAC is bound to machine %s; an operator must approve or reject this identity", call.RowHeldBy)
 		default:
 			resp.Message = "waiting for approval"
 		}
@@ -365,10 +428,16 @@ func decideRegister(stored *inventory.Machine, call registerCall, rules register
 }
 
 // conflictMove moves m to conflict when two of its keys are live and both were seen
-// after the newer one registered (CONTRACTS §2.8). It is pure; ok is false when m
+// after the newer one registered (CONTRACTS §2.8), unless the older is the bound key. It is pure; ok is false when m
 // stays as it is.
 func conflictMove(m *inventory.Machine, now time.Time) (t inventory.Transition, ok bool, err error) {
 	if len(m.Keys) < 2 || m.State == inventory.Conflict || !inventory.Allowed(m.State, inventory.Conflict) {
+		return inventory.Transition{}, false, nil
+	}
+	if b := m.FindKey(m.BoundKey); b >= 0 && m.Keys[b].Live(now) {
+		// A live bound key is never displaced by another one: anyone can claim the
+		// identity with a key of their own (decision 0405). The other key waits
+		// until the bound key stops calling, or an operator acts.
 		return inventory.Transition{}, false, nil
 	}
 	newer := 0

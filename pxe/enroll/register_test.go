@@ -44,6 +44,7 @@ func TestDecideRegister(t *testing.T) {
 		fp      string
 		verdict policy.Decision
 		rules   registerRules
+		heldBy  string // registerCall.RowHeldBy
 
 		err     error
 		status  bootv1.RegisterStatus
@@ -68,6 +69,10 @@ func TestDecideRegister(t *testing.T) {
 			verdict: approveAll, rules: auto,
 			status: bootv1.RegisterStatus_REGISTER_STATUS_APPROVED, state: inventory.Approved, bound: "B", keys: []string{"B"},
 			moves: []string{"registered→approved by policy:auto"}, token: newToken},
+		{name: "allowlist row bound to another machine: waits for an operator",
+			stored: machine(inventory.Registered, "", key("B", time.Minute, 10*time.Second)), fp: "B",
+			verdict: policy.Decision{Line: 2}, heldBy: "m2", rules: auto,
+			status: bootv1.RegisterStatus_REGISTER_STATUS_PENDING, message: "bound to machine m2", state: inventory.Registered, keys: []string{"B"}},
 		{name: "policy approves at the first Register", stored: machine(inventory.Discovered, ""), fp: "B", verdict: approveAll, rules: auto,
 			status: bootv1.RegisterStatus_REGISTER_STATUS_APPROVED, state: inventory.Approved, bound: "B", keys: []string{"B"},
 			moves: []string{"discovered→registered by agent:B", "registered→approved by policy:auto"}, token: newToken},
@@ -104,11 +109,16 @@ func TestDecideRegister(t *testing.T) {
 			fp: "B", rules: auto,
 			status: bootv1.RegisterStatus_REGISTER_STATUS_PENDING, message: "another key (A) is bound", state: inventory.Ready, bound: "A",
 			keys: []string{"A", "B"}},
-		{name: "both keys live after the newer registered: conflict",
+		{name: "both keys live after the newer registered, none bound: conflict",
+			stored: machine(inventory.Registered, "", key("A", time.Hour, 10*time.Second), key("B", time.Minute, 30*time.Second)),
+			fp:     "B", rules: auto,
+			status: bootv1.RegisterStatus_REGISTER_STATUS_CONFLICT, message: "resolve the conflict", state: inventory.Conflict,
+			keys: []string{"A", "B"}, moves: []string{"registered→conflict by gpuboot"}},
+		{name: "a live bound key is not displaced by a newer key that keeps calling",
 			stored: machine(inventory.Ready, "A", key("A", time.Hour, 10*time.Second), key("B", time.Minute, 30*time.Second)),
 			fp:     "B", rules: auto,
-			status: bootv1.RegisterStatus_REGISTER_STATUS_CONFLICT, message: "resolve the conflict", state: inventory.Conflict, bound: "A",
-			keys: []string{"A", "B"}, moves: []string{"ready→conflict by gpuboot"}},
+			status: bootv1.RegisterStatus_REGISTER_STATUS_PENDING, message: "another key (A) is bound", state: inventory.Ready, bound: "A",
+			keys: []string{"A", "B"}},
 		{name: "a third key while two are live is not stored",
 			stored: machine(inventory.Registered, "", key("A", time.Hour, 10*time.Second), key("B", time.Minute, 20*time.Second)),
 			fp:     "C", rules: auto,
@@ -120,7 +130,7 @@ func TestDecideRegister(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			before := tc.stored.Clone()
 			call := registerCall{Key: inventory.Key{Fingerprint: tc.fp, RegisteredAt: now, LastSeen: now}, Facts: []byte("facts"),
-				Verdict: tc.verdict, Now: now, TokenSecret: secret, Challenge: challenge}
+				Verdict: tc.verdict, Now: now, TokenSecret: secret, Challenge: challenge, RowHeldBy: tc.heldBy}
 			d, err := decideRegister(tc.stored, call, tc.rules)
 			if !reflect.DeepEqual(tc.stored, before) {
 				t.Errorf("the stored machine was changed:\n%+v\nwas\n%+v", tc.stored, before)

@@ -154,6 +154,9 @@ func (s *Service) ReportCommissioning(ctx context.Context, req *bootv1.ReportCom
 	var msg string
 	var notCurrent error
 	m, err := s.update(ctx, c.m.ID, func(m *inventory.Machine) ([]inventory.Transition, error) {
+		if m.State == inventory.Rejected {
+			return nil, status.Error(codes.PermissionDenied, errRejected)
+		}
 		if i := m.FindKey(c.fp); i >= 0 {
 			m.Keys[i].LastSeen = now.UTC()
 		}
@@ -223,11 +226,17 @@ func (s *Service) Heartbeat(ctx context.Context, req *bootv1.HeartbeatRequest) (
 	if c.m.State == inventory.Decommissioned {
 		return nil, status.Error(codes.PermissionDenied, "machine decommissioned")
 	}
+	if c.m.State == inventory.Rejected {
+		return nil, status.Error(codes.PermissionDenied, errRejected)
+	}
 	health, _ := proto.Marshal(req.GetHealth())
 	remote := remoteOf(ctx)
 	m, err := s.update(ctx, c.m.ID, func(m *inventory.Machine) ([]inventory.Transition, error) {
 		if m.State == inventory.Decommissioned {
 			return nil, status.Error(codes.PermissionDenied, "machine decommissioned")
+		}
+		if m.State == inventory.Rejected {
+			return nil, status.Error(codes.PermissionDenied, errRejected)
 		}
 		stale := false
 		if i := m.FindKey(c.fp); i >= 0 {
@@ -267,6 +276,9 @@ func (s *Service) Heartbeat(ctx context.Context, req *bootv1.HeartbeatRequest) (
 	}
 	return &bootv1.HeartbeatResponse{MachineState: StateProto(m.State), Interval: durationpb.New(DefaultHeartbeatEvery)}, nil
 }
+
+// errRejected answers a rejected machine's Heartbeat and ReportCommissioning.
+const errRejected = "machine rejected by an operator: heartbeats and reports are refused until an operator approves it (gpuboot machines approve)"
 
 // keysSummary names m's bound key and how many keys it holds, for messages.
 func keysSummary(m *inventory.Machine) string {

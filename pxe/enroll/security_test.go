@@ -205,22 +205,16 @@ func TestSameSourceAddressGetsNothingMore(t *testing.T) {
 	wantCode(t, err, codes.Unauthenticated, "unsigned GetJoinBundle")
 	_, err = imp.c.Heartbeat(context.Background(), &bootv1.HeartbeatRequest{Identity: a.facts.Identity})
 	wantCode(t, err, codes.Unauthenticated, "unsigned heartbeat")
-	// Both keys keep calling after the newer registered: conflict, no secrets.
+	// Both keys keep calling after the newer registered: the live bound key keeps
+	// the identity (decision 0405); the impostor's key is recorded and gets nothing.
 	e.clk.Add(time.Second)
 	if _, err := a.heartbeat(a.c, true); err != nil {
 		t.Fatal(err)
 	}
-	imp.mustRegister(bootv1.RegisterStatus_REGISTER_STATUS_CONFLICT)
-	_, err = a.bundle(r.Token, r.Challenge)
-	wantCode(t, err, codes.NotFound, "token after the machine went into conflict")
-	if m := e.machine("52:54:00:00:00:06"); m.State != inventory.Conflict || len(m.Keys) != 2 {
-		t.Fatalf("state %s with %d keys, want conflict with 2", m.State, len(m.Keys))
-	}
-	// The operator keeps the original key: back to approved, and it gets its bundle.
-	if _, err := e.svc.ResolveConflict(context.Background(), "52:54:00:00:00:06", a.fp(), "operator:test", "impostor on port 12"); err != nil {
-		t.Fatal(err)
-	}
 	imp.mustRegister(bootv1.RegisterStatus_REGISTER_STATUS_PENDING)
+	if m := e.machine("52:54:00:00:00:06"); m.State != inventory.Approved || len(m.Keys) != 2 || m.BoundKey != a.fp() {
+		t.Fatalf("state %s with %d keys bound to %s, want approved with 2 bound to %s", m.State, len(m.Keys), m.BoundKey, a.fp())
+	}
 	r = a.mustRegister(bootv1.RegisterStatus_REGISTER_STATUS_APPROVED)
 	if _, err := a.bundle(r.Token, r.Challenge); err != nil {
 		t.Fatal(err)
@@ -373,7 +367,8 @@ func TestReenrollAfterReboot(t *testing.T) {
 			if _, err := a.bundle(r.Token, r.Challenge); err != nil {
 				t.Fatal(err)
 			}
-			// The machine reboots: /boot.ipxe ends the old key's liveness.
+			// The machine reboots: /boot.ipxe is recorded and ends nothing
+			// (decision 0405); the new key waits while the old key is live.
 			id, _ := identity.New("52:54:00:00:00:0a", a.facts.Identity.SmbiosUuid, "SN10")
 			if _, err := e.svc.DecideBoot(context.Background(), id, netip.MustParseAddr("192.0.2.10")); err != nil {
 				t.Fatal(err)
@@ -383,6 +378,9 @@ func TestReenrollAfterReboot(t *testing.T) {
 			if len(oldSerials) != 1 {
 				t.Fatalf("%d agent certificates recorded, want 1", len(oldSerials))
 			}
+			n.mustRegister(bootv1.RegisterStatus_REGISTER_STATUS_PENDING)
+			// The old agent is gone: once its key stopped calling, the new key takes over.
+			e.clk.Add(inventory.KeyLiveness + time.Second)
 			if mode == ReenrollAuto {
 				r := n.mustRegister(bootv1.RegisterStatus_REGISTER_STATUS_APPROVED)
 				if _, err := n.bundle(r.Token, r.Challenge); err != nil {
@@ -517,13 +515,7 @@ func TestConflictNewerKeyWins(t *testing.T) {
 	e := newEnv(t, nil)
 	a := e.agent("52:54:00:00:00:0e", "SN14")
 	a.mustRegister(bootv1.RegisterStatus_REGISTER_STATUS_PENDING)
-	e.approve("52:54:00:00:00:0e")
-	r := a.mustRegister(bootv1.RegisterStatus_REGISTER_STATUS_APPROVED)
-	b, err := a.bundle(r.Token, r.Challenge)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, _ := pki.DecodeCertPEM([]byte(b.AgentCertificatePem))
+	// No key is bound yet: two live keys are a conflict for an operator.
 	n := a.rebooted()
 	n.mustRegister(bootv1.RegisterStatus_REGISTER_STATUS_PENDING)
 	e.clk.Add(time.Second)
@@ -536,15 +528,13 @@ func TestConflictNewerKeyWins(t *testing.T) {
 	if _, err := e.svc.ResolveConflict(context.Background(), "52:54:00:00:00:0e", n.fp(), "operator:test", "motherboard replaced"); err != nil {
 		t.Fatal(err)
 	}
-	if !e.svc.Revoked(cert.SerialNumber) {
-		t.Fatal("the losing key's certificate is not revoked")
-	}
-	// The old key is gone; the new one gets a new bundle.
+	// The old key is gone; the new one is approved and gets a bundle.
+	e.approve("52:54:00:00:00:0e")
 	rn := n.mustRegister(bootv1.RegisterStatus_REGISTER_STATUS_APPROVED)
 	if _, err := n.bundle(rn.Token, rn.Challenge); err != nil {
 		t.Fatal(err)
 	}
-	_, err = a.heartbeat(a.c, true)
+	_, err := a.heartbeat(a.c, true)
 	wantCode(t, err, codes.PermissionDenied, "heartbeat by the losing key")
 	e.checkHistory("52:54:00:00:00:0e")
 	// Not in conflict any more: FAILED_PRECONDITION-class error.

@@ -149,7 +149,8 @@ type Service struct {
 	mu         sync.Mutex
 	unapproved int
 
-	locks sync.Map // machine id → *sync.Mutex, serialising bundle releases
+	locks sync.Map   // machine id → *sync.Mutex, serialising bundle releases
+	rowMu sync.Mutex // serialises approvals through an allowlist row (one row, one machine)
 	names sync.Mutex
 
 	stats counters

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -43,7 +44,14 @@ var (
 // fsync, so a machine and its transitions survive a crash together or not at all.
 type BoltStore struct {
 	db *bolt.DB
+	// writes counts committed write transactions of Create and Update (each one an
+	// fsync).
+	writes atomic.Uint64
 }
+
+// Writes returns how many write transactions Create and Update committed since the
+// store was opened: each is an fsync of the file.
+func (s *BoltStore) Writes() uint64 { return s.writes.Load() }
 
 // OpenBolt opens (creating it if needed) the inventory at path. It fails after a second
 // if another process holds the file, naming the file.
@@ -96,7 +104,7 @@ func (s *BoltStore) Create(_ context.Context, m *Machine, ts ...Transition) erro
 	if err := checkChain(m.ID, None, m.State, ts); err != nil {
 		return fmt.Errorf("create machine %s: %w", m.ID, err)
 	}
-	return s.db.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *bolt.Tx) error {
 		ids := tx.Bucket(bucketIdentities)
 		key := []byte(m.Identity.Key())
 		if id := ids.Get(key); id != nil {
@@ -117,6 +125,10 @@ func (s *BoltStore) Create(_ context.Context, m *Machine, ts ...Transition) erro
 		}
 		return appendHistory(tx, m.ID, ts)
 	})
+	if err == nil {
+		s.writes.Add(1)
+	}
+	return err
 }
 
 // Get implements Store.
@@ -182,7 +194,8 @@ func (s *BoltStore) ByNodeName(_ context.Context, nodeName string) ([]*Machine, 
 	return out, err
 }
 
-// Update implements Store.
+// Update implements Store. An update that changes nothing (no transition, the same
+// encoded machine) is not written.
 func (s *BoltStore) Update(_ context.Context, id string, fn func(*Machine) ([]Transition, error)) (*Machine, error) {
 	var out *Machine
 	err := s.db.Update(func(tx *bolt.Tx) error {
@@ -201,6 +214,17 @@ func (s *BoltStore) Update(_ context.Context, id string, fn func(*Machine) ([]Tr
 		if err := checkChain(id, old.State, m.State, ts); err != nil {
 			return fmt.Errorf("update machine %s: %w", id, err)
 		}
+		if len(ts) == 0 {
+			// Nothing changed: roll back rather than commit (and fsync) the same bytes.
+			v, err := json.Marshal(m)
+			if err != nil {
+				return fmt.Errorf("encode machine %s: %w", m.ID, err)
+			}
+			if bytes.Equal(v, tx.Bucket(bucketMachines).Get([]byte(id))) {
+				out = m
+				return errUnchanged
+			}
+		}
 		if err := indexNode(tx, old.NodeName, m); err != nil {
 			return err
 		}
@@ -213,8 +237,17 @@ func (s *BoltStore) Update(_ context.Context, id string, fn func(*Machine) ([]Tr
 		out = m
 		return nil
 	})
+	if errors.Is(err, errUnchanged) {
+		return out, nil
+	}
+	if err == nil {
+		s.writes.Add(1)
+	}
 	return out, err
 }
+
+// errUnchanged rolls back an Update that changed nothing.
+var errUnchanged = errors.New("machine unchanged")
 
 // History implements Store.
 func (s *BoltStore) History(_ context.Context, id string) ([]Transition, error) {

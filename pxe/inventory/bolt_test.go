@@ -289,3 +289,31 @@ func TestBoltMigratesSchema1(t *testing.T) {
 		t.Errorf("schema 3: %v; want a version error", err)
 	}
 }
+
+// TestBoltUnchangedUpdateNotWritten: an Update that changes nothing commits no write
+// transaction (no fsync); one that changes a field does, and is read back.
+func TestBoltUnchangedUpdateNotWritten(t *testing.T) {
+	s, _ := openTest(t)
+	ctx := context.Background()
+	m, tr := newMachine(t, "52:54:00:00:00:01", Discovered)
+	if err := s.Create(ctx, m, tr); err != nil {
+		t.Fatal(err)
+	}
+	before := s.Writes()
+	got, err := s.Update(ctx, m.ID, func(*Machine) ([]Transition, error) { return nil, nil })
+	if err != nil || got == nil || got.ID != m.ID {
+		t.Fatalf("unchanged update: %+v, %v", got, err)
+	}
+	if n := s.Writes() - before; n != 0 {
+		t.Fatalf("an unchanged update committed %d write transactions, want 0", n)
+	}
+	if _, err := s.Update(ctx, m.ID, func(m *Machine) ([]Transition, error) { m.Slot = "U7"; return nil, nil }); err != nil {
+		t.Fatal(err)
+	}
+	if n := s.Writes() - before; n != 1 {
+		t.Fatalf("a changed update committed %d write transactions, want 1", n)
+	}
+	if g, _ := s.Get(ctx, m.ID); g.Slot != "U7" {
+		t.Fatalf("slot %q after the update, want U7", g.Slot)
+	}
+}

@@ -70,8 +70,9 @@ type Key struct {
 	LastSeen     time.Time `json:"lastSeen"`
 	BootID       string    `json:"bootId,omitempty"`
 	Remote       string    `json:"remote,omitempty"`
-	// Ended is set when a boot request for the identity ended the key's liveness (the
-	// machine rebooted, CONTRACTS §2.1).
+	// Ended marks a key whose liveness a boot request ended. gpuboot no longer sets it
+	// (an unauthenticated boot request ends nothing, decision 0405); records written
+	// before keep it until the key's next heartbeat clears it.
 	Ended bool `json:"ended,omitempty"`
 	// BundleReleased is set once the JoinBundle was released to this key.
 	BundleReleased bool `json:"bundleReleased,omitempty"`

@@ -57,6 +57,15 @@ type Decision struct {
 	Reason string
 	// Rack and Slot are the placement the allowlist gives; empty when it gives none.
 	Rack, Slot string
+	// Line is the line of the allowlist row the identity matched; 0 when none did.
+	// One row approves at most one machine: pxe/enroll checks that no other machine
+	// holds the row before it acts on an allowlist approval.
+	Line int
+}
+
+// ByAllowlist reports whether the decision approves through an allowlist row.
+func (d Decision) ByAllowlist() bool {
+	return d.Approve && d.Line > 0 && strings.HasPrefix(d.Actor, "policy:allowlist:")
 }
 
 // Policy is an approval mode with its allowlist.
@@ -90,7 +99,7 @@ func (p Policy) Decide(id identity.Identity) Decision {
 	var d Decision
 	if p.List != nil {
 		if e, ok := p.List.Match(id); ok {
-			d.Rack, d.Slot = e.Rack, e.Slot
+			d.Rack, d.Slot, d.Line = e.Rack, e.Slot, e.Line
 			if p.Mode == Allowlist {
 				d.Approve = true
 				d.Actor = fmt.Sprintf("policy:allowlist:%d", e.Line)

@@ -76,6 +76,13 @@ func TestDecide(t *testing.T) {
 	if d := (Policy{Mode: Allowlist, List: l}).Decide(stranger); d.Approve {
 		t.Errorf("allowlist approved a stranger: %+v", d)
 	}
+	// The row's line goes with the decision, so one row binds at most one machine.
+	if d := (Policy{Mode: Allowlist, List: l}).Decide(listed); d.Line == 0 || !d.ByAllowlist() {
+		t.Errorf("allowlist listed: line %d, ByAllowlist %v; want the row's line", d.Line, d.ByAllowlist())
+	}
+	if d := (Policy{Mode: Auto, List: l}).Decide(listed); d.ByAllowlist() {
+		t.Errorf("auto approval counted as an allowlist approval: %+v", d)
+	}
 	if d := (Policy{Mode: Auto}).Decide(stranger); !d.Approve || d.Actor != "policy:auto" {
 		t.Errorf("auto: %+v", d)
 	}
