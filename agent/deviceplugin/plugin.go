@@ -37,6 +37,9 @@ import (
 // SocketName is the plugin's socket in the device-plugins directory.
 const SocketName = "gpurack-nvidia-gpu.sock"
 
+// ErrNoGPU is Run's answer on a node whose first checklist found no GPU with a UUID.
+var ErrNoGPU = errors.New("device plugin: the first checklist found no GPU with a UUID; nothing to advertise as " + nodecontract.ResourceGPU)
+
 // Config configures a Plugin.
 type Config struct {
 	// Monitor is the agent's check loop: its latest snapshot and published health.
@@ -155,8 +158,8 @@ func equalDevices(a, b []Device) bool {
 }
 
 // Run waits for the agent's first checklist, then serves and registers with kubelet,
-// and again each time kubelet restarts, until ctx ends. It returns an error only when
-// the node has no GPU to advertise or the socket cannot be served at all.
+// and again each time kubelet restarts, until ctx ends. It returns ErrNoGPU when the
+// node has no GPU to advertise; failures to serve or register are retried.
 func (p *Plugin) Run(ctx context.Context) error {
 	go monitor.Follow(ctx, p.cfg.Monitor.Broker(), func(e monitor.Event) {
 		if e.Health != nil || e.Check != nil {
@@ -173,7 +176,7 @@ func (p *Plugin) Run(ctx context.Context) error {
 	p.refresh()
 	if len(p.Devices()) == 0 {
 		p.setState("no GPU to advertise")
-		return errors.New("device plugin: the first checklist found no GPU with a UUID; nothing to advertise as " + nodecontract.ResourceGPU)
+		return ErrNoGPU
 	}
 	for ctx.Err() == nil {
 		if err := p.serveOnce(ctx); err != nil {
