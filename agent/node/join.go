@@ -247,7 +247,9 @@ func (n *node) join(ctx context.Context, bundle *bootv1.JoinBundle, afterNode fu
 	if simulated && n.cfg.Sim != nil {
 		node, lease = n.joinSimulated(ctx, bundle, labels), 10*time.Second
 	} else {
-		node = n.joinKubelet(ctx, bundle, labels)
+		if node = n.joinKubelet(ctx, bundle, labels); node != nil {
+			n.services.Start(n.devicePlugin())
+		}
 	}
 	if node == nil {
 		return

@@ -78,6 +78,9 @@ type Config struct {
 	FactsRoot facts.Root
 	// KubeletDir and CgroupRoot are for the real-node join.
 	KubeletDir, CgroupRoot string
+	// DevicePluginDir is kubelet's device-plugins directory, where the device plugin
+	// serves once kubelet runs; empty: /var/lib/kubelet/device-plugins/.
+	DevicePluginDir string
 	// Console, when set, also gets enrollment progress (the machine's console).
 	Console string
 	Gossip  GossipConfig

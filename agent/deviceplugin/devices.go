@@ -1,0 +1,244 @@
+package deviceplugin
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/gpurack/gpurack/agent/gpu/snapshot"
+	"github.com/gpurack/gpurack/agent/health"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+)
+
+// GPU is one GPU the plugin has seen: its UUID is the device ID kubelet knows it by.
+type GPU struct {
+	UUID  string
+	Index int
+	// NUMANode is the GPU's NUMA node from sysfs, -1 when unknown (the simulator).
+	NUMANode int
+}
+
+// Device is one device as kubelet gets it, with why it is unhealthy.
+type Device struct {
+	GPU
+	Healthy bool
+	// Reason says why the GPU is unhealthy; empty when healthy.
+	Reason string
+}
+
+// Remember adds the GPUs of snap that known lacks (matched by UUID) and updates the
+// index of those it has; GPUs once seen stay, so a GPU that disappears is reported
+// Unhealthy rather than dropped. numa gives a GPU's NUMA node from its PCI bus id
+// (-1 unknown); nil means unknown for all. The result is ordered by index.
+func Remember(known []GPU, snap *snapshot.Snapshot, numa func(busID string) int) []GPU {
+	out := slices.Clone(known)
+	if snap == nil || !snap.Driver.Loaded {
+		return out
+	}
+	for _, g := range snap.GPUs {
+		if g.UUID == "" {
+			continue
+		}
+		n := -1
+		if numa != nil {
+			n = numa(g.PCIBusID)
+		}
+		if i := slices.IndexFunc(out, func(k GPU) bool { return k.UUID == g.UUID }); i >= 0 {
+			out[i].Index = g.Index
+			if n >= 0 {
+				out[i].NUMANode = n
+			}
+			continue
+		}
+		out = append(out, GPU{UUID: g.UUID, Index: g.Index, NUMANode: n})
+	}
+	slices.SortStableFunc(out, func(a, b GPU) int { return cmp.Compare(a.Index, b.Index) })
+	return out
+}
+
+// Decide is the device list for ListAndWatch: every known GPU, Unhealthy when
+//   - NVML is not available (the driver unloaded or NVML lost mid-run): every GPU;
+//   - the GPU is not in the current snapshot (fell off the bus, not enumerated);
+//   - the published health summary lists its index among UnhealthyGPUs (a fatal XID,
+//     an uncorrectable ECC error, a pending row remap, a lost GPU, any failing
+//     GPU-level check). The summary carries the agent's hysteresis, so a GPU comes
+//     back Healthy only once the agent's health has cleared.
+//
+// It is pure: the plugin calls it on every health change.
+func Decide(known []GPU, snap *snapshot.Snapshot, sum health.Summary) []Device {
+	out := make([]Device, 0, len(known))
+	for _, k := range known {
+		d := Device{GPU: k, Healthy: true}
+		g := find(snap, k)
+		switch {
+		case snap == nil:
+			d.Healthy, d.Reason = false, "no GPU snapshot yet"
+		case !snap.Driver.Loaded:
+			d.Healthy, d.Reason = false, "NVML unavailable: "+snap.Driver.Error
+		case g == nil:
+			d.Healthy, d.Reason = false, "GPU not enumerated by NVML"
+		case g.Lost:
+			d.Healthy, d.Reason = false, "GPU lost (ERROR_GPU_IS_LOST, XID 79)"
+		case slices.Contains(sum.UnhealthyGPUs, k.Index):
+			d.Healthy, d.Reason = false, "failing GPU checks: "+strings.Join(sum.Failing, ", ")
+		}
+		out = append(out, d)
+	}
+	return out
+}
+
+// find returns k's entry in snap (same UUID and index), or nil.
+func find(snap *snapshot.Snapshot, k GPU) *snapshot.GPU {
+	if snap == nil {
+		return nil
+	}
+	for i := range snap.GPUs {
+		if g := &snap.GPUs[i]; g.UUID == k.UUID && g.Index == k.Index {
+			return g
+		}
+	}
+	return nil
+}
+
+// Healthy counts the healthy devices.
+func Healthy(devs []Device) int {
+	n := 0
+	for _, d := range devs {
+		if d.Healthy {
+			n++
+		}
+	}
+	return n
+}
+
+// toAPI is the ListAndWatch form of devs.
+func toAPI(devs []Device) []*pluginapi.Device {
+	out := make([]*pluginapi.Device, 0, len(devs))
+	for _, d := range devs {
+		pd := &pluginapi.Device{ID: d.UUID, Health: pluginapi.Healthy}
+		if !d.Healthy {
+			pd.Health = pluginapi.Unhealthy
+		}
+		if d.NUMANode >= 0 {
+			pd.Topology = &pluginapi.TopologyInfo{Nodes: []*pluginapi.NUMANode{{ID: int64(d.NUMANode)}}}
+		}
+		out = append(out, pd)
+	}
+	return out
+}
+
+// Preferred picks size devices from available, keeping mustInclude, preferring GPUs on
+// one NUMA node: the node of the first must-include GPU if any, else the smallest node
+// group that holds all that is still needed, else the largest groups first. Ties and
+// GPUs of unknown NUMA node go in index order, so the answer is stable. The result is
+// in index order. IDs the plugin does not know are left out.
+func Preferred(devs []Device, available, mustInclude []string, size int) []string {
+	byID := map[string]Device{}
+	for _, d := range devs {
+		byID[d.UUID] = d
+	}
+	var chosen []Device
+	taken := map[string]bool{}
+	for _, id := range mustInclude {
+		if d, ok := byID[id]; ok && !taken[id] && len(chosen) < size {
+			chosen, taken[id] = append(chosen, d), true
+		}
+	}
+	groups := map[int][]Device{}
+	for _, id := range available {
+		if d, ok := byID[id]; ok && !taken[id] {
+			groups[d.NUMANode] = append(groups[d.NUMANode], d)
+			taken[id] = true
+		}
+	}
+	var order []int
+	for n, g := range groups {
+		slices.SortFunc(g, func(a, b Device) int { return cmp.Compare(a.Index, b.Index) })
+		order = append(order, n)
+	}
+	need := size - len(chosen)
+	first := -2
+	if len(chosen) > 0 {
+		first = chosen[0].NUMANode
+	}
+	rank := func(n int) (int, int) { // lower is better
+		switch l := len(groups[n]); {
+		case n == first:
+			return 0, 0
+		case l >= need:
+			return 1, l // best fit: the smallest group that suffices
+		default:
+			return 2, -l // largest first
+		}
+	}
+	slices.SortFunc(order, func(a, b int) int {
+		ra, la := rank(a)
+		rb, lb := rank(b)
+		return cmp.Or(cmp.Compare(ra, rb), cmp.Compare(la, lb), cmp.Compare(groups[a][0].Index, groups[b][0].Index))
+	})
+	for _, n := range order {
+		for _, d := range groups[n] {
+			if len(chosen) >= size {
+				break
+			}
+			chosen = append(chosen, d)
+		}
+	}
+	slices.SortFunc(chosen, func(a, b Device) int { return cmp.Compare(a.Index, b.Index) })
+	ids := make([]string, len(chosen))
+	for i, d := range chosen {
+		ids[i] = d.UUID
+	}
+	return ids
+}
+
+// Allocation is what a container gets for its GPUs.
+type Allocation struct {
+	Envs        map[string]string
+	Devices     []*pluginapi.DeviceSpec
+	Annotations map[string]string
+}
+
+// Allocate decides what a container that was given ids gets:
+//   - on NVML nodes, the device nodes /dev/nvidiaN of its GPUs (N the NVML index) and
+//     /dev/nvidiactl, /dev/nvidia-uvm and /dev/nvidia-uvm-tools where exists says they
+//     are there (nil: all), and
+//     NVIDIA_VISIBLE_DEVICES=<uuids>;
+//   - on the simulator, no device nodes (there are none) but NVIDIA_VISIBLE_DEVICES,
+//     GPURACK_SIMULATED_GPUS=true and the annotation gpurack.io/simulated=true, so a
+//     container can tell it got simulated GPUs and nothing passes for real ones.
+//
+// CDI devices come later (issue 12 item 2). An ID the plugin does not know is an error.
+func Allocate(devs []Device, ids []string, simulated bool, exists func(path string) bool) (Allocation, error) {
+	byID := map[string]Device{}
+	for _, d := range devs {
+		byID[d.UUID] = d
+	}
+	a := Allocation{Envs: map[string]string{}}
+	var uuids []string
+	var nodes []string
+	for _, id := range ids {
+		d, ok := byID[id]
+		if !ok {
+			return Allocation{}, fmt.Errorf("device %q is not a GPU of this node (known: %d GPUs by UUID)", id, len(devs))
+		}
+		uuids = append(uuids, id)
+		nodes = append(nodes, fmt.Sprintf("/dev/nvidia%d", d.Index))
+	}
+	a.Envs["NVIDIA_VISIBLE_DEVICES"] = strings.Join(uuids, ",")
+	if simulated {
+		a.Envs["GPURACK_SIMULATED_GPUS"] = "true"
+		a.Annotations = map[string]string{"gpurack.io/simulated": "true"}
+		return a, nil
+	}
+	for _, p := range nodes {
+		a.Devices = append(a.Devices, &pluginapi.DeviceSpec{ContainerPath: p, HostPath: p, Permissions: "rw"})
+	}
+	for _, p := range []string{"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"} {
+		if exists == nil || exists(p) {
+			a.Devices = append(a.Devices, &pluginapi.DeviceSpec{ContainerPath: p, HostPath: p, Permissions: "rw"})
+		}
+	}
+	return a, nil
+}

@@ -1,0 +1,161 @@
+package deviceplugin
+
+import (
+	"reflect"
+	"slices"
+	"testing"
+
+	"github.com/gpurack/gpurack/agent/gpu/snapshot"
+	"github.com/gpurack/gpurack/agent/health"
+)
+
+func snap(loaded bool, gpus ...snapshot.GPU) *snapshot.Snapshot {
+	s := &snapshot.Snapshot{Driver: snapshot.Driver{Loaded: loaded}, GPUs: gpus}
+	if !loaded {
+		s.Driver.Error = "NVML not available: ERROR_DRIVER_NOT_LOADED"
+	}
+	return s
+}
+
+func gpus(n int) []snapshot.GPU {
+	var out []snapshot.GPU
+	for i := range n {
+		out = append(out, snapshot.GPU{Index: i, UUID: "GPU-" + string(rune('a'+i))})
+	}
+	return out
+}
+
+func TestRemember(t *testing.T) {
+	known := Remember(nil, snap(true, gpus(3)...), func(bus string) int { return 0 })
+	if len(known) != 3 || known[2].UUID != "GPU-c" || known[2].NUMANode != 0 {
+		t.Fatalf("Remember = %+v", known)
+	}
+	// NVML lost: nothing forgotten.
+	if got := Remember(known, snap(false), nil); !reflect.DeepEqual(got, known) {
+		t.Errorf("Remember with NVML lost = %+v, want %+v", got, known)
+	}
+	// A GPU that is no longer enumerated stays known.
+	if got := Remember(known, snap(true, gpus(2)...), nil); len(got) != 3 {
+		t.Errorf("Remember after a GPU went missing = %+v, want all 3", got)
+	}
+}
+
+func TestDecide(t *testing.T) {
+	known := Remember(nil, snap(true, gpus(4)...), nil)
+	lost := gpus(4)
+	lost[1].Lost = true
+	for _, c := range []struct {
+		name      string
+		snap      *snapshot.Snapshot
+		sum       health.Summary
+		unhealthy []int
+	}{
+		{"all healthy", snap(true, gpus(4)...), health.Summary{State: health.Healthy}, nil},
+		{"fatal XID on gpu2", snap(true, gpus(4)...), health.Summary{State: health.Unhealthy, UnhealthyGPUs: []int{2}, Failing: []string{"gpu.xid.fatal"}}, []int{2}},
+		{"two GPUs failing", snap(true, gpus(4)...), health.Summary{State: health.Unhealthy, UnhealthyGPUs: []int{0, 3}}, []int{0, 3}},
+		{"warnings keep GPUs", snap(true, gpus(4)...), health.Summary{State: health.Degraded, Warning: []string{"gpu.temperature"}}, nil},
+		{"NVML lost mid-run: every GPU", snap(false), health.Summary{State: health.Unhealthy}, []int{0, 1, 2, 3}},
+		{"GPU lost before the summary says so", snap(true, lost...), health.Summary{State: health.Healthy}, []int{1}},
+		{"GPU no longer enumerated", snap(true, gpus(3)...), health.Summary{State: health.Healthy}, []int{3}},
+		{"no snapshot", nil, health.Summary{}, []int{0, 1, 2, 3}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			devs := Decide(known, c.snap, c.sum)
+			if len(devs) != 4 {
+				t.Fatalf("%d devices, want 4", len(devs))
+			}
+			var bad []int
+			for _, d := range devs {
+				if !d.Healthy {
+					bad = append(bad, d.Index)
+					if d.Reason == "" {
+						t.Errorf("GPU %d unhealthy without a reason", d.Index)
+					}
+				}
+			}
+			if !slices.Equal(bad, c.unhealthy) {
+				t.Errorf("unhealthy %v, want %v", bad, c.unhealthy)
+			}
+		})
+	}
+	if d := Decide(known, snap(false), health.Summary{})[0]; d.Reason != "NVML unavailable: NVML not available: ERROR_DRIVER_NOT_LOADED" {
+		t.Errorf("NVML-lost reason %q does not say NVML", d.Reason)
+	}
+}
+
+func TestPreferred(t *testing.T) {
+	// Eight GPUs: 0-3 on NUMA node 0, 4-7 on node 1 (a DGX layout).
+	var devs []Device
+	var ids []string
+	for i := range 8 {
+		id := "GPU-" + string(rune('a'+i))
+		devs = append(devs, Device{GPU: GPU{UUID: id, Index: i, NUMANode: i / 4}, Healthy: true})
+		ids = append(ids, id)
+	}
+	unknown := make([]Device, len(devs))
+	for i, d := range devs {
+		d.NUMANode = -1
+		unknown[i] = d
+	}
+	pick := func(idx ...int) []string {
+		var out []string
+		for _, i := range idx {
+			out = append(out, ids[i])
+		}
+		return out
+	}
+	for _, c := range []struct {
+		name            string
+		devs            []Device
+		available, must []string
+		size            int
+		want            []string
+	}{
+		{"two from all: one NUMA node, lowest index", devs, ids, nil, 2, pick(0, 1)},
+		{"must include gpu5: its node", devs, ids, pick(5), 2, pick(4, 5)},
+		{"best fit: node 1 has exactly 3 free", devs, pick(0, 1, 2, 3, 5, 6, 7), nil, 3, pick(5, 6, 7)},
+		{"best fit prefers the smaller group that suffices", devs, pick(0, 1, 4, 5, 6), nil, 2, pick(0, 1)},
+		{"too big for one node: largest first then the rest", devs, pick(0, 4, 5, 6), nil, 4, pick(0, 4, 5, 6)},
+		{"spill: 5 from 4+4", devs, ids, nil, 5, pick(0, 1, 2, 3, 4)},
+		{"no topology: stable index order", unknown, pick(6, 2, 4), nil, 2, pick(2, 4)},
+		{"unknown IDs are left out", devs, []string{"GPU-zzz", ids[3]}, nil, 2, pick(3)},
+		{"all eight", devs, ids, nil, 8, ids},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if got := Preferred(c.devs, c.available, c.must, c.size); !slices.Equal(got, c.want) {
+				t.Errorf("Preferred = %v, want %v", got, c.want)
+			}
+		})
+	}
+}
+
+func TestAllocate(t *testing.T) {
+	devs := []Device{{GPU: GPU{UUID: "GPU-a", Index: 0}}, {GPU: GPU{UUID: "GPU-b", Index: 5}}}
+	a, err := Allocate(devs, []string{"GPU-b", "GPU-a"}, false, func(p string) bool { return p != "/dev/nvidia-uvm-tools" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	var paths []string
+	for _, d := range a.Devices {
+		paths = append(paths, d.HostPath)
+		if d.ContainerPath != d.HostPath || d.Permissions != "rw" {
+			t.Errorf("device spec %+v", d)
+		}
+	}
+	if want := []string{"/dev/nvidia5", "/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm"}; !slices.Equal(paths, want) {
+		t.Errorf("device nodes %v, want %v", paths, want)
+	}
+	if a.Envs["NVIDIA_VISIBLE_DEVICES"] != "GPU-b,GPU-a" || a.Annotations != nil {
+		t.Errorf("NVML allocation envs %v annotations %v", a.Envs, a.Annotations)
+	}
+	s, err := Allocate(devs, []string{"GPU-a"}, true, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Devices) != 0 || s.Envs["GPURACK_SIMULATED_GPUS"] != "true" || s.Annotations["gpurack.io/simulated"] != "true" || s.Envs["NVIDIA_VISIBLE_DEVICES"] != "GPU-a" {
+		t.Errorf("simulated allocation %+v: want no device nodes, simulation labels and the UUID", s)
+	}
+	if _, err := Allocate(devs, []string{"GPU-zzz"}, false, nil); err == nil {
+		t.Error("an unknown device ID was allocated")
+	}
+}

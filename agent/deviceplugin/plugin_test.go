@@ -1,0 +1,212 @@
+package deviceplugin
+
+import (
+	"context"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/gpurack/gpurack/agent/gpu/sim"
+	"github.com/gpurack/gpurack/agent/monitor"
+	"github.com/gpurack/gpurack/internal/nodecontract"
+	"github.com/gpurack/gpurack/internal/profile"
+)
+
+// fakeKubelet is kubelet's side of registration: the v1beta1 Registration service on
+// kubelet.sock, a real gRPC server on a real unix socket.
+type fakeKubelet struct {
+	pluginapi.UnimplementedRegistrationServer
+	regs chan *pluginapi.RegisterRequest
+	gs   *grpc.Server
+}
+
+// startKubelet serves Registration on dir/kubelet.sock, first removing every socket
+// in dir as kubelet's device manager does when it starts.
+func startKubelet(t *testing.T, dir string) *fakeKubelet {
+	t.Helper()
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		os.Remove(filepath.Join(dir, e.Name()))
+	}
+	l, err := net.Listen("unix", filepath.Join(dir, "kubelet.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := &fakeKubelet{regs: make(chan *pluginapi.RegisterRequest, 4), gs: grpc.NewServer()}
+	pluginapi.RegisterRegistrationServer(k.gs, k)
+	go k.gs.Serve(l)
+	t.Cleanup(k.gs.Stop)
+	return k
+}
+
+func (k *fakeKubelet) Register(_ context.Context, r *pluginapi.RegisterRequest) (*pluginapi.Empty, error) {
+	k.regs <- r
+	return &pluginapi.Empty{}, nil
+}
+
+func (k *fakeKubelet) waitRegistration(t *testing.T) *pluginapi.RegisterRequest {
+	t.Helper()
+	select {
+	case r := <-k.regs:
+		return r
+	case <-time.After(30 * time.Second):
+		t.Fatal("the plugin did not register within 30 s")
+		return nil
+	}
+}
+
+// The plugin against a simulated DGX H100: it registers nvidia.com/gpu on kubelet.sock;
+// a ListAndWatch client on its socket sees 8 healthy GPUs, 7 after an injected XID 79
+// on gpu3, 8 again once the fault is cleared and the agent's hysteresis has passed, with
+// no restart; it registers again when kubelet restarts (kubelet.sock recreated); and
+// with NVML lost every GPU goes Unhealthy.
+func TestPluginRegistersAndFollowsHealth(t *testing.T) {
+	p, err := profile.Load("../../profiles/debian12-nvidia535.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := sim.New("dgxh100", sim.Options{DriverVersion: p.GPU.Driver.Version})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const clearAfter = 2 * time.Second
+	mon := monitor.New(monitor.Config{Backend: s, Profile: p, Interval: 100 * time.Millisecond, ClearAfter: clearAfter})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go mon.Run(ctx)
+
+	dir, err := os.MkdirTemp("", "gpr-dp-") // short: unix socket paths are limited to 108 bytes
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	kubelet := startKubelet(t, dir)
+	plugin := New(Config{Monitor: mon, Dir: dir, Simulated: true, Poll: 100 * time.Millisecond})
+	done := make(chan error, 1)
+	go func() { done <- plugin.Run(ctx) }()
+
+	reg := kubelet.waitRegistration(t)
+	if reg.Version != pluginapi.Version || reg.ResourceName != nodecontract.ResourceGPU || reg.Endpoint != SocketName || !reg.GetOptions().GetGetPreferredAllocationAvailable() {
+		t.Fatalf("registration %+v", reg)
+	}
+
+	conn, err := grpc.NewClient("unix://"+filepath.Join(dir, reg.Endpoint), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	client := pluginapi.NewDevicePluginClient(conn)
+	stream, err := client.ListAndWatch(ctx, &pluginapi.Empty{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// await reads lists until want(healthy, list) holds.
+	await := func(what string, want func(healthy map[string]bool) bool) map[string]bool {
+		t.Helper()
+		wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
+		defer wcancel()
+		got := make(chan map[string]bool, 1)
+		go func() {
+			for {
+				r, err := stream.Recv()
+				if err != nil {
+					close(got)
+					return
+				}
+				h := map[string]bool{}
+				for _, d := range r.Devices {
+					h[d.ID] = d.Health == pluginapi.Healthy
+				}
+				if want(h) {
+					got <- h
+					return
+				}
+			}
+		}()
+		select {
+		case h, ok := <-got:
+			if !ok {
+				t.Fatalf("%s: ListAndWatch stream ended", what)
+			}
+			return h
+		case <-wctx.Done():
+			t.Fatalf("%s: not seen within 30 s; devices now %+v", what, plugin.Devices())
+			return nil
+		}
+	}
+	count := func(h map[string]bool) int {
+		n := 0
+		for _, ok := range h {
+			if ok {
+				n++
+			}
+		}
+		return n
+	}
+	h := await("8 healthy GPUs", func(h map[string]bool) bool { return len(h) == 8 && count(h) == 8 })
+	uuid3 := mon.Last().Snapshot.ByIndex(3).UUID
+	if _, ok := h[uuid3]; !ok {
+		t.Fatalf("device IDs %v lack gpu3's UUID %s", h, uuid3)
+	}
+
+	if _, err := s.Inject(sim.Fault{Kind: sim.KindXID, GPU: 3, Value: 79}, 0); err != nil {
+		t.Fatal(err)
+	}
+	await("gpu3 Unhealthy after XID 79", func(h map[string]bool) bool { return len(h) == 8 && count(h) == 7 && !h[uuid3] })
+
+	// Allocate on the simulator: simulation-labelled, no device nodes.
+	ar, err := client.Allocate(ctx, &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{uuid3}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cr := ar.ContainerResponses[0]; cr.Envs["NVIDIA_VISIBLE_DEVICES"] != uuid3 || cr.Annotations["gpurack.io/simulated"] != "true" || len(cr.Devices) != 0 {
+		t.Errorf("simulated Allocate = %+v", cr)
+	}
+
+	// The fault cleared (the simulated GPU counts as reset): healthy again after the
+	// hysteresis, without a restart of the plugin.
+	s.Clear()
+	mon.GPUsReset([]int{3})
+	await("gpu3 Healthy again", func(h map[string]bool) bool { return len(h) == 8 && count(h) == 8 })
+
+	// kubelet restarts: its device manager removes the sockets and serves a new
+	// kubelet.sock; the plugin registers again on a fresh socket.
+	kubelet.gs.Stop()
+	kubelet2 := startKubelet(t, dir)
+	if reg := kubelet2.waitRegistration(t); reg.ResourceName != nodecontract.ResourceGPU {
+		t.Fatalf("re-registration %+v", reg)
+	}
+	conn2, err := grpc.NewClient("unix://"+filepath.Join(dir, SocketName), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn2.Close()
+	stream, err = pluginapi.NewDevicePluginClient(conn2).ListAndWatch(ctx, &pluginapi.Empty{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	await("8 healthy GPUs after kubelet restarted", func(h map[string]bool) bool { return len(h) == 8 && count(h) == 8 })
+	// NVML lost mid-run: every GPU Unhealthy, the reason naming NVML.
+	if _, err := s.Inject(sim.Fault{Kind: sim.KindDriverUnloaded, GPU: -1}, 0); err != nil {
+		t.Fatal(err)
+	}
+	mon.Kick()
+	await("every GPU Unhealthy with NVML lost", func(h map[string]bool) bool { return len(h) == 8 && count(h) == 0 })
+	if d := plugin.Devices()[0]; !strings.Contains(d.Reason, "NVML") {
+		t.Errorf("reason %q does not name NVML", d.Reason)
+	}
+	if ok, msg := plugin.State(); !ok {
+		t.Errorf("plugin state %q: not registered", msg)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("Run = %v", err)
+	}
+}
