@@ -75,8 +75,9 @@ type Target struct {
 
 // Booter decides what a machine that asks for /boot.ipxe boots. The
 // inventory implements it: it records an unknown identity as discovered
-// and ends the liveness of keys registered for a known one (CONTRACTS.md
-// §2 step 1–2). remote is the client's address, for logs only: it must
+// and, for a known one, only the time of the boot: an unauthenticated boot
+// request never ends a key, revokes a certificate or moves the lifecycle
+// (decision 0405). remote is the client's address, for logs only: it must
 // never decide anything about trust. An error makes the machine retry.
 type Booter interface {
 	BootTarget(ctx context.Context, id identity.Identity, remote netip.Addr) (Target, error)
