@@ -11,6 +11,7 @@
 package joinconfig
 
 import (
+	"encoding/base64"
 	"fmt"
 
 	admissionv1 "k8s.io/api/admissionregistration/v1"
@@ -229,13 +230,7 @@ func enrollerObjects() []Object {
 					Name:       "secret",
 					Expression: "request.operation == 'DELETE' ? oldObject : object",
 				}},
-				Validations: []admissionv1.Validation{{
-					Expression: fmt.Sprintf("has(variables.secret.type) && variables.secret.type == %q && has(variables.secret.metadata.name) && variables.secret.metadata.name.startsWith(%q)",
-						string(bootstrapapi.SecretTypeBootstrapToken), bootstrapapi.BootstrapTokenSecretPrefix),
-					Message: fmt.Sprintf("%s may only create and delete Secrets of type %s named %s<id>",
-						EnrollerUser, bootstrapapi.SecretTypeBootstrapToken, bootstrapapi.BootstrapTokenSecretPrefix),
-					Reason: ptr(metav1.StatusReasonForbidden),
-				}},
+				Validations: enrollerValidations(),
 			},
 		}},
 		{gvrVAPBinding, &admissionv1.ValidatingAdmissionPolicyBinding{
@@ -248,5 +243,55 @@ func enrollerObjects() []Object {
 		}},
 	}
 }
+
+// enrollerValidations are the admission policy's checks (CONTRACTS.md §4): the
+// enroller may create and delete only bootstrap-token Secrets, and what it creates
+// must expire, be usable only for authentication (and
+// signing cluster-info), and put its holder in no group but NodeBootstrapGroup.
+// Without the last three the enroller could mint a token that never expires in
+// system:masters. Deleting is not narrowed further, so expired or foreign tokens
+// can still be cleaned up. Secret data reaches CEL as base64 strings (the API server
+// has merged stringData into data before admission), so values are compared encoded.
+func enrollerValidations() []admissionv1.Validation {
+	forbidden := ptr(metav1.StatusReasonForbidden)
+	notDelete := "request.operation == 'DELETE' || "
+	data := "object.data"
+	return []admissionv1.Validation{
+		{
+			Expression: fmt.Sprintf("has(variables.secret.type) && variables.secret.type == %q && has(variables.secret.metadata.name) && variables.secret.metadata.name.startsWith(%q)",
+				string(bootstrapapi.SecretTypeBootstrapToken), bootstrapapi.BootstrapTokenSecretPrefix),
+			Message: fmt.Sprintf("%s may only create and delete Secrets of type %s named %s<id>",
+				EnrollerUser, bootstrapapi.SecretTypeBootstrapToken, bootstrapapi.BootstrapTokenSecretPrefix),
+			Reason: forbidden,
+		},
+		{
+			// Secret data reaches CEL base64-encoded and the API server's CEL
+			// has no base64 decoder, so the expiry itself cannot be compared
+			// here: a token must carry one (the tokencleaner deletes it then).
+			Expression: notDelete + fmt.Sprintf("has(object.data) && %q in %s", bootstrapapi.BootstrapTokenExpirationKey, data),
+			Message: fmt.Sprintf("%s may only create bootstrap tokens that expire (set %s)",
+				EnrollerUser, bootstrapapi.BootstrapTokenExpirationKey),
+			Reason: forbidden,
+		},
+		{
+			Expression: notDelete + fmt.Sprintf("has(object.data) && %s.all(k, !k.startsWith(%q) || k in [%q, %q]) && %q in %s && %s[%q] == %q",
+				data, bootstrapapi.BootstrapTokenUsagePrefix,
+				bootstrapapi.BootstrapTokenUsageAuthentication, bootstrapapi.BootstrapTokenUsageSigningKey,
+				bootstrapapi.BootstrapTokenUsageAuthentication, data, data, bootstrapapi.BootstrapTokenUsageAuthentication, b64("true")),
+			Message: fmt.Sprintf("%s may only create bootstrap tokens for authentication (and signing): set %s=true and no other %s* key",
+				EnrollerUser, bootstrapapi.BootstrapTokenUsageAuthentication, bootstrapapi.BootstrapTokenUsagePrefix),
+			Reason: forbidden,
+		},
+		{
+			Expression: notDelete + fmt.Sprintf("!has(object.data) || !(%q in %s) || %s[%q] == %q",
+				bootstrapapi.BootstrapTokenExtraGroupsKey, data, data, bootstrapapi.BootstrapTokenExtraGroupsKey, b64(NodeBootstrapGroup)),
+			Message: fmt.Sprintf("%s may only create bootstrap tokens whose %s is %s",
+				EnrollerUser, bootstrapapi.BootstrapTokenExtraGroupsKey, NodeBootstrapGroup),
+			Reason: forbidden,
+		},
+	}
+}
+
+func b64(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) }
 
 func ptr[T any](v T) *T { return &v }

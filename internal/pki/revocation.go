@@ -26,6 +26,7 @@ import (
 // ["3f1a…", "9c0b…"], written atomically by Save. Serials are compared by
 // value, so "0A", "0a" and "a" are the same serial.
 type RevocationList struct {
+	saveMu  sync.Mutex // serializes Save: snapshot and write as one step
 	mu      sync.RWMutex
 	serials map[string]struct{} // key: lowercase hex, no leading zeros
 }
@@ -191,14 +192,24 @@ func LoadRevocationList(path string) (*RevocationList, error) {
 	return l, nil
 }
 
+// saveHook, when set (tests only), runs between Save's snapshot and its write.
+var saveHook func()
+
 // Save writes the list to path atomically (temporary file, then rename),
-// mode 0644.
+// mode 0644. Saves are serialized, each snapshotting the list under the same
+// lock as its write, so concurrent Revoke+Save calls never leave a file that
+// lacks a serial an earlier-finished Save wrote.
 func (l *RevocationList) Save(path string) error {
+	l.saveMu.Lock()
+	defer l.saveMu.Unlock()
 	data, err := json.MarshalIndent(l.Serials(), "", "  ")
 	if err != nil {
 		return err
 	}
 	data = append(data, '\n')
+	if saveHook != nil {
+		saveHook()
+	}
 	if err := atomicfile.Write(path, data, certFileMode); err != nil {
 		return fmt.Errorf("save revocation list: %w", err)
 	}

@@ -6,7 +6,9 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 )
 
 func TestRevocationList(t *testing.T) {
@@ -83,5 +85,74 @@ func TestRevocationListSaveLoad(t *testing.T) {
 		} else if !strings.Contains(err.Error(), path) {
 			t.Errorf("error for %q does not name the file: %v", bad, err)
 		}
+	}
+}
+
+// TestRevocationSavesDoNotLoseEntries: a Save that snapshotted the list before a
+// second revoke must not overwrite the file the second Save wrote.
+func TestRevocationSavesDoNotLoseEntries(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "revoked.json")
+	l := NewRevocationList()
+	firstSnapshotted := make(chan struct{})
+	release := make(chan struct{})
+	var once sync.Once
+	saveHook = func() {
+		once.Do(func() {
+			close(firstSnapshotted)
+			<-release
+		})
+	}
+	defer func() { saveHook = nil }()
+	aDone := make(chan error, 1)
+	l.Revoke(big.NewInt(1))
+	go func() { aDone <- l.Save(path) }()
+	<-firstSnapshotted
+	bDone := make(chan error, 1)
+	l.Revoke(big.NewInt(2))
+	go func() { bDone <- l.Save(path) }()
+	// Without serialization B writes {1,2} and then A's stale {1} replaces it.
+	// With it, B waits for A. Give B the chance to finish before releasing A.
+	select {
+	case err := <-bDone:
+		bDone <- err
+	case <-time.After(200 * time.Millisecond):
+	}
+	close(release)
+	if err := <-aDone; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-bDone; err != nil {
+		t.Fatal(err)
+	}
+	got, err := LoadRevocationList(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !got.Contains(big.NewInt(1)) || !got.Contains(big.NewInt(2)) {
+		t.Fatalf("saved list %v, want both serials 1 and 2", got.Serials())
+	}
+}
+
+func TestConcurrentRevokesAllSaved(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "revoked.json")
+	l := NewRevocationList()
+	var wg sync.WaitGroup
+	for i := 1; i <= 64; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l.Revoke(big.NewInt(int64(i)))
+			if err := l.Save(path); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	got, err := LoadRevocationList(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Len() != 64 {
+		t.Fatalf("saved %d serials after 64 concurrent revokes, want 64", got.Len())
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/gpurack/gpurack/internal/atomicfile"
 	"github.com/gpurack/gpurack/internal/pki"
 )
 
@@ -115,15 +116,15 @@ func EnsureGossipKey(stateDir, rack string) (string, []byte, error) {
 	if _, err := rand.Read(key); err != nil {
 		return "", nil, err
 	}
-	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
+	// Written whole and linked into place (never replacing a key another
+	// start wrote meanwhile), so no reader sees a partial key.
+	if err := atomicfile.Create(p, []byte(hex.EncodeToString(key)+"\n"), 0o600); err != nil {
+		if _, statErr := os.Stat(p); statErr == nil {
+			return EnsureGossipKey(stateDir, rack)
+		}
 		return "", nil, fmt.Errorf("gossip key: %w", err)
 	}
-	defer f.Close()
-	if _, err := f.WriteString(hex.EncodeToString(key) + "\n"); err != nil {
-		return "", nil, err
-	}
-	return p, key, f.Sync()
+	return p, key, nil
 }
 
 // IssueOperator issues an operator certificate for name from the CA under stateDir and
