@@ -10,6 +10,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -118,7 +119,10 @@ func pool(ca *x509.Certificate) *x509.CertPool {
 }
 
 // ServerTLS is mutual TLS for the agent's gRPC port: the agent certificate, and a
-// client certificate from the gpurack CA required (operators, gpuboot, peer agents).
+// client certificate from the gpurack CA required whose role is an operator's (CONTRACTS
+// §4; gpuboot's certificate is serverAuth only and cannot be a client's). Another node's
+// agent certificate is refused: it is signed by the same CA, but a node must not drive
+// another node's agent (InjectFault, RunChecks).
 func (c *Credentials) ServerTLS() *tls.Config {
 	return &tls.Config{
 		MinVersion:   tls.VersionTLS12,
@@ -126,7 +130,21 @@ func (c *Credentials) ServerTLS() *tls.Config {
 		ClientAuth:   tls.RequireAndVerifyClientCert,
 		ClientCAs:    pool(c.CA),
 		NextProtos:   []string{"h2"},
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			if len(cs.PeerCertificates) == 0 {
+				return errors.New("no client certificate")
+			}
+			return clientRoleAllowed(cs.PeerCertificates[0])
+		},
 	}
+}
+
+// clientRoleAllowed admits an operator's certificate to the agent's API.
+func clientRoleAllowed(cert *x509.Certificate) error {
+	if r := pki.RoleOf(cert); r != pki.RoleOperators {
+		return fmt.Errorf("client certificate %q has role %q: the agent's API admits only %s", cert.Subject.CommonName, r, pki.RoleOperators)
+	}
+	return nil
 }
 
 // KeptFile is the name, in the key directory, of the bundle the agent keeps.

@@ -9,11 +9,13 @@ import (
 	"fmt"
 	"math/big"
 	"net"
+	"net/netip"
 	"sort"
 	"strings"
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -88,8 +90,9 @@ func (s *Service) getJoinBundle(ctx context.Context, req *bootv1.GetJoinBundleRe
 	// fails they are withdrawn.
 	var facts machinev1.MachineFacts
 	_ = proto.Unmarshal(m.Facts, &facts)
-	// The agent's own key is certified (JoinBundle.agent_key_ref): it never travels.
-	cert, err := pki.CertifyAgent(s.cfg.CA, m.NodeName, factsIPs(&facts), pub)
+	// The agent's own key is certified (JoinBundle.agent_key_ref): it never travels. Its
+	// IP SANs are the address gpuboot saw the call come from, never the facts' (issue 14).
+	cert, err := pki.CertifyAgent(s.cfg.CA, m.NodeName, observedIPs(ctx), pub)
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "join bundle: %v", err)
 	}
@@ -240,6 +243,26 @@ func (s *Service) gossipSeeds(ctx context.Context, self *inventory.Machine) ([]s
 		}
 	}
 	return seeds, nil
+}
+
+// observedIPs is the agent's address as gpuboot itself observed it: the source address
+// of this call, unless it is loopback, link-local or unspecified. The addresses a machine
+// reports in its facts are its own claim: one naming gpuboot's address would otherwise
+// get a certificate a client could take for gpuboot's.
+func observedIPs(ctx context.Context) []net.IP {
+	p, ok := peer.FromContext(ctx)
+	if !ok || p.Addr == nil {
+		return nil
+	}
+	ap, err := netip.ParseAddrPort(p.Addr.String())
+	if err != nil {
+		return nil
+	}
+	a := ap.Addr().Unmap()
+	if a.IsLoopback() || a.IsLinkLocalUnicast() || a.IsUnspecified() {
+		return nil
+	}
+	return []net.IP{net.IP(a.AsSlice())}
 }
 
 func factsIPs(f *machinev1.MachineFacts) []net.IP {

@@ -1,11 +1,14 @@
 package enroll
 
 import (
+	"context"
 	"crypto/ed25519"
 	"crypto/x509"
 	"net"
 	"slices"
 	"testing"
+
+	"google.golang.org/grpc/peer"
 
 	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
 	"github.com/gpurack/gpurack/internal/pki"
@@ -13,11 +16,14 @@ import (
 
 // TestBundleCertificateContent pins the agent certificate a JoinBundle carries
 // (CONTRACTS §4): the agent's own key, role gpurack:agents in O, CN and DNS SAN the
-// node name, the facts' IPs, clientAuth + serverAuth, a year and the backdate.
+// node name, no IP the machine claimed (only the call's source address, here loopback,
+// which is left out), clientAuth + serverAuth, a year and the backdate.
 func TestBundleCertificateContent(t *testing.T) {
 	e := newEnv(t, nil)
 	a := e.agent("52:54:00:00:00:51", "SN51")
-	a.facts.Ips = []string{"192.0.2.10", "127.0.0.1", "fe80::1", "192.0.2.10", "2001:db8::10"}
+	// The machine claims addresses, one of them gpuboot's own: none may reach the
+	// certificate.
+	a.facts.Ips = []string{"192.0.2.10", "127.0.0.1", "fe80::1", "192.0.2.10", "2001:db8::10", "192.0.2.1"}
 	a.mustRegister(bootv1.RegisterStatus_REGISTER_STATUS_PENDING)
 	e.approve("52:54:00:00:00:51")
 	r := a.mustRegister(bootv1.RegisterStatus_REGISTER_STATUS_APPROVED)
@@ -35,10 +41,8 @@ func TestBundleCertificateContent(t *testing.T) {
 	if !slices.Equal(c.DNSNames, []string{b.NodeName}) {
 		t.Errorf("DNS SANs %v; want [%s]", c.DNSNames, b.NodeName)
 	}
-	// Loopback and link-local addresses are left out, a repeated one once.
-	wantIPs := []net.IP{net.ParseIP("192.0.2.10"), net.ParseIP("2001:db8::10")}
-	if !slices.EqualFunc(c.IPAddresses, wantIPs, net.IP.Equal) {
-		t.Errorf("IP SANs %v; want %v", c.IPAddresses, wantIPs)
+	if len(c.IPAddresses) != 0 {
+		t.Errorf("IP SANs %v; want none: the facts' addresses are the machine's claim, and the call came over loopback", c.IPAddresses)
 	}
 	if c.KeyUsage != x509.KeyUsageDigitalSignature || c.IsCA ||
 		!slices.Equal(c.ExtKeyUsage, []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth}) {
@@ -52,5 +56,29 @@ func TestBundleCertificateContent(t *testing.T) {
 	}
 	if err := c.CheckSignatureFrom(e.ca.Cert); err != nil {
 		t.Errorf("not signed by the gpurack CA: %v", err)
+	}
+}
+
+// TestObservedIPs: the certificate's addresses are the call's source address as gpuboot
+// saw it, without loopback, link-local or unspecified ones.
+func TestObservedIPs(t *testing.T) {
+	for _, tc := range []struct {
+		addr net.Addr
+		want []net.IP
+	}{
+		{&net.TCPAddr{IP: net.ParseIP("10.0.3.7"), Port: 41000}, []net.IP{net.ParseIP("10.0.3.7").To4()}},
+		{&net.TCPAddr{IP: net.ParseIP("::ffff:10.0.3.7"), Port: 41000}, []net.IP{net.ParseIP("10.0.3.7").To4()}},
+		{&net.TCPAddr{IP: net.ParseIP("2001:db8::7"), Port: 41000}, []net.IP{net.ParseIP("2001:db8::7")}},
+		{&net.TCPAddr{IP: net.ParseIP("127.0.0.1"), Port: 41000}, nil},
+		{&net.TCPAddr{IP: net.ParseIP("fe80::1"), Port: 41000}, nil},
+		{&net.UnixAddr{Name: "/run/x.sock", Net: "unix"}, nil},
+	} {
+		got := observedIPs(peer.NewContext(context.Background(), &peer.Peer{Addr: tc.addr}))
+		if !slices.EqualFunc(got, tc.want, net.IP.Equal) {
+			t.Errorf("observedIPs(%v) = %v; want %v", tc.addr, got, tc.want)
+		}
+	}
+	if got := observedIPs(context.Background()); got != nil {
+		t.Errorf("observedIPs without a peer = %v; want none", got)
 	}
 }
