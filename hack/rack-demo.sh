@@ -4,7 +4,8 @@
 # demo-rack` after deps and build; `make demo-clean` removes what it made.
 #
 # Every node is a real gpuagent process with the GPU simulator (labelled simulated on
-# its Node and in its reports): it registers with gpuboot under its own identity
+# its Node and in its reports; the demo's gpuboot.yaml sets enrollment.allowSimulated,
+# without which gpuboot quarantines simulated machines): it registers with gpuboot under its own identity
 # (serial, MAC, UUID from a generated vendor rack manifest), is approved by the
 # allowlist built from that manifest, receives its JoinBundle, joins Kubernetes by TLS
 # bootstrap, runs its commissioning checklist and gossips with the rack. Slot 7 has an
@@ -99,10 +100,11 @@ racks: [{name: r1, defaultImage: 0123456789abcdef0123456789abcdef01234567}]
 dhcp: {enabled: false}
 tftp: {enabled: false}
 policy: {approval: allowlist, allowlist: rack-r1.csv}
+enrollment: {allowSimulated: true}
 cluster: {kubeconfig: $work/join/enroller.kubeconfig}
 logLevel: info
 EOF
-echo "policy: approval allowlist (rack-r1.csv); the nodes are the GPU simulator, labelled gpurack.io/simulated"
+echo "policy: approval allowlist (rack-r1.csv); the nodes are the GPU simulator, labelled gpurack.io/simulated; enrollment.allowSimulated: true lets them be ready (gpuboot warns at start)"
 gpuboot serve --config "$work/gpuboot/gpuboot.yaml" >"$work/gpuboot.log" 2>&1 &
 echo $! >"$work/pids/gpuboot"
 for _ in $(seq 1 60); do taken $boot_tls && break; sleep 0.5; done

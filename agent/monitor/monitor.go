@@ -43,6 +43,8 @@ type Checklist struct {
 	Overall    checks.Status
 	Snapshot   gpu.Snapshot
 	Profile    string
+	// Simulated is true when the backend is the simulator (gpu.Backend.Simulated).
+	Simulated bool
 }
 
 // Config configures a Monitor.
@@ -209,7 +211,7 @@ func (m *Monitor) runChecks(phase Phase, tick bool, ids ...checkid.ID) *Checklis
 	}
 	rs := checks.Run(in, ids...)
 	cl := &Checklist{Phase: phase, StartedAt: start, FinishedAt: m.cfg.Now(), Results: rs,
-		Overall: checks.Overall(rs), Snapshot: snap}
+		Overall: checks.Overall(rs), Snapshot: snap, Simulated: m.cfg.Backend.Simulated()}
 	if m.cfg.Profile != nil {
 		cl.Profile = m.cfg.Profile.Name
 	}

@@ -237,3 +237,23 @@ func TestReadTier(t *testing.T) {
 		}
 	}
 }
+
+// notSimulated is the simulator claiming to be real hardware, to show the checklist's
+// Simulated flag follows the backend's word and nothing else.
+type notSimulated struct{ *sim.Sim }
+
+func (notSimulated) Simulated() bool { return false }
+
+// TestChecklistSaysSimulated: a checklist run on the simulator backend is marked
+// simulated (CONTRACTS §11), and the proto the agent sends gpuboot carries it.
+func TestChecklistSaysSimulated(t *testing.T) {
+	m, s := newMon(t, time.Second)
+	cl := m.RunChecks(PhaseCommissioning)
+	if !cl.Simulated {
+		t.Fatal("checklist from the simulator backend not marked simulated")
+	}
+	hw := New(Config{Backend: notSimulated{s}, Profile: m.cfg.Profile})
+	if cl := hw.RunChecks(PhaseCommissioning); cl.Simulated {
+		t.Fatal("checklist from a backend that is not simulated marked simulated")
+	}
+}

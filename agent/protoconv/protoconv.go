@@ -66,7 +66,8 @@ func Checklist(c *monitor.Checklist, id facts.Identity, imageID, nodeName string
 	at := timestamppb.New(c.Snapshot.TakenAt)
 	out := &machinev1.Checklist{Identity: Identity(id), ImageId: imageID, Phase: Phase(c.Phase),
 		StartedAt: timestamppb.New(c.StartedAt), FinishedAt: timestamppb.New(c.FinishedAt),
-		Overall: Status(c.Overall), NodeName: nodeName, DriverVersion: c.Snapshot.Driver.Version, Profile: c.Profile}
+		Overall: Status(c.Overall), NodeName: nodeName, DriverVersion: c.Snapshot.Driver.Version, Profile: c.Profile,
+		Simulated: c.Simulated}
 	for _, r := range c.Results {
 		out.Results = append(out.Results, Result(r, at))
 	}

@@ -140,6 +140,11 @@ type Enrollment struct {
 	SourceBurst int     `yaml:"sourceBurst"`
 	// NodeNamePrefix starts generated node names; default "gpu".
 	NodeNamePrefix string `yaml:"nodeNamePrefix"`
+	// AllowSimulated lets a machine whose commissioning report says it ran on the
+	// simulator GPU backend become ready (CONTRACTS §11). Off by default: such a
+	// machine goes quarantined. For labs and demos only; gpuboot warns at every start
+	// while it is on.
+	AllowSimulated bool `yaml:"allowSimulated"`
 }
 
 // Policy is the approval policy.

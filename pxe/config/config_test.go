@@ -104,3 +104,20 @@ func TestRelativePaths(t *testing.T) {
 		t.Fatalf("relative store resolved to %q", c.Images.Store)
 	}
 }
+
+// enrollment.allowSimulated is off unless the file says true, and a value that is not
+// a boolean is an error naming the field.
+func TestAllowSimulated(t *testing.T) {
+	c, err := Parse("g.yaml", []byte(minimal))
+	if err != nil || c.Enrollment.AllowSimulated {
+		t.Fatalf("default: allowSimulated %v, %v; want false", c.Enrollment.AllowSimulated, err)
+	}
+	c, err = Parse("g.yaml", []byte(minimal+"enrollment: {allowSimulated: true}\n"))
+	if err != nil || !c.Enrollment.AllowSimulated {
+		t.Fatalf("allowSimulated: true parsed as %v, %v", c.Enrollment.AllowSimulated, err)
+	}
+	_, err = Parse("g.yaml", []byte(minimal+"enrollment: {allowSimulated: sometimes}\n"))
+	if err == nil || !strings.Contains(err.Error(), "g.yaml:6") || !strings.Contains(err.Error(), "allowSimulated") {
+		t.Fatalf("allowSimulated: sometimes: %v; want an error at g.yaml:6 naming allowSimulated", err)
+	}
+}

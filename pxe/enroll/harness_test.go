@@ -116,6 +116,8 @@ type agent struct {
 	key   ed25519.PrivateKey
 	facts *machinev1.MachineFacts
 	c     bootv1.EnrollmentServiceClient
+	// simulated marks the agent's reports simulated (simulator GPU backend).
+	simulated bool
 }
 
 func (e *env) agent(mac, serial string) *agent {
@@ -179,7 +181,7 @@ func (a *agent) heartbeat(c bootv1.EnrollmentServiceClient, signed bool) (*bootv
 func (a *agent) report(c bootv1.EnrollmentServiceClient, signed bool, phase machinev1.CheckPhase, status machinev1.CheckStatus) (*bootv1.ReportCommissioningResponse, error) {
 	idx := int32(3)
 	req := &bootv1.ReportCommissioningRequest{Report: &machinev1.Checklist{
-		Identity: a.facts.Identity, Phase: phase, Overall: status,
+		Identity: a.facts.Identity, Phase: phase, Overall: status, Simulated: a.simulated,
 		Results: []*machinev1.CheckResult{{Id: "gpu.pcie.link-width", Status: status, GpuIndex: &idx}},
 	}}
 	if signed {

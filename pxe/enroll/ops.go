@@ -306,7 +306,7 @@ func (s *Service) NodeRegistered(ctx context.Context, nodeName string) (*invento
 			if err != nil {
 				return nil, fmt.Errorf("machine %s: the commissioning report received while joining does not decode (%v); it stays stored and the machine joining: check the inventory file", m.ID, err)
 			}
-			to, reason := commissioningMove(cl)
+			to, reason := commissioningMove(cl, s.cfg.AllowSimulated)
 			t2, err := inventory.Move(m, to, "gpuboot", reason+" (report received before the Node registered)", now)
 			if err != nil {
 				return nil, fmt.Errorf("apply the commissioning report received while joining: %w", err)

@@ -127,10 +127,17 @@ func FailingChecks(cl *machinev1.Checklist) []string {
 }
 
 // commissioningMove returns the state a COMMISSIONING report moves a machine to and
-// the reason.
-func commissioningMove(cl *machinev1.Checklist) (inventory.State, string) {
+// the reason. A simulated report (the agent ran the simulator GPU backend) never makes
+// a machine ready unless allowSimulated says so (CONTRACTS §11).
+func commissioningMove(cl *machinev1.Checklist, allowSimulated bool) (inventory.State, string) {
 	if Overall(cl) == machinev1.CheckStatus_CHECK_STATUS_FAIL {
 		return inventory.Quarantined, "commissioning report failed " + strings.Join(FailingChecks(cl), ", ")
+	}
+	if cl.GetSimulated() {
+		if !allowSimulated {
+			return inventory.Quarantined, "commissioning report passed but is simulated: the agent runs the simulator GPU backend, not real GPUs; set enrollment.allowSimulated: true in gpuboot's config to let simulated machines be ready (labs and demos only)"
+		}
+		return inventory.Ready, "commissioning report passed (simulated GPUs; enrollment.allowSimulated is on)"
 	}
 	return inventory.Ready, "commissioning report passed"
 }
@@ -183,7 +190,7 @@ func (s *Service) ReportCommissioning(ctx context.Context, req *bootv1.ReportCom
 		}
 		switch m.State {
 		case inventory.Commissioning, inventory.Ready, inventory.Quarantined:
-			to, reason := commissioningMove(report)
+			to, reason := commissioningMove(report, s.cfg.AllowSimulated)
 			msg = string(to) + ": " + reason
 			if to == m.State {
 				return nil, nil

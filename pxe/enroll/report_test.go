@@ -148,3 +148,96 @@ func TestOnChangeOnlyForStateOrNodeName(t *testing.T) {
 		t.Fatalf("OnChange after the Node registered: %q; want [commissioning %s]", got, node)
 	}
 }
+
+// TestCommissioningMove is the decision table for a COMMISSIONING report: a failing
+// report quarantines; a passing simulated one quarantines unless simulated machines are
+// allowed, and its reason says how to allow them (CONTRACTS §11).
+func TestCommissioningMove(t *testing.T) {
+	idx := int32(2)
+	report := func(st machinev1.CheckStatus, simulated bool) *machinev1.Checklist {
+		return &machinev1.Checklist{Phase: machinev1.CheckPhase_CHECK_PHASE_COMMISSIONING, Overall: st, Simulated: simulated,
+			Results: []*machinev1.CheckResult{{Id: "gpu.ecc.volatile-uncorrected", Status: st, GpuIndex: &idx}}}
+	}
+	pass, fail := machinev1.CheckStatus_CHECK_STATUS_PASS, machinev1.CheckStatus_CHECK_STATUS_FAIL
+	for _, tc := range []struct {
+		name           string
+		cl             *machinev1.Checklist
+		allowSimulated bool
+		want           inventory.State
+		reason         []string
+	}{
+		{"real pass", report(pass, false), false, inventory.Ready, []string{"passed"}},
+		{"real pass, simulation allowed", report(pass, false), true, inventory.Ready, []string{"passed"}},
+		{"real fail", report(fail, false), false, inventory.Quarantined, []string{"failed gpu.ecc.volatile-uncorrected on GPU 2"}},
+		{"simulated pass, not allowed", report(pass, true), false, inventory.Quarantined, []string{"simulated", "enrollment.allowSimulated: true"}},
+		{"simulated pass, allowed", report(pass, true), true, inventory.Ready, []string{"passed", "simulated"}},
+		{"simulated fail, allowed", report(fail, true), true, inventory.Quarantined, []string{"failed gpu.ecc.volatile-uncorrected on GPU 2"}},
+		{"simulated fail, not allowed", report(fail, true), false, inventory.Quarantined, []string{"failed"}},
+	} {
+		to, reason := commissioningMove(tc.cl, tc.allowSimulated)
+		if to != tc.want {
+			t.Errorf("%s: moves to %s (%q); want %s", tc.name, to, reason, tc.want)
+		}
+		for _, w := range tc.reason {
+			if !strings.Contains(reason, w) {
+				t.Errorf("%s: reason %q does not contain %q", tc.name, reason, w)
+			}
+		}
+	}
+}
+
+// TestSimulatedMachineReadyOnlyWhenAllowed: through the service and a bbolt inventory,
+// a simulated agent's passing commissioning report quarantines the machine with a
+// reason naming the setting; with enrollment.allowSimulated on it becomes ready, and
+// a report received while joining is held to the same rule.
+func TestSimulatedMachineReadyOnlyWhenAllowed(t *testing.T) {
+	ctx := context.Background()
+	pass := machinev1.CheckStatus_CHECK_STATUS_PASS
+	commissioning := machinev1.CheckPhase_CHECK_PHASE_COMMISSIONING
+	for _, allow := range []bool{false, true} {
+		e := newEnv(t, func(c *Config) { c.AllowSimulated = allow })
+		want, wantProto := inventory.Quarantined, bootv1.MachineState_MACHINE_STATE_QUARANTINED
+		if allow {
+			want, wantProto = inventory.Ready, bootv1.MachineState_MACHINE_STATE_READY
+		}
+
+		// Report after the Node registered.
+		a, mtls, node := joined(e, "52:54:00:00:00:41")
+		a.simulated = true
+		if _, err := e.svc.NodeRegistered(ctx, node); err != nil {
+			t.Fatal(err)
+		}
+		rr, err := a.report(mtls, false, commissioning, pass)
+		if err != nil || rr.MachineState != wantProto {
+			t.Fatalf("allowSimulated=%v: simulated report: %v, %v; want %s", allow, rr, err, wantProto)
+		}
+		if !allow && !strings.Contains(rr.Message, "enrollment.allowSimulated: true") {
+			t.Errorf("quarantine message %q does not say how to allow simulated machines", rr.Message)
+		}
+		m := e.machine("52:54:00:00:00:41")
+		h, err := e.store.History(ctx, m.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if last := h[len(h)-1]; m.State != want || last.To != want || !strings.Contains(last.Reason, "simulated") {
+			t.Errorf("allowSimulated=%v: stored %s, last transition %+v; want %s with a reason naming simulation", allow, m.State, last, want)
+		}
+		// The same machine reporting as real hardware is ready either way.
+		a.simulated = false
+		if rr, err := a.report(mtls, false, commissioning, pass); err != nil || rr.MachineState != bootv1.MachineState_MACHINE_STATE_READY {
+			t.Fatalf("allowSimulated=%v: real report: %v, %v; want ready", allow, rr, err)
+		}
+
+		// Report received while joining, applied when the Node registers.
+		b, bmtls, bnode := joined(e, "52:54:00:00:00:42")
+		b.simulated = true
+		if _, err := b.report(bmtls, false, commissioning, pass); err != nil {
+			t.Fatal(err)
+		}
+		if m, err := e.svc.NodeRegistered(ctx, bnode); err != nil || m.State != want {
+			t.Fatalf("allowSimulated=%v: early simulated report applied: %+v, %v; want %s", allow, m, err, want)
+		}
+		e.checkHistory("52:54:00:00:00:41")
+		e.checkHistory("52:54:00:00:00:42")
+	}
+}

@@ -115,6 +115,10 @@ type Config struct {
 	// NodeNamePrefix starts generated node names; default "gpu".
 	NodeNamePrefix string
 
+	// AllowSimulated lets a machine whose commissioning report is marked simulated
+	// become ready; without it such a machine goes quarantined (CONTRACTS §11).
+	AllowSimulated bool
+
 	// Bounds on records created by unauthenticated traffic: at most MaxUnapproved
 	// machines in discovered or registered, created at CreateRate per second with
 	// CreateBurst.

@@ -95,7 +95,7 @@ type reasonLine struct{ Slot, Node, State, Reason string }
 type nodeSection struct {
 	Anchor, Slot, Node, ID, State, Reason, Phase, Overall string
 	Checks                                                []checkRow
-	HasChecklist                                          bool
+	HasChecklist, Simulated                               bool
 }
 
 type checkRow struct{ ID, GPU, Status, Observed, Expected, Detail, Remedy string }
@@ -147,7 +147,7 @@ func htmlView(d *bootv1.RackReportData) htmlPage {
 
 func nodeView(m *bootv1.RackReportMachine) nodeSection {
 	n := nodeSection{Anchor: "machine-" + m.GetMachineId(), Slot: dashIfEmpty(m.GetSlot()), Node: nodeOrID(m), ID: m.GetMachineId(),
-		State: StateName(m.GetState()), Reason: m.GetReason()}
+		State: StateName(m.GetState()), Reason: m.GetReason(), Simulated: m.GetSimulated()}
 	cl := m.GetChecklist()
 	if cl == nil {
 		return n
@@ -216,13 +216,13 @@ var htmlTemplate = template.Must(template.New("report").Parse(`<!doctype html>
 {{end}}</svg>
 <h2>Machines</h2>
 <table><tr><th>slot</th><th>node</th><th>machine</th><th>MAC</th><th>serial</th><th>state</th><th>checks</th><th>failing</th><th>warning</th><th>health</th><th>image</th><th>driver</th></tr>
-{{range .Rows}}<tr><td>{{.Slot}}</td><td>{{.Node}}</td><td><code>{{.ID}}</code></td><td><code>{{.MAC}}</code></td><td>{{.Serial}}</td><td class="{{.State}}">{{.State}}</td><td class="{{.Overall}}">{{.Overall}}</td><td>{{.Failing}}</td><td>{{.Warning}}</td><td>{{.Health}}</td><td><code>{{.Image}}</code></td><td>{{.Driver}}</td></tr>
+{{range .Rows}}<tr><td>{{.Slot}}</td><td>{{.Node}}</td><td><code>{{.ID}}</code></td><td><code>{{.MAC}}</code></td><td>{{.Serial}}</td><td class="{{.State}}">{{.State}}{{if .Simulated}} <b class="simulated">(simulated)</b>{{end}}</td><td class="{{.Overall}}">{{.Overall}}</td><td>{{.Failing}}</td><td>{{.Warning}}</td><td>{{.Health}}</td><td><code>{{.Image}}</code></td><td>{{.Driver}}</td></tr>
 {{end}}</table>
 {{if .Checks}}<h2>Checks across the rack</h2><table><tr><th>check</th><th>pass</th><th>warn</th><th>fail</th><th>unknown</th><th>n/a</th></tr>
 {{range .Checks}}<tr><td><code>{{.Id}}</code></td><td>{{.Pass}}</td><td>{{.Warn}}</td><td{{if .Fail}} class="fail"{{end}}>{{.Fail}}</td><td>{{.Unknown}}</td><td>{{.NotApplicable}}</td></tr>
 {{end}}</table>{{end}}
 <h2>Checklist per node</h2>
-{{range .Nodes}}<section class="node" id="{{.Anchor}}"><h3>{{.Slot}} · {{.Node}} · <span class="{{.State}}">{{.State}}</span></h3>
+{{range .Nodes}}<section class="node" id="{{.Anchor}}"><h3>{{.Slot}} · {{.Node}} · <span class="{{.State}}">{{.State}}</span>{{if .Simulated}} · <b class="simulated">simulated GPUs</b>{{end}}</h3>
 {{if .Reason}}<p class="reason">{{.Reason}}</p>{{end}}
 {{if .HasChecklist}}<p>{{.Phase}} checklist, overall <span class="{{.Overall}}">{{.Overall}}</span>.</p>
 <table><tr><th>check</th><th>GPU</th><th>status</th><th>observed</th><th>expected</th><th>detail</th><th>remedy</th></tr>

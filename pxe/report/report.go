@@ -32,6 +32,7 @@ func Build(rack string, machines []*bootv1.Machine, now time.Time) *bootv1.RackR
 			MachineId: m.GetId(), NodeName: m.GetNodeName(), Slot: m.GetSlot(), Identity: m.GetIdentity(),
 			State: m.GetState(), Checklist: m.GetChecklist(), Health: m.GetHealth(),
 			ImageId: m.GetChecklist().GetImageId(), DriverVersion: m.GetChecklist().GetDriverVersion(),
+			Simulated: m.GetChecklist().GetSimulated(),
 		}
 		if row.ImageId == "" {
 			row.ImageId = m.GetImageId()
@@ -115,6 +116,9 @@ func Reason(m *bootv1.Machine) string {
 			if r.GetStatus() == machinev1.CheckStatus_CHECK_STATUS_FAIL {
 				fails = append(fails, checkName(r)+": "+CheckDetail(r))
 			}
+		}
+		if len(fails) == 0 && m.GetChecklist().GetSimulated() {
+			return "simulated: its agent runs the simulator GPU backend, not real GPUs (enrollment.allowSimulated: true in gpuboot's config lets it be ready)"
 		}
 		if len(fails) == 0 {
 			return "commissioning failed; its latest checklist names no failing check"
@@ -266,6 +270,8 @@ func Render(d *bootv1.RackReportData, f bootv1.ReportFormat) (content []byte, co
 // row is one machine as the renderings show it.
 type row struct {
 	Slot, Node, ID, MAC, Serial, State, Overall, Failing, Warning, Health, Image, Driver string
+	// Simulated: the machine's GPUs are the simulator's; shown after the state.
+	Simulated bool
 }
 
 type page struct {
@@ -287,7 +293,8 @@ func view(d *bootv1.RackReportData) page {
 	p.States = states
 	for _, m := range d.GetMachines() {
 		r := row{Slot: m.GetSlot(), Node: m.GetNodeName(), ID: m.GetMachineId(), MAC: m.GetIdentity().GetBootMac(),
-			Serial: m.GetIdentity().GetSerial(), State: StateName(m.GetState()), Image: shortImage(m.GetImageId()), Driver: m.GetDriverVersion()}
+			Serial: m.GetIdentity().GetSerial(), State: StateName(m.GetState()), Image: shortImage(m.GetImageId()), Driver: m.GetDriverVersion(),
+			Simulated: m.GetSimulated()}
 		if cl := m.GetChecklist(); cl != nil {
 			r.Overall = StatusName(overall(cl))
 			var fail, warn []string
@@ -369,8 +376,12 @@ func markdown(d *bootv1.RackReportData) []byte {
 	b.WriteString("| slot | node | machine | MAC | serial | state | checks | failing | warning | health | image | driver |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range p.Rows {
+		state := r.State
+		if r.Simulated {
+			state += " (simulated)"
+		}
 		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
-			mdEscape(r.Slot), mdEscape(r.Node), mdEscape(r.ID), mdEscape(r.MAC), mdEscape(r.Serial), r.State,
+			mdEscape(r.Slot), mdEscape(r.Node), mdEscape(r.ID), mdEscape(r.MAC), mdEscape(r.Serial), state,
 			mdEscape(r.Overall), mdEscape(r.Failing), mdEscape(r.Warning), mdEscape(r.Health), mdEscape(r.Image), mdEscape(r.Driver))
 	}
 	if len(p.Checks) > 0 {

@@ -82,3 +82,36 @@ func TestRender(t *testing.T) {
 		t.Error("ParseFormat(pdf) succeeded")
 	}
 }
+
+// TestSimulatedMachinesShown: a machine whose checklist is simulated is flagged as
+// such in JSON, markdown and HTML, and a simulated machine gpuboot quarantined for it
+// says why and how to allow it.
+func TestSimulatedMachinesShown(t *testing.T) {
+	ms := machines()
+	ms[1].Checklist.Simulated = true // m1, ready
+	ms = append(ms, &bootv1.Machine{Id: "m6", Rack: "r1", Slot: "U20", NodeName: "gpu-r1-u20", State: bootv1.MachineState_MACHINE_STATE_QUARANTINED,
+		Checklist: &machinev1.Checklist{Simulated: true, Results: []*machinev1.CheckResult{{Id: "gpu.count", Status: machinev1.CheckStatus_CHECK_STATUS_PASS}}}})
+	d := Build("r1", ms, time.Unix(1764400000, 0))
+	sim := map[string]bool{}
+	for _, m := range d.Machines {
+		sim[m.MachineId] = m.Simulated
+		if m.MachineId == "m6" && !strings.Contains(m.Reason, "simulated") || m.MachineId == "m6" && !strings.Contains(m.Reason, "enrollment.allowSimulated: true") {
+			t.Errorf("m6 reason %q; want it to say simulated and how to allow it", m.Reason)
+		}
+	}
+	if !sim["m1"] || !sim["m6"] || sim["m2"] || sim["m5"] {
+		t.Fatalf("simulated flags %v; want m1 and m6 only", sim)
+	}
+	js, _, _, err := Render(d, bootv1.ReportFormat_REPORT_FORMAT_JSON)
+	if err != nil || strings.Count(string(js), `"simulated": true`) < 4 { // two rows, two checklists
+		t.Errorf("json: %v; want simulated on the two rows:\n%s", err, js)
+	}
+	md, _, _, _ := Render(d, bootv1.ReportFormat_REPORT_FORMAT_MARKDOWN)
+	if !strings.Contains(string(md), "| ready (simulated) |") || !strings.Contains(string(md), "| quarantined (simulated) |") || strings.Count(string(md), "(simulated)") != 2 {
+		t.Errorf("markdown does not mark exactly the two simulated machines:\n%s", md)
+	}
+	h, _, _, _ := Render(d, bootv1.ReportFormat_REPORT_FORMAT_HTML)
+	if !strings.Contains(string(h), `<td class="ready">ready <b class="simulated">(simulated)</b></td>`) || strings.Count(string(h), "simulated GPUs</b>") != 2 {
+		t.Errorf("html does not mark the simulated machines:\n%s", h)
+	}
+}

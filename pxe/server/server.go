@@ -83,6 +83,9 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	if w := pol.Warning(); w != "" {
 		log.Warn(w)
 	}
+	if cfg.Enrollment.AllowSimulated {
+		log.Warn("enrollment.allowSimulated is on: machines whose agent runs the simulator GPU backend (no real GPUs) can become ready; use it only in labs and demos")
+	}
 	racks := map[string]enroll.Rack{}
 	for _, r := range cfg.Racks {
 		p, key, err := EnsureGossipKey(cfg.StateDir, r.Name)
@@ -102,7 +105,8 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		CA: ca, Revocations: revoked, RevocationsPath: cfg.RevocationsPath(),
 		ClusterDNS: cfg.Cluster.DNS, ClusterDomain: cfg.Cluster.Domain, NodeNamePrefix: cfg.Enrollment.NodeNamePrefix,
 		MaxUnapproved: cfg.Enrollment.MaxUnapproved, CreateRate: cfg.Enrollment.CreateRate, CreateBurst: cfg.Enrollment.CreateBurst,
-		Log: log,
+		AllowSimulated: cfg.Enrollment.AllowSimulated,
+		Log:            log,
 		OnChange: func(m *inventory.Machine) {
 			ctlMu.Lock()
 			defer ctlMu.Unlock()

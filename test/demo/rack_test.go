@@ -62,6 +62,7 @@ func TestRackDemo(t *testing.T) {
 		"all 4 machines commissioned",
 		"4 machines (quarantined 1, ready 3)",
 		"JSON: " + filepath.Join(work, "rack-r1.json"),
+		"enrollment.allowSimulated: true lets them be ready",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("the demo's output lacks %q", want)

@@ -112,6 +112,7 @@ images: {store: images, trustedKeys: [images.pub]}
 racks: [{name: r1, defaultImage: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa}]
 dhcp: {enabled: false}
 tftp: {enabled: false}
+enrollment: {allowSimulated: true}
 logLevel: info
 cluster: {kubeconfig: %s}
 `, freePort(t), g.tls, c.EnrollerKubeconfig)
@@ -274,6 +275,24 @@ func TestEnrollWithGpuboot(t *testing.T) {
 	n := e.nodeOf()
 	if n.Labels["gpurack.io/gpu.count"] != "8" || n.Labels["gpurack.io/simulated"] != "true" {
 		t.Errorf("labels %v", n.Labels)
+	}
+	// Simulation is visible on gpuboot's side too (CONTRACTS §11): the commissioning
+	// report says simulated, the move to ready says so, and gpuboot warned at start
+	// that its config lets simulated machines be ready.
+	var sm bootv1.Machine
+	if err := protojson.Unmarshal([]byte(e.g.cli("machines", "show", e.node, "-o", "json")), &sm); err != nil {
+		t.Fatal(err)
+	}
+	if !sm.GetChecklist().GetSimulated() {
+		t.Errorf("gpuboot's stored checklist is not marked simulated")
+	}
+	if !slices.ContainsFunc(sm.GetHistory(), func(tr *bootv1.Transition) bool {
+		return tr.GetTo() == bootv1.MachineState_MACHINE_STATE_READY && strings.Contains(tr.GetReason(), "simulated")
+	}) {
+		t.Errorf("history %v; want a move to ready whose reason names simulation", sm.GetHistory())
+	}
+	if !strings.Contains(e.g.log.String(), "enrollment.allowSimulated is on") {
+		t.Errorf("gpuboot did not warn that simulated machines can be ready:\n%s", e.g.log.String())
 	}
 
 	t0 := time.Now()

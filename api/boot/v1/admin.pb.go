@@ -1463,8 +1463,11 @@ type RackReportMachine struct {
 	// those failing a GPU-level check (the latest Heartbeat's health when it counted
 	// GPUs, else the checklist).
 	AllocatableGpuCount uint32 `protobuf:"varint,11,opt,name=allocatable_gpu_count,json=allocatableGpuCount,proto3" json:"allocatable_gpu_count,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// True when the machine's latest checklist is simulated (Checklist.simulated): its
+	// agent runs the simulator GPU backend, so its GPUs are not real (CONTRACTS §11).
+	Simulated     bool `protobuf:"varint,12,opt,name=simulated,proto3" json:"simulated,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RackReportMachine) Reset() {
@@ -1572,6 +1575,13 @@ func (x *RackReportMachine) GetAllocatableGpuCount() uint32 {
 		return x.AllocatableGpuCount
 	}
 	return 0
+}
+
+func (x *RackReportMachine) GetSimulated() bool {
+	if x != nil {
+		return x.Simulated
+	}
+	return false
 }
 
 // CheckTally counts one check's latest statuses across a rack (GPU-level results count
@@ -1776,7 +1786,7 @@ const file_api_boot_v1_admin_proto_rawDesc = "" +
 	"\x10gpus_allocatable\x18\x03 \x01(\rH\x02R\x0fgpusAllocatable\x88\x01\x01B\x0e\n" +
 	"\f_nodes_readyB\x14\n" +
 	"\x12_nodes_quarantinedB\x13\n" +
-	"\x11_gpus_allocatable\"\xdf\x03\n" +
+	"\x11_gpus_allocatable\"\xfd\x03\n" +
 	"\x11RackReportMachine\x12\x1d\n" +
 	"\n" +
 	"machine_id\x18\x01 \x01(\tR\tmachineId\x12\x1b\n" +
@@ -1790,7 +1800,8 @@ const file_api_boot_v1_admin_proto_rawDesc = "" +
 	"\x06health\x18\t \x01(\v2!.gpurack.machine.v1.HealthSummaryR\x06health\x12\x16\n" +
 	"\x06reason\x18\n" +
 	" \x01(\tR\x06reason\x122\n" +
-	"\x15allocatable_gpu_count\x18\v \x01(\rR\x13allocatableGpuCount\"\x99\x01\n" +
+	"\x15allocatable_gpu_count\x18\v \x01(\rR\x13allocatableGpuCount\x12\x1c\n" +
+	"\tsimulated\x18\f \x01(\bR\tsimulated\"\x99\x01\n" +
 	"\n" +
 	"CheckTally\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +

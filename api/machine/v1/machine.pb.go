@@ -926,7 +926,12 @@ type Checklist struct {
 	DriverVersion string `protobuf:"bytes,9,opt,name=driver_version,json=driverVersion,proto3" json:"driver_version,omitempty"`
 	// Name of the profile whose thresholds and expectations were applied (from
 	// /etc/gpurack/profile.json).
-	Profile       string `protobuf:"bytes,10,opt,name=profile,proto3" json:"profile,omitempty"`
+	Profile string `protobuf:"bytes,10,opt,name=profile,proto3" json:"profile,omitempty"`
+	// True when the checks ran against the simulator GPU backend, not real GPUs
+	// (CONTRACTS §11): every GPU reading in results is made up. gpuboot marks a machine
+	// whose commissioning report says so `ready` only when its config allows simulated
+	// machines (enrollment.allowSimulated), and the rack report shows it as simulated.
+	Simulated     bool `protobuf:"varint,11,opt,name=simulated,proto3" json:"simulated,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1029,6 +1034,13 @@ func (x *Checklist) GetProfile() string {
 		return x.Profile
 	}
 	return ""
+}
+
+func (x *Checklist) GetSimulated() bool {
+	if x != nil {
+		return x.Simulated
+	}
+	return false
 }
 
 // HealthSummary condenses the latest continuous checklist into what other parts act on:
@@ -1233,7 +1245,7 @@ const file_api_machine_v1_machine_proto_rawDesc = "" +
 	"\vobserved_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"observedAtB\f\n" +
 	"\n" +
-	"_gpu_index\"\xe9\x03\n" +
+	"_gpu_index\"\x87\x04\n" +
 	"\tChecklist\x12?\n" +
 	"\bidentity\x18\x01 \x01(\v2#.gpurack.machine.v1.MachineIdentityR\bidentity\x12\x19\n" +
 	"\bimage_id\x18\x02 \x01(\tR\aimageId\x124\n" +
@@ -1247,7 +1259,8 @@ const file_api_machine_v1_machine_proto_rawDesc = "" +
 	"\tnode_name\x18\b \x01(\tR\bnodeName\x12%\n" +
 	"\x0edriver_version\x18\t \x01(\tR\rdriverVersion\x12\x18\n" +
 	"\aprofile\x18\n" +
-	" \x01(\tR\aprofile\"\xd5\x03\n" +
+	" \x01(\tR\aprofile\x12\x1c\n" +
+	"\tsimulated\x18\v \x01(\bR\tsimulated\"\xd5\x03\n" +
 	"\rHealthSummary\x125\n" +
 	"\x05state\x18\x01 \x01(\x0e2\x1f.gpurack.machine.v1.HealthStateR\x05state\x12*\n" +
 	"\x11failing_check_ids\x18\x02 \x03(\tR\x0ffailingCheckIds\x12*\n" +
