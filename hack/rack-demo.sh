@@ -18,7 +18,8 @@ NODES=${NODES:-20}
 QUARANTINE_SLOT=${QUARANTINE_SLOT:-7}
 ECC_SLOT=${ECC_SLOT:-12}
 k8s=${GPURACK_K8S_DIR:-${GPURACK_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpurack}/k8s/v1.34.2}
-export PATH="$PWD/bin:$k8s/bin:$PATH"
+# GPURACK_BIN: where the four binaries are (default: make build's bin/).
+export PATH="${GPURACK_BIN:-$PWD/bin}:$k8s/bin:$PATH"
 work=${DEMO_DIR:-${TMPDIR:-/tmp}/gpurack-rack-demo}
 profile=profiles/debian12-nvidia535.yaml
 

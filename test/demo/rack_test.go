@@ -42,7 +42,7 @@ func TestRackDemo(t *testing.T) {
 	}
 	work := filepath.Join(t.TempDir(), "demo")
 	shift := freeShift(t, 4)
-	env := append(os.Environ(), "PATH="+bin+":"+os.Getenv("PATH"), "NODES=4", "QUARANTINE_SLOT=2", "ECC_SLOT=3",
+	env := append(os.Environ(), "GPURACK_BIN="+bin, "PATH="+bin+":"+os.Getenv("PATH"), "NODES=4", "QUARANTINE_SLOT=2", "ECC_SLOT=3",
 		"DEMO_DIR="+work, fmt.Sprintf("DEMO_PORT_SHIFT=%d", shift), "DEMO_TIMEOUT=300")
 	run := func(args ...string) (string, error) {
 		cmd := exec.Command(filepath.Join(root, "hack", "rack-demo.sh"), args...)
