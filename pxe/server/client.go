@@ -3,6 +3,7 @@ package server
 import (
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -16,8 +17,9 @@ import (
 )
 
 // DialAdmin connects to AdminService at addr (HOST:PORT) with the operator credentials
-// in dir (ca.crt, operator.crt, operator.key). The server certificate must name HOST
-// and chain to ca.crt.
+// in dir (ca.crt, operator.crt, operator.key). The server certificate must name HOST,
+// chain to ca.crt and carry gpuboot's role (CONTRACTS §4): an agent certificate is
+// signed by the same CA and serverAuth too, and must not pass for gpuboot.
 func DialAdmin(addr, dir string) (bootv1.AdminServiceClient, func() error, error) {
 	caPEM, err := os.ReadFile(filepath.Join(dir, OperatorCAFile))
 	if err != nil {
@@ -35,10 +37,24 @@ func DialAdmin(addr, dir string) (bootv1.AdminServiceClient, func() error, error
 	if err != nil {
 		return nil, nil, fmt.Errorf("--server %q: want HOST:PORT", addr)
 	}
-	cfg := &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool, ServerName: host, Certificates: []tls.Certificate{kp.TLSCertificate()}}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool, ServerName: host, Certificates: []tls.Certificate{kp.TLSCertificate()},
+		VerifyConnection: requireGpubootRole}
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
 	if err != nil {
 		return nil, nil, err
 	}
 	return bootv1.NewAdminServiceClient(conn), conn.Close, nil
+}
+
+// requireGpubootRole refuses a server whose certificate is not gpuboot's (role
+// gpurack:servers), after the usual chain and host name checks passed.
+func requireGpubootRole(cs tls.ConnectionState) error {
+	if len(cs.PeerCertificates) == 0 {
+		return errors.New("gpuboot sent no certificate")
+	}
+	c := cs.PeerCertificates[0]
+	if r := pki.RoleOf(c); r != pki.RoleServers {
+		return fmt.Errorf("the server's certificate %q has role %q, not %s: this is not gpuboot (check --server)", c.Subject.CommonName, r, pki.RoleServers)
+	}
+	return nil
 }
