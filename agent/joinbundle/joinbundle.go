@@ -10,7 +10,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -131,20 +130,9 @@ func (c *Credentials) ServerTLS() *tls.Config {
 		ClientCAs:    pool(c.CA),
 		NextProtos:   []string{"h2"},
 		VerifyConnection: func(cs tls.ConnectionState) error {
-			if len(cs.PeerCertificates) == 0 {
-				return errors.New("no client certificate")
-			}
-			return clientRoleAllowed(cs.PeerCertificates[0])
+			return pki.PeerHasRole(cs, pki.RoleOperators)
 		},
 	}
-}
-
-// clientRoleAllowed admits an operator's certificate to the agent's API.
-func clientRoleAllowed(cert *x509.Certificate) error {
-	if r := pki.RoleOf(cert); r != pki.RoleOperators {
-		return fmt.Errorf("client certificate %q has role %q: the agent's API admits only %s", cert.Subject.CommonName, r, pki.RoleOperators)
-	}
-	return nil
 }
 
 // KeptFile is the name, in the key directory, of the bundle the agent keeps.

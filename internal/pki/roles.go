@@ -2,6 +2,7 @@ package pki
 
 import (
 	"crypto"
+	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
@@ -47,6 +48,20 @@ func RoleOf(cert *x509.Certificate) Role {
 		}
 	}
 	return found
+}
+
+// PeerHasRole checks, in a tls.Config's VerifyConnection after the chain was verified,
+// that the peer's certificate carries role want (CONTRACTS §4: every gpurack party checks
+// its peer's role, since all roles chain to the one gpurack CA).
+func PeerHasRole(cs tls.ConnectionState, want Role) error {
+	if len(cs.PeerCertificates) == 0 {
+		return errors.New("the peer sent no certificate")
+	}
+	c := cs.PeerCertificates[0]
+	if r := RoleOf(c); r != want {
+		return fmt.Errorf("certificate %q has role %q, not %s", c.Subject.CommonName, r, want)
+	}
+	return nil
 }
 
 // IssueServer issues gpuboot's serving certificate: role RoleServers,

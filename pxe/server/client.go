@@ -3,7 +3,6 @@ package server
 import (
 	"crypto/tls"
 	"crypto/x509"
-	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -49,12 +48,8 @@ func DialAdmin(addr, dir string) (bootv1.AdminServiceClient, func() error, error
 // requireGpubootRole refuses a server whose certificate is not gpuboot's (role
 // gpurack:servers), after the usual chain and host name checks passed.
 func requireGpubootRole(cs tls.ConnectionState) error {
-	if len(cs.PeerCertificates) == 0 {
-		return errors.New("gpuboot sent no certificate")
-	}
-	c := cs.PeerCertificates[0]
-	if r := pki.RoleOf(c); r != pki.RoleServers {
-		return fmt.Errorf("the server's certificate %q has role %q, not %s: this is not gpuboot (check --server)", c.Subject.CommonName, r, pki.RoleServers)
+	if err := pki.PeerHasRole(cs, pki.RoleServers); err != nil {
+		return fmt.Errorf("%w: this is not gpuboot (check --server)", err)
 	}
 	return nil
 }
