@@ -9,6 +9,7 @@
 package gossip
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -77,8 +78,12 @@ type Config struct {
 	Name string
 	// Rack names the rack; it is the memberlist label, so racks do not mix.
 	Rack string
-	// Key is the rack's AES key: 16, 24 or 32 bytes. Required.
+	// Key is the rack's AES key: 16, 24 or 32 bytes. Required. The member encrypts
+	// with it.
 	Key []byte
+	// AcceptedKeys are further keys the member decrypts with, during a key rotation
+	// (SetKeys changes the ring later).
+	AcceptedKeys [][]byte
 	// BindAddr is host:port to listen on (TCP and UDP); port 0 picks one.
 	BindAddr string
 	// AdvertiseAddr is host:port others reach this member at; empty: BindAddr.
@@ -106,6 +111,7 @@ type Config struct {
 type Agent struct {
 	cfg  Config
 	ml   *memberlist.Memberlist
+	ring *memberlist.Keyring
 	stop chan struct{}
 	once sync.Once
 
@@ -155,10 +161,8 @@ func RackConfig() *memberlist.Config {
 // Start creates the member and joins the seeds (joining fails only when no seed
 // answers; an empty seed list starts a new rack).
 func Start(cfg Config) (*Agent, error) {
-	switch len(cfg.Key) {
-	case 16, 24, 32:
-	default:
-		return nil, fmt.Errorf("gossip: key is %d bytes; want 16, 24 or 32 (AES-128/192/256)", len(cfg.Key))
+	if err := checkKeys(cfg.Key, cfg.AcceptedKeys); err != nil {
+		return nil, err
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
@@ -170,7 +174,12 @@ func Start(cfg Config) (*Agent, error) {
 	}
 	mc.Name = cfg.Name
 	mc.Label = "gpurack/" + cfg.Rack
-	mc.SecretKey = cfg.Key
+	ring, err := memberlist.NewKeyring(cfg.AcceptedKeys, cfg.Key)
+	if err != nil {
+		return nil, fmt.Errorf("gossip: key ring: %w", err)
+	}
+	a.ring = ring
+	mc.Keyring = ring
 	mc.GossipVerifyIncoming, mc.GossipVerifyOutgoing = true, true
 	mc.Delegate = (*delegate)(a)
 	mc.Events = (*events)(a)
@@ -220,6 +229,60 @@ func Start(cfg Config) (*Agent, error) {
 		}
 	}
 	return a, nil
+}
+
+// checkKeys checks a key ring's sizes before memberlist sees it.
+func checkKeys(primary []byte, accepted [][]byte) error {
+	for i, k := range append([][]byte{primary}, accepted...) {
+		switch len(k) {
+		case 16, 24, 32:
+		default:
+			what := "key"
+			if i > 0 {
+				what = fmt.Sprintf("accepted key %d", i)
+			}
+			return fmt.Errorf("gossip: %s is %d bytes; want 16, 24 or 32 (AES-128/192/256)", what, len(k))
+		}
+	}
+	return nil
+}
+
+// SetKeys makes primary the key this member encrypts with and accepted the others it
+// decrypts with, dropping any other key: one step of a key rotation that gpuboot
+// drives (CONTRACTS §3). Keys are installed before the primary changes, and dropped
+// after, so the member never stops understanding a peer that is one step behind.
+func (a *Agent) SetKeys(primary []byte, accepted [][]byte) error {
+	if err := checkKeys(primary, accepted); err != nil {
+		return err
+	}
+	for _, k := range append([][]byte{primary}, accepted...) {
+		if err := a.ring.AddKey(k); err != nil {
+			return fmt.Errorf("gossip: add key: %w", err)
+		}
+	}
+	if err := a.ring.UseKey(primary); err != nil {
+		return fmt.Errorf("gossip: use key: %w", err)
+	}
+	keep := append([][]byte{primary}, accepted...)
+	for _, k := range a.ring.GetKeys() {
+		if !slices.ContainsFunc(keep, func(x []byte) bool { return bytes.Equal(x, k) }) {
+			if err := a.ring.RemoveKey(k); err != nil {
+				return fmt.Errorf("gossip: remove key: %w", err)
+			}
+		}
+	}
+	return nil
+}
+
+// Keys returns the key this member encrypts with and the others it accepts.
+func (a *Agent) Keys() (primary []byte, accepted [][]byte) {
+	primary = a.ring.GetPrimaryKey()
+	for _, k := range a.ring.GetKeys() {
+		if !bytes.Equal(k, primary) {
+			accepted = append(accepted, k)
+		}
+	}
+	return primary, accepted
 }
 
 func (a *Agent) retryJoin(seeds []string) {

@@ -1,6 +1,7 @@
 package gossip
 
 import (
+	"bytes"
 	"fmt"
 	"math"
 	"net"
@@ -345,4 +346,81 @@ func TestRetryJoin(t *testing.T) {
 		m, ok := stateOf(seed, "early")
 		return ok && m.State == Alive
 	})
+}
+
+// TestKeyRotationKeepsTheRackTogether walks a rack through the three steps gpuboot's
+// `gossip rotate` takes (install the new key, encrypt with it, drop the old one) with
+// one member always a step behind the others, and checks at every step that a health
+// change still reaches every member; at the end, a member with only the old key can no
+// longer join.
+func TestKeyRotationKeepsTheRackTogether(t *testing.T) {
+	oldKey, newKey := rackKey, []byte("fedcba9876543210fedcba98")
+	var nodes []*testNode
+	for _, name := range []string{"node-a", "node-b", "node-c"} {
+		var seeds []string
+		if len(nodes) > 0 {
+			seeds = []string{nodes[0].Address()}
+		}
+		n, err := start(t, name, oldKey, seeds, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer n.Leave()
+		nodes = append(nodes, n)
+	}
+	healthReaches := func(step string, round uint8) {
+		t.Helper()
+		for i, n := range nodes {
+			n.setMeta(Meta{State: 1, GPUs: 8, HealthyGPUs: round, Driver: "535.261.03"})
+			if err := n.Announce(); err != nil {
+				t.Fatalf("%s: announce: %v", step, err)
+			}
+			waitFor(t, 15*time.Second, fmt.Sprintf("%s: %s's health at every member", step, n.cfg.Name), func() bool {
+				for j, o := range nodes {
+					if j == i {
+						continue
+					}
+					if m, ok := stateOf(o.Agent, n.cfg.Name); !ok || m.State != Alive || m.Meta.HealthyGPUs != round {
+						return false
+					}
+				}
+				return true
+			})
+		}
+	}
+	healthReaches("before", 8)
+	steps := []struct {
+		name     string
+		primary  []byte
+		accepted [][]byte
+	}{
+		{"installing", oldKey, [][]byte{newKey}},
+		{"retiring", newKey, [][]byte{oldKey}},
+		{"steady", newKey, nil},
+	}
+	for i, s := range steps {
+		// a and b take the step; c is still one step behind.
+		for _, n := range nodes[:2] {
+			if err := n.SetKeys(s.primary, s.accepted); err != nil {
+				t.Fatal(err)
+			}
+		}
+		healthReaches(s.name+" (c one step behind)", uint8(i+1))
+		if err := nodes[2].SetKeys(s.primary, s.accepted); err != nil {
+			t.Fatal(err)
+		}
+		healthReaches(s.name, uint8(i+4))
+	}
+	for _, n := range nodes {
+		p, acc := n.Keys()
+		if !bytes.Equal(p, newKey) || len(acc) != 0 {
+			t.Fatalf("%s ended with primary %x and %d accepted keys; want only the new key", n.cfg.Name, p, len(acc))
+		}
+	}
+	if _, err := start(t, "stale", oldKey, []string{nodes[0].Address()}, nil); err == nil {
+		t.Fatal("a member with only the retired key joined the rack")
+	}
+	if err := nodes[0].SetKeys([]byte("short"), nil); err == nil {
+		t.Fatal("SetKeys accepted a 5-byte key")
+	}
 }

@@ -52,10 +52,12 @@ type gossipService struct {
 // member is up when it returns; its service announces health changes.
 func startGossip(g GossipConfig, bundle *bootv1.JoinBundle, node, image string, mon *monitor.Monitor, log *slog.Logger) (*gossipService, error) {
 	var key []byte
+	var accepted [][]byte
 	rack := g.Rack
 	seeds := append([]string{}, g.Seeds...)
 	if bundle.GetGossip() != nil && len(bundle.GetGossip().GetKey()) > 0 {
 		key = bundle.GetGossip().GetKey()
+		accepted = bundle.GetGossip().GetAcceptedKeys()
 		rack = bundle.GetGossip().GetRack()
 		seeds = append(seeds, bundle.GetGossip().GetSeeds()...)
 	} else if g.KeyFile != "" {
@@ -72,7 +74,7 @@ func startGossip(g GossipConfig, bundle *bootv1.JoinBundle, node, image string, 
 		return nil, nil
 	}
 	r := &rackGossip{rack: rack, mon: mon, image: image}
-	a, err := gossip.Start(gossip.Config{Name: node, Rack: rack, Key: key, BindAddr: g.Bind, AdvertiseAddr: g.Advertise,
+	a, err := gossip.Start(gossip.Config{Name: node, Rack: rack, Key: key, AcceptedKeys: accepted, BindAddr: g.Bind, AdvertiseAddr: g.Advertise,
 		Seeds: seeds, Local: g.Local, Meta: r.meta, Log: log, RetryJoin: true,
 		OnChange: func(c gossip.Change, m gossip.Member) {
 			log.Info("rack member changed", "member", m.Name, "change", c, "state", m.State, "health", health.State(m.Meta.State))
@@ -105,6 +107,34 @@ func (s *gossipService) Run(ctx context.Context) error {
 	}, nil)
 	s.rack.agent.Leave()
 	return nil
+}
+
+// keyringDigest names the key ring in use, for heartbeats; nil-safe (no gossip: "").
+func (r *rackGossip) keyringDigest() string {
+	if r == nil || r.agent == nil {
+		return ""
+	}
+	return bootv1.GossipKeyringDigest(r.agent.Keys())
+}
+
+// useKeys installs the rack key ring a heartbeat answer brought (a rotation step,
+// CONTRACTS §3). nil-safe; a ring for another rack is refused.
+func (r *rackGossip) useKeys(g *bootv1.GossipConfig, log *slog.Logger) {
+	if r == nil || r.agent == nil || g == nil || len(g.GetKey()) == 0 {
+		return
+	}
+	if g.GetRack() != "" && g.GetRack() != r.rack {
+		log.Warn("gossip key ring for another rack ignored", "rack", r.rack, "ring_rack", g.GetRack())
+		return
+	}
+	before := r.keyringDigest()
+	if err := r.agent.SetKeys(g.GetKey(), g.GetAcceptedKeys()); err != nil {
+		log.Error("gossip key ring from gpuboot not installed", "error", err)
+		return
+	}
+	if after := r.keyringDigest(); after != before {
+		log.Info("gossip key ring changed", "rack", r.rack, "ring", after, "primary", bootv1.GossipKeyFingerprint(g.GetKey()), "accepted", len(g.GetAcceptedKeys()))
+	}
 }
 
 func (r *rackGossip) meta() gossip.Meta {

@@ -93,13 +93,14 @@ func (n *node) enrollAndJoin(ctx context.Context, target enroll.Target) {
 		}, nil)
 		c.Heartbeats(ctx, func() enroll.HeartbeatFields {
 			hf := enroll.HeartbeatFields{Identity: protoconv.Identity(id), NodeName: n.nodeNameIfJoined(), Health: protoconv.Health(n.mon.Health()),
-				ImageID: n.imageID, BootID: n.cfg.FactsRoot.BootID(), AgentStartedAt: n.started}
+				ImageID: n.imageID, BootID: n.cfg.FactsRoot.BootID(), AgentStartedAt: n.started, GossipKeyring: n.rack.Load().keyringDigest()}
 			if last := n.mon.Last(); last != nil {
 				hf.DriverVersion = last.Snapshot.Driver.Version
 			}
 			return hf
 		}, kick, func(r *bootv1.HeartbeatResponse) {
 			n.enrollment.update(enroll.MachineStateWord(r.GetMachineState()), "")
+			n.rack.Load().useKeys(r.GetGossip(), n.log)
 		})
 	}()
 

@@ -47,6 +47,12 @@ type Lifecycle interface {
 	ResolveConflict(ctx context.Context, ref, winner, actor, reason string) (*inventory.Machine, error)
 }
 
+// GossipKeys rotates the racks' gossip keys; the enrollment service implements it.
+type GossipKeys interface {
+	RotateGossipKey(ctx context.Context, rack string) (*bootv1.GossipKeyStatus, error)
+	GossipKeyStatus(ctx context.Context, rack string) (*bootv1.GossipKeyStatus, error)
+}
+
 // Inventory is what the operator surface reads; an inventory.Store implements it.
 type Inventory interface {
 	// List returns every machine.
@@ -68,6 +74,9 @@ type Config struct {
 	Racks []string
 	// Tokens are the operator bearer tokens; nil: client certificates only.
 	Tokens *Tokens
+	// Gossip rotates gossip keys; nil: RotateGossipKey and GetGossipKeyStatus answer
+	// UNIMPLEMENTED.
+	Gossip GossipKeys
 }
 
 // Server implements AdminService and the HTTP handlers.
@@ -79,6 +88,7 @@ type Server struct {
 	revoked func(*big.Int) bool
 	known   []string // configured rack names
 	tokens  *Tokens
+	gossip  GossipKeys
 	now     func() time.Time
 }
 
@@ -95,7 +105,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, errors.New("admin: no revocation check")
 	}
 	return &Server{life: cfg.Lifecycle, inv: cfg.Inventory, ca: cfg.CA, revoked: cfg.Revoked,
-		known: append([]string(nil), cfg.Racks...), tokens: cfg.Tokens, now: time.Now}, nil
+		known: append([]string(nil), cfg.Racks...), tokens: cfg.Tokens, gossip: cfg.Gossip, now: time.Now}, nil
 }
 
 // OperatorFromCert returns the operator name of a verified client certificate chain's
@@ -386,6 +396,36 @@ func (s *Server) history(ctx context.Context, req *bootv1.HistoryRequest) (*boot
 		resp.Transitions = resp.Transitions[len(resp.Transitions)-n:]
 	}
 	return resp, nil
+}
+
+// RotateGossipKey implements AdminService.
+func (s *Server) RotateGossipKey(ctx context.Context, req *bootv1.RotateGossipKeyRequest) (*bootv1.GossipKeyStatus, error) {
+	if _, err := s.operator(ctx); err != nil {
+		return nil, err
+	}
+	if s.gossip == nil {
+		return nil, status.Error(codes.Unimplemented, "this gpuboot does not manage gossip keys")
+	}
+	if req.GetRack() == "" {
+		return nil, status.Error(codes.InvalidArgument, "name the rack whose gossip key to rotate")
+	}
+	st, err := s.gossip.RotateGossipKey(ctx, req.GetRack())
+	return st, grpcError(err)
+}
+
+// GetGossipKeyStatus implements AdminService.
+func (s *Server) GetGossipKeyStatus(ctx context.Context, req *bootv1.GetGossipKeyStatusRequest) (*bootv1.GossipKeyStatus, error) {
+	if _, err := s.operator(ctx); err != nil {
+		return nil, err
+	}
+	if s.gossip == nil {
+		return nil, status.Error(codes.Unimplemented, "this gpuboot does not manage gossip keys")
+	}
+	if req.GetRack() == "" {
+		return nil, status.Error(codes.InvalidArgument, "name the rack")
+	}
+	st, err := s.gossip.GossipKeyStatus(ctx, req.GetRack())
+	return st, grpcError(err)
 }
 
 // RackReport implements AdminService.

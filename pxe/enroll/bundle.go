@@ -181,14 +181,14 @@ func (s *Service) revoke(serial string) {
 
 // bundle assembles the JoinBundle (CONTRACTS §4).
 func (s *Service) bundle(ctx context.Context, m *inventory.Machine, cert *x509.Certificate, bootstrapToken, fp string, now time.Time) (*bootv1.JoinBundle, error) {
-	rack := s.cfg.Racks[m.Rack]
+	ring, _ := s.rings.get(m.Rack)
 	b := &bootv1.JoinBundle{
 		BootstrapToken:      bootstrapToken,
 		NodeName:            m.NodeName,
 		AgentCertificatePem: string(pki.EncodeCertPEM(cert)),
 		AgentKeyRef:         fp,
 		GpurackCaPem:        string(pki.EncodeCertPEM(s.cfg.CA.Cert)),
-		Gossip:              &bootv1.GossipConfig{Key: append([]byte(nil), rack.GossipKey...), Rack: m.Rack},
+		Gossip:              &bootv1.GossipConfig{Key: append([]byte(nil), ring.Primary...), AcceptedKeys: ring.Accepted(), Rack: m.Rack},
 		ImageId:             m.ImageID,
 		ExpiresAt:           timestamppb.New(now.Add(s.cfg.BootstrapTTL)),
 		IssuedAt:            timestamppb.New(now),

@@ -238,6 +238,7 @@ func (s *Service) Heartbeat(ctx context.Context, req *bootv1.HeartbeatRequest) (
 	}
 	health, _ := proto.Marshal(req.GetHealth())
 	remote := remoteOf(ctx)
+	ringChanged := false
 	m, err := s.update(ctx, c.m.ID, func(m *inventory.Machine) ([]inventory.Transition, error) {
 		if m.State == inventory.Decommissioned {
 			return nil, status.Error(codes.PermissionDenied, "machine decommissioned")
@@ -265,6 +266,10 @@ func (s *Service) Heartbeat(ctx context.Context, req *bootv1.HeartbeatRequest) (
 				m.Health = health
 			}
 			m.LastHeartbeat = now.UTC()
+			if c.viaCert {
+				ringChanged = m.GossipKeyring != req.GetGossipKeyring()
+				m.GossipKeyring = req.GetGossipKeyring()
+			}
 		}
 		t, ok, err := conflictMove(m, now)
 		if err != nil {
@@ -281,7 +286,12 @@ func (s *Service) Heartbeat(ctx context.Context, req *bootv1.HeartbeatRequest) (
 		}
 		return nil, status.Errorf(codes.Internal, "heartbeat: %v", err)
 	}
-	return &bootv1.HeartbeatResponse{MachineState: StateProto(m.State), Interval: durationpb.New(DefaultHeartbeatEvery)}, nil
+	resp := &bootv1.HeartbeatResponse{MachineState: StateProto(m.State), Interval: durationpb.New(DefaultHeartbeatEvery),
+		Gossip: s.gossipAnswer(c, m, req.GetGossipKeyring())}
+	if c.viaCert && m.Rack != "" {
+		s.advanceRing(ctx, m.Rack, ringChanged)
+	}
+	return resp, nil
 }
 
 // errRejected answers a rejected machine's Heartbeat and ReportCommissioning.

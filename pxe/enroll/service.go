@@ -96,6 +96,10 @@ type Config struct {
 	// Racks by name; DefaultRack is where machines the allowlist does not place go.
 	Racks       map[string]Rack
 	DefaultRack string
+	// GossipKeyDir, when set, holds each rack's gossip key ring as RACK.key
+	// (GossipRing); the rings there replace Rack.GossipKey and rotations are saved
+	// there. Empty: rings start from Rack.GossipKey and live in memory.
+	GossipKeyDir string
 
 	UnknownMachines UnknownMachines
 	Reenroll        Reenroll
@@ -156,6 +160,8 @@ type Service struct {
 	locks sync.Map   // machine id → *sync.Mutex, serialising bundle releases
 	rowMu sync.Mutex // serialises approvals through an allowlist row (one row, one machine)
 	names sync.Mutex
+
+	rings *rings // gossip key rings by rack
 
 	stats counters
 }
@@ -223,6 +229,11 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		limiter: rate.NewLimiter(rate.Limit(cfg.CreateRate), cfg.CreateBurst),
 		stats:   counters{Registrations: map[string]uint64{}, BundlesRefused: map[string]uint64{}},
 	}
+	rs, err := newRings(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("enroll: gossip keys: %w", err)
+	}
+	s.rings = rs
 	all, err := cfg.Store.List(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("enroll: read inventory: %w", err)

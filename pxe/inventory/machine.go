@@ -42,6 +42,9 @@ type Machine struct {
 	// Health is the latest gpurack.machine.v1.HealthSummary from Heartbeat.
 	Health        []byte    `json:"health,omitempty"`
 	LastHeartbeat time.Time `json:"lastHeartbeat,omitzero"`
+	// GossipKeyring is the gossip key ring digest the agent's last heartbeat over
+	// mutual TLS reported (bootv1.GossipKeyringDigest); a key rotation waits for it.
+	GossipKeyring string `json:"gossipKeyring,omitempty"`
 
 	// Keys registered for the identity: one normally, two while a newer key waits
 	// for the older one to go away or while in conflict.

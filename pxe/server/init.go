@@ -2,7 +2,6 @@ package server
 
 import (
 	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/gpurack/gpurack/internal/atomicfile"
 	"github.com/gpurack/gpurack/internal/pki"
+	"github.com/gpurack/gpurack/pxe/enroll"
 )
 
 // Files of an operator credentials directory (`gpuboot certs operator NAME --out DIR`).
@@ -92,8 +92,9 @@ func Init(o InitOptions) (*InitResult, error) {
 	return res, nil
 }
 
-// EnsureGossipKey returns the path of rack's gossip key under stateDir, creating a
-// 32-byte key (hex, mode 0600) if there is none.
+// EnsureGossipKey returns the path of rack's gossip key ring under stateDir and the key
+// agents encrypt with, creating a ring of one 32-byte key (mode 0600) if there is none.
+// `gpuboot gossip rotate` changes the ring while gpuboot runs (enroll.GossipRing).
 func EnsureGossipKey(stateDir, rack string) (string, []byte, error) {
 	if rack == "" || strings.ContainsAny(rack, "/\\.") {
 		return "", nil, fmt.Errorf("gossip key: rack name %q", rack)
@@ -101,11 +102,11 @@ func EnsureGossipKey(stateDir, rack string) (string, []byte, error) {
 	dir := filepath.Join(stateDir, "gossip")
 	p := filepath.Join(dir, rack+".key")
 	if b, err := os.ReadFile(p); err == nil {
-		key, err := hex.DecodeString(strings.TrimSpace(string(b)))
-		if err != nil || (len(key) != 16 && len(key) != 24 && len(key) != 32) {
-			return "", nil, fmt.Errorf("gossip key %s: want 16, 24 or 32 bytes in hex", p)
+		ring, err := enroll.ParseGossipRing(b)
+		if err != nil {
+			return "", nil, fmt.Errorf("%s: %w", p, err)
 		}
-		return p, key, nil
+		return p, ring.Primary, nil
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return "", nil, err
 	}
@@ -118,7 +119,7 @@ func EnsureGossipKey(stateDir, rack string) (string, []byte, error) {
 	}
 	// Written whole and linked into place (never replacing a key another
 	// start wrote meanwhile), so no reader sees a partial key.
-	if err := atomicfile.Create(p, []byte(hex.EncodeToString(key)+"\n"), 0o600); err != nil {
+	if err := atomicfile.Create(p, enroll.GossipRing{Primary: key}.Marshal(rack), 0o600); err != nil {
 		if _, statErr := os.Stat(p); statErr == nil {
 			return EnsureGossipKey(stateDir, rack)
 		}

@@ -101,6 +101,7 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	var ctlMu sync.Mutex
 	ecfg := enroll.Config{
 		Store: store, Policy: pol, Selectors: cfg.Selectors, Racks: racks, DefaultRack: cfg.DefaultRack,
+		GossipKeyDir:    filepath.Join(cfg.StateDir, "gossip"),
 		UnknownMachines: enroll.UnknownMachines(cfg.Enrollment.UnknownMachines), Reenroll: enroll.Reenroll(cfg.Enrollment.Reenroll),
 		CA: ca, Revocations: revoked, RevocationsPath: cfg.RevocationsPath(),
 		ClusterDNS: cfg.Cluster.DNS, ClusterDomain: cfg.Cluster.Domain, NodeNamePrefix: cfg.Enrollment.NodeNamePrefix,
@@ -202,7 +203,7 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		rackNames = append(rackNames, r.Name)
 	}
 	adm, err := admin.New(admin.Config{Lifecycle: svc, Inventory: store, CA: ca.Cert, Revoked: svc.Revoked,
-		Racks: rackNames, Tokens: mustTokens(cfg, log)})
+		Racks: rackNames, Tokens: mustTokens(cfg, log), Gossip: svc})
 	if err != nil {
 		return err
 	}

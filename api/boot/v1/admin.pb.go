@@ -30,6 +30,62 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// GossipRotationPhase is a step of a rack's gossip key rotation.
+type GossipRotationPhase int32
+
+const (
+	GossipRotationPhase_GOSSIP_ROTATION_PHASE_UNSPECIFIED GossipRotationPhase = 0
+	// One key; no rotation under way.
+	GossipRotationPhase_GOSSIP_ROTATION_PHASE_STEADY GossipRotationPhase = 1
+	// Agents encrypt with the old key and learn to accept the new one.
+	GossipRotationPhase_GOSSIP_ROTATION_PHASE_INSTALLING GossipRotationPhase = 2
+	// Agents encrypt with the new key and still accept the old one.
+	GossipRotationPhase_GOSSIP_ROTATION_PHASE_RETIRING GossipRotationPhase = 3
+)
+
+// Enum value maps for GossipRotationPhase.
+var (
+	GossipRotationPhase_name = map[int32]string{
+		0: "GOSSIP_ROTATION_PHASE_UNSPECIFIED",
+		1: "GOSSIP_ROTATION_PHASE_STEADY",
+		2: "GOSSIP_ROTATION_PHASE_INSTALLING",
+		3: "GOSSIP_ROTATION_PHASE_RETIRING",
+	}
+	GossipRotationPhase_value = map[string]int32{
+		"GOSSIP_ROTATION_PHASE_UNSPECIFIED": 0,
+		"GOSSIP_ROTATION_PHASE_STEADY":      1,
+		"GOSSIP_ROTATION_PHASE_INSTALLING":  2,
+		"GOSSIP_ROTATION_PHASE_RETIRING":    3,
+	}
+)
+
+func (x GossipRotationPhase) Enum() *GossipRotationPhase {
+	p := new(GossipRotationPhase)
+	*p = x
+	return p
+}
+
+func (x GossipRotationPhase) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (GossipRotationPhase) Descriptor() protoreflect.EnumDescriptor {
+	return file_api_boot_v1_admin_proto_enumTypes[0].Descriptor()
+}
+
+func (GossipRotationPhase) Type() protoreflect.EnumType {
+	return &file_api_boot_v1_admin_proto_enumTypes[0]
+}
+
+func (x GossipRotationPhase) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use GossipRotationPhase.Descriptor instead.
+func (GossipRotationPhase) EnumDescriptor() ([]byte, []int) {
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{0}
+}
+
 // MachineState is a machine's place in gpuboot's lifecycle (ARCHITECTURE.md "Machine
 // lifecycle"; CONTRACTS §2). Text form, used by the CLI, the REST API, the rack report
 // and EnrollmentStatus.machine_state on the agent: the lowercase word after
@@ -107,11 +163,11 @@ func (x MachineState) String() string {
 }
 
 func (MachineState) Descriptor() protoreflect.EnumDescriptor {
-	return file_api_boot_v1_admin_proto_enumTypes[0].Descriptor()
+	return file_api_boot_v1_admin_proto_enumTypes[1].Descriptor()
 }
 
 func (MachineState) Type() protoreflect.EnumType {
-	return &file_api_boot_v1_admin_proto_enumTypes[0]
+	return &file_api_boot_v1_admin_proto_enumTypes[1]
 }
 
 func (x MachineState) Number() protoreflect.EnumNumber {
@@ -120,7 +176,7 @@ func (x MachineState) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use MachineState.Descriptor instead.
 func (MachineState) EnumDescriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{0}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{1}
 }
 
 // ReportFormat is the rendering of a rack report. CLI words: md, json, html.
@@ -164,11 +220,11 @@ func (x ReportFormat) String() string {
 }
 
 func (ReportFormat) Descriptor() protoreflect.EnumDescriptor {
-	return file_api_boot_v1_admin_proto_enumTypes[1].Descriptor()
+	return file_api_boot_v1_admin_proto_enumTypes[2].Descriptor()
 }
 
 func (ReportFormat) Type() protoreflect.EnumType {
-	return &file_api_boot_v1_admin_proto_enumTypes[1]
+	return &file_api_boot_v1_admin_proto_enumTypes[2]
 }
 
 func (x ReportFormat) Number() protoreflect.EnumNumber {
@@ -177,7 +233,187 @@ func (x ReportFormat) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ReportFormat.Descriptor instead.
 func (ReportFormat) EnumDescriptor() ([]byte, []int) {
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{2}
+}
+
+// RotateGossipKeyRequest names the rack whose gossip key to replace.
+type RotateGossipKeyRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Rack          string                 `protobuf:"bytes,1,opt,name=rack,proto3" json:"rack,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RotateGossipKeyRequest) Reset() {
+	*x = RotateGossipKeyRequest{}
+	mi := &file_api_boot_v1_admin_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RotateGossipKeyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RotateGossipKeyRequest) ProtoMessage() {}
+
+func (x *RotateGossipKeyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_boot_v1_admin_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RotateGossipKeyRequest.ProtoReflect.Descriptor instead.
+func (*RotateGossipKeyRequest) Descriptor() ([]byte, []int) {
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *RotateGossipKeyRequest) GetRack() string {
+	if x != nil {
+		return x.Rack
+	}
+	return ""
+}
+
+// GetGossipKeyStatusRequest names a rack.
+type GetGossipKeyStatusRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Rack          string                 `protobuf:"bytes,1,opt,name=rack,proto3" json:"rack,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetGossipKeyStatusRequest) Reset() {
+	*x = GetGossipKeyStatusRequest{}
+	mi := &file_api_boot_v1_admin_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetGossipKeyStatusRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetGossipKeyStatusRequest) ProtoMessage() {}
+
+func (x *GetGossipKeyStatusRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_boot_v1_admin_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetGossipKeyStatusRequest.ProtoReflect.Descriptor instead.
+func (*GetGossipKeyStatusRequest) Descriptor() ([]byte, []int) {
 	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *GetGossipKeyStatusRequest) GetRack() string {
+	if x != nil {
+		return x.Rack
+	}
+	return ""
+}
+
+// GossipKeyStatus is a rack's gossip key ring, by fingerprint (never the keys).
+type GossipKeyStatus struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Rack  string                 `protobuf:"bytes,1,opt,name=rack,proto3" json:"rack,omitempty"`
+	Phase GossipRotationPhase    `protobuf:"varint,2,opt,name=phase,proto3,enum=gpurack.boot.v1.GossipRotationPhase" json:"phase,omitempty"`
+	// First 16 hex digits of the SHA-256 of the key agents encrypt with.
+	PrimaryFingerprint string `protobuf:"bytes,3,opt,name=primary_fingerprint,json=primaryFingerprint,proto3" json:"primary_fingerprint,omitempty"`
+	// Fingerprints of the other keys agents accept.
+	AcceptedFingerprints []string `protobuf:"bytes,4,rep,name=accepted_fingerprints,json=acceptedFingerprints,proto3" json:"accepted_fingerprints,omitempty"`
+	// Machines (node name, or id before a name) of the rack whose last heartbeat, within
+	// the key liveness window, reported another ring: the rotation waits for them.
+	Behind []string `protobuf:"bytes,5,rep,name=behind,proto3" json:"behind,omitempty"`
+	// When the current phase began; absent while steady since gpuboot started.
+	PhaseSince    *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=phase_since,json=phaseSince,proto3" json:"phase_since,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GossipKeyStatus) Reset() {
+	*x = GossipKeyStatus{}
+	mi := &file_api_boot_v1_admin_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GossipKeyStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GossipKeyStatus) ProtoMessage() {}
+
+func (x *GossipKeyStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_api_boot_v1_admin_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GossipKeyStatus.ProtoReflect.Descriptor instead.
+func (*GossipKeyStatus) Descriptor() ([]byte, []int) {
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *GossipKeyStatus) GetRack() string {
+	if x != nil {
+		return x.Rack
+	}
+	return ""
+}
+
+func (x *GossipKeyStatus) GetPhase() GossipRotationPhase {
+	if x != nil {
+		return x.Phase
+	}
+	return GossipRotationPhase_GOSSIP_ROTATION_PHASE_UNSPECIFIED
+}
+
+func (x *GossipKeyStatus) GetPrimaryFingerprint() string {
+	if x != nil {
+		return x.PrimaryFingerprint
+	}
+	return ""
+}
+
+func (x *GossipKeyStatus) GetAcceptedFingerprints() []string {
+	if x != nil {
+		return x.AcceptedFingerprints
+	}
+	return nil
+}
+
+func (x *GossipKeyStatus) GetBehind() []string {
+	if x != nil {
+		return x.Behind
+	}
+	return nil
+}
+
+func (x *GossipKeyStatus) GetPhaseSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.PhaseSince
+	}
+	return nil
 }
 
 // Machine is one inventory entry.
@@ -228,7 +464,7 @@ type Machine struct {
 
 func (x *Machine) Reset() {
 	*x = Machine{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[0]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -240,7 +476,7 @@ func (x *Machine) String() string {
 func (*Machine) ProtoMessage() {}
 
 func (x *Machine) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[0]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -253,7 +489,7 @@ func (x *Machine) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Machine.ProtoReflect.Descriptor instead.
 func (*Machine) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{0}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Machine) GetId() string {
@@ -406,7 +642,7 @@ type RegisteredKey struct {
 
 func (x *RegisteredKey) Reset() {
 	*x = RegisteredKey{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[1]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -418,7 +654,7 @@ func (x *RegisteredKey) String() string {
 func (*RegisteredKey) ProtoMessage() {}
 
 func (x *RegisteredKey) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[1]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -431,7 +667,7 @@ func (x *RegisteredKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisteredKey.ProtoReflect.Descriptor instead.
 func (*RegisteredKey) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{1}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *RegisteredKey) GetFingerprint() string {
@@ -508,7 +744,7 @@ type Transition struct {
 
 func (x *Transition) Reset() {
 	*x = Transition{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[2]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -520,7 +756,7 @@ func (x *Transition) String() string {
 func (*Transition) ProtoMessage() {}
 
 func (x *Transition) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[2]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -533,7 +769,7 @@ func (x *Transition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Transition.ProtoReflect.Descriptor instead.
 func (*Transition) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{2}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Transition) GetMachineId() string {
@@ -595,7 +831,7 @@ type ListMachinesRequest struct {
 
 func (x *ListMachinesRequest) Reset() {
 	*x = ListMachinesRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[3]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -607,7 +843,7 @@ func (x *ListMachinesRequest) String() string {
 func (*ListMachinesRequest) ProtoMessage() {}
 
 func (x *ListMachinesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[3]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -620,7 +856,7 @@ func (x *ListMachinesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMachinesRequest.ProtoReflect.Descriptor instead.
 func (*ListMachinesRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{3}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ListMachinesRequest) GetStates() []MachineState {
@@ -664,7 +900,7 @@ type ListMachinesResponse struct {
 
 func (x *ListMachinesResponse) Reset() {
 	*x = ListMachinesResponse{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[4]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -676,7 +912,7 @@ func (x *ListMachinesResponse) String() string {
 func (*ListMachinesResponse) ProtoMessage() {}
 
 func (x *ListMachinesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[4]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -689,7 +925,7 @@ func (x *ListMachinesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMachinesResponse.ProtoReflect.Descriptor instead.
 func (*ListMachinesResponse) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{4}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ListMachinesResponse) GetMachines() []*Machine {
@@ -717,7 +953,7 @@ type GetMachineRequest struct {
 
 func (x *GetMachineRequest) Reset() {
 	*x = GetMachineRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[5]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -729,7 +965,7 @@ func (x *GetMachineRequest) String() string {
 func (*GetMachineRequest) ProtoMessage() {}
 
 func (x *GetMachineRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[5]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -742,7 +978,7 @@ func (x *GetMachineRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetMachineRequest.ProtoReflect.Descriptor instead.
 func (*GetMachineRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{5}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *GetMachineRequest) GetMachine() string {
@@ -772,7 +1008,7 @@ type ApproveRequest struct {
 
 func (x *ApproveRequest) Reset() {
 	*x = ApproveRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[6]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -784,7 +1020,7 @@ func (x *ApproveRequest) String() string {
 func (*ApproveRequest) ProtoMessage() {}
 
 func (x *ApproveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[6]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -797,7 +1033,7 @@ func (x *ApproveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApproveRequest.ProtoReflect.Descriptor instead.
 func (*ApproveRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{6}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ApproveRequest) GetMachine() string {
@@ -848,7 +1084,7 @@ type RejectRequest struct {
 
 func (x *RejectRequest) Reset() {
 	*x = RejectRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[7]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -860,7 +1096,7 @@ func (x *RejectRequest) String() string {
 func (*RejectRequest) ProtoMessage() {}
 
 func (x *RejectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[7]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -873,7 +1109,7 @@ func (x *RejectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RejectRequest.ProtoReflect.Descriptor instead.
 func (*RejectRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{7}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *RejectRequest) GetMachine() string {
@@ -903,7 +1139,7 @@ type DecommissionRequest struct {
 
 func (x *DecommissionRequest) Reset() {
 	*x = DecommissionRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[8]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -915,7 +1151,7 @@ func (x *DecommissionRequest) String() string {
 func (*DecommissionRequest) ProtoMessage() {}
 
 func (x *DecommissionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[8]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -928,7 +1164,7 @@ func (x *DecommissionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecommissionRequest.ProtoReflect.Descriptor instead.
 func (*DecommissionRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{8}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *DecommissionRequest) GetMachine() string {
@@ -963,7 +1199,7 @@ type HistoryRequest struct {
 
 func (x *HistoryRequest) Reset() {
 	*x = HistoryRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[9]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -975,7 +1211,7 @@ func (x *HistoryRequest) String() string {
 func (*HistoryRequest) ProtoMessage() {}
 
 func (x *HistoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[9]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -988,7 +1224,7 @@ func (x *HistoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HistoryRequest.ProtoReflect.Descriptor instead.
 func (*HistoryRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{9}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *HistoryRequest) GetMachine() string {
@@ -1030,7 +1266,7 @@ type HistoryResponse struct {
 
 func (x *HistoryResponse) Reset() {
 	*x = HistoryResponse{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[10]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1042,7 +1278,7 @@ func (x *HistoryResponse) String() string {
 func (*HistoryResponse) ProtoMessage() {}
 
 func (x *HistoryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[10]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1055,7 +1291,7 @@ func (x *HistoryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HistoryResponse.ProtoReflect.Descriptor instead.
 func (*HistoryResponse) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{10}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *HistoryResponse) GetTransitions() []*Transition {
@@ -1080,7 +1316,7 @@ type ResolveConflictRequest struct {
 
 func (x *ResolveConflictRequest) Reset() {
 	*x = ResolveConflictRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[11]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1092,7 +1328,7 @@ func (x *ResolveConflictRequest) String() string {
 func (*ResolveConflictRequest) ProtoMessage() {}
 
 func (x *ResolveConflictRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[11]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1105,7 +1341,7 @@ func (x *ResolveConflictRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveConflictRequest.ProtoReflect.Descriptor instead.
 func (*ResolveConflictRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{11}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ResolveConflictRequest) GetMachine() string {
@@ -1142,7 +1378,7 @@ type RackReportRequest struct {
 
 func (x *RackReportRequest) Reset() {
 	*x = RackReportRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[12]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1154,7 +1390,7 @@ func (x *RackReportRequest) String() string {
 func (*RackReportRequest) ProtoMessage() {}
 
 func (x *RackReportRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[12]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1167,7 +1403,7 @@ func (x *RackReportRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RackReportRequest.ProtoReflect.Descriptor instead.
 func (*RackReportRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{12}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RackReportRequest) GetRack() string {
@@ -1201,7 +1437,7 @@ type RackReportResponse struct {
 
 func (x *RackReportResponse) Reset() {
 	*x = RackReportResponse{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[13]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1213,7 +1449,7 @@ func (x *RackReportResponse) String() string {
 func (*RackReportResponse) ProtoMessage() {}
 
 func (x *RackReportResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[13]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1226,7 +1462,7 @@ func (x *RackReportResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RackReportResponse.ProtoReflect.Descriptor instead.
 func (*RackReportResponse) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{13}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RackReportResponse) GetContent() []byte {
@@ -1284,7 +1520,7 @@ type RackReportData struct {
 
 func (x *RackReportData) Reset() {
 	*x = RackReportData{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[14]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1296,7 +1532,7 @@ func (x *RackReportData) String() string {
 func (*RackReportData) ProtoMessage() {}
 
 func (x *RackReportData) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[14]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1309,7 +1545,7 @@ func (x *RackReportData) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RackReportData.ProtoReflect.Descriptor instead.
 func (*RackReportData) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{14}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RackReportData) GetRack() string {
@@ -1384,7 +1620,7 @@ type RackReportTotals struct {
 
 func (x *RackReportTotals) Reset() {
 	*x = RackReportTotals{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[15]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1396,7 +1632,7 @@ func (x *RackReportTotals) String() string {
 func (*RackReportTotals) ProtoMessage() {}
 
 func (x *RackReportTotals) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[15]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1409,7 +1645,7 @@ func (x *RackReportTotals) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RackReportTotals.ProtoReflect.Descriptor instead.
 func (*RackReportTotals) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{15}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *RackReportTotals) GetNodesReady() uint32 {
@@ -1472,7 +1708,7 @@ type RackReportMachine struct {
 
 func (x *RackReportMachine) Reset() {
 	*x = RackReportMachine{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[16]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1484,7 +1720,7 @@ func (x *RackReportMachine) String() string {
 func (*RackReportMachine) ProtoMessage() {}
 
 func (x *RackReportMachine) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[16]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1497,7 +1733,7 @@ func (x *RackReportMachine) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RackReportMachine.ProtoReflect.Descriptor instead.
 func (*RackReportMachine) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{16}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RackReportMachine) GetMachineId() string {
@@ -1606,7 +1842,7 @@ type CheckTally struct {
 
 func (x *CheckTally) Reset() {
 	*x = CheckTally{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[17]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1618,7 +1854,7 @@ func (x *CheckTally) String() string {
 func (*CheckTally) ProtoMessage() {}
 
 func (x *CheckTally) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[17]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1631,7 +1867,7 @@ func (x *CheckTally) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckTally.ProtoReflect.Descriptor instead.
 func (*CheckTally) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{17}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *CheckTally) GetId() string {
@@ -1680,7 +1916,19 @@ var File_api_boot_v1_admin_proto protoreflect.FileDescriptor
 
 const file_api_boot_v1_admin_proto_rawDesc = "" +
 	"\n" +
-	"\x17api/boot/v1/admin.proto\x12\x0fgpurack.boot.v1\x1a\x1capi/machine/v1/machine.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x84\a\n" +
+	"\x17api/boot/v1/admin.proto\x12\x0fgpurack.boot.v1\x1a\x1capi/machine/v1/machine.proto\x1a\x1fgoogle/protobuf/timestamp.proto\",\n" +
+	"\x16RotateGossipKeyRequest\x12\x12\n" +
+	"\x04rack\x18\x01 \x01(\tR\x04rack\"/\n" +
+	"\x19GetGossipKeyStatusRequest\x12\x12\n" +
+	"\x04rack\x18\x01 \x01(\tR\x04rack\"\x9c\x02\n" +
+	"\x0fGossipKeyStatus\x12\x12\n" +
+	"\x04rack\x18\x01 \x01(\tR\x04rack\x12:\n" +
+	"\x05phase\x18\x02 \x01(\x0e2$.gpurack.boot.v1.GossipRotationPhaseR\x05phase\x12/\n" +
+	"\x13primary_fingerprint\x18\x03 \x01(\tR\x12primaryFingerprint\x123\n" +
+	"\x15accepted_fingerprints\x18\x04 \x03(\tR\x14acceptedFingerprints\x12\x16\n" +
+	"\x06behind\x18\x05 \x03(\tR\x06behind\x12;\n" +
+	"\vphase_since\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"phaseSince\"\x84\a\n" +
 	"\aMachine\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12?\n" +
 	"\bidentity\x18\x02 \x01(\v2#.gpurack.machine.v1.MachineIdentityR\bidentity\x123\n" +
@@ -1809,7 +2057,12 @@ const file_api_boot_v1_admin_proto_rawDesc = "" +
 	"\x04warn\x18\x03 \x01(\rR\x04warn\x12\x12\n" +
 	"\x04fail\x18\x04 \x01(\rR\x04fail\x12\x18\n" +
 	"\aunknown\x18\x05 \x01(\rR\aunknown\x12%\n" +
-	"\x0enot_applicable\x18\x06 \x01(\rR\rnotApplicable*\xd3\x02\n" +
+	"\x0enot_applicable\x18\x06 \x01(\rR\rnotApplicable*\xa8\x01\n" +
+	"\x13GossipRotationPhase\x12%\n" +
+	"!GOSSIP_ROTATION_PHASE_UNSPECIFIED\x10\x00\x12 \n" +
+	"\x1cGOSSIP_ROTATION_PHASE_STEADY\x10\x01\x12$\n" +
+	" GOSSIP_ROTATION_PHASE_INSTALLING\x10\x02\x12\"\n" +
+	"\x1eGOSSIP_ROTATION_PHASE_RETIRING\x10\x03*\xd3\x02\n" +
 	"\fMachineState\x12\x1d\n" +
 	"\x19MACHINE_STATE_UNSPECIFIED\x10\x00\x12\x1c\n" +
 	"\x18MACHINE_STATE_DISCOVERED\x10\x01\x12\x1c\n" +
@@ -1827,7 +2080,7 @@ const file_api_boot_v1_admin_proto_rawDesc = "" +
 	"\x19REPORT_FORMAT_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16REPORT_FORMAT_MARKDOWN\x10\x01\x12\x16\n" +
 	"\x12REPORT_FORMAT_JSON\x10\x02\x12\x16\n" +
-	"\x12REPORT_FORMAT_HTML\x10\x032\x8c\x05\n" +
+	"\x12REPORT_FORMAT_HTML\x10\x032\xce\x06\n" +
 	"\fAdminService\x12[\n" +
 	"\fListMachines\x12$.gpurack.boot.v1.ListMachinesRequest\x1a%.gpurack.boot.v1.ListMachinesResponse\x12J\n" +
 	"\n" +
@@ -1838,7 +2091,9 @@ const file_api_boot_v1_admin_proto_rawDesc = "" +
 	"\aHistory\x12\x1f.gpurack.boot.v1.HistoryRequest\x1a .gpurack.boot.v1.HistoryResponse\x12T\n" +
 	"\x0fResolveConflict\x12'.gpurack.boot.v1.ResolveConflictRequest\x1a\x18.gpurack.boot.v1.Machine\x12U\n" +
 	"\n" +
-	"RackReport\x12\".gpurack.boot.v1.RackReportRequest\x1a#.gpurack.boot.v1.RackReportResponseB/Z-github.com/gpurack/gpurack/api/boot/v1;bootv1b\x06proto3"
+	"RackReport\x12\".gpurack.boot.v1.RackReportRequest\x1a#.gpurack.boot.v1.RackReportResponse\x12\\\n" +
+	"\x0fRotateGossipKey\x12'.gpurack.boot.v1.RotateGossipKeyRequest\x1a .gpurack.boot.v1.GossipKeyStatus\x12b\n" +
+	"\x12GetGossipKeyStatus\x12*.gpurack.boot.v1.GetGossipKeyStatusRequest\x1a .gpurack.boot.v1.GossipKeyStatusB/Z-github.com/gpurack/gpurack/api/boot/v1;bootv1b\x06proto3"
 
 var (
 	file_api_boot_v1_admin_proto_rawDescOnce sync.Once
@@ -1852,90 +2107,100 @@ func file_api_boot_v1_admin_proto_rawDescGZIP() []byte {
 	return file_api_boot_v1_admin_proto_rawDescData
 }
 
-var file_api_boot_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_api_boot_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_api_boot_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_api_boot_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_api_boot_v1_admin_proto_goTypes = []any{
-	(MachineState)(0),              // 0: gpurack.boot.v1.MachineState
-	(ReportFormat)(0),              // 1: gpurack.boot.v1.ReportFormat
-	(*Machine)(nil),                // 2: gpurack.boot.v1.Machine
-	(*RegisteredKey)(nil),          // 3: gpurack.boot.v1.RegisteredKey
-	(*Transition)(nil),             // 4: gpurack.boot.v1.Transition
-	(*ListMachinesRequest)(nil),    // 5: gpurack.boot.v1.ListMachinesRequest
-	(*ListMachinesResponse)(nil),   // 6: gpurack.boot.v1.ListMachinesResponse
-	(*GetMachineRequest)(nil),      // 7: gpurack.boot.v1.GetMachineRequest
-	(*ApproveRequest)(nil),         // 8: gpurack.boot.v1.ApproveRequest
-	(*RejectRequest)(nil),          // 9: gpurack.boot.v1.RejectRequest
-	(*DecommissionRequest)(nil),    // 10: gpurack.boot.v1.DecommissionRequest
-	(*HistoryRequest)(nil),         // 11: gpurack.boot.v1.HistoryRequest
-	(*HistoryResponse)(nil),        // 12: gpurack.boot.v1.HistoryResponse
-	(*ResolveConflictRequest)(nil), // 13: gpurack.boot.v1.ResolveConflictRequest
-	(*RackReportRequest)(nil),      // 14: gpurack.boot.v1.RackReportRequest
-	(*RackReportResponse)(nil),     // 15: gpurack.boot.v1.RackReportResponse
-	(*RackReportData)(nil),         // 16: gpurack.boot.v1.RackReportData
-	(*RackReportTotals)(nil),       // 17: gpurack.boot.v1.RackReportTotals
-	(*RackReportMachine)(nil),      // 18: gpurack.boot.v1.RackReportMachine
-	(*CheckTally)(nil),             // 19: gpurack.boot.v1.CheckTally
-	nil,                            // 20: gpurack.boot.v1.Machine.LabelsEntry
-	nil,                            // 21: gpurack.boot.v1.RackReportData.MachinesByStateEntry
-	(*v1.MachineIdentity)(nil),     // 22: gpurack.machine.v1.MachineIdentity
-	(*v1.MachineFacts)(nil),        // 23: gpurack.machine.v1.MachineFacts
-	(*v1.Checklist)(nil),           // 24: gpurack.machine.v1.Checklist
-	(*v1.HealthSummary)(nil),       // 25: gpurack.machine.v1.HealthSummary
-	(*timestamppb.Timestamp)(nil),  // 26: google.protobuf.Timestamp
+	(GossipRotationPhase)(0),          // 0: gpurack.boot.v1.GossipRotationPhase
+	(MachineState)(0),                 // 1: gpurack.boot.v1.MachineState
+	(ReportFormat)(0),                 // 2: gpurack.boot.v1.ReportFormat
+	(*RotateGossipKeyRequest)(nil),    // 3: gpurack.boot.v1.RotateGossipKeyRequest
+	(*GetGossipKeyStatusRequest)(nil), // 4: gpurack.boot.v1.GetGossipKeyStatusRequest
+	(*GossipKeyStatus)(nil),           // 5: gpurack.boot.v1.GossipKeyStatus
+	(*Machine)(nil),                   // 6: gpurack.boot.v1.Machine
+	(*RegisteredKey)(nil),             // 7: gpurack.boot.v1.RegisteredKey
+	(*Transition)(nil),                // 8: gpurack.boot.v1.Transition
+	(*ListMachinesRequest)(nil),       // 9: gpurack.boot.v1.ListMachinesRequest
+	(*ListMachinesResponse)(nil),      // 10: gpurack.boot.v1.ListMachinesResponse
+	(*GetMachineRequest)(nil),         // 11: gpurack.boot.v1.GetMachineRequest
+	(*ApproveRequest)(nil),            // 12: gpurack.boot.v1.ApproveRequest
+	(*RejectRequest)(nil),             // 13: gpurack.boot.v1.RejectRequest
+	(*DecommissionRequest)(nil),       // 14: gpurack.boot.v1.DecommissionRequest
+	(*HistoryRequest)(nil),            // 15: gpurack.boot.v1.HistoryRequest
+	(*HistoryResponse)(nil),           // 16: gpurack.boot.v1.HistoryResponse
+	(*ResolveConflictRequest)(nil),    // 17: gpurack.boot.v1.ResolveConflictRequest
+	(*RackReportRequest)(nil),         // 18: gpurack.boot.v1.RackReportRequest
+	(*RackReportResponse)(nil),        // 19: gpurack.boot.v1.RackReportResponse
+	(*RackReportData)(nil),            // 20: gpurack.boot.v1.RackReportData
+	(*RackReportTotals)(nil),          // 21: gpurack.boot.v1.RackReportTotals
+	(*RackReportMachine)(nil),         // 22: gpurack.boot.v1.RackReportMachine
+	(*CheckTally)(nil),                // 23: gpurack.boot.v1.CheckTally
+	nil,                               // 24: gpurack.boot.v1.Machine.LabelsEntry
+	nil,                               // 25: gpurack.boot.v1.RackReportData.MachinesByStateEntry
+	(*timestamppb.Timestamp)(nil),     // 26: google.protobuf.Timestamp
+	(*v1.MachineIdentity)(nil),        // 27: gpurack.machine.v1.MachineIdentity
+	(*v1.MachineFacts)(nil),           // 28: gpurack.machine.v1.MachineFacts
+	(*v1.Checklist)(nil),              // 29: gpurack.machine.v1.Checklist
+	(*v1.HealthSummary)(nil),          // 30: gpurack.machine.v1.HealthSummary
 }
 var file_api_boot_v1_admin_proto_depIdxs = []int32{
-	22, // 0: gpurack.boot.v1.Machine.identity:type_name -> gpurack.machine.v1.MachineIdentity
-	0,  // 1: gpurack.boot.v1.Machine.state:type_name -> gpurack.boot.v1.MachineState
-	20, // 2: gpurack.boot.v1.Machine.labels:type_name -> gpurack.boot.v1.Machine.LabelsEntry
-	23, // 3: gpurack.boot.v1.Machine.facts:type_name -> gpurack.machine.v1.MachineFacts
-	24, // 4: gpurack.boot.v1.Machine.checklist:type_name -> gpurack.machine.v1.Checklist
-	3,  // 5: gpurack.boot.v1.Machine.keys:type_name -> gpurack.boot.v1.RegisteredKey
-	25, // 6: gpurack.boot.v1.Machine.health:type_name -> gpurack.machine.v1.HealthSummary
-	26, // 7: gpurack.boot.v1.Machine.last_heartbeat_at:type_name -> google.protobuf.Timestamp
-	26, // 8: gpurack.boot.v1.Machine.created_at:type_name -> google.protobuf.Timestamp
-	26, // 9: gpurack.boot.v1.Machine.updated_at:type_name -> google.protobuf.Timestamp
-	4,  // 10: gpurack.boot.v1.Machine.history:type_name -> gpurack.boot.v1.Transition
-	26, // 11: gpurack.boot.v1.RegisteredKey.registered_at:type_name -> google.protobuf.Timestamp
-	26, // 12: gpurack.boot.v1.RegisteredKey.last_seen_at:type_name -> google.protobuf.Timestamp
-	0,  // 13: gpurack.boot.v1.Transition.from:type_name -> gpurack.boot.v1.MachineState
-	0,  // 14: gpurack.boot.v1.Transition.to:type_name -> gpurack.boot.v1.MachineState
-	26, // 15: gpurack.boot.v1.Transition.time:type_name -> google.protobuf.Timestamp
-	0,  // 16: gpurack.boot.v1.ListMachinesRequest.states:type_name -> gpurack.boot.v1.MachineState
-	2,  // 17: gpurack.boot.v1.ListMachinesResponse.machines:type_name -> gpurack.boot.v1.Machine
-	26, // 18: gpurack.boot.v1.HistoryRequest.since:type_name -> google.protobuf.Timestamp
-	4,  // 19: gpurack.boot.v1.HistoryResponse.transitions:type_name -> gpurack.boot.v1.Transition
-	1,  // 20: gpurack.boot.v1.RackReportRequest.format:type_name -> gpurack.boot.v1.ReportFormat
-	16, // 21: gpurack.boot.v1.RackReportResponse.data:type_name -> gpurack.boot.v1.RackReportData
-	26, // 22: gpurack.boot.v1.RackReportData.generated_at:type_name -> google.protobuf.Timestamp
-	18, // 23: gpurack.boot.v1.RackReportData.machines:type_name -> gpurack.boot.v1.RackReportMachine
-	19, // 24: gpurack.boot.v1.RackReportData.checks:type_name -> gpurack.boot.v1.CheckTally
-	21, // 25: gpurack.boot.v1.RackReportData.machines_by_state:type_name -> gpurack.boot.v1.RackReportData.MachinesByStateEntry
-	17, // 26: gpurack.boot.v1.RackReportData.totals:type_name -> gpurack.boot.v1.RackReportTotals
-	22, // 27: gpurack.boot.v1.RackReportMachine.identity:type_name -> gpurack.machine.v1.MachineIdentity
-	0,  // 28: gpurack.boot.v1.RackReportMachine.state:type_name -> gpurack.boot.v1.MachineState
-	24, // 29: gpurack.boot.v1.RackReportMachine.checklist:type_name -> gpurack.machine.v1.Checklist
-	25, // 30: gpurack.boot.v1.RackReportMachine.health:type_name -> gpurack.machine.v1.HealthSummary
-	5,  // 31: gpurack.boot.v1.AdminService.ListMachines:input_type -> gpurack.boot.v1.ListMachinesRequest
-	7,  // 32: gpurack.boot.v1.AdminService.GetMachine:input_type -> gpurack.boot.v1.GetMachineRequest
-	8,  // 33: gpurack.boot.v1.AdminService.Approve:input_type -> gpurack.boot.v1.ApproveRequest
-	9,  // 34: gpurack.boot.v1.AdminService.Reject:input_type -> gpurack.boot.v1.RejectRequest
-	10, // 35: gpurack.boot.v1.AdminService.Decommission:input_type -> gpurack.boot.v1.DecommissionRequest
-	11, // 36: gpurack.boot.v1.AdminService.History:input_type -> gpurack.boot.v1.HistoryRequest
-	13, // 37: gpurack.boot.v1.AdminService.ResolveConflict:input_type -> gpurack.boot.v1.ResolveConflictRequest
-	14, // 38: gpurack.boot.v1.AdminService.RackReport:input_type -> gpurack.boot.v1.RackReportRequest
-	6,  // 39: gpurack.boot.v1.AdminService.ListMachines:output_type -> gpurack.boot.v1.ListMachinesResponse
-	2,  // 40: gpurack.boot.v1.AdminService.GetMachine:output_type -> gpurack.boot.v1.Machine
-	2,  // 41: gpurack.boot.v1.AdminService.Approve:output_type -> gpurack.boot.v1.Machine
-	2,  // 42: gpurack.boot.v1.AdminService.Reject:output_type -> gpurack.boot.v1.Machine
-	2,  // 43: gpurack.boot.v1.AdminService.Decommission:output_type -> gpurack.boot.v1.Machine
-	12, // 44: gpurack.boot.v1.AdminService.History:output_type -> gpurack.boot.v1.HistoryResponse
-	2,  // 45: gpurack.boot.v1.AdminService.ResolveConflict:output_type -> gpurack.boot.v1.Machine
-	15, // 46: gpurack.boot.v1.AdminService.RackReport:output_type -> gpurack.boot.v1.RackReportResponse
-	39, // [39:47] is the sub-list for method output_type
-	31, // [31:39] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	0,  // 0: gpurack.boot.v1.GossipKeyStatus.phase:type_name -> gpurack.boot.v1.GossipRotationPhase
+	26, // 1: gpurack.boot.v1.GossipKeyStatus.phase_since:type_name -> google.protobuf.Timestamp
+	27, // 2: gpurack.boot.v1.Machine.identity:type_name -> gpurack.machine.v1.MachineIdentity
+	1,  // 3: gpurack.boot.v1.Machine.state:type_name -> gpurack.boot.v1.MachineState
+	24, // 4: gpurack.boot.v1.Machine.labels:type_name -> gpurack.boot.v1.Machine.LabelsEntry
+	28, // 5: gpurack.boot.v1.Machine.facts:type_name -> gpurack.machine.v1.MachineFacts
+	29, // 6: gpurack.boot.v1.Machine.checklist:type_name -> gpurack.machine.v1.Checklist
+	7,  // 7: gpurack.boot.v1.Machine.keys:type_name -> gpurack.boot.v1.RegisteredKey
+	30, // 8: gpurack.boot.v1.Machine.health:type_name -> gpurack.machine.v1.HealthSummary
+	26, // 9: gpurack.boot.v1.Machine.last_heartbeat_at:type_name -> google.protobuf.Timestamp
+	26, // 10: gpurack.boot.v1.Machine.created_at:type_name -> google.protobuf.Timestamp
+	26, // 11: gpurack.boot.v1.Machine.updated_at:type_name -> google.protobuf.Timestamp
+	8,  // 12: gpurack.boot.v1.Machine.history:type_name -> gpurack.boot.v1.Transition
+	26, // 13: gpurack.boot.v1.RegisteredKey.registered_at:type_name -> google.protobuf.Timestamp
+	26, // 14: gpurack.boot.v1.RegisteredKey.last_seen_at:type_name -> google.protobuf.Timestamp
+	1,  // 15: gpurack.boot.v1.Transition.from:type_name -> gpurack.boot.v1.MachineState
+	1,  // 16: gpurack.boot.v1.Transition.to:type_name -> gpurack.boot.v1.MachineState
+	26, // 17: gpurack.boot.v1.Transition.time:type_name -> google.protobuf.Timestamp
+	1,  // 18: gpurack.boot.v1.ListMachinesRequest.states:type_name -> gpurack.boot.v1.MachineState
+	6,  // 19: gpurack.boot.v1.ListMachinesResponse.machines:type_name -> gpurack.boot.v1.Machine
+	26, // 20: gpurack.boot.v1.HistoryRequest.since:type_name -> google.protobuf.Timestamp
+	8,  // 21: gpurack.boot.v1.HistoryResponse.transitions:type_name -> gpurack.boot.v1.Transition
+	2,  // 22: gpurack.boot.v1.RackReportRequest.format:type_name -> gpurack.boot.v1.ReportFormat
+	20, // 23: gpurack.boot.v1.RackReportResponse.data:type_name -> gpurack.boot.v1.RackReportData
+	26, // 24: gpurack.boot.v1.RackReportData.generated_at:type_name -> google.protobuf.Timestamp
+	22, // 25: gpurack.boot.v1.RackReportData.machines:type_name -> gpurack.boot.v1.RackReportMachine
+	23, // 26: gpurack.boot.v1.RackReportData.checks:type_name -> gpurack.boot.v1.CheckTally
+	25, // 27: gpurack.boot.v1.RackReportData.machines_by_state:type_name -> gpurack.boot.v1.RackReportData.MachinesByStateEntry
+	21, // 28: gpurack.boot.v1.RackReportData.totals:type_name -> gpurack.boot.v1.RackReportTotals
+	27, // 29: gpurack.boot.v1.RackReportMachine.identity:type_name -> gpurack.machine.v1.MachineIdentity
+	1,  // 30: gpurack.boot.v1.RackReportMachine.state:type_name -> gpurack.boot.v1.MachineState
+	29, // 31: gpurack.boot.v1.RackReportMachine.checklist:type_name -> gpurack.machine.v1.Checklist
+	30, // 32: gpurack.boot.v1.RackReportMachine.health:type_name -> gpurack.machine.v1.HealthSummary
+	9,  // 33: gpurack.boot.v1.AdminService.ListMachines:input_type -> gpurack.boot.v1.ListMachinesRequest
+	11, // 34: gpurack.boot.v1.AdminService.GetMachine:input_type -> gpurack.boot.v1.GetMachineRequest
+	12, // 35: gpurack.boot.v1.AdminService.Approve:input_type -> gpurack.boot.v1.ApproveRequest
+	13, // 36: gpurack.boot.v1.AdminService.Reject:input_type -> gpurack.boot.v1.RejectRequest
+	14, // 37: gpurack.boot.v1.AdminService.Decommission:input_type -> gpurack.boot.v1.DecommissionRequest
+	15, // 38: gpurack.boot.v1.AdminService.History:input_type -> gpurack.boot.v1.HistoryRequest
+	17, // 39: gpurack.boot.v1.AdminService.ResolveConflict:input_type -> gpurack.boot.v1.ResolveConflictRequest
+	18, // 40: gpurack.boot.v1.AdminService.RackReport:input_type -> gpurack.boot.v1.RackReportRequest
+	3,  // 41: gpurack.boot.v1.AdminService.RotateGossipKey:input_type -> gpurack.boot.v1.RotateGossipKeyRequest
+	4,  // 42: gpurack.boot.v1.AdminService.GetGossipKeyStatus:input_type -> gpurack.boot.v1.GetGossipKeyStatusRequest
+	10, // 43: gpurack.boot.v1.AdminService.ListMachines:output_type -> gpurack.boot.v1.ListMachinesResponse
+	6,  // 44: gpurack.boot.v1.AdminService.GetMachine:output_type -> gpurack.boot.v1.Machine
+	6,  // 45: gpurack.boot.v1.AdminService.Approve:output_type -> gpurack.boot.v1.Machine
+	6,  // 46: gpurack.boot.v1.AdminService.Reject:output_type -> gpurack.boot.v1.Machine
+	6,  // 47: gpurack.boot.v1.AdminService.Decommission:output_type -> gpurack.boot.v1.Machine
+	16, // 48: gpurack.boot.v1.AdminService.History:output_type -> gpurack.boot.v1.HistoryResponse
+	6,  // 49: gpurack.boot.v1.AdminService.ResolveConflict:output_type -> gpurack.boot.v1.Machine
+	19, // 50: gpurack.boot.v1.AdminService.RackReport:output_type -> gpurack.boot.v1.RackReportResponse
+	5,  // 51: gpurack.boot.v1.AdminService.RotateGossipKey:output_type -> gpurack.boot.v1.GossipKeyStatus
+	5,  // 52: gpurack.boot.v1.AdminService.GetGossipKeyStatus:output_type -> gpurack.boot.v1.GossipKeyStatus
+	43, // [43:53] is the sub-list for method output_type
+	33, // [33:43] is the sub-list for method input_type
+	33, // [33:33] is the sub-list for extension type_name
+	33, // [33:33] is the sub-list for extension extendee
+	0,  // [0:33] is the sub-list for field type_name
 }
 
 func init() { file_api_boot_v1_admin_proto_init() }
@@ -1943,14 +2208,14 @@ func file_api_boot_v1_admin_proto_init() {
 	if File_api_boot_v1_admin_proto != nil {
 		return
 	}
-	file_api_boot_v1_admin_proto_msgTypes[15].OneofWrappers = []any{}
+	file_api_boot_v1_admin_proto_msgTypes[18].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_boot_v1_admin_proto_rawDesc), len(file_api_boot_v1_admin_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   20,
+			NumEnums:      3,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -26,14 +26,16 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	AdminService_ListMachines_FullMethodName    = "/gpurack.boot.v1.AdminService/ListMachines"
-	AdminService_GetMachine_FullMethodName      = "/gpurack.boot.v1.AdminService/GetMachine"
-	AdminService_Approve_FullMethodName         = "/gpurack.boot.v1.AdminService/Approve"
-	AdminService_Reject_FullMethodName          = "/gpurack.boot.v1.AdminService/Reject"
-	AdminService_Decommission_FullMethodName    = "/gpurack.boot.v1.AdminService/Decommission"
-	AdminService_History_FullMethodName         = "/gpurack.boot.v1.AdminService/History"
-	AdminService_ResolveConflict_FullMethodName = "/gpurack.boot.v1.AdminService/ResolveConflict"
-	AdminService_RackReport_FullMethodName      = "/gpurack.boot.v1.AdminService/RackReport"
+	AdminService_ListMachines_FullMethodName       = "/gpurack.boot.v1.AdminService/ListMachines"
+	AdminService_GetMachine_FullMethodName         = "/gpurack.boot.v1.AdminService/GetMachine"
+	AdminService_Approve_FullMethodName            = "/gpurack.boot.v1.AdminService/Approve"
+	AdminService_Reject_FullMethodName             = "/gpurack.boot.v1.AdminService/Reject"
+	AdminService_Decommission_FullMethodName       = "/gpurack.boot.v1.AdminService/Decommission"
+	AdminService_History_FullMethodName            = "/gpurack.boot.v1.AdminService/History"
+	AdminService_ResolveConflict_FullMethodName    = "/gpurack.boot.v1.AdminService/ResolveConflict"
+	AdminService_RackReport_FullMethodName         = "/gpurack.boot.v1.AdminService/RackReport"
+	AdminService_RotateGossipKey_FullMethodName    = "/gpurack.boot.v1.AdminService/RotateGossipKey"
+	AdminService_GetGossipKeyStatus_FullMethodName = "/gpurack.boot.v1.AdminService/GetGossipKeyStatus"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -88,6 +90,16 @@ type AdminServiceClient interface {
 	// RackReport renders a rack's commissioning report in the format asked for, and
 	// returns the structured data it was rendered from.
 	RackReport(ctx context.Context, in *RackReportRequest, opts ...grpc.CallOption) (*RackReportResponse, error)
+	// RotateGossipKey starts replacing a rack's gossip key (`gpuboot gossip rotate
+	// RACK`). gpuboot adds a new key that agents accept beside the current one
+	// (installing); once every live agent of the rack reports that ring in its
+	// heartbeat, the new key becomes the one agents encrypt with and the old one is only
+	// accepted (retiring); once every live agent reports that, the old key is dropped
+	// (steady). No member stops understanding another at any step. A rack already
+	// rotating: FAILED_PRECONDITION. An unknown rack: NOT_FOUND.
+	RotateGossipKey(ctx context.Context, in *RotateGossipKeyRequest, opts ...grpc.CallOption) (*GossipKeyStatus, error)
+	// GetGossipKeyStatus reports where a rack's key rotation stands.
+	GetGossipKeyStatus(ctx context.Context, in *GetGossipKeyStatusRequest, opts ...grpc.CallOption) (*GossipKeyStatus, error)
 }
 
 type adminServiceClient struct {
@@ -178,6 +190,26 @@ func (c *adminServiceClient) RackReport(ctx context.Context, in *RackReportReque
 	return out, nil
 }
 
+func (c *adminServiceClient) RotateGossipKey(ctx context.Context, in *RotateGossipKeyRequest, opts ...grpc.CallOption) (*GossipKeyStatus, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GossipKeyStatus)
+	err := c.cc.Invoke(ctx, AdminService_RotateGossipKey_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) GetGossipKeyStatus(ctx context.Context, in *GetGossipKeyStatusRequest, opts ...grpc.CallOption) (*GossipKeyStatus, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GossipKeyStatus)
+	err := c.cc.Invoke(ctx, AdminService_GetGossipKeyStatus_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
@@ -230,6 +262,16 @@ type AdminServiceServer interface {
 	// RackReport renders a rack's commissioning report in the format asked for, and
 	// returns the structured data it was rendered from.
 	RackReport(context.Context, *RackReportRequest) (*RackReportResponse, error)
+	// RotateGossipKey starts replacing a rack's gossip key (`gpuboot gossip rotate
+	// RACK`). gpuboot adds a new key that agents accept beside the current one
+	// (installing); once every live agent of the rack reports that ring in its
+	// heartbeat, the new key becomes the one agents encrypt with and the old one is only
+	// accepted (retiring); once every live agent reports that, the old key is dropped
+	// (steady). No member stops understanding another at any step. A rack already
+	// rotating: FAILED_PRECONDITION. An unknown rack: NOT_FOUND.
+	RotateGossipKey(context.Context, *RotateGossipKeyRequest) (*GossipKeyStatus, error)
+	// GetGossipKeyStatus reports where a rack's key rotation stands.
+	GetGossipKeyStatus(context.Context, *GetGossipKeyStatusRequest) (*GossipKeyStatus, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -263,6 +305,12 @@ func (UnimplementedAdminServiceServer) ResolveConflict(context.Context, *Resolve
 }
 func (UnimplementedAdminServiceServer) RackReport(context.Context, *RackReportRequest) (*RackReportResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method RackReport not implemented")
+}
+func (UnimplementedAdminServiceServer) RotateGossipKey(context.Context, *RotateGossipKeyRequest) (*GossipKeyStatus, error) {
+	return nil, status.Error(codes.Unimplemented, "method RotateGossipKey not implemented")
+}
+func (UnimplementedAdminServiceServer) GetGossipKeyStatus(context.Context, *GetGossipKeyStatusRequest) (*GossipKeyStatus, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetGossipKeyStatus not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -429,6 +477,42 @@ func _AdminService_RackReport_Handler(srv interface{}, ctx context.Context, dec 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_RotateGossipKey_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RotateGossipKeyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).RotateGossipKey(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_RotateGossipKey_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).RotateGossipKey(ctx, req.(*RotateGossipKeyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_GetGossipKeyStatus_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetGossipKeyStatusRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).GetGossipKeyStatus(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_GetGossipKeyStatus_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).GetGossipKeyStatus(ctx, req.(*GetGossipKeyStatusRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -467,6 +551,14 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RackReport",
 			Handler:    _AdminService_RackReport_Handler,
+		},
+		{
+			MethodName: "RotateGossipKey",
+			Handler:    _AdminService_RotateGossipKey_Handler,
+		},
+		{
+			MethodName: "GetGossipKeyStatus",
+			Handler:    _AdminService_GetGossipKeyStatus_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -714,7 +714,11 @@ type GossipConfig struct {
 	// the first machine of a rack.
 	Seeds []string `protobuf:"bytes,2,rep,name=seeds,proto3" json:"seeds,omitempty"`
 	// Rack name; members of other racks are not in this rack's gossip.
-	Rack          string `protobuf:"bytes,3,opt,name=rack,proto3" json:"rack,omitempty"`
+	Rack string `protobuf:"bytes,3,opt,name=rack,proto3" json:"rack,omitempty"`
+	// Further keys the agent accepts (decrypts with) besides key, during a key rotation
+	// (`gpuboot gossip rotate`): the key being installed, then the key being retired. The
+	// agent always encrypts with key. Empty outside a rotation.
+	AcceptedKeys  [][]byte `protobuf:"bytes,4,rep,name=accepted_keys,json=acceptedKeys,proto3" json:"accepted_keys,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -768,6 +772,13 @@ func (x *GossipConfig) GetRack() string {
 		return x.Rack
 	}
 	return ""
+}
+
+func (x *GossipConfig) GetAcceptedKeys() [][]byte {
+	if x != nil {
+		return x.AcceptedKeys
+	}
+	return nil
 }
 
 // Taint is a Kubernetes Node taint.
@@ -977,8 +988,12 @@ type HeartbeatRequest struct {
 	// When the agent process started; with the key, it names the process that sequence
 	// counts in (the key survives agent restarts, the count does not).
 	AgentStartedAt *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=agent_started_at,json=agentStartedAt,proto3" json:"agent_started_at,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Digest of the gossip key ring the agent uses (GossipKeyringDigest in this
+	// package); empty when it does not gossip. gpuboot answers with the rack's ring when
+	// it differs.
+	GossipKeyring string `protobuf:"bytes,10,opt,name=gossip_keyring,json=gossipKeyring,proto3" json:"gossip_keyring,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *HeartbeatRequest) Reset() {
@@ -1081,6 +1096,13 @@ func (x *HeartbeatRequest) GetAgentStartedAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *HeartbeatRequest) GetGossipKeyring() string {
+	if x != nil {
+		return x.GossipKeyring
+	}
+	return ""
+}
+
 // HeartbeatResponse acknowledges a heartbeat.
 type HeartbeatResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1089,7 +1111,11 @@ type HeartbeatResponse struct {
 	// When to send the next heartbeat; absent: 10 seconds.
 	Interval *durationpb.Duration `protobuf:"bytes,2,opt,name=interval,proto3" json:"interval,omitempty"`
 	// Human-readable detail, normally empty.
-	Message       string `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	Message string `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	// The rack's gossip key ring, set only over mutual TLS and only when it differs from
+	// the ring the heartbeat reported (a rotation moved on, or the agent restarted with
+	// an older JoinBundle). The agent installs it at once; seeds are left out.
+	Gossip        *GossipConfig `protobuf:"bytes,4,opt,name=gossip,proto3" json:"gossip,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1143,6 +1169,13 @@ func (x *HeartbeatResponse) GetMessage() string {
 		return x.Message
 	}
 	return ""
+}
+
+func (x *HeartbeatResponse) GetGossip() *GossipConfig {
+	if x != nil {
+		return x.Gossip
+	}
+	return nil
 }
 
 var File_api_boot_v1_enroll_proto protoreflect.FileDescriptor
@@ -1201,11 +1234,12 @@ const file_api_boot_v1_enroll_proto_rawDesc = "" +
 	"\x0ecluster_domain\x18\x10 \x01(\tR\rclusterDomain\x1a=\n" +
 	"\x0fNodeLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"J\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"o\n" +
 	"\fGossipConfig\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x14\n" +
 	"\x05seeds\x18\x02 \x03(\tR\x05seeds\x12\x12\n" +
-	"\x04rack\x18\x03 \x01(\tR\x04rack\"G\n" +
+	"\x04rack\x18\x03 \x01(\tR\x04rack\x12#\n" +
+	"\raccepted_keys\x18\x04 \x03(\fR\facceptedKeys\"G\n" +
 	"\x05Taint\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value\x12\x16\n" +
@@ -1215,7 +1249,7 @@ const file_api_boot_v1_enroll_proto_rawDesc = "" +
 	"\x06report\x18\x01 \x01(\v2\x1d.gpurack.machine.v1.ChecklistR\x06report\"{\n" +
 	"\x1bReportCommissioningResponse\x12B\n" +
 	"\rmachine_state\x18\x01 \x01(\x0e2\x1d.gpurack.boot.v1.MachineStateR\fmachineState\x12\x18\n" +
-	"\amessage\x18\x02 \x01(\tR\amessage\"\xcf\x03\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\"\xf6\x03\n" +
 	"\x10HeartbeatRequest\x120\n" +
 	"\x04auth\x18\x0f \x01(\v2\x1c.gpurack.boot.v1.RequestAuthR\x04auth\x12?\n" +
 	"\bidentity\x18\x01 \x01(\v2#.gpurack.machine.v1.MachineIdentityR\bidentity\x12\x1b\n" +
@@ -1226,11 +1260,14 @@ const file_api_boot_v1_enroll_proto_rawDesc = "" +
 	"\aboot_id\x18\x06 \x01(\tR\x06bootId\x12\x1a\n" +
 	"\bsequence\x18\a \x01(\x04R\bsequence\x123\n" +
 	"\asent_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x06sentAt\x12D\n" +
-	"\x10agent_started_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\x0eagentStartedAt\"\xa8\x01\n" +
+	"\x10agent_started_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\x0eagentStartedAt\x12%\n" +
+	"\x0egossip_keyring\x18\n" +
+	" \x01(\tR\rgossipKeyring\"\xdf\x01\n" +
 	"\x11HeartbeatResponse\x12B\n" +
 	"\rmachine_state\x18\x01 \x01(\x0e2\x1d.gpurack.boot.v1.MachineStateR\fmachineState\x125\n" +
 	"\binterval\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\binterval\x12\x18\n" +
-	"\amessage\x18\x03 \x01(\tR\amessage*\xf1\x01\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\x125\n" +
+	"\x06gossip\x18\x04 \x01(\v2\x1d.gpurack.boot.v1.GossipConfigR\x06gossip*\xf1\x01\n" +
 	"\x0eRegisterStatus\x12\x1f\n" +
 	"\x1bREGISTER_STATUS_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17REGISTER_STATUS_PENDING\x10\x01\x12\x1c\n" +
@@ -1308,19 +1345,20 @@ var file_api_boot_v1_enroll_proto_depIdxs = []int32{
 	18, // 22: gpurack.boot.v1.HeartbeatRequest.agent_started_at:type_name -> google.protobuf.Timestamp
 	17, // 23: gpurack.boot.v1.HeartbeatResponse.machine_state:type_name -> gpurack.boot.v1.MachineState
 	16, // 24: gpurack.boot.v1.HeartbeatResponse.interval:type_name -> google.protobuf.Duration
-	2,  // 25: gpurack.boot.v1.EnrollmentService.Register:input_type -> gpurack.boot.v1.RegisterRequest
-	4,  // 26: gpurack.boot.v1.EnrollmentService.GetJoinBundle:input_type -> gpurack.boot.v1.GetJoinBundleRequest
-	9,  // 27: gpurack.boot.v1.EnrollmentService.ReportCommissioning:input_type -> gpurack.boot.v1.ReportCommissioningRequest
-	11, // 28: gpurack.boot.v1.EnrollmentService.Heartbeat:input_type -> gpurack.boot.v1.HeartbeatRequest
-	3,  // 29: gpurack.boot.v1.EnrollmentService.Register:output_type -> gpurack.boot.v1.RegisterResponse
-	5,  // 30: gpurack.boot.v1.EnrollmentService.GetJoinBundle:output_type -> gpurack.boot.v1.GetJoinBundleResponse
-	10, // 31: gpurack.boot.v1.EnrollmentService.ReportCommissioning:output_type -> gpurack.boot.v1.ReportCommissioningResponse
-	12, // 32: gpurack.boot.v1.EnrollmentService.Heartbeat:output_type -> gpurack.boot.v1.HeartbeatResponse
-	29, // [29:33] is the sub-list for method output_type
-	25, // [25:29] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	7,  // 25: gpurack.boot.v1.HeartbeatResponse.gossip:type_name -> gpurack.boot.v1.GossipConfig
+	2,  // 26: gpurack.boot.v1.EnrollmentService.Register:input_type -> gpurack.boot.v1.RegisterRequest
+	4,  // 27: gpurack.boot.v1.EnrollmentService.GetJoinBundle:input_type -> gpurack.boot.v1.GetJoinBundleRequest
+	9,  // 28: gpurack.boot.v1.EnrollmentService.ReportCommissioning:input_type -> gpurack.boot.v1.ReportCommissioningRequest
+	11, // 29: gpurack.boot.v1.EnrollmentService.Heartbeat:input_type -> gpurack.boot.v1.HeartbeatRequest
+	3,  // 30: gpurack.boot.v1.EnrollmentService.Register:output_type -> gpurack.boot.v1.RegisterResponse
+	5,  // 31: gpurack.boot.v1.EnrollmentService.GetJoinBundle:output_type -> gpurack.boot.v1.GetJoinBundleResponse
+	10, // 32: gpurack.boot.v1.EnrollmentService.ReportCommissioning:output_type -> gpurack.boot.v1.ReportCommissioningResponse
+	12, // 33: gpurack.boot.v1.EnrollmentService.Heartbeat:output_type -> gpurack.boot.v1.HeartbeatResponse
+	30, // [30:34] is the sub-list for method output_type
+	26, // [26:30] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_api_boot_v1_enroll_proto_init() }

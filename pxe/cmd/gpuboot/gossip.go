@@ -1,0 +1,117 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
+)
+
+func newGossipCommand() *cobra.Command {
+	var f clientFlags
+	cmd := &cobra.Command{Use: "gossip", Short: "Rack gossip keys: rotate one, see where a rotation stands (AdminService, operator certificate)"}
+	f.register(cmd)
+	var wait time.Duration
+	var asJSON bool
+	rotate := &cobra.Command{
+		Use:   "rotate RACK [--wait DURATION]",
+		Short: "Replace a rack's gossip key without any node dropping out of the rack",
+		Long: `Replace a rack's gossip (memberlist) key while the rack runs. gpuboot adds a new key
+that agents accept beside the current one (installing); once every live agent of the
+rack reports that key ring in its heartbeat, agents encrypt with the new key and only
+accept the old one (retiring); once every live agent reports that, the old key is
+dropped (steady). Agents take each step from gpuboot's answer to their heartbeat (every
+10 s), so a rack moves through the rotation in about a minute.
+
+An agent that is offline during the rotation takes the current ring from its next
+heartbeat. A live agent that never reports the ring (an agent older than this feature)
+holds the rotation; "gpuboot gossip status RACK" names it.
+
+--wait waits up to DURATION for the rotation to reach steady, printing each step.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return f.call(func(ctx context.Context, c bootv1.AdminServiceClient) error {
+				st, err := c.RotateGossipKey(ctx, &bootv1.RotateGossipKeyRequest{Rack: args[0]})
+				if err != nil {
+					return err
+				}
+				printGossipStatus(cmd.OutOrStdout(), st)
+				if wait <= 0 {
+					return nil
+				}
+				return waitGossipSteady(cmd.OutOrStdout(), c, args[0], st, wait)
+			})
+		},
+	}
+	rotate.Flags().DurationVar(&wait, "wait", 0, "wait up to this long for the rotation to finish (0: return at once)")
+	status := &cobra.Command{
+		Use:   "status RACK [--json]",
+		Short: "Show a rack's gossip key ring by fingerprint and the agents a rotation waits for",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return f.call(func(ctx context.Context, c bootv1.AdminServiceClient) error {
+				st, err := c.GetGossipKeyStatus(ctx, &bootv1.GetGossipKeyStatusRequest{Rack: args[0]})
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return writeJSON(cmd.OutOrStdout(), st)
+				}
+				printGossipStatus(cmd.OutOrStdout(), st)
+				return nil
+			})
+		},
+	}
+	status.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	cmd.AddCommand(rotate, status)
+	return cmd
+}
+
+// waitGossipSteady polls the rotation until it is steady or wait runs out. The call's
+// own timeout (--timeout) does not bound it: each poll gets a fresh 10 s.
+func waitGossipSteady(w io.Writer, c bootv1.AdminServiceClient, rack string, st *bootv1.GossipKeyStatus, wait time.Duration) error {
+	deadline := time.Now().Add(wait)
+	last := st.GetPhase()
+	for st.GetPhase() != bootv1.GossipRotationPhase_GOSSIP_ROTATION_PHASE_STEADY {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("rotation of rack %s still %s after %s; waiting for %s (see gpuboot gossip status %s)",
+				rack, phaseText(st.GetPhase()), wait, strings.Join(st.GetBehind(), ", "), rack)
+		}
+		time.Sleep(2 * time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		next, err := c.GetGossipKeyStatus(ctx, &bootv1.GetGossipKeyStatusRequest{Rack: rack})
+		cancel()
+		if err != nil {
+			return err
+		}
+		st = next
+		if st.GetPhase() != last {
+			printGossipStatus(w, st)
+			last = st.GetPhase()
+		}
+	}
+	return nil
+}
+
+func printGossipStatus(w io.Writer, st *bootv1.GossipKeyStatus) {
+	fmt.Fprintf(w, "rack %s: %s, encrypting with key %s", st.GetRack(), phaseText(st.GetPhase()), st.GetPrimaryFingerprint())
+	if acc := st.GetAcceptedFingerprints(); len(acc) > 0 {
+		fmt.Fprintf(w, ", also accepting %s", strings.Join(acc, ", "))
+	}
+	if s := st.GetPhaseSince(); s != nil {
+		fmt.Fprintf(w, " (since %s)", ts(s))
+	}
+	fmt.Fprintln(w)
+	if b := st.GetBehind(); len(b) > 0 {
+		fmt.Fprintf(w, "  waiting for %d agent(s) to report the ring: %s\n", len(b), strings.Join(b, ", "))
+	}
+}
+
+func phaseText(p bootv1.GossipRotationPhase) string {
+	return strings.ToLower(strings.TrimPrefix(p.String(), "GOSSIP_ROTATION_PHASE_"))
+}
