@@ -53,6 +53,14 @@ type GossipKeys interface {
 	GossipKeyStatus(ctx context.Context, rack string) (*bootv1.GossipKeyStatus, error)
 }
 
+// OperatorCredentials revokes operators' certificates and tokens.
+type OperatorCredentials interface {
+	// RevokeOperator revokes name's recorded certificates and the extra serials, and
+	// removes name's tokens; it returns the serials revoked and the tokens removed.
+	// actor and reason are for the log.
+	RevokeOperator(ctx context.Context, name, actor, reason string, extraSerials []string) ([]string, int, error)
+}
+
 // Inventory is what the operator surface reads; an inventory.Store implements it.
 type Inventory interface {
 	// List returns every machine.
@@ -77,6 +85,8 @@ type Config struct {
 	// Gossip rotates gossip keys; nil: RotateGossipKey and GetGossipKeyStatus answer
 	// UNIMPLEMENTED.
 	Gossip GossipKeys
+	// Operators revokes operator credentials; nil: RevokeOperator answers UNIMPLEMENTED.
+	Operators OperatorCredentials
 }
 
 // Server implements AdminService and the HTTP handlers.
@@ -89,6 +99,7 @@ type Server struct {
 	known   []string // configured rack names
 	tokens  *Tokens
 	gossip  GossipKeys
+	ops     OperatorCredentials
 	now     func() time.Time
 }
 
@@ -105,7 +116,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, errors.New("admin: no revocation check")
 	}
 	return &Server{life: cfg.Lifecycle, inv: cfg.Inventory, ca: cfg.CA, revoked: cfg.Revoked,
-		known: append([]string(nil), cfg.Racks...), tokens: cfg.Tokens, gossip: cfg.Gossip, now: time.Now}, nil
+		known: append([]string(nil), cfg.Racks...), tokens: cfg.Tokens, gossip: cfg.Gossip, ops: cfg.Operators, now: time.Now}, nil
 }
 
 // OperatorFromCert returns the operator name of a verified client certificate chain's
@@ -426,6 +437,28 @@ func (s *Server) GetGossipKeyStatus(ctx context.Context, req *bootv1.GetGossipKe
 	}
 	st, err := s.gossip.GossipKeyStatus(ctx, req.GetRack())
 	return st, grpcError(err)
+}
+
+// RevokeOperator implements AdminService.
+func (s *Server) RevokeOperator(ctx context.Context, req *bootv1.RevokeOperatorRequest) (*bootv1.RevokeOperatorResponse, error) {
+	caller, err := s.operator(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if s.ops == nil {
+		return nil, status.Error(codes.Unimplemented, "this gpuboot does not manage operator credentials")
+	}
+	if req.GetName() == "" {
+		return nil, status.Error(codes.InvalidArgument, "name the operator to revoke")
+	}
+	if req.GetName() == caller {
+		return nil, status.Errorf(codes.FailedPrecondition, "operator %s cannot revoke itself: use another operator's credentials (gpuboot certs operator NAME issues one)", caller)
+	}
+	serials, tokens, err := s.ops.RevokeOperator(ctx, req.GetName(), "operator:"+caller, req.GetReason(), req.GetSerials())
+	if err != nil {
+		return nil, grpcError(err)
+	}
+	return &bootv1.RevokeOperatorResponse{Serials: serials, TokensRemoved: int32(tokens)}, nil
 }
 
 // RackReport implements AdminService.

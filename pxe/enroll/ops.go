@@ -321,6 +321,22 @@ func (s *Service) NodeRegistered(ctx context.Context, nodeName string) (*invento
 // Revoked reports whether the agent certificate serial is revoked.
 func (s *Service) Revoked(serial *big.Int) bool { return s.cfg.Revocations.Contains(serial) }
 
+// RevokeSerials puts certificate serials (hex) on gpuboot's revocation list and saves
+// it; it returns the serials that parsed. For certificates that are not an agent's
+// (operators'), whose holders the inventory does not know.
+func (s *Service) RevokeSerials(serials []string) ([]string, error) {
+	var done []string
+	for _, sn := range serials {
+		n, ok := new(big.Int).SetString(strings.TrimPrefix(strings.ToLower(sn), "0x"), 16)
+		if !ok || n.Sign() <= 0 {
+			return done, fmt.Errorf("%w: certificate serial %q is not a positive hex number", ErrInvalid, sn)
+		}
+		s.revoke(n.Text(16))
+		done = append(done, n.Text(16))
+	}
+	return done, nil
+}
+
 // StateByNode returns the state of the machine holding nodeName (not decommissioned).
 // It reads the inventory's node name index.
 func (s *Service) StateByNode(ctx context.Context, nodeName string) (inventory.State, bool, error) {

@@ -336,7 +336,7 @@ func TestServeAcceptance(t *testing.T) {
 	out := in.run("certs", "operator", "bob", "--state-dir", filepath.Join(in.dir, "state"), "--token")
 	var token string
 	for _, line := range strings.Split(out, "\n") {
-		if _, tok, ok := strings.Cut(line, "restart gpuboot serve to load it): "); ok {
+		if _, tok, ok := strings.Cut(line, "picks it up within a second): "); ok {
 			token = strings.TrimSpace(tok)
 		}
 	}

@@ -145,5 +145,8 @@ func IssueOperator(stateDir, name, outDir string) error {
 	if err := os.WriteFile(filepath.Join(outDir, OperatorCAFile), pki.EncodeCertPEM(ca.Cert), 0o644); err != nil {
 		return err
 	}
+	if err := recordOperatorCert(stateDir, name, kp.Cert.SerialNumber.Text(16), kp.Cert.NotAfter); err != nil {
+		return fmt.Errorf("record the operator certificate (for gpuboot operators revoke): %w", err)
+	}
 	return pki.SaveKeyPair(filepath.Join(outDir, OperatorCertFile), filepath.Join(outDir, OperatorKeyFile), kp)
 }

@@ -203,7 +203,8 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		rackNames = append(rackNames, r.Name)
 	}
 	adm, err := admin.New(admin.Config{Lifecycle: svc, Inventory: store, CA: ca.Cert, Revoked: svc.Revoked,
-		Racks: rackNames, Tokens: mustTokens(cfg, log), Gossip: svc})
+		Racks: rackNames, Tokens: mustTokens(cfg, log), Gossip: svc,
+		Operators: &operatorCreds{stateDir: cfg.StateDir, tokensFile: cfg.Admin.TokensFile, svc: svc, log: log}})
 	if err != nil {
 		return err
 	}
@@ -283,6 +284,9 @@ func mustTokens(cfg *config.Config, log *slog.Logger) *admin.Tokens {
 	if err != nil {
 		log.Error("operator tokens not loaded; only operator certificates are accepted", "err", err)
 		return nil
+	}
+	if old := t.Legacy(); len(old) > 0 {
+		log.Warn("operator tokens without an expiry (written by an older gpuboot): issue new ones with `gpuboot certs operator NAME --token` and remove these lines", "operators", old, "file", cfg.Admin.TokensFile)
 	}
 	return t
 }

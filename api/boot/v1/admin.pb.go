@@ -236,6 +236,126 @@ func (ReportFormat) EnumDescriptor() ([]byte, []int) {
 	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{2}
 }
 
+// RevokeOperatorRequest names the operator whose credentials to revoke.
+type RevokeOperatorRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The operator name (the certificate's CN, the token file's NAME).
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Why, for the log.
+	Reason string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Further certificate serial numbers (hex) to revoke, for certificates issued
+	// before gpuboot recorded what it issued.
+	Serials       []string `protobuf:"bytes,3,rep,name=serials,proto3" json:"serials,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RevokeOperatorRequest) Reset() {
+	*x = RevokeOperatorRequest{}
+	mi := &file_api_boot_v1_admin_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RevokeOperatorRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RevokeOperatorRequest) ProtoMessage() {}
+
+func (x *RevokeOperatorRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_boot_v1_admin_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RevokeOperatorRequest.ProtoReflect.Descriptor instead.
+func (*RevokeOperatorRequest) Descriptor() ([]byte, []int) {
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *RevokeOperatorRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *RevokeOperatorRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *RevokeOperatorRequest) GetSerials() []string {
+	if x != nil {
+		return x.Serials
+	}
+	return nil
+}
+
+// RevokeOperatorResponse says what was revoked.
+type RevokeOperatorResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Certificate serial numbers (hex) now on the revocation list.
+	Serials []string `protobuf:"bytes,1,rep,name=serials,proto3" json:"serials,omitempty"`
+	// Bearer tokens removed from the token file.
+	TokensRemoved int32 `protobuf:"varint,2,opt,name=tokens_removed,json=tokensRemoved,proto3" json:"tokens_removed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RevokeOperatorResponse) Reset() {
+	*x = RevokeOperatorResponse{}
+	mi := &file_api_boot_v1_admin_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RevokeOperatorResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RevokeOperatorResponse) ProtoMessage() {}
+
+func (x *RevokeOperatorResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_boot_v1_admin_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RevokeOperatorResponse.ProtoReflect.Descriptor instead.
+func (*RevokeOperatorResponse) Descriptor() ([]byte, []int) {
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *RevokeOperatorResponse) GetSerials() []string {
+	if x != nil {
+		return x.Serials
+	}
+	return nil
+}
+
+func (x *RevokeOperatorResponse) GetTokensRemoved() int32 {
+	if x != nil {
+		return x.TokensRemoved
+	}
+	return 0
+}
+
 // RotateGossipKeyRequest names the rack whose gossip key to replace.
 type RotateGossipKeyRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -246,7 +366,7 @@ type RotateGossipKeyRequest struct {
 
 func (x *RotateGossipKeyRequest) Reset() {
 	*x = RotateGossipKeyRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[0]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -258,7 +378,7 @@ func (x *RotateGossipKeyRequest) String() string {
 func (*RotateGossipKeyRequest) ProtoMessage() {}
 
 func (x *RotateGossipKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[0]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -271,7 +391,7 @@ func (x *RotateGossipKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RotateGossipKeyRequest.ProtoReflect.Descriptor instead.
 func (*RotateGossipKeyRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{0}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *RotateGossipKeyRequest) GetRack() string {
@@ -291,7 +411,7 @@ type GetGossipKeyStatusRequest struct {
 
 func (x *GetGossipKeyStatusRequest) Reset() {
 	*x = GetGossipKeyStatusRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[1]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -303,7 +423,7 @@ func (x *GetGossipKeyStatusRequest) String() string {
 func (*GetGossipKeyStatusRequest) ProtoMessage() {}
 
 func (x *GetGossipKeyStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[1]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -316,7 +436,7 @@ func (x *GetGossipKeyStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetGossipKeyStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetGossipKeyStatusRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{1}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *GetGossipKeyStatusRequest) GetRack() string {
@@ -346,7 +466,7 @@ type GossipKeyStatus struct {
 
 func (x *GossipKeyStatus) Reset() {
 	*x = GossipKeyStatus{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[2]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -358,7 +478,7 @@ func (x *GossipKeyStatus) String() string {
 func (*GossipKeyStatus) ProtoMessage() {}
 
 func (x *GossipKeyStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[2]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -371,7 +491,7 @@ func (x *GossipKeyStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GossipKeyStatus.ProtoReflect.Descriptor instead.
 func (*GossipKeyStatus) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{2}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *GossipKeyStatus) GetRack() string {
@@ -464,7 +584,7 @@ type Machine struct {
 
 func (x *Machine) Reset() {
 	*x = Machine{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[3]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -476,7 +596,7 @@ func (x *Machine) String() string {
 func (*Machine) ProtoMessage() {}
 
 func (x *Machine) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[3]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -489,7 +609,7 @@ func (x *Machine) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Machine.ProtoReflect.Descriptor instead.
 func (*Machine) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{3}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Machine) GetId() string {
@@ -642,7 +762,7 @@ type RegisteredKey struct {
 
 func (x *RegisteredKey) Reset() {
 	*x = RegisteredKey{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[4]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -654,7 +774,7 @@ func (x *RegisteredKey) String() string {
 func (*RegisteredKey) ProtoMessage() {}
 
 func (x *RegisteredKey) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[4]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -667,7 +787,7 @@ func (x *RegisteredKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisteredKey.ProtoReflect.Descriptor instead.
 func (*RegisteredKey) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{4}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *RegisteredKey) GetFingerprint() string {
@@ -744,7 +864,7 @@ type Transition struct {
 
 func (x *Transition) Reset() {
 	*x = Transition{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[5]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -756,7 +876,7 @@ func (x *Transition) String() string {
 func (*Transition) ProtoMessage() {}
 
 func (x *Transition) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[5]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -769,7 +889,7 @@ func (x *Transition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Transition.ProtoReflect.Descriptor instead.
 func (*Transition) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{5}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Transition) GetMachineId() string {
@@ -831,7 +951,7 @@ type ListMachinesRequest struct {
 
 func (x *ListMachinesRequest) Reset() {
 	*x = ListMachinesRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[6]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -843,7 +963,7 @@ func (x *ListMachinesRequest) String() string {
 func (*ListMachinesRequest) ProtoMessage() {}
 
 func (x *ListMachinesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[6]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -856,7 +976,7 @@ func (x *ListMachinesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMachinesRequest.ProtoReflect.Descriptor instead.
 func (*ListMachinesRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{6}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ListMachinesRequest) GetStates() []MachineState {
@@ -900,7 +1020,7 @@ type ListMachinesResponse struct {
 
 func (x *ListMachinesResponse) Reset() {
 	*x = ListMachinesResponse{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[7]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -912,7 +1032,7 @@ func (x *ListMachinesResponse) String() string {
 func (*ListMachinesResponse) ProtoMessage() {}
 
 func (x *ListMachinesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[7]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -925,7 +1045,7 @@ func (x *ListMachinesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMachinesResponse.ProtoReflect.Descriptor instead.
 func (*ListMachinesResponse) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{7}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ListMachinesResponse) GetMachines() []*Machine {
@@ -953,7 +1073,7 @@ type GetMachineRequest struct {
 
 func (x *GetMachineRequest) Reset() {
 	*x = GetMachineRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[8]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -965,7 +1085,7 @@ func (x *GetMachineRequest) String() string {
 func (*GetMachineRequest) ProtoMessage() {}
 
 func (x *GetMachineRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[8]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -978,7 +1098,7 @@ func (x *GetMachineRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetMachineRequest.ProtoReflect.Descriptor instead.
 func (*GetMachineRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{8}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *GetMachineRequest) GetMachine() string {
@@ -1008,7 +1128,7 @@ type ApproveRequest struct {
 
 func (x *ApproveRequest) Reset() {
 	*x = ApproveRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[9]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1020,7 +1140,7 @@ func (x *ApproveRequest) String() string {
 func (*ApproveRequest) ProtoMessage() {}
 
 func (x *ApproveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[9]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1033,7 +1153,7 @@ func (x *ApproveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApproveRequest.ProtoReflect.Descriptor instead.
 func (*ApproveRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{9}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ApproveRequest) GetMachine() string {
@@ -1084,7 +1204,7 @@ type RejectRequest struct {
 
 func (x *RejectRequest) Reset() {
 	*x = RejectRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[10]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1096,7 +1216,7 @@ func (x *RejectRequest) String() string {
 func (*RejectRequest) ProtoMessage() {}
 
 func (x *RejectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[10]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1109,7 +1229,7 @@ func (x *RejectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RejectRequest.ProtoReflect.Descriptor instead.
 func (*RejectRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{10}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *RejectRequest) GetMachine() string {
@@ -1139,7 +1259,7 @@ type DecommissionRequest struct {
 
 func (x *DecommissionRequest) Reset() {
 	*x = DecommissionRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[11]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1151,7 +1271,7 @@ func (x *DecommissionRequest) String() string {
 func (*DecommissionRequest) ProtoMessage() {}
 
 func (x *DecommissionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[11]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1164,7 +1284,7 @@ func (x *DecommissionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecommissionRequest.ProtoReflect.Descriptor instead.
 func (*DecommissionRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{11}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *DecommissionRequest) GetMachine() string {
@@ -1199,7 +1319,7 @@ type HistoryRequest struct {
 
 func (x *HistoryRequest) Reset() {
 	*x = HistoryRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[12]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1211,7 +1331,7 @@ func (x *HistoryRequest) String() string {
 func (*HistoryRequest) ProtoMessage() {}
 
 func (x *HistoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[12]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1224,7 +1344,7 @@ func (x *HistoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HistoryRequest.ProtoReflect.Descriptor instead.
 func (*HistoryRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{12}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *HistoryRequest) GetMachine() string {
@@ -1266,7 +1386,7 @@ type HistoryResponse struct {
 
 func (x *HistoryResponse) Reset() {
 	*x = HistoryResponse{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[13]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1278,7 +1398,7 @@ func (x *HistoryResponse) String() string {
 func (*HistoryResponse) ProtoMessage() {}
 
 func (x *HistoryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[13]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1291,7 +1411,7 @@ func (x *HistoryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HistoryResponse.ProtoReflect.Descriptor instead.
 func (*HistoryResponse) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{13}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *HistoryResponse) GetTransitions() []*Transition {
@@ -1316,7 +1436,7 @@ type ResolveConflictRequest struct {
 
 func (x *ResolveConflictRequest) Reset() {
 	*x = ResolveConflictRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[14]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1328,7 +1448,7 @@ func (x *ResolveConflictRequest) String() string {
 func (*ResolveConflictRequest) ProtoMessage() {}
 
 func (x *ResolveConflictRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[14]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1341,7 +1461,7 @@ func (x *ResolveConflictRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveConflictRequest.ProtoReflect.Descriptor instead.
 func (*ResolveConflictRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{14}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ResolveConflictRequest) GetMachine() string {
@@ -1378,7 +1498,7 @@ type RackReportRequest struct {
 
 func (x *RackReportRequest) Reset() {
 	*x = RackReportRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[15]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1390,7 +1510,7 @@ func (x *RackReportRequest) String() string {
 func (*RackReportRequest) ProtoMessage() {}
 
 func (x *RackReportRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[15]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1403,7 +1523,7 @@ func (x *RackReportRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RackReportRequest.ProtoReflect.Descriptor instead.
 func (*RackReportRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{15}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RackReportRequest) GetRack() string {
@@ -1437,7 +1557,7 @@ type RackReportResponse struct {
 
 func (x *RackReportResponse) Reset() {
 	*x = RackReportResponse{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[16]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1449,7 +1569,7 @@ func (x *RackReportResponse) String() string {
 func (*RackReportResponse) ProtoMessage() {}
 
 func (x *RackReportResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[16]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1462,7 +1582,7 @@ func (x *RackReportResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RackReportResponse.ProtoReflect.Descriptor instead.
 func (*RackReportResponse) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{16}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *RackReportResponse) GetContent() []byte {
@@ -1520,7 +1640,7 @@ type RackReportData struct {
 
 func (x *RackReportData) Reset() {
 	*x = RackReportData{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[17]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1532,7 +1652,7 @@ func (x *RackReportData) String() string {
 func (*RackReportData) ProtoMessage() {}
 
 func (x *RackReportData) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[17]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1545,7 +1665,7 @@ func (x *RackReportData) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RackReportData.ProtoReflect.Descriptor instead.
 func (*RackReportData) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{17}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RackReportData) GetRack() string {
@@ -1620,7 +1740,7 @@ type RackReportTotals struct {
 
 func (x *RackReportTotals) Reset() {
 	*x = RackReportTotals{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[18]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1632,7 +1752,7 @@ func (x *RackReportTotals) String() string {
 func (*RackReportTotals) ProtoMessage() {}
 
 func (x *RackReportTotals) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[18]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1645,7 +1765,7 @@ func (x *RackReportTotals) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RackReportTotals.ProtoReflect.Descriptor instead.
 func (*RackReportTotals) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{18}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *RackReportTotals) GetNodesReady() uint32 {
@@ -1708,7 +1828,7 @@ type RackReportMachine struct {
 
 func (x *RackReportMachine) Reset() {
 	*x = RackReportMachine{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[19]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1720,7 +1840,7 @@ func (x *RackReportMachine) String() string {
 func (*RackReportMachine) ProtoMessage() {}
 
 func (x *RackReportMachine) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[19]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1733,7 +1853,7 @@ func (x *RackReportMachine) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RackReportMachine.ProtoReflect.Descriptor instead.
 func (*RackReportMachine) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{19}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *RackReportMachine) GetMachineId() string {
@@ -1842,7 +1962,7 @@ type CheckTally struct {
 
 func (x *CheckTally) Reset() {
 	*x = CheckTally{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[20]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1854,7 +1974,7 @@ func (x *CheckTally) String() string {
 func (*CheckTally) ProtoMessage() {}
 
 func (x *CheckTally) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[20]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1867,7 +1987,7 @@ func (x *CheckTally) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckTally.ProtoReflect.Descriptor instead.
 func (*CheckTally) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{20}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *CheckTally) GetId() string {
@@ -1916,7 +2036,14 @@ var File_api_boot_v1_admin_proto protoreflect.FileDescriptor
 
 const file_api_boot_v1_admin_proto_rawDesc = "" +
 	"\n" +
-	"\x17api/boot/v1/admin.proto\x12\x0fgpurack.boot.v1\x1a\x1capi/machine/v1/machine.proto\x1a\x1fgoogle/protobuf/timestamp.proto\",\n" +
+	"\x17api/boot/v1/admin.proto\x12\x0fgpurack.boot.v1\x1a\x1capi/machine/v1/machine.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"]\n" +
+	"\x15RevokeOperatorRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x18\n" +
+	"\aserials\x18\x03 \x03(\tR\aserials\"Y\n" +
+	"\x16RevokeOperatorResponse\x12\x18\n" +
+	"\aserials\x18\x01 \x03(\tR\aserials\x12%\n" +
+	"\x0etokens_removed\x18\x02 \x01(\x05R\rtokensRemoved\",\n" +
 	"\x16RotateGossipKeyRequest\x12\x12\n" +
 	"\x04rack\x18\x01 \x01(\tR\x04rack\"/\n" +
 	"\x19GetGossipKeyStatusRequest\x12\x12\n" +
@@ -2080,7 +2207,7 @@ const file_api_boot_v1_admin_proto_rawDesc = "" +
 	"\x19REPORT_FORMAT_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16REPORT_FORMAT_MARKDOWN\x10\x01\x12\x16\n" +
 	"\x12REPORT_FORMAT_JSON\x10\x02\x12\x16\n" +
-	"\x12REPORT_FORMAT_HTML\x10\x032\xce\x06\n" +
+	"\x12REPORT_FORMAT_HTML\x10\x032\xb1\a\n" +
 	"\fAdminService\x12[\n" +
 	"\fListMachines\x12$.gpurack.boot.v1.ListMachinesRequest\x1a%.gpurack.boot.v1.ListMachinesResponse\x12J\n" +
 	"\n" +
@@ -2093,7 +2220,8 @@ const file_api_boot_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"RackReport\x12\".gpurack.boot.v1.RackReportRequest\x1a#.gpurack.boot.v1.RackReportResponse\x12\\\n" +
 	"\x0fRotateGossipKey\x12'.gpurack.boot.v1.RotateGossipKeyRequest\x1a .gpurack.boot.v1.GossipKeyStatus\x12b\n" +
-	"\x12GetGossipKeyStatus\x12*.gpurack.boot.v1.GetGossipKeyStatusRequest\x1a .gpurack.boot.v1.GossipKeyStatusB/Z-github.com/gpurack/gpurack/api/boot/v1;bootv1b\x06proto3"
+	"\x12GetGossipKeyStatus\x12*.gpurack.boot.v1.GetGossipKeyStatusRequest\x1a .gpurack.boot.v1.GossipKeyStatus\x12a\n" +
+	"\x0eRevokeOperator\x12&.gpurack.boot.v1.RevokeOperatorRequest\x1a'.gpurack.boot.v1.RevokeOperatorResponseB/Z-github.com/gpurack/gpurack/api/boot/v1;bootv1b\x06proto3"
 
 var (
 	file_api_boot_v1_admin_proto_rawDescOnce sync.Once
@@ -2108,96 +2236,100 @@ func file_api_boot_v1_admin_proto_rawDescGZIP() []byte {
 }
 
 var file_api_boot_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_api_boot_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
+var file_api_boot_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_api_boot_v1_admin_proto_goTypes = []any{
 	(GossipRotationPhase)(0),          // 0: gpurack.boot.v1.GossipRotationPhase
 	(MachineState)(0),                 // 1: gpurack.boot.v1.MachineState
 	(ReportFormat)(0),                 // 2: gpurack.boot.v1.ReportFormat
-	(*RotateGossipKeyRequest)(nil),    // 3: gpurack.boot.v1.RotateGossipKeyRequest
-	(*GetGossipKeyStatusRequest)(nil), // 4: gpurack.boot.v1.GetGossipKeyStatusRequest
-	(*GossipKeyStatus)(nil),           // 5: gpurack.boot.v1.GossipKeyStatus
-	(*Machine)(nil),                   // 6: gpurack.boot.v1.Machine
-	(*RegisteredKey)(nil),             // 7: gpurack.boot.v1.RegisteredKey
-	(*Transition)(nil),                // 8: gpurack.boot.v1.Transition
-	(*ListMachinesRequest)(nil),       // 9: gpurack.boot.v1.ListMachinesRequest
-	(*ListMachinesResponse)(nil),      // 10: gpurack.boot.v1.ListMachinesResponse
-	(*GetMachineRequest)(nil),         // 11: gpurack.boot.v1.GetMachineRequest
-	(*ApproveRequest)(nil),            // 12: gpurack.boot.v1.ApproveRequest
-	(*RejectRequest)(nil),             // 13: gpurack.boot.v1.RejectRequest
-	(*DecommissionRequest)(nil),       // 14: gpurack.boot.v1.DecommissionRequest
-	(*HistoryRequest)(nil),            // 15: gpurack.boot.v1.HistoryRequest
-	(*HistoryResponse)(nil),           // 16: gpurack.boot.v1.HistoryResponse
-	(*ResolveConflictRequest)(nil),    // 17: gpurack.boot.v1.ResolveConflictRequest
-	(*RackReportRequest)(nil),         // 18: gpurack.boot.v1.RackReportRequest
-	(*RackReportResponse)(nil),        // 19: gpurack.boot.v1.RackReportResponse
-	(*RackReportData)(nil),            // 20: gpurack.boot.v1.RackReportData
-	(*RackReportTotals)(nil),          // 21: gpurack.boot.v1.RackReportTotals
-	(*RackReportMachine)(nil),         // 22: gpurack.boot.v1.RackReportMachine
-	(*CheckTally)(nil),                // 23: gpurack.boot.v1.CheckTally
-	nil,                               // 24: gpurack.boot.v1.Machine.LabelsEntry
-	nil,                               // 25: gpurack.boot.v1.RackReportData.MachinesByStateEntry
-	(*timestamppb.Timestamp)(nil),     // 26: google.protobuf.Timestamp
-	(*v1.MachineIdentity)(nil),        // 27: gpurack.machine.v1.MachineIdentity
-	(*v1.MachineFacts)(nil),           // 28: gpurack.machine.v1.MachineFacts
-	(*v1.Checklist)(nil),              // 29: gpurack.machine.v1.Checklist
-	(*v1.HealthSummary)(nil),          // 30: gpurack.machine.v1.HealthSummary
+	(*RevokeOperatorRequest)(nil),     // 3: gpurack.boot.v1.RevokeOperatorRequest
+	(*RevokeOperatorResponse)(nil),    // 4: gpurack.boot.v1.RevokeOperatorResponse
+	(*RotateGossipKeyRequest)(nil),    // 5: gpurack.boot.v1.RotateGossipKeyRequest
+	(*GetGossipKeyStatusRequest)(nil), // 6: gpurack.boot.v1.GetGossipKeyStatusRequest
+	(*GossipKeyStatus)(nil),           // 7: gpurack.boot.v1.GossipKeyStatus
+	(*Machine)(nil),                   // 8: gpurack.boot.v1.Machine
+	(*RegisteredKey)(nil),             // 9: gpurack.boot.v1.RegisteredKey
+	(*Transition)(nil),                // 10: gpurack.boot.v1.Transition
+	(*ListMachinesRequest)(nil),       // 11: gpurack.boot.v1.ListMachinesRequest
+	(*ListMachinesResponse)(nil),      // 12: gpurack.boot.v1.ListMachinesResponse
+	(*GetMachineRequest)(nil),         // 13: gpurack.boot.v1.GetMachineRequest
+	(*ApproveRequest)(nil),            // 14: gpurack.boot.v1.ApproveRequest
+	(*RejectRequest)(nil),             // 15: gpurack.boot.v1.RejectRequest
+	(*DecommissionRequest)(nil),       // 16: gpurack.boot.v1.DecommissionRequest
+	(*HistoryRequest)(nil),            // 17: gpurack.boot.v1.HistoryRequest
+	(*HistoryResponse)(nil),           // 18: gpurack.boot.v1.HistoryResponse
+	(*ResolveConflictRequest)(nil),    // 19: gpurack.boot.v1.ResolveConflictRequest
+	(*RackReportRequest)(nil),         // 20: gpurack.boot.v1.RackReportRequest
+	(*RackReportResponse)(nil),        // 21: gpurack.boot.v1.RackReportResponse
+	(*RackReportData)(nil),            // 22: gpurack.boot.v1.RackReportData
+	(*RackReportTotals)(nil),          // 23: gpurack.boot.v1.RackReportTotals
+	(*RackReportMachine)(nil),         // 24: gpurack.boot.v1.RackReportMachine
+	(*CheckTally)(nil),                // 25: gpurack.boot.v1.CheckTally
+	nil,                               // 26: gpurack.boot.v1.Machine.LabelsEntry
+	nil,                               // 27: gpurack.boot.v1.RackReportData.MachinesByStateEntry
+	(*timestamppb.Timestamp)(nil),     // 28: google.protobuf.Timestamp
+	(*v1.MachineIdentity)(nil),        // 29: gpurack.machine.v1.MachineIdentity
+	(*v1.MachineFacts)(nil),           // 30: gpurack.machine.v1.MachineFacts
+	(*v1.Checklist)(nil),              // 31: gpurack.machine.v1.Checklist
+	(*v1.HealthSummary)(nil),          // 32: gpurack.machine.v1.HealthSummary
 }
 var file_api_boot_v1_admin_proto_depIdxs = []int32{
 	0,  // 0: gpurack.boot.v1.GossipKeyStatus.phase:type_name -> gpurack.boot.v1.GossipRotationPhase
-	26, // 1: gpurack.boot.v1.GossipKeyStatus.phase_since:type_name -> google.protobuf.Timestamp
-	27, // 2: gpurack.boot.v1.Machine.identity:type_name -> gpurack.machine.v1.MachineIdentity
+	28, // 1: gpurack.boot.v1.GossipKeyStatus.phase_since:type_name -> google.protobuf.Timestamp
+	29, // 2: gpurack.boot.v1.Machine.identity:type_name -> gpurack.machine.v1.MachineIdentity
 	1,  // 3: gpurack.boot.v1.Machine.state:type_name -> gpurack.boot.v1.MachineState
-	24, // 4: gpurack.boot.v1.Machine.labels:type_name -> gpurack.boot.v1.Machine.LabelsEntry
-	28, // 5: gpurack.boot.v1.Machine.facts:type_name -> gpurack.machine.v1.MachineFacts
-	29, // 6: gpurack.boot.v1.Machine.checklist:type_name -> gpurack.machine.v1.Checklist
-	7,  // 7: gpurack.boot.v1.Machine.keys:type_name -> gpurack.boot.v1.RegisteredKey
-	30, // 8: gpurack.boot.v1.Machine.health:type_name -> gpurack.machine.v1.HealthSummary
-	26, // 9: gpurack.boot.v1.Machine.last_heartbeat_at:type_name -> google.protobuf.Timestamp
-	26, // 10: gpurack.boot.v1.Machine.created_at:type_name -> google.protobuf.Timestamp
-	26, // 11: gpurack.boot.v1.Machine.updated_at:type_name -> google.protobuf.Timestamp
-	8,  // 12: gpurack.boot.v1.Machine.history:type_name -> gpurack.boot.v1.Transition
-	26, // 13: gpurack.boot.v1.RegisteredKey.registered_at:type_name -> google.protobuf.Timestamp
-	26, // 14: gpurack.boot.v1.RegisteredKey.last_seen_at:type_name -> google.protobuf.Timestamp
+	26, // 4: gpurack.boot.v1.Machine.labels:type_name -> gpurack.boot.v1.Machine.LabelsEntry
+	30, // 5: gpurack.boot.v1.Machine.facts:type_name -> gpurack.machine.v1.MachineFacts
+	31, // 6: gpurack.boot.v1.Machine.checklist:type_name -> gpurack.machine.v1.Checklist
+	9,  // 7: gpurack.boot.v1.Machine.keys:type_name -> gpurack.boot.v1.RegisteredKey
+	32, // 8: gpurack.boot.v1.Machine.health:type_name -> gpurack.machine.v1.HealthSummary
+	28, // 9: gpurack.boot.v1.Machine.last_heartbeat_at:type_name -> google.protobuf.Timestamp
+	28, // 10: gpurack.boot.v1.Machine.created_at:type_name -> google.protobuf.Timestamp
+	28, // 11: gpurack.boot.v1.Machine.updated_at:type_name -> google.protobuf.Timestamp
+	10, // 12: gpurack.boot.v1.Machine.history:type_name -> gpurack.boot.v1.Transition
+	28, // 13: gpurack.boot.v1.RegisteredKey.registered_at:type_name -> google.protobuf.Timestamp
+	28, // 14: gpurack.boot.v1.RegisteredKey.last_seen_at:type_name -> google.protobuf.Timestamp
 	1,  // 15: gpurack.boot.v1.Transition.from:type_name -> gpurack.boot.v1.MachineState
 	1,  // 16: gpurack.boot.v1.Transition.to:type_name -> gpurack.boot.v1.MachineState
-	26, // 17: gpurack.boot.v1.Transition.time:type_name -> google.protobuf.Timestamp
+	28, // 17: gpurack.boot.v1.Transition.time:type_name -> google.protobuf.Timestamp
 	1,  // 18: gpurack.boot.v1.ListMachinesRequest.states:type_name -> gpurack.boot.v1.MachineState
-	6,  // 19: gpurack.boot.v1.ListMachinesResponse.machines:type_name -> gpurack.boot.v1.Machine
-	26, // 20: gpurack.boot.v1.HistoryRequest.since:type_name -> google.protobuf.Timestamp
-	8,  // 21: gpurack.boot.v1.HistoryResponse.transitions:type_name -> gpurack.boot.v1.Transition
+	8,  // 19: gpurack.boot.v1.ListMachinesResponse.machines:type_name -> gpurack.boot.v1.Machine
+	28, // 20: gpurack.boot.v1.HistoryRequest.since:type_name -> google.protobuf.Timestamp
+	10, // 21: gpurack.boot.v1.HistoryResponse.transitions:type_name -> gpurack.boot.v1.Transition
 	2,  // 22: gpurack.boot.v1.RackReportRequest.format:type_name -> gpurack.boot.v1.ReportFormat
-	20, // 23: gpurack.boot.v1.RackReportResponse.data:type_name -> gpurack.boot.v1.RackReportData
-	26, // 24: gpurack.boot.v1.RackReportData.generated_at:type_name -> google.protobuf.Timestamp
-	22, // 25: gpurack.boot.v1.RackReportData.machines:type_name -> gpurack.boot.v1.RackReportMachine
-	23, // 26: gpurack.boot.v1.RackReportData.checks:type_name -> gpurack.boot.v1.CheckTally
-	25, // 27: gpurack.boot.v1.RackReportData.machines_by_state:type_name -> gpurack.boot.v1.RackReportData.MachinesByStateEntry
-	21, // 28: gpurack.boot.v1.RackReportData.totals:type_name -> gpurack.boot.v1.RackReportTotals
-	27, // 29: gpurack.boot.v1.RackReportMachine.identity:type_name -> gpurack.machine.v1.MachineIdentity
+	22, // 23: gpurack.boot.v1.RackReportResponse.data:type_name -> gpurack.boot.v1.RackReportData
+	28, // 24: gpurack.boot.v1.RackReportData.generated_at:type_name -> google.protobuf.Timestamp
+	24, // 25: gpurack.boot.v1.RackReportData.machines:type_name -> gpurack.boot.v1.RackReportMachine
+	25, // 26: gpurack.boot.v1.RackReportData.checks:type_name -> gpurack.boot.v1.CheckTally
+	27, // 27: gpurack.boot.v1.RackReportData.machines_by_state:type_name -> gpurack.boot.v1.RackReportData.MachinesByStateEntry
+	23, // 28: gpurack.boot.v1.RackReportData.totals:type_name -> gpurack.boot.v1.RackReportTotals
+	29, // 29: gpurack.boot.v1.RackReportMachine.identity:type_name -> gpurack.machine.v1.MachineIdentity
 	1,  // 30: gpurack.boot.v1.RackReportMachine.state:type_name -> gpurack.boot.v1.MachineState
-	29, // 31: gpurack.boot.v1.RackReportMachine.checklist:type_name -> gpurack.machine.v1.Checklist
-	30, // 32: gpurack.boot.v1.RackReportMachine.health:type_name -> gpurack.machine.v1.HealthSummary
-	9,  // 33: gpurack.boot.v1.AdminService.ListMachines:input_type -> gpurack.boot.v1.ListMachinesRequest
-	11, // 34: gpurack.boot.v1.AdminService.GetMachine:input_type -> gpurack.boot.v1.GetMachineRequest
-	12, // 35: gpurack.boot.v1.AdminService.Approve:input_type -> gpurack.boot.v1.ApproveRequest
-	13, // 36: gpurack.boot.v1.AdminService.Reject:input_type -> gpurack.boot.v1.RejectRequest
-	14, // 37: gpurack.boot.v1.AdminService.Decommission:input_type -> gpurack.boot.v1.DecommissionRequest
-	15, // 38: gpurack.boot.v1.AdminService.History:input_type -> gpurack.boot.v1.HistoryRequest
-	17, // 39: gpurack.boot.v1.AdminService.ResolveConflict:input_type -> gpurack.boot.v1.ResolveConflictRequest
-	18, // 40: gpurack.boot.v1.AdminService.RackReport:input_type -> gpurack.boot.v1.RackReportRequest
-	3,  // 41: gpurack.boot.v1.AdminService.RotateGossipKey:input_type -> gpurack.boot.v1.RotateGossipKeyRequest
-	4,  // 42: gpurack.boot.v1.AdminService.GetGossipKeyStatus:input_type -> gpurack.boot.v1.GetGossipKeyStatusRequest
-	10, // 43: gpurack.boot.v1.AdminService.ListMachines:output_type -> gpurack.boot.v1.ListMachinesResponse
-	6,  // 44: gpurack.boot.v1.AdminService.GetMachine:output_type -> gpurack.boot.v1.Machine
-	6,  // 45: gpurack.boot.v1.AdminService.Approve:output_type -> gpurack.boot.v1.Machine
-	6,  // 46: gpurack.boot.v1.AdminService.Reject:output_type -> gpurack.boot.v1.Machine
-	6,  // 47: gpurack.boot.v1.AdminService.Decommission:output_type -> gpurack.boot.v1.Machine
-	16, // 48: gpurack.boot.v1.AdminService.History:output_type -> gpurack.boot.v1.HistoryResponse
-	6,  // 49: gpurack.boot.v1.AdminService.ResolveConflict:output_type -> gpurack.boot.v1.Machine
-	19, // 50: gpurack.boot.v1.AdminService.RackReport:output_type -> gpurack.boot.v1.RackReportResponse
-	5,  // 51: gpurack.boot.v1.AdminService.RotateGossipKey:output_type -> gpurack.boot.v1.GossipKeyStatus
-	5,  // 52: gpurack.boot.v1.AdminService.GetGossipKeyStatus:output_type -> gpurack.boot.v1.GossipKeyStatus
-	43, // [43:53] is the sub-list for method output_type
-	33, // [33:43] is the sub-list for method input_type
+	31, // 31: gpurack.boot.v1.RackReportMachine.checklist:type_name -> gpurack.machine.v1.Checklist
+	32, // 32: gpurack.boot.v1.RackReportMachine.health:type_name -> gpurack.machine.v1.HealthSummary
+	11, // 33: gpurack.boot.v1.AdminService.ListMachines:input_type -> gpurack.boot.v1.ListMachinesRequest
+	13, // 34: gpurack.boot.v1.AdminService.GetMachine:input_type -> gpurack.boot.v1.GetMachineRequest
+	14, // 35: gpurack.boot.v1.AdminService.Approve:input_type -> gpurack.boot.v1.ApproveRequest
+	15, // 36: gpurack.boot.v1.AdminService.Reject:input_type -> gpurack.boot.v1.RejectRequest
+	16, // 37: gpurack.boot.v1.AdminService.Decommission:input_type -> gpurack.boot.v1.DecommissionRequest
+	17, // 38: gpurack.boot.v1.AdminService.History:input_type -> gpurack.boot.v1.HistoryRequest
+	19, // 39: gpurack.boot.v1.AdminService.ResolveConflict:input_type -> gpurack.boot.v1.ResolveConflictRequest
+	20, // 40: gpurack.boot.v1.AdminService.RackReport:input_type -> gpurack.boot.v1.RackReportRequest
+	5,  // 41: gpurack.boot.v1.AdminService.RotateGossipKey:input_type -> gpurack.boot.v1.RotateGossipKeyRequest
+	6,  // 42: gpurack.boot.v1.AdminService.GetGossipKeyStatus:input_type -> gpurack.boot.v1.GetGossipKeyStatusRequest
+	3,  // 43: gpurack.boot.v1.AdminService.RevokeOperator:input_type -> gpurack.boot.v1.RevokeOperatorRequest
+	12, // 44: gpurack.boot.v1.AdminService.ListMachines:output_type -> gpurack.boot.v1.ListMachinesResponse
+	8,  // 45: gpurack.boot.v1.AdminService.GetMachine:output_type -> gpurack.boot.v1.Machine
+	8,  // 46: gpurack.boot.v1.AdminService.Approve:output_type -> gpurack.boot.v1.Machine
+	8,  // 47: gpurack.boot.v1.AdminService.Reject:output_type -> gpurack.boot.v1.Machine
+	8,  // 48: gpurack.boot.v1.AdminService.Decommission:output_type -> gpurack.boot.v1.Machine
+	18, // 49: gpurack.boot.v1.AdminService.History:output_type -> gpurack.boot.v1.HistoryResponse
+	8,  // 50: gpurack.boot.v1.AdminService.ResolveConflict:output_type -> gpurack.boot.v1.Machine
+	21, // 51: gpurack.boot.v1.AdminService.RackReport:output_type -> gpurack.boot.v1.RackReportResponse
+	7,  // 52: gpurack.boot.v1.AdminService.RotateGossipKey:output_type -> gpurack.boot.v1.GossipKeyStatus
+	7,  // 53: gpurack.boot.v1.AdminService.GetGossipKeyStatus:output_type -> gpurack.boot.v1.GossipKeyStatus
+	4,  // 54: gpurack.boot.v1.AdminService.RevokeOperator:output_type -> gpurack.boot.v1.RevokeOperatorResponse
+	44, // [44:55] is the sub-list for method output_type
+	33, // [33:44] is the sub-list for method input_type
 	33, // [33:33] is the sub-list for extension type_name
 	33, // [33:33] is the sub-list for extension extendee
 	0,  // [0:33] is the sub-list for field type_name
@@ -2208,14 +2340,14 @@ func file_api_boot_v1_admin_proto_init() {
 	if File_api_boot_v1_admin_proto != nil {
 		return
 	}
-	file_api_boot_v1_admin_proto_msgTypes[18].OneofWrappers = []any{}
+	file_api_boot_v1_admin_proto_msgTypes[20].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_boot_v1_admin_proto_rawDesc), len(file_api_boot_v1_admin_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   23,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

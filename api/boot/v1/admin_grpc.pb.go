@@ -36,6 +36,7 @@ const (
 	AdminService_RackReport_FullMethodName         = "/gpurack.boot.v1.AdminService/RackReport"
 	AdminService_RotateGossipKey_FullMethodName    = "/gpurack.boot.v1.AdminService/RotateGossipKey"
 	AdminService_GetGossipKeyStatus_FullMethodName = "/gpurack.boot.v1.AdminService/GetGossipKeyStatus"
+	AdminService_RevokeOperator_FullMethodName     = "/gpurack.boot.v1.AdminService/RevokeOperator"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -100,6 +101,15 @@ type AdminServiceClient interface {
 	RotateGossipKey(ctx context.Context, in *RotateGossipKeyRequest, opts ...grpc.CallOption) (*GossipKeyStatus, error)
 	// GetGossipKeyStatus reports where a rack's key rotation stands.
 	GetGossipKeyStatus(ctx context.Context, in *GetGossipKeyStatusRequest, opts ...grpc.CallOption) (*GossipKeyStatus, error)
+	// RevokeOperator ends an operator's access (`gpuboot operators revoke NAME`): every
+	// operator certificate gpuboot recorded issuing to the name is put on gpuboot's
+	// revocation list (checked on every AdminService, REST and rack-view call; agents'
+	// own APIs do not consult it yet), and the name's bearer
+	// tokens are removed from the token file, which gpuboot re-reads. Certificates
+	// issued before gpuboot recorded them are revoked by serial. An operator cannot
+	// revoke the certificate it calls with (FAILED_PRECONDITION); a name with nothing
+	// to revoke and no serials: NOT_FOUND.
+	RevokeOperator(ctx context.Context, in *RevokeOperatorRequest, opts ...grpc.CallOption) (*RevokeOperatorResponse, error)
 }
 
 type adminServiceClient struct {
@@ -210,6 +220,16 @@ func (c *adminServiceClient) GetGossipKeyStatus(ctx context.Context, in *GetGoss
 	return out, nil
 }
 
+func (c *adminServiceClient) RevokeOperator(ctx context.Context, in *RevokeOperatorRequest, opts ...grpc.CallOption) (*RevokeOperatorResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RevokeOperatorResponse)
+	err := c.cc.Invoke(ctx, AdminService_RevokeOperator_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
@@ -272,6 +292,15 @@ type AdminServiceServer interface {
 	RotateGossipKey(context.Context, *RotateGossipKeyRequest) (*GossipKeyStatus, error)
 	// GetGossipKeyStatus reports where a rack's key rotation stands.
 	GetGossipKeyStatus(context.Context, *GetGossipKeyStatusRequest) (*GossipKeyStatus, error)
+	// RevokeOperator ends an operator's access (`gpuboot operators revoke NAME`): every
+	// operator certificate gpuboot recorded issuing to the name is put on gpuboot's
+	// revocation list (checked on every AdminService, REST and rack-view call; agents'
+	// own APIs do not consult it yet), and the name's bearer
+	// tokens are removed from the token file, which gpuboot re-reads. Certificates
+	// issued before gpuboot recorded them are revoked by serial. An operator cannot
+	// revoke the certificate it calls with (FAILED_PRECONDITION); a name with nothing
+	// to revoke and no serials: NOT_FOUND.
+	RevokeOperator(context.Context, *RevokeOperatorRequest) (*RevokeOperatorResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -311,6 +340,9 @@ func (UnimplementedAdminServiceServer) RotateGossipKey(context.Context, *RotateG
 }
 func (UnimplementedAdminServiceServer) GetGossipKeyStatus(context.Context, *GetGossipKeyStatusRequest) (*GossipKeyStatus, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetGossipKeyStatus not implemented")
+}
+func (UnimplementedAdminServiceServer) RevokeOperator(context.Context, *RevokeOperatorRequest) (*RevokeOperatorResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RevokeOperator not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -513,6 +545,24 @@ func _AdminService_GetGossipKeyStatus_Handler(srv interface{}, ctx context.Conte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_RevokeOperator_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RevokeOperatorRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).RevokeOperator(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_RevokeOperator_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).RevokeOperator(ctx, req.(*RevokeOperatorRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -559,6 +609,10 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetGossipKeyStatus",
 			Handler:    _AdminService_GetGossipKeyStatus_Handler,
+		},
+		{
+			MethodName: "RevokeOperator",
+			Handler:    _AdminService_RevokeOperator_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

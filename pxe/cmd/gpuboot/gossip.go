@@ -115,3 +115,37 @@ func printGossipStatus(w io.Writer, st *bootv1.GossipKeyStatus) {
 func phaseText(p bootv1.GossipRotationPhase) string {
 	return strings.ToLower(strings.TrimPrefix(p.String(), "GOSSIP_ROTATION_PHASE_"))
 }
+
+func newOperatorsCommand() *cobra.Command {
+	var f clientFlags
+	cmd := &cobra.Command{Use: "operators", Short: "Operator credentials: revoke an operator's certificates and tokens (AdminService, operator certificate)"}
+	f.register(cmd)
+	var reason string
+	var serials []string
+	revoke := &cobra.Command{
+		Use:   "revoke NAME [--serial HEX]... [--reason TEXT]",
+		Short: "Revoke every certificate and bearer token of an operator",
+		Long: `Revoke an operator's access: every operator certificate gpuboot recorded issuing to
+NAME (STATEDIR/operators/issued) goes on gpuboot's revocation list, which AdminService,
+the REST API and the rack view check on every call, and NAME's bearer tokens are removed
+from the token file, which gpuboot re-reads within a second. Certificates issued before
+gpuboot recorded them can be named with --serial (the serial number in hex, as
+"openssl x509 -noout -serial" prints it). Run it with another operator's credentials:
+an operator cannot revoke itself.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return f.call(func(ctx context.Context, c bootv1.AdminServiceClient) error {
+				resp, err := c.RevokeOperator(ctx, &bootv1.RevokeOperatorRequest{Name: args[0], Reason: reason, Serials: serials})
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "operator %s: %d certificate(s) revoked %v, %d token(s) removed\n", args[0], len(resp.GetSerials()), resp.GetSerials(), resp.GetTokensRemoved())
+				return nil
+			})
+		},
+	}
+	revoke.Flags().StringVar(&reason, "reason", "", "why, for gpuboot's log")
+	revoke.Flags().StringSliceVar(&serials, "serial", nil, "also revoke this certificate serial (hex)")
+	cmd.AddCommand(revoke)
+	return cmd
+}

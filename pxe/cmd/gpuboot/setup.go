@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"time"
 	"strings"
 	"syscall"
 
@@ -67,6 +68,7 @@ func newCertsCommand() *cobra.Command {
 	certs := &cobra.Command{Use: "certs", Short: "Issue certificates from the gpurack CA"}
 	var stateDir, out string
 	var token bool
+	var tokenTTL time.Duration
 	op := &cobra.Command{
 		Use:   "operator NAME",
 		Short: "Issue an operator certificate (O=gpurack:operators) for AdminService, the REST API and the rack view",
@@ -81,7 +83,11 @@ func newCertsCommand() *cobra.Command {
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "operator %s: credentials in %s (ca.crt, operator.crt, operator.key)\n", name, out)
 			if token {
-				tok, line, err := admin.NewToken(name)
+				if tokenTTL <= 0 {
+					return fmt.Errorf("--token-ttl %s: tokens expire; give a positive duration", tokenTTL)
+				}
+				expires := time.Now().Add(tokenTTL)
+				tok, line, err := admin.NewToken(name, expires)
 				if err != nil {
 					return err
 				}
@@ -93,7 +99,7 @@ func newCertsCommand() *cobra.Command {
 				if _, err := f.WriteString(line); err != nil {
 					return err
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "operator token (shown once; restart gpuboot serve to load it): %s\n", tok)
+				fmt.Fprintf(cmd.OutOrStdout(), "operator token (shown once; valid until %s; gpuboot serve picks it up within a second): %s\n", expires.UTC().Format(time.RFC3339), tok)
 			}
 			return nil
 		},
@@ -101,6 +107,7 @@ func newCertsCommand() *cobra.Command {
 	op.Flags().StringVar(&stateDir, "state-dir", defaultStateDir, "gpuboot's state directory holding pki/ca.key")
 	op.Flags().StringVar(&out, "out", "", "directory for the credentials (default STATEDIR/operators/NAME)")
 	op.Flags().BoolVar(&token, "token", false, "also create a bearer token for the REST API and rack view")
+	op.Flags().DurationVar(&tokenTTL, "token-ttl", admin.DefaultTokenTTL, "how long the token is valid")
 	certs.AddCommand(op)
 	return certs
 }
