@@ -8,9 +8,9 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"time"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 
