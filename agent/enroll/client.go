@@ -280,6 +280,8 @@ type HeartbeatFields struct {
 	AgentStartedAt time.Time
 	// GossipKeyring is the digest of the gossip key ring in use (bootv1.GossipKeyringDigest).
 	GossipKeyring string
+	// RevocationsDigest is the digest of the revocation list held (pki.RevocationList.Digest).
+	RevocationsDigest string
 }
 
 // Heartbeat sends one heartbeat. The answer's interval (when set) is the time to the
@@ -290,7 +292,7 @@ func (c *Client) Heartbeat(ctx context.Context, f HeartbeatFields) (*bootv1.Hear
 	seq := c.seq
 	c.mu.Unlock()
 	req := &bootv1.HeartbeatRequest{Identity: f.Identity, NodeName: f.NodeName, Health: f.Health, ImageId: f.ImageID,
-		DriverVersion: f.DriverVersion, BootId: f.BootID, Sequence: seq, SentAt: timestamppb.New(c.now()), GossipKeyring: f.GossipKeyring}
+		DriverVersion: f.DriverVersion, BootId: f.BootID, Sequence: seq, SentAt: timestamppb.New(c.now()), GossipKeyring: f.GossipKeyring, RevocationsDigest: f.RevocationsDigest}
 	if !f.AgentStartedAt.IsZero() {
 		req.AgentStartedAt = timestamppb.New(f.AgentStartedAt)
 	}

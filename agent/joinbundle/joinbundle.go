@@ -121,8 +121,9 @@ func pool(ca *x509.Certificate) *x509.CertPool {
 // client certificate from the gpurack CA required whose role is an operator's (CONTRACTS
 // §4; gpuboot's certificate is serverAuth only and cannot be a client's). Another node's
 // agent certificate is refused: it is signed by the same CA, but a node must not drive
-// another node's agent (InjectFault, RunChecks).
-func (c *Credentials) ServerTLS() *tls.Config {
+// another node's agent (InjectFault, RunChecks). A certificate on revoked (gpuboot's
+// revocation list, which heartbeat answers bring; nil: none) is refused too.
+func (c *Credentials) ServerTLS(revoked *pki.RevocationList) *tls.Config {
 	return &tls.Config{
 		MinVersion:   tls.VersionTLS12,
 		Certificates: []tls.Certificate{{Certificate: [][]byte{c.Cert.Raw}, PrivateKey: c.Key, Leaf: c.Cert}},
@@ -130,6 +131,11 @@ func (c *Credentials) ServerTLS() *tls.Config {
 		ClientCAs:    pool(c.CA),
 		NextProtos:   []string{"h2"},
 		VerifyConnection: func(cs tls.ConnectionState) error {
+			if revoked != nil {
+				if err := revoked.VerifyConnection(cs); err != nil {
+					return err
+				}
+			}
 			return pki.PeerHasRole(cs, pki.RoleOperators)
 		},
 	}

@@ -62,7 +62,7 @@ func TestLoadAndCredentials(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	conf := creds.ServerTLS()
+	conf := creds.ServerTLS(nil)
 	if conf.ClientAuth.String() != "RequireAndVerifyClientCert" || len(conf.Certificates) != 1 {
 		t.Errorf("TLS config %+v", conf)
 	}

@@ -14,7 +14,7 @@ import (
 // TestServerTLSAdmitsOperatorsOnly runs real TLS handshakes on loopback against the
 // agent's server config: an operator's certificate gets in; another node's agent
 // certificate, signed by the same gpurack CA, is refused, and so is gpuboot's serving
-// certificate (serverAuth only) (CONTRACTS §4).
+// certificate (serverAuth only) (CONTRACTS §4), and so is a revoked operator's.
 func TestServerTLSAdmitsOperatorsOnly(t *testing.T) {
 	ca, err := pki.NewCA(pki.CARequest{CommonName: "test CA"})
 	if err != nil {
@@ -25,7 +25,8 @@ func TestServerTLSAdmitsOperatorsOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 	creds := &Credentials{Cert: self.Cert, Key: self.Key, CA: ca.Cert}
-	lis, err := tls.Listen("tcp", "127.0.0.1:0", creds.ServerTLS())
+	revoked := pki.NewRevocationList()
+	lis, err := tls.Listen("tcp", "127.0.0.1:0", creds.ServerTLS(revoked))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,5 +83,12 @@ func TestServerTLSAdmitsOperatorsOnly(t *testing.T) {
 	}
 	if err := pki.PeerHasRole(tls.ConnectionState{PeerCertificates: []*x509.Certificate{other.Cert}}, pki.RoleOperators); err == nil || !strings.Contains(err.Error(), "gpurack:agents") {
 		t.Errorf("refusal of an agent certificate = %v; want it to name the role", err)
+	}
+	// gpuboot revokes alice (its heartbeat answer brings the list): refused at once.
+	if err := revoked.Replace([]string{operator.Cert.SerialNumber.Text(16)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := dial(operator); err == nil {
+		t.Error("a revoked operator certificate was admitted to the agent's API")
 	}
 }

@@ -93,7 +93,8 @@ func (n *node) enrollAndJoin(ctx context.Context, target enroll.Target) {
 		}, nil)
 		c.Heartbeats(ctx, func() enroll.HeartbeatFields {
 			hf := enroll.HeartbeatFields{Identity: protoconv.Identity(id), NodeName: n.nodeNameIfJoined(), Health: protoconv.Health(n.mon.Health()),
-				ImageID: n.imageID, BootID: n.cfg.FactsRoot.BootID(), AgentStartedAt: n.started, GossipKeyring: n.rack.Load().keyringDigest()}
+				ImageID: n.imageID, BootID: n.cfg.FactsRoot.BootID(), AgentStartedAt: n.started, GossipKeyring: n.rack.Load().keyringDigest(),
+				RevocationsDigest: n.revoked.Digest()}
 			if last := n.mon.Last(); last != nil {
 				hf.DriverVersion = last.Snapshot.Driver.Version
 			}
@@ -101,6 +102,7 @@ func (n *node) enrollAndJoin(ctx context.Context, target enroll.Target) {
 		}, kick, func(r *bootv1.HeartbeatResponse) {
 			n.enrollment.update(enroll.MachineStateWord(r.GetMachineState()), "")
 			n.rack.Load().useKeys(r.GetGossip(), n.log)
+			n.useRevocations(r.GetRevocations())
 		})
 	}()
 

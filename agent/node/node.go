@@ -36,6 +36,7 @@ import (
 	agentv1 "github.com/gpurack/gpurack/api/agent/v1"
 	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
 	"github.com/gpurack/gpurack/internal/buildinfo"
+	"github.com/gpurack/gpurack/internal/pki"
 	"github.com/gpurack/gpurack/internal/profile"
 )
 
@@ -129,6 +130,9 @@ type node struct {
 	identity   facts.Identity
 	imageID    string
 	started    time.Time
+	// revoked is gpuboot's certificate revocation list as the last heartbeat answer
+	// brought it, kept in the key directory; the mutual-TLS API refuses what is on it.
+	revoked *pki.RevocationList
 }
 
 // newNode builds the monitor and the API and starts the services the configuration
@@ -140,6 +144,7 @@ func newNode(ctx context.Context, cfg Config) (*node, error) {
 	log := cfg.Log
 	n := &node{cfg: cfg, log: log, services: NewServices(ctx, log), started: time.Now(),
 		identity: cfg.FactsRoot.ReadIdentity(), imageID: cfg.FactsRoot.ImageID()}
+	n.revoked = loadRevocations(cfg.KeyDir, log)
 	n.name.set(cfg.NodeName)
 	if cfg.Bundle != nil {
 		n.name.set(cfg.Bundle.GetNodeName())
@@ -259,7 +264,7 @@ func (n *node) bundleServices(bundle *bootv1.JoinBundle, creds *joinbundle.Crede
 			}
 			return nil, fmt.Errorf("--listen: %w", err)
 		}
-		gs, _ := server.NewGRPC(n.api, creds.ServerTLS())
+		gs, _ := server.NewGRPC(n.api, creds.ServerTLS(n.revoked))
 		out = append(out, &grpcService{name: "grpc-tcp-mtls", l: l, gs: gs, log: n.log})
 	}
 	return out, nil

@@ -2,8 +2,10 @@ package pki
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -130,6 +132,30 @@ func (l *RevocationList) VerifyConnection(cs tls.ConnectionState) error {
 // order.
 func (l *RevocationList) MarshalJSON() ([]byte, error) {
 	return json.Marshal(l.Serials())
+}
+
+// Digest names the list's contents: the first 16 hex digits of the SHA-256 of its
+// serials in numeric order, one per line. Agents report it in their heartbeats and
+// gpuboot answers with the list when it differs.
+func (l *RevocationList) Digest() string {
+	sum := sha256.Sum256([]byte(strings.Join(l.Serials(), "\n")))
+	return hex.EncodeToString(sum[:8])
+}
+
+// Replace makes serials (hex) the list's contents; on an error the list is unchanged.
+func (l *RevocationList) Replace(serials []string) error {
+	set := make(map[string]struct{}, len(serials))
+	for i, h := range serials {
+		n, err := parseSerial(h)
+		if err != nil {
+			return fmt.Errorf("revocation list entry %d: %w", i, err)
+		}
+		set[n.Text(16)] = struct{}{}
+	}
+	l.mu.Lock()
+	l.serials = set
+	l.mu.Unlock()
+	return nil
 }
 
 // UnmarshalJSON replaces the list's contents with the JSON array of hex

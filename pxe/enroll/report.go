@@ -288,6 +288,9 @@ func (s *Service) Heartbeat(ctx context.Context, req *bootv1.HeartbeatRequest) (
 	}
 	resp := &bootv1.HeartbeatResponse{MachineState: StateProto(m.State), Interval: durationpb.New(DefaultHeartbeatEvery),
 		Gossip: s.gossipAnswer(c, m, req.GetGossipKeyring())}
+	if c.viaCert && req.GetRevocationsDigest() != s.cfg.Revocations.Digest() {
+		resp.Revocations = &bootv1.Revocations{Serials: s.cfg.Revocations.Serials()}
+	}
 	if c.viaCert && m.Rack != "" {
 		s.advanceRing(ctx, m.Rack, ringChanged)
 	}

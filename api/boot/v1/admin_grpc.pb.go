@@ -103,8 +103,8 @@ type AdminServiceClient interface {
 	GetGossipKeyStatus(ctx context.Context, in *GetGossipKeyStatusRequest, opts ...grpc.CallOption) (*GossipKeyStatus, error)
 	// RevokeOperator ends an operator's access (`gpuboot operators revoke NAME`): every
 	// operator certificate gpuboot recorded issuing to the name is put on gpuboot's
-	// revocation list (checked on every AdminService, REST and rack-view call; agents'
-	// own APIs do not consult it yet), and the name's bearer
+	// revocation list (checked on every AdminService, REST and rack-view call, and by
+	// agents' APIs from their next heartbeat answer), and the name's bearer
 	// tokens are removed from the token file, which gpuboot re-reads. Certificates
 	// issued before gpuboot recorded them are revoked by serial. An operator cannot
 	// revoke the certificate it calls with (FAILED_PRECONDITION); a name with nothing
@@ -294,8 +294,8 @@ type AdminServiceServer interface {
 	GetGossipKeyStatus(context.Context, *GetGossipKeyStatusRequest) (*GossipKeyStatus, error)
 	// RevokeOperator ends an operator's access (`gpuboot operators revoke NAME`): every
 	// operator certificate gpuboot recorded issuing to the name is put on gpuboot's
-	// revocation list (checked on every AdminService, REST and rack-view call; agents'
-	// own APIs do not consult it yet), and the name's bearer
+	// revocation list (checked on every AdminService, REST and rack-view call, and by
+	// agents' APIs from their next heartbeat answer), and the name's bearer
 	// tokens are removed from the token file, which gpuboot re-reads. Certificates
 	// issued before gpuboot recorded them are revoked by serial. An operator cannot
 	// revoke the certificate it calls with (FAILED_PRECONDITION); a name with nothing

@@ -992,8 +992,11 @@ type HeartbeatRequest struct {
 	// package); empty when it does not gossip. gpuboot answers with the rack's ring when
 	// it differs.
 	GossipKeyring string `protobuf:"bytes,10,opt,name=gossip_keyring,json=gossipKeyring,proto3" json:"gossip_keyring,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// Digest of the certificate revocation list the agent holds
+	// (pki.RevocationList.Digest); gpuboot answers with its list when it differs.
+	RevocationsDigest string `protobuf:"bytes,11,opt,name=revocations_digest,json=revocationsDigest,proto3" json:"revocations_digest,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *HeartbeatRequest) Reset() {
@@ -1103,6 +1106,13 @@ func (x *HeartbeatRequest) GetGossipKeyring() string {
 	return ""
 }
 
+func (x *HeartbeatRequest) GetRevocationsDigest() string {
+	if x != nil {
+		return x.RevocationsDigest
+	}
+	return ""
+}
+
 // HeartbeatResponse acknowledges a heartbeat.
 type HeartbeatResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1115,7 +1125,11 @@ type HeartbeatResponse struct {
 	// The rack's gossip key ring, set only over mutual TLS and only when it differs from
 	// the ring the heartbeat reported (a rotation moved on, or the agent restarted with
 	// an older JoinBundle). The agent installs it at once; seeds are left out.
-	Gossip        *GossipConfig `protobuf:"bytes,4,opt,name=gossip,proto3" json:"gossip,omitempty"`
+	Gossip *GossipConfig `protobuf:"bytes,4,opt,name=gossip,proto3" json:"gossip,omitempty"`
+	// gpuboot's certificate revocation list, set only over mutual TLS and only when it
+	// differs from the one the heartbeat reported. The agent's mutual-TLS API refuses
+	// every certificate on it (a revoked operator).
+	Revocations   *Revocations `protobuf:"bytes,5,opt,name=revocations,proto3" json:"revocations,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1174,6 +1188,60 @@ func (x *HeartbeatResponse) GetMessage() string {
 func (x *HeartbeatResponse) GetGossip() *GossipConfig {
 	if x != nil {
 		return x.Gossip
+	}
+	return nil
+}
+
+func (x *HeartbeatResponse) GetRevocations() *Revocations {
+	if x != nil {
+		return x.Revocations
+	}
+	return nil
+}
+
+// Revocations is a certificate revocation list: serial numbers of gpurack-CA
+// certificates that must no longer be accepted.
+type Revocations struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Serial numbers in lowercase hex.
+	Serials       []string `protobuf:"bytes,1,rep,name=serials,proto3" json:"serials,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Revocations) Reset() {
+	*x = Revocations{}
+	mi := &file_api_boot_v1_enroll_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Revocations) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Revocations) ProtoMessage() {}
+
+func (x *Revocations) ProtoReflect() protoreflect.Message {
+	mi := &file_api_boot_v1_enroll_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Revocations.ProtoReflect.Descriptor instead.
+func (*Revocations) Descriptor() ([]byte, []int) {
+	return file_api_boot_v1_enroll_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *Revocations) GetSerials() []string {
+	if x != nil {
+		return x.Serials
 	}
 	return nil
 }
@@ -1249,7 +1317,7 @@ const file_api_boot_v1_enroll_proto_rawDesc = "" +
 	"\x06report\x18\x01 \x01(\v2\x1d.gpurack.machine.v1.ChecklistR\x06report\"{\n" +
 	"\x1bReportCommissioningResponse\x12B\n" +
 	"\rmachine_state\x18\x01 \x01(\x0e2\x1d.gpurack.boot.v1.MachineStateR\fmachineState\x12\x18\n" +
-	"\amessage\x18\x02 \x01(\tR\amessage\"\xf6\x03\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\"\xa5\x04\n" +
 	"\x10HeartbeatRequest\x120\n" +
 	"\x04auth\x18\x0f \x01(\v2\x1c.gpurack.boot.v1.RequestAuthR\x04auth\x12?\n" +
 	"\bidentity\x18\x01 \x01(\v2#.gpurack.machine.v1.MachineIdentityR\bidentity\x12\x1b\n" +
@@ -1262,12 +1330,16 @@ const file_api_boot_v1_enroll_proto_rawDesc = "" +
 	"\asent_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x06sentAt\x12D\n" +
 	"\x10agent_started_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\x0eagentStartedAt\x12%\n" +
 	"\x0egossip_keyring\x18\n" +
-	" \x01(\tR\rgossipKeyring\"\xdf\x01\n" +
+	" \x01(\tR\rgossipKeyring\x12-\n" +
+	"\x12revocations_digest\x18\v \x01(\tR\x11revocationsDigest\"\x9f\x02\n" +
 	"\x11HeartbeatResponse\x12B\n" +
 	"\rmachine_state\x18\x01 \x01(\x0e2\x1d.gpurack.boot.v1.MachineStateR\fmachineState\x125\n" +
 	"\binterval\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\binterval\x12\x18\n" +
 	"\amessage\x18\x03 \x01(\tR\amessage\x125\n" +
-	"\x06gossip\x18\x04 \x01(\v2\x1d.gpurack.boot.v1.GossipConfigR\x06gossip*\xf1\x01\n" +
+	"\x06gossip\x18\x04 \x01(\v2\x1d.gpurack.boot.v1.GossipConfigR\x06gossip\x12>\n" +
+	"\vrevocations\x18\x05 \x01(\v2\x1c.gpurack.boot.v1.RevocationsR\vrevocations\"'\n" +
+	"\vRevocations\x12\x18\n" +
+	"\aserials\x18\x01 \x03(\tR\aserials*\xf1\x01\n" +
 	"\x0eRegisterStatus\x12\x1f\n" +
 	"\x1bREGISTER_STATUS_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17REGISTER_STATUS_PENDING\x10\x01\x12\x1c\n" +
@@ -1295,7 +1367,7 @@ func file_api_boot_v1_enroll_proto_rawDescGZIP() []byte {
 }
 
 var file_api_boot_v1_enroll_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_api_boot_v1_enroll_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_api_boot_v1_enroll_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_api_boot_v1_enroll_proto_goTypes = []any{
 	(RegisterStatus)(0),                 // 0: gpurack.boot.v1.RegisterStatus
 	(*RequestAuth)(nil),                 // 1: gpurack.boot.v1.RequestAuth
@@ -1310,55 +1382,57 @@ var file_api_boot_v1_enroll_proto_goTypes = []any{
 	(*ReportCommissioningResponse)(nil), // 10: gpurack.boot.v1.ReportCommissioningResponse
 	(*HeartbeatRequest)(nil),            // 11: gpurack.boot.v1.HeartbeatRequest
 	(*HeartbeatResponse)(nil),           // 12: gpurack.boot.v1.HeartbeatResponse
-	nil,                                 // 13: gpurack.boot.v1.JoinBundle.NodeLabelsEntry
-	(*v1.MachineFacts)(nil),             // 14: gpurack.machine.v1.MachineFacts
-	(*v1.Checklist)(nil),                // 15: gpurack.machine.v1.Checklist
-	(*durationpb.Duration)(nil),         // 16: google.protobuf.Duration
-	(MachineState)(0),                   // 17: gpurack.boot.v1.MachineState
-	(*timestamppb.Timestamp)(nil),       // 18: google.protobuf.Timestamp
-	(*v1.MachineIdentity)(nil),          // 19: gpurack.machine.v1.MachineIdentity
-	(*v1.HealthSummary)(nil),            // 20: gpurack.machine.v1.HealthSummary
+	(*Revocations)(nil),                 // 13: gpurack.boot.v1.Revocations
+	nil,                                 // 14: gpurack.boot.v1.JoinBundle.NodeLabelsEntry
+	(*v1.MachineFacts)(nil),             // 15: gpurack.machine.v1.MachineFacts
+	(*v1.Checklist)(nil),                // 16: gpurack.machine.v1.Checklist
+	(*durationpb.Duration)(nil),         // 17: google.protobuf.Duration
+	(MachineState)(0),                   // 18: gpurack.boot.v1.MachineState
+	(*timestamppb.Timestamp)(nil),       // 19: google.protobuf.Timestamp
+	(*v1.MachineIdentity)(nil),          // 20: gpurack.machine.v1.MachineIdentity
+	(*v1.HealthSummary)(nil),            // 21: gpurack.machine.v1.HealthSummary
 }
 var file_api_boot_v1_enroll_proto_depIdxs = []int32{
-	14, // 0: gpurack.boot.v1.RegisterRequest.facts:type_name -> gpurack.machine.v1.MachineFacts
-	15, // 1: gpurack.boot.v1.RegisterRequest.checklist:type_name -> gpurack.machine.v1.Checklist
+	15, // 0: gpurack.boot.v1.RegisterRequest.facts:type_name -> gpurack.machine.v1.MachineFacts
+	16, // 1: gpurack.boot.v1.RegisterRequest.checklist:type_name -> gpurack.machine.v1.Checklist
 	1,  // 2: gpurack.boot.v1.RegisterRequest.auth:type_name -> gpurack.boot.v1.RequestAuth
 	0,  // 3: gpurack.boot.v1.RegisterResponse.status:type_name -> gpurack.boot.v1.RegisterStatus
-	16, // 4: gpurack.boot.v1.RegisterResponse.ttl:type_name -> google.protobuf.Duration
-	16, // 5: gpurack.boot.v1.RegisterResponse.retry_after:type_name -> google.protobuf.Duration
-	17, // 6: gpurack.boot.v1.RegisterResponse.machine_state:type_name -> gpurack.boot.v1.MachineState
+	17, // 4: gpurack.boot.v1.RegisterResponse.ttl:type_name -> google.protobuf.Duration
+	17, // 5: gpurack.boot.v1.RegisterResponse.retry_after:type_name -> google.protobuf.Duration
+	18, // 6: gpurack.boot.v1.RegisterResponse.machine_state:type_name -> gpurack.boot.v1.MachineState
 	1,  // 7: gpurack.boot.v1.GetJoinBundleRequest.auth:type_name -> gpurack.boot.v1.RequestAuth
 	6,  // 8: gpurack.boot.v1.GetJoinBundleResponse.bundle:type_name -> gpurack.boot.v1.JoinBundle
 	7,  // 9: gpurack.boot.v1.JoinBundle.gossip:type_name -> gpurack.boot.v1.GossipConfig
-	18, // 10: gpurack.boot.v1.JoinBundle.expires_at:type_name -> google.protobuf.Timestamp
-	18, // 11: gpurack.boot.v1.JoinBundle.issued_at:type_name -> google.protobuf.Timestamp
-	19, // 12: gpurack.boot.v1.JoinBundle.identity:type_name -> gpurack.machine.v1.MachineIdentity
-	13, // 13: gpurack.boot.v1.JoinBundle.node_labels:type_name -> gpurack.boot.v1.JoinBundle.NodeLabelsEntry
+	19, // 10: gpurack.boot.v1.JoinBundle.expires_at:type_name -> google.protobuf.Timestamp
+	19, // 11: gpurack.boot.v1.JoinBundle.issued_at:type_name -> google.protobuf.Timestamp
+	20, // 12: gpurack.boot.v1.JoinBundle.identity:type_name -> gpurack.machine.v1.MachineIdentity
+	14, // 13: gpurack.boot.v1.JoinBundle.node_labels:type_name -> gpurack.boot.v1.JoinBundle.NodeLabelsEntry
 	8,  // 14: gpurack.boot.v1.JoinBundle.node_taints:type_name -> gpurack.boot.v1.Taint
 	1,  // 15: gpurack.boot.v1.ReportCommissioningRequest.auth:type_name -> gpurack.boot.v1.RequestAuth
-	15, // 16: gpurack.boot.v1.ReportCommissioningRequest.report:type_name -> gpurack.machine.v1.Checklist
-	17, // 17: gpurack.boot.v1.ReportCommissioningResponse.machine_state:type_name -> gpurack.boot.v1.MachineState
+	16, // 16: gpurack.boot.v1.ReportCommissioningRequest.report:type_name -> gpurack.machine.v1.Checklist
+	18, // 17: gpurack.boot.v1.ReportCommissioningResponse.machine_state:type_name -> gpurack.boot.v1.MachineState
 	1,  // 18: gpurack.boot.v1.HeartbeatRequest.auth:type_name -> gpurack.boot.v1.RequestAuth
-	19, // 19: gpurack.boot.v1.HeartbeatRequest.identity:type_name -> gpurack.machine.v1.MachineIdentity
-	20, // 20: gpurack.boot.v1.HeartbeatRequest.health:type_name -> gpurack.machine.v1.HealthSummary
-	18, // 21: gpurack.boot.v1.HeartbeatRequest.sent_at:type_name -> google.protobuf.Timestamp
-	18, // 22: gpurack.boot.v1.HeartbeatRequest.agent_started_at:type_name -> google.protobuf.Timestamp
-	17, // 23: gpurack.boot.v1.HeartbeatResponse.machine_state:type_name -> gpurack.boot.v1.MachineState
-	16, // 24: gpurack.boot.v1.HeartbeatResponse.interval:type_name -> google.protobuf.Duration
+	20, // 19: gpurack.boot.v1.HeartbeatRequest.identity:type_name -> gpurack.machine.v1.MachineIdentity
+	21, // 20: gpurack.boot.v1.HeartbeatRequest.health:type_name -> gpurack.machine.v1.HealthSummary
+	19, // 21: gpurack.boot.v1.HeartbeatRequest.sent_at:type_name -> google.protobuf.Timestamp
+	19, // 22: gpurack.boot.v1.HeartbeatRequest.agent_started_at:type_name -> google.protobuf.Timestamp
+	18, // 23: gpurack.boot.v1.HeartbeatResponse.machine_state:type_name -> gpurack.boot.v1.MachineState
+	17, // 24: gpurack.boot.v1.HeartbeatResponse.interval:type_name -> google.protobuf.Duration
 	7,  // 25: gpurack.boot.v1.HeartbeatResponse.gossip:type_name -> gpurack.boot.v1.GossipConfig
-	2,  // 26: gpurack.boot.v1.EnrollmentService.Register:input_type -> gpurack.boot.v1.RegisterRequest
-	4,  // 27: gpurack.boot.v1.EnrollmentService.GetJoinBundle:input_type -> gpurack.boot.v1.GetJoinBundleRequest
-	9,  // 28: gpurack.boot.v1.EnrollmentService.ReportCommissioning:input_type -> gpurack.boot.v1.ReportCommissioningRequest
-	11, // 29: gpurack.boot.v1.EnrollmentService.Heartbeat:input_type -> gpurack.boot.v1.HeartbeatRequest
-	3,  // 30: gpurack.boot.v1.EnrollmentService.Register:output_type -> gpurack.boot.v1.RegisterResponse
-	5,  // 31: gpurack.boot.v1.EnrollmentService.GetJoinBundle:output_type -> gpurack.boot.v1.GetJoinBundleResponse
-	10, // 32: gpurack.boot.v1.EnrollmentService.ReportCommissioning:output_type -> gpurack.boot.v1.ReportCommissioningResponse
-	12, // 33: gpurack.boot.v1.EnrollmentService.Heartbeat:output_type -> gpurack.boot.v1.HeartbeatResponse
-	30, // [30:34] is the sub-list for method output_type
-	26, // [26:30] is the sub-list for method input_type
-	26, // [26:26] is the sub-list for extension type_name
-	26, // [26:26] is the sub-list for extension extendee
-	0,  // [0:26] is the sub-list for field type_name
+	13, // 26: gpurack.boot.v1.HeartbeatResponse.revocations:type_name -> gpurack.boot.v1.Revocations
+	2,  // 27: gpurack.boot.v1.EnrollmentService.Register:input_type -> gpurack.boot.v1.RegisterRequest
+	4,  // 28: gpurack.boot.v1.EnrollmentService.GetJoinBundle:input_type -> gpurack.boot.v1.GetJoinBundleRequest
+	9,  // 29: gpurack.boot.v1.EnrollmentService.ReportCommissioning:input_type -> gpurack.boot.v1.ReportCommissioningRequest
+	11, // 30: gpurack.boot.v1.EnrollmentService.Heartbeat:input_type -> gpurack.boot.v1.HeartbeatRequest
+	3,  // 31: gpurack.boot.v1.EnrollmentService.Register:output_type -> gpurack.boot.v1.RegisterResponse
+	5,  // 32: gpurack.boot.v1.EnrollmentService.GetJoinBundle:output_type -> gpurack.boot.v1.GetJoinBundleResponse
+	10, // 33: gpurack.boot.v1.EnrollmentService.ReportCommissioning:output_type -> gpurack.boot.v1.ReportCommissioningResponse
+	12, // 34: gpurack.boot.v1.EnrollmentService.Heartbeat:output_type -> gpurack.boot.v1.HeartbeatResponse
+	31, // [31:35] is the sub-list for method output_type
+	27, // [27:31] is the sub-list for method input_type
+	27, // [27:27] is the sub-list for extension type_name
+	27, // [27:27] is the sub-list for extension extendee
+	0,  // [0:27] is the sub-list for field type_name
 }
 
 func init() { file_api_boot_v1_enroll_proto_init() }
@@ -1373,7 +1447,7 @@ func file_api_boot_v1_enroll_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_boot_v1_enroll_proto_rawDesc), len(file_api_boot_v1_enroll_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   13,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
