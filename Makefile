@@ -54,6 +54,10 @@ k8s-bins: ## build pinned Kubernetes v1.34.2, etcd v3.6.16, grpcurl, promtool an
 probe-image: ## pack the test probe (test/probe, static Go) into $(BIN)/images/probe.tar with hack/imagearchive, reproducibly
 	hack/probe-image.sh $(BIN)/images/probe.tar
 
+.PHONY: coredns-image
+coredns-image: ## build CoreDNS from pinned source (images/coredns) into $(BIN)/images/coredns.tar with hack/imagearchive, reproducibly
+	hack/coredns-image.sh $(BIN)/images/coredns.tar
+
 .PHONY: fuzz
 fuzz: ## run every fuzz target for FUZZTIME each (default 30s)
 	@hack/fuzz.sh $(or $(FUZZTIME),30s)
