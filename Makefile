@@ -32,6 +32,7 @@ build: ## build the four binaries into ./bin
 .PHONY: test
 test: deps ## install what is missing, then run every test (what CI runs)
 	PATH="$(TOOLS):$$PATH" GPURACK_NETNS_REQUIRED=1 $(GO) test $(TEST_FLAGS) ./...
+	cd images/coredns && $(GO) test $(TEST_FLAGS) ./...
 	@leaked=$$(ip netns list 2>/dev/null | grep -c '^gpr-' || true); \
 	  if [ "$$leaked" != 0 ]; then echo "tests leaked $$leaked network namespaces:"; ip netns list; exit 1; fi
 
@@ -40,6 +41,7 @@ lint: ## go vet, staticcheck and gofmt
 	$(GO) vet ./...
 	@[ -x $(TOOLS)/staticcheck ] || $(MAKE) --no-print-directory k8s-bins
 	$(TOOLS)/staticcheck ./...
+	cd images/coredns && $(GO) vet ./... && $(abspath $(TOOLS))/staticcheck ./...
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 
 .PHONY: generate
@@ -53,6 +55,10 @@ k8s-bins: ## build pinned Kubernetes v1.34.2, etcd v3.6.16, grpcurl, promtool an
 .PHONY: probe-image
 probe-image: ## pack the test probe (test/probe, static Go) into $(BIN)/images/probe.tar with hack/imagearchive, reproducibly
 	hack/probe-image.sh $(BIN)/images/probe.tar
+
+.PHONY: coredns-image
+coredns-image: ## build CoreDNS from pinned source (images/coredns) into $(BIN)/images/coredns.tar with hack/imagearchive, reproducibly
+	hack/coredns-image.sh $(BIN)/images/coredns.tar
 
 .PHONY: fuzz
 fuzz: ## run every fuzz target for FUZZTIME each (default 30s)

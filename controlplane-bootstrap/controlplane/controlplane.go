@@ -2,11 +2,11 @@
 // do: it lays out a cluster directory, creates the PKI and configuration
 // files, starts etcd, kube-apiserver, kube-controller-manager and
 // kube-scheduler (supervised child processes, or systemd units), waits for
-// each to be healthy, and applies the join material.
+// each to be healthy, and applies the join material and the cluster DNS.
 //
 // The parts it orders live elsewhere: cluster.yaml in clusterconfig, the
-// PKI in clusterpki, flags, units and the supervisor in components, and the
-// join objects in joinconfig.
+// PKI in clusterpki, flags, units and the supervisor in components, the
+// join objects in joinconfig, and CoreDNS's objects in clusterdns.
 package controlplane
 
 import (
@@ -28,6 +28,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/gpurack/gpurack/controlplane-bootstrap/clusterconfig"
+	"github.com/gpurack/gpurack/controlplane-bootstrap/clusterdns"
 	"github.com/gpurack/gpurack/controlplane-bootstrap/clusterpki"
 	"github.com/gpurack/gpurack/controlplane-bootstrap/components"
 	"github.com/gpurack/gpurack/controlplane-bootstrap/joinconfig"
@@ -403,8 +404,9 @@ func (cp *ControlPlane) Clientset() (*kubernetes.Clientset, error) {
 	return kubernetes.NewForConfig(cfg)
 }
 
-// applyJoinMaterial applies joinconfig.Objects, retrying while the
-// apiserver finishes its own bootstrap (default RBAC, namespaces).
+// applyJoinMaterial applies joinconfig.Objects and the cluster DNS
+// (clusterdns.Objects), retrying while the apiserver finishes its own
+// bootstrap (default RBAC, namespaces).
 func (cp *ControlPlane) applyJoinMaterial(ctx context.Context) error {
 	cfg, err := cp.RESTConfig()
 	if err != nil {
@@ -418,6 +420,11 @@ func (cp *ControlPlane) applyJoinMaterial(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	dns, err := clusterdns.Objects(cp.Config)
+	if err != nil {
+		return err
+	}
+	objs = append(objs, dns...)
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		err = joinconfig.Apply(ctx, dyn, objs)
