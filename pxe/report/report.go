@@ -144,6 +144,9 @@ func Reason(m *bootv1.Machine) string {
 			what = "GPU " + strings.Join(gpus, ", ") + " withdrawn"
 		}
 		if msg := h.GetGpuHealthyMessage(); msg != "" {
+			if strings.HasPrefix(msg, what) { // the agent's message already says so
+				return msg
+			}
 			return what + ": " + msg
 		}
 		if ids := h.GetFailingCheckIds(); len(ids) > 0 {
