@@ -177,3 +177,33 @@ func TestHysteresisPerGPU(t *testing.T) {
 		t.Errorf("held GPU: %+v", s.Withdrawn)
 	}
 }
+
+// TestHysteresisNodeAndGPU: while a whole-node recovery is held back, a newly withdrawn
+// GPU is still published at once.
+func TestHysteresisNodeAndGPU(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	sum := func(sec int, nvlink bool, gpus ...int) Summary {
+		var rs []checks.Result
+		if nvlink {
+			rs = append(rs, checks.Result{ID: checkid.NVLinkState, Status: checks.Fail, GPU: 1, Message: "links down"})
+		}
+		for _, g := range gpus {
+			rs = append(rs, checks.Result{ID: checkid.ECCUncorrected, Status: checks.Fail, GPU: g, Message: "ECC"})
+		}
+		return Summarize(rs, 8, at(sec))
+	}
+	tr := Tracker{ClearAfter: 30 * time.Second}
+	tr.Update(sum(0, true, 5))
+	if s, _ := tr.Update(sum(1, false, 5)); s.State != Unhealthy || s.GPUHealthy {
+		t.Fatalf("NVLink recovery published at once: %+v", s)
+	}
+	s, ch := tr.Update(sum(2, false, 5, 6))
+	if !ch || s.State != Unhealthy || !slices.Equal(s.WithdrawnGPUs(), []int{5, 6}) || s.HealthyGPUs != 5 {
+		t.Fatalf("GPU 6 not withdrawn at once while the node recovery is held: changed %v %+v", ch, s)
+	}
+	s, ch = tr.Update(sum(31, false, 5, 6))
+	if !ch || s.State != Degraded || !s.GPUHealthy || s.Reason != ReasonGPUsWithdrawn || !slices.Equal(s.WithdrawnGPUs(), []int{5, 6}) {
+		t.Fatalf("after 30 s: changed %v %+v; want degraded, GPUHealthy, GPUs 5 and 6 withdrawn", ch, s)
+	}
+}
