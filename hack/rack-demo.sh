@@ -10,8 +10,10 @@
 # allowlist built from that manifest, receives its JoinBundle, joins Kubernetes by TLS
 # bootstrap, runs its commissioning checklist and gossips with the rack. Slot 7 has an
 # XID 79 on GPU 3 from power-on and is quarantined; once the rack is ready, slot 12 gets
-# an uncorrectable ECC error. At the end: the rack commissioning checklist, kubectl get
-# nodes, and a pod asking for 8 GPUs bound to a healthy node.
+# an uncorrectable ECC error on GPU 5, which withdraws that GPU alone (the Node keeps 7
+# allocatable and no taint). At the end: the rack commissioning checklist (totals: 19
+# ready, 1 quarantined, 151 GPUs allocatable), kubectl get nodes, and a pod asking for
+# 8 GPUs bound to a healthy node.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NODES=${NODES:-20}
@@ -151,11 +153,25 @@ while :; do
 done
 echo "all $NODES machines commissioned in $(since "$start") from the start of the demo"
 
-step "4. After the rack is ready: an uncorrectable ECC error on slot $ECC_SLOT, GPU 5"
+step "4. After the rack is ready: an uncorrectable ECC error on slot $ECC_SLOT, GPU 5 (withdrawn alone, the node keeps 7)"
 ecc_node="$work/nodes/$(printf 'slot%02d' "$ECC_SLOT")"
+ecc_name=$(printf 'gpu-r1-%02d' "$ECC_SLOT")
+t_ecc=$(now)
 grpcurl -plaintext -unix -d '{"fault": {"spec": "ecc-uncorrected:1@gpu5"}}' "$ecc_node/agent.sock" gpurack.agent.v1.AgentService/InjectFault >/dev/null \
   || die "InjectFault on slot $ECC_SLOT failed (log: $ecc_node/agent.log)"
-sleep 5
+alloc=""
+for _ in $(seq 1 100); do
+  alloc=$(kubectl get node "$ecc_name" -o jsonpath='{.status.allocatable.nvidia\.com/gpu}' 2>/dev/null || true)
+  [ "$alloc" = 7 ] && break
+  sleep 0.2
+done
+[ "$alloc" = 7 ] || die "node $ecc_name still has $alloc allocatable nvidia.com/gpu 20 s after the ECC error (log: $ecc_node/agent.log)"
+echo "$ecc_name: allocatable nvidia.com/gpu 8 -> 7 after $(since "$t_ecc"); GPUHealthy $(kubectl get node "$ecc_name" -o jsonpath='{.status.conditions[?(@.type=="GPUHealthy")].status}/{.status.conditions[?(@.type=="GPUHealthy")].reason}'), so no gpurack.io/gpu-unhealthy taint"
+# gpuboot hears the health change in the agent's next heartbeat.
+for _ in $(seq 1 50); do
+  gpuboot rack report r1 --format json "${ops[@]}" 2>/dev/null | grep -q '"allocatableGpuCount": 7' && break
+  sleep 0.2
+done
 
 step "5. The rack commissioning checklist"
 gpuboot rack report r1 "${ops[@]}"

@@ -60,10 +60,11 @@ func Remember(known []GPU, snap *snapshot.Snapshot, numa func(busID string) int)
 // Decide is the device list for ListAndWatch: every known GPU, Unhealthy when
 //   - NVML is not available (the driver unloaded or NVML lost mid-run): every GPU;
 //   - the GPU is not in the current snapshot (fell off the bus, not enumerated);
-//   - the published health summary lists its index among UnhealthyGPUs (a fatal XID,
-//     an uncorrectable ECC error, a pending row remap, a lost GPU, any failing
-//     GPU-level check). The summary carries the agent's hysteresis, so a GPU comes
-//     back Healthy only once the agent's health has cleared.
+//   - the published health summary lists its index among UnhealthyGPUs: withdrawn
+//     alone (a fatal XID of the profile's gpu.xid.withdraw, an uncorrectable ECC
+//     error, a pending row remap, a lost GPU; decision 0630), or failing a GPU-level
+//     check that taints the whole node. The summary carries the agent's hysteresis,
+//     per GPU, so a GPU comes back Healthy only once its own health has cleared.
 //
 // It is pure: the plugin calls it on every health change.
 func Decide(known []GPU, snap *snapshot.Snapshot, sum health.Summary) []Device {
@@ -80,6 +81,9 @@ func Decide(known []GPU, snap *snapshot.Snapshot, sum health.Summary) []Device {
 			d.Healthy, d.Reason = false, "GPU not enumerated by NVML"
 		case g.Lost:
 			d.Healthy, d.Reason = false, "GPU lost (ERROR_GPU_IS_LOST, XID 79)"
+		case slices.ContainsFunc(sum.Withdrawn, func(w health.Withdrawal) bool { return w.GPU == k.Index }):
+			i := slices.IndexFunc(sum.Withdrawn, func(w health.Withdrawal) bool { return w.GPU == k.Index })
+			d.Healthy, d.Reason = false, "withdrawn: "+sum.Withdrawn[i].Reason
 		case slices.Contains(sum.UnhealthyGPUs, k.Index):
 			d.Healthy, d.Reason = false, "failing GPU checks: "+strings.Join(sum.Failing, ", ")
 		}

@@ -4,9 +4,12 @@ import (
 	"reflect"
 	"slices"
 	"testing"
+	"time"
 
+	"github.com/gpurack/gpurack/agent/checks"
 	"github.com/gpurack/gpurack/agent/gpu/snapshot"
 	"github.com/gpurack/gpurack/agent/health"
+	"github.com/gpurack/gpurack/internal/checkid"
 )
 
 func snap(loaded bool, gpus ...snapshot.GPU) *snapshot.Snapshot {
@@ -44,6 +47,12 @@ func TestDecide(t *testing.T) {
 	known := Remember(nil, snap(true, gpus(4)...), nil)
 	lost := gpus(4)
 	lost[1].Lost = true
+	// A real summary: one GPU withdrawn, the node's GPUHealthy stays True.
+	withdrawn := health.Summarize([]checks.Result{{ID: checkid.ECCUncorrected, Status: checks.Fail, GPU: 2,
+		Message: "GPU 2 has 1 uncorrected ECC errors."}}, 4, time.Unix(1, 0))
+	if !withdrawn.GPUHealthy {
+		t.Fatal("a withdrawn GPU made GPUHealthy False")
+	}
 	for _, c := range []struct {
 		name      string
 		snap      *snapshot.Snapshot
@@ -52,6 +61,7 @@ func TestDecide(t *testing.T) {
 	}{
 		{"all healthy", snap(true, gpus(4)...), health.Summary{State: health.Healthy}, nil},
 		{"fatal XID on gpu2", snap(true, gpus(4)...), health.Summary{State: health.Unhealthy, UnhealthyGPUs: []int{2}, Failing: []string{"gpu.xid.fatal"}}, []int{2}},
+		{"gpu2 withdrawn alone", snap(true, gpus(4)...), withdrawn, []int{2}},
 		{"two GPUs failing", snap(true, gpus(4)...), health.Summary{State: health.Unhealthy, UnhealthyGPUs: []int{0, 3}}, []int{0, 3}},
 		{"warnings keep GPUs", snap(true, gpus(4)...), health.Summary{State: health.Degraded, Warning: []string{"gpu.temperature"}}, nil},
 		{"NVML lost mid-run: every GPU", snap(false), health.Summary{State: health.Unhealthy}, []int{0, 1, 2, 3}},
@@ -77,6 +87,9 @@ func TestDecide(t *testing.T) {
 				t.Errorf("unhealthy %v, want %v", bad, c.unhealthy)
 			}
 		})
+	}
+	if d := Decide(known, snap(true, gpus(4)...), withdrawn)[2]; d.Reason != "withdrawn: gpu.ecc.uncorrected: GPU 2 has 1 uncorrected ECC errors." {
+		t.Errorf("withdrawn GPU's reason %q does not say why", d.Reason)
 	}
 	if d := Decide(known, snap(false), health.Summary{})[0]; d.Reason != "NVML unavailable: NVML not available: ERROR_DRIVER_NOT_LOADED" {
 		t.Errorf("NVML-lost reason %q does not say NVML", d.Reason)

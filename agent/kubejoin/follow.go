@@ -33,9 +33,28 @@ func conditionOf(s health.Summary) (corev1.ConditionStatus, string, string) {
 // Follow keeps the Node's GPUHealthy condition equal to src's health (written as soon
 // as health changes; the hysteresis is src's) and renews the node Lease every
 // leaseEvery (kubelet: 10 s; zero: kubelet runs and keeps the Lease itself), until ctx
-// ends.
+// ends. On a simulated Node (registered with GPUs) it keeps the allocatable
+// nvidia.com/gpu too, which kubelet computes from the device plugin on a real one: a
+// withdrawn GPU costs one (AllocatableGPUs).
 func Follow(ctx context.Context, n *Node, src HealthSource, leaseEvery time.Duration, log *slog.Logger) {
 	write := func(s health.Summary) {
+		// Allocatable first: a GPU is out of the scheduler's count before anything
+		// else says so.
+		if n.simGPUs > 0 {
+			want := AllocatableGPUs(n.simGPUs, s)
+			n.mu.Lock()
+			have := n.allocatable
+			n.mu.Unlock()
+			if want != have {
+				if err := n.SetAllocatableGPUs(ctx, want); err != nil {
+					if ctx.Err() == nil {
+						log.Warn("allocatable GPUs not written", "error", err)
+					}
+				} else {
+					log.Info("allocatable GPUs written", "node", n.Name, "allocatable", want, "capacity", n.simGPUs, "withdrawn", s.WithdrawnGPUs())
+				}
+			}
+		}
 		st, reason, msg := conditionOf(s)
 		if err := n.SetGPUHealthy(ctx, st, reason, msg); err != nil {
 			if ctx.Err() == nil {

@@ -44,6 +44,7 @@ import (
 	"k8s.io/client-go/util/certificate/csr"
 	"k8s.io/client-go/util/keyutil"
 
+	"github.com/gpurack/gpurack/agent/health"
 	"github.com/gpurack/gpurack/internal/atomicfile"
 	"github.com/gpurack/gpurack/internal/nodecontract"
 )
@@ -133,6 +134,12 @@ type Node struct {
 	// gpuHealthy is the GPUHealthy status this Node last wrote; "" until it wrote
 	// one (SetGPUHealthy then reads the Node's).
 	gpuHealthy corev1.ConditionStatus
+	// simGPUs is the nvidia.com/gpu capacity the agent registered in simulation mode;
+	// the agent then keeps the allocatable count too (Follow). 0: kubelet and the
+	// device plugin own both.
+	simGPUs int
+	// allocatable is the nvidia.com/gpu allocatable this Node last wrote; -1: none.
+	allocatable int
 }
 
 // Register creates the Node (or adopts an existing one of the same name) the way a
@@ -176,7 +183,42 @@ func Register(ctx context.Context, client kubernetes.Interface, spec NodeSpec) (
 	if _, err := client.CoreV1().Nodes().Patch(ctx, created.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil {
 		return nil, fmt.Errorf("register node %s: status: %w", spec.Name, err)
 	}
-	return &Node{Client: client, Name: spec.Name, gpuHealthy: corev1.ConditionUnknown}, nil
+	return &Node{Client: client, Name: spec.Name, gpuHealthy: corev1.ConditionUnknown, simGPUs: spec.GPUs, allocatable: spec.GPUs}, nil
+}
+
+// AllocatableGPUs is the nvidia.com/gpu allocatable of a simulated node with capacity
+// GPUs under health s: what kubelet would count from the device plugin's ListAndWatch
+// (agent/deviceplugin.Decide), one less for every GPU among s.UnhealthyGPUs, withdrawn
+// alone or not (decision 0630), none while the backend cannot be read. Before the
+// first checklist it is the capacity (the node is still tainted unvalidated).
+func AllocatableGPUs(capacity int, s health.Summary) int {
+	if s.State == health.Unknown && s.GPUCount == 0 {
+		return capacity
+	}
+	n := min(capacity, s.GPUCount)
+	for _, g := range s.UnhealthyGPUs {
+		if g >= 0 && g < n {
+			n--
+		}
+	}
+	return max(n, 0)
+}
+
+// SetAllocatableGPUs patches the Node's allocatable nvidia.com/gpu (simulation mode:
+// no kubelet computes it). The capacity stays as registered, as kubelet keeps it.
+func (n *Node) SetAllocatableGPUs(ctx context.Context, count int) error {
+	data, err := json.Marshal(map[string]any{"status": map[string]any{"allocatable": map[string]any{
+		nodecontract.ResourceGPU: resource.NewQuantity(int64(count), resource.DecimalSI).String()}}})
+	if err != nil {
+		return err
+	}
+	if _, err := n.Client.CoreV1().Nodes().Patch(ctx, n.Name, types.StrategicMergePatchType, data, metav1.PatchOptions{}, "status"); err != nil {
+		return fmt.Errorf("set allocatable %s on %s: %w", nodecontract.ResourceGPU, n.Name, err)
+	}
+	n.mu.Lock()
+	n.allocatable = count
+	n.mu.Unlock()
+	return nil
 }
 
 // SetGPUHealthy patches the GPUHealthy condition (status "True", "False" or

@@ -4,17 +4,22 @@ import (
 	"context"
 	"log/slog"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
 	authv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/gpurack/gpurack/agent/checks"
 	"github.com/gpurack/gpurack/agent/gpu/sim"
+	"github.com/gpurack/gpurack/agent/health"
 	"github.com/gpurack/gpurack/agent/monitor"
 	"github.com/gpurack/gpurack/controlplane-bootstrap/testcluster"
+	"github.com/gpurack/gpurack/internal/checkid"
 	"github.com/gpurack/gpurack/internal/profile"
 )
 
@@ -122,21 +127,87 @@ func TestSimulatedJoin(t *testing.T) {
 		t.Errorf("node lease: %v", err)
 	}
 
+	allocatable := func() int64 {
+		n, err := admin.CoreV1().Nodes().Get(ctx, "gpu-node-1", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		q := n.Status.Allocatable["nvidia.com/gpu"]
+		return q.Value()
+	}
+	waitAllocatable := func(want int64, what string) time.Duration {
+		t.Helper()
+		start := time.Now()
+		for allocatable() != want {
+			if ctx.Err() != nil {
+				t.Fatalf("%s: allocatable nvidia.com/gpu %d, never %d", what, allocatable(), want)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		return time.Since(start)
+	}
+
+	// A lost GPU (XID 79) is withdrawn alone: allocatable 7, GPUHealthy stays True, so
+	// gpuboot does not taint the node (decision 0630).
 	f, _ := sim.ParseFault("gpu-lost@gpu3")
 	injected := time.Now()
 	if _, err := s.Inject(f, 0); err != nil {
 		t.Fatal(err)
 	}
 	mon.Kick()
-	cond, _ := waitCondition(corev1.ConditionFalse, "after XID 79")
-	t.Logf("injected GPU loss (XID 79) -> GPUHealthy=False (%s) visible in the apiserver after %v", cond.Reason, time.Since(injected).Round(time.Millisecond))
-	if cond.Reason != "XidFatal" {
-		t.Errorf("reason %q, want XidFatal", cond.Reason)
+	waitAllocatable(7, "after XID 79 on GPU 3")
+	t.Logf("injected GPU loss (XID 79) -> allocatable nvidia.com/gpu 7 in the apiserver after %v", time.Since(injected).Round(time.Millisecond))
+	if c, _ := waitCondition(corev1.ConditionTrue, "after XID 79"); c.Reason != "GPUsWithdrawn" || !strings.Contains(c.Message, "GPU 3 withdrawn") {
+		t.Errorf("GPUHealthy True reason %q message %q; want GPUsWithdrawn naming GPU 3", c.Reason, c.Message)
 	}
 	s.Clear()
 	mon.GPUsReset([]int{3})
-	_, d := waitCondition(corev1.ConditionTrue, "after clearing")
+	d := waitAllocatable(8, "after the reset")
+	t.Logf("reset -> allocatable 8 again after %v (1 s hysteresis)", d.Round(time.Millisecond))
+	if q := func() resource.Quantity {
+		n, _ := admin.CoreV1().Nodes().Get(ctx, "gpu-node-1", metav1.GetOptions{})
+		return n.Status.Capacity["nvidia.com/gpu"]
+	}(); q.Value() != 8 {
+		t.Errorf("capacity changed to %s; only allocatable follows health", q.String())
+	}
+
+	// A whole-node problem (NVLink down) still turns GPUHealthy False: the taint.
+	f, _ = sim.ParseFault("nvlink-down:4@gpu1")
+	if _, err := s.Inject(f, 0); err != nil {
+		t.Fatal(err)
+	}
+	mon.Kick()
+	cond, _ := waitCondition(corev1.ConditionFalse, "after NVLink down")
+	if cond.Reason != "NvlinkState" {
+		t.Errorf("reason %q, want NvlinkState", cond.Reason)
+	}
+	s.Clear()
+	mon.Kick()
+	_, d = waitCondition(corev1.ConditionTrue, "after clearing")
 	t.Logf("cleared -> GPUHealthy=True after %v (1 s hysteresis)", d.Round(time.Millisecond))
+}
+
+func TestAllocatableGPUs(t *testing.T) {
+	at := time.Unix(1, 0)
+	fail := func(id checkid.ID, gpu int) checks.Result {
+		return checks.Result{ID: id, Status: checks.Fail, GPU: gpu}
+	}
+	for _, c := range []struct {
+		name string
+		s    health.Summary
+		want int
+	}{
+		{"before the first checklist: as registered", health.NotRun(at), 8},
+		{"all healthy", health.Summarize(nil, 8, at), 8},
+		{"one GPU withdrawn", health.Summarize([]checks.Result{fail(checkid.ECCUncorrected, 5)}, 8, at), 7},
+		{"a tainted node's bad GPU is out too", health.Summarize([]checks.Result{fail(checkid.PCIeLinkWidth, 2), fail(checkid.XIDFatal, 4)}, 8, at), 6},
+		{"a GPU missing from NVML", health.Summarize(nil, 7, at), 7},
+		{"backend unreadable", health.Summary{State: health.Unhealthy, Reason: "BackendUnavailable"}, 0},
+	} {
+		if got := AllocatableGPUs(8, c.s); got != c.want {
+			t.Errorf("%s: %d, want %d", c.name, got, c.want)
+		}
+	}
 }
 
 // TestGPUHealthyKeepsTransitionTime: lastTransitionTime is when GPUHealthy last changed

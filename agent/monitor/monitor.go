@@ -22,6 +22,7 @@ import (
 	"github.com/gpurack/gpurack/agent/xid"
 	"github.com/gpurack/gpurack/internal/checkid"
 	"github.com/gpurack/gpurack/internal/profile"
+	"github.com/gpurack/gpurack/internal/xidclass"
 )
 
 // Phase records why a checklist ran (gpurack.machine.v1.CheckPhase).
@@ -79,6 +80,8 @@ type Monitor struct {
 	xids   *xid.Tracker
 	broker *Broker
 	kick   chan struct{}
+	// withdraws says which XIDs withdraw their GPU (gpu.xid.withdraw).
+	withdraws func(code uint32) bool
 
 	runMu sync.Mutex // one checklist at a time
 
@@ -121,6 +124,11 @@ func New(cfg Config) *Monitor {
 	m := &Monitor{cfg: cfg, log: cfg.Log, reader: gpu.NewReader(cfg.Backend), xids: xid.NewTracker(), broker: NewBroker(), kick: make(chan struct{}, 1),
 		byKey: map[resultKey]checks.Result{}, uuids: map[int]string{}, buses: map[int]string{}}
 	m.health.ClearAfter = cfg.ClearAfter
+	var list []uint32 // nil: the default classification
+	if cfg.Profile != nil && cfg.Profile.GPU != nil {
+		list = cfg.Profile.GPU.WithdrawXIDs()
+	}
+	m.withdraws = xidclass.Withdraws(list)
 	m.summary = health.NotRun(cfg.Now())
 	m.figures = checks.FiguresOf(&checks.Input{})
 	return m
@@ -279,11 +287,13 @@ func (m *Monitor) noteLost(s *gpu.Snapshot) {
 	}
 }
 
+// checkXIDs are the XIDs the checks judge; Fatal (counted by gpu.xid.fatal, so the GPU
+// is withdrawn) follows the profile's gpu.xid.withdraw (decision 0631).
 func (m *Monitor) checkXIDs(now time.Time) []checks.XIDEvent {
 	var out []checks.XIDEvent
-	for _, e := range m.xids.Events(now, checks.RecentXIDWindow) {
+	for _, e := range m.xids.EventsFor(now, checks.RecentXIDWindow, m.withdraws) {
 		out = append(out, checks.XIDEvent{GPU: e.GPU, Code: e.Code, Class: string(e.Class),
-			Fatal: e.Class.Counts(), Application: e.Class == xid.Application, At: e.At})
+			Fatal: m.withdraws(e.Code), Application: e.Class == xid.Application, At: e.At})
 	}
 	return out
 }

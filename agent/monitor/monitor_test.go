@@ -2,6 +2,7 @@ package monitor
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -9,6 +10,7 @@ import (
 	"github.com/gpurack/gpurack/agent/gpu"
 	"github.com/gpurack/gpurack/agent/gpu/sim"
 	"github.com/gpurack/gpurack/agent/health"
+	"github.com/gpurack/gpurack/agent/xid"
 	"github.com/gpurack/gpurack/internal/checkid"
 	"github.com/gpurack/gpurack/internal/profile"
 )
@@ -46,8 +48,9 @@ func TestLostGPUIsXID79UntilReset(t *testing.T) {
 	}
 	inject(t, s, "gpu-lost@gpu4")
 	m.RunChecks(PhaseContinuous)
+	// A lost GPU is withdrawn alone: the node keeps GPUHealthy True (decision 0630).
 	h := m.Health()
-	if h.State != health.Unhealthy || len(h.UnhealthyGPUs) != 1 || h.UnhealthyGPUs[0] != 4 {
+	if h.State != health.Degraded || !h.GPUHealthy || len(h.UnhealthyGPUs) != 1 || h.UnhealthyGPUs[0] != 4 || !slices.Equal(h.WithdrawnGPUs(), []int{4}) {
 		t.Fatalf("health after GPU lost: %+v", h)
 	}
 	ev := m.XIDs().Events(time.Now(), time.Hour)
@@ -61,8 +64,8 @@ func TestLostGPUIsXID79UntilReset(t *testing.T) {
 	}
 	s.Clear()
 	m.RunChecks(PhaseContinuous)
-	if m.Health().State != health.Unhealthy {
-		t.Fatal("health cleared without a reset: the XID 79 still counts")
+	if !slices.Equal(m.Health().WithdrawnGPUs(), []int{4}) {
+		t.Fatal("GPU 4 came back without a reset: the XID 79 still counts")
 	}
 	m.GPUsReset([]int{4})
 	m.RunChecks(PhaseContinuous)
@@ -79,7 +82,9 @@ func TestLostGPUIsXID79UntilReset(t *testing.T) {
 			kinds = append(kinds, "xid")
 		}
 	}
-	want := []string{"health:healthy", "xid", "health:unhealthy", "health:healthy"}
+	// degraded twice: GPU 4 withdrawn with the lost GPU's other checks unknown, then
+	// still withdrawn (the XID 79 counts until a reset) with them readable again.
+	want := []string{"health:healthy", "xid", "health:degraded", "health:degraded", "health:healthy"}
 	if len(kinds) != len(want) {
 		t.Fatalf("events %v, want %v", kinds, want)
 	}
@@ -110,16 +115,16 @@ func TestRunReactsToXIDAtOnce(t *testing.T) {
 	for {
 		select {
 		case e := <-sub.C:
-			if e.Health != nil && e.Health.Current.State == health.Unhealthy {
-				if e.Health.Current.Failing[0] != string(checkid.XIDFatal) {
-					t.Fatalf("failing %v", e.Health.Current.Failing)
+			if e.Health != nil && len(e.Health.Current.Withdrawn) > 0 {
+				if c := e.Health.Current; c.Failing[0] != string(checkid.XIDFatal) || !slices.Equal(c.WithdrawnGPUs(), []int{1}) {
+					t.Fatalf("failing %v withdrawn %v", c.Failing, c.WithdrawnGPUs())
 				}
 				return
 			}
 		case <-tick.C:
 			s.Inject(f, 0)
 		case <-deadline:
-			t.Fatal("an XID from the NVML event set did not make the node unhealthy")
+			t.Fatal("an XID from the NVML event set did not withdraw its GPU")
 		}
 	}
 }
@@ -255,5 +260,40 @@ func TestChecklistSaysSimulated(t *testing.T) {
 	hw := New(Config{Backend: notSimulated{s}, Profile: m.cfg.Profile})
 	if cl := hw.RunChecks(PhaseCommissioning); cl.Simulated {
 		t.Fatal("checklist from a backend that is not simulated marked simulated")
+	}
+}
+
+// TestProfileXIDWithdraw: gpu.xid.withdraw decides which XIDs withdraw a GPU. With
+// [79, 92], a (recoverable-class) XID 92 withdraws its GPU until a reset, and an XID 48
+// (reset-gpu class, withdrawn by default) only warns through gpu.xid.recent.
+func TestProfileXIDWithdraw(t *testing.T) {
+	m, _ := newMon(t, -1)
+	m.cfg.Profile.GPU.XID = &profile.XIDPolicy{Withdraw: []uint32{79, 92}}
+	m.cfg.ClearAfter = -1 // New made it 0, which a second New would read as the default
+	m = New(m.cfg)
+	m.RunChecks(PhaseContinuous)
+	for _, code := range []uint32{92, 48} {
+		g := map[uint32]int{92: 1, 48: 2}[code]
+		m.RecordXID(xid.Event{GPU: g, Code: code, At: time.Now(), Source: "sim"}, 0)
+	}
+	m.RunChecks(PhaseContinuous)
+	h := m.Health()
+	if !slices.Equal(h.WithdrawnGPUs(), []int{1}) || !h.GPUHealthy || !slices.Contains(h.Warning, string(checkid.XIDRecent)) {
+		t.Fatalf("with withdraw [79 92]: withdrawn %v GPUHealthy %v warning %v; want GPU 1 withdrawn, XID 48 only warning", h.WithdrawnGPUs(), h.GPUHealthy, h.Warning)
+	}
+	// The default classification: XID 48 withdraws, XID 92 warns.
+	d, _ := newMon(t, -1)
+	d.RunChecks(PhaseContinuous)
+	d.RecordXID(xid.Event{GPU: 2, Code: 48, At: time.Now(), Source: "sim"}, 0)
+	d.RecordXID(xid.Event{GPU: 1, Code: 92, At: time.Now(), Source: "sim"}, 0)
+	d.RunChecks(PhaseContinuous)
+	if h := d.Health(); !slices.Equal(h.WithdrawnGPUs(), []int{2}) {
+		t.Fatalf("default classification: withdrawn %v, want [2]", h.WithdrawnGPUs())
+	}
+	// After a reset GPU 1's XID 92 no longer counts, though it is inside the 2 h window.
+	m.GPUsReset([]int{1})
+	m.RunChecks(PhaseContinuous)
+	if h := m.Health(); len(h.Withdrawn) != 0 {
+		t.Fatalf("after resetting GPU 1: withdrawn %v", h.WithdrawnGPUs())
 	}
 }

@@ -94,13 +94,23 @@ func (t *Tracker) Reset(gpu int, at time.Time) {
 
 // Events returns what the checks consider, oldest first: XIDs of a class that counts
 // toward gpu.xid.fatal since their GPU's last reset, and other XIDs within window of
-// now.
+// now. It is EventsFor with the default classification.
 func (t *Tracker) Events(now time.Time, window time.Duration) []Event {
+	return t.EventsFor(now, window, nil)
+}
+
+// EventsFor is Events where sticky says which codes count until their GPU's reset (the
+// profile's gpu.xid.withdraw); nil: the codes whose class counts.
+func (t *Tracker) EventsFor(now time.Time, window time.Duration, sticky func(code uint32) bool) []Event {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	var out []Event
 	for _, e := range t.events {
-		if e.Class.Counts() {
+		counts := e.Class.Counts()
+		if sticky != nil {
+			counts = sticky(e.Code)
+		}
+		if counts {
 			if e.At.After(t.resets[e.GPU]) {
 				out = append(out, e)
 			}

@@ -16,6 +16,8 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"path/filepath"
+
+	"github.com/gpurack/gpurack/internal/xidclass"
 )
 
 // Profile is one node class.
@@ -73,6 +75,28 @@ type GPU struct {
 	Vendor string `yaml:"vendor" json:"vendor"`
 	Driver Driver `yaml:"driver" json:"driver"`
 	Expect Expect `yaml:"expect" json:"expect"`
+	// XID is the XID policy; nil: the documented classification (internal/xidclass).
+	XID *XIDPolicy `yaml:"xid,omitempty" json:"xid,omitempty"`
+}
+
+// XIDPolicy says what XIDs do to a GPU.
+type XIDPolicy struct {
+	// Withdraw lists the XIDs that withdraw their GPU from service (device plugin
+	// Unhealthy, one GPU less allocatable, gpu.xid.fatal failing) until the GPU is reset
+	// and the health hysteresis clears (decision 0631). Every code must be in
+	// internal/xidclass's table. Left out: the codes of the reset-gpu, reboot and fatal
+	// classes (xidclass.DefaultWithdraw). A lost GPU (ERROR_GPU_IS_LOST) is withdrawn
+	// whatever the list says.
+	Withdraw []uint32 `yaml:"withdraw" json:"withdraw"`
+}
+
+// WithdrawXIDs is the XIDs that withdraw a GPU under g: gpu.xid.withdraw, or the
+// default classification when g or the setting is absent.
+func (g *GPU) WithdrawXIDs() []uint32 {
+	if g == nil || g.XID == nil {
+		return xidclass.DefaultWithdraw()
+	}
+	return g.XID.Withdraw
 }
 
 // Driver is the GPU driver release and kernel-module flavor.

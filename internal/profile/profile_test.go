@@ -3,6 +3,7 @@ package profile
 import (
 	"errors"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -58,6 +59,39 @@ gpu:
 kubernetes:
   version: v1.34.2
 `
+
+// TestXIDWithdraw: gpu.xid.withdraw replaces the default classification, which
+// applies when the setting (or the gpu section) is left out.
+func TestXIDWithdraw(t *testing.T) {
+	def, err := Parse("nv.yaml", []byte(nvidia))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := def.GPU.WithdrawXIDs()
+	want := []uint32{48, 62, 64, 74, 79, 95, 119, 120, 140}
+	if !slices.Equal(got, want) {
+		t.Errorf("default withdraw XIDs %v, want the reset-gpu, reboot and fatal classes %v", got, want)
+	}
+	if got := (*GPU)(nil).WithdrawXIDs(); !slices.Equal(got, want) {
+		t.Errorf("no gpu section: %v, want %v", got, want)
+	}
+	set, err := Parse("nv.yaml", []byte(strings.Replace(nvidia, "    nvlinkLinks: 18", "    nvlinkLinks: 18\n  xid:\n    withdraw: [79, 92]", 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := set.GPU.WithdrawXIDs(); !slices.Equal(got, []uint32{79, 92}) {
+		t.Errorf("withdraw XIDs %v, want [79 92]", got)
+	}
+	// The setting survives the canonical form (profile.json on the node) and changes
+	// the digest (the image id).
+	again, err := Parse("nv.json", set.Canonical())
+	if err != nil || !slices.Equal(again.GPU.WithdrawXIDs(), []uint32{79, 92}) {
+		t.Fatalf("canonical form lost gpu.xid.withdraw: %v %v", err, again)
+	}
+	if set.Digest() == def.Digest() {
+		t.Error("gpu.xid.withdraw did not change the digest")
+	}
+}
 
 func TestDefaultsAndCanonicalForm(t *testing.T) {
 	p, err := Parse("tiny.yaml", []byte(tiny))
@@ -122,6 +156,10 @@ func TestProfileErrors(t *testing.T) {
 		{"image listed twice", tiny, "kubernetes:", "images:\n  - path: a.tar\n  - path: ./a.tar\nkubernetes:", "images[1].path", 9, "listed twice"},
 		{"image bad name", tiny, "kubernetes:", "images:\n  - path: a.tar\n    name: 'a b'\nkubernetes:", "images[0].name", 9, "not an image reference"},
 		{"alias", tiny, "name: tiny", "name: &n tiny\ndescription: *n", "description", 2, "aliases are not supported"},
+		{"unknown withdraw XID", nvidia, "    nvlinkLinks: 18", "    nvlinkLinks: 18\n  xid:\n    withdraw: [48, 999]", "gpu.xid.withdraw[1]", 20, "XID 999 is not in gpurack's XID table"},
+		{"withdraw XID twice", nvidia, "    nvlinkLinks: 18", "    nvlinkLinks: 18\n  xid:\n    withdraw:\n      - 79\n      - 79", "gpu.xid.withdraw[1]", 22, "listed twice"},
+		{"empty withdraw list", nvidia, "    nvlinkLinks: 18", "    nvlinkLinks: 18\n  xid:\n    withdraw: []", "gpu.xid.withdraw", 20, "disable gpu.xid.fatal"},
+		{"withdraw not a number", nvidia, "    nvlinkLinks: 18", "    nvlinkLinks: 18\n  xid:\n    withdraw: [xid79]", "gpu.xid.withdraw[0]", 20, "whole number"},
 		{"bad mirror", tiny, "  suite: bookworm", "  suite: bookworm\n  mirror: ftp:/x", "base.mirror", 5, "not an http"},
 	}
 	for _, c := range cases {

@@ -13,6 +13,7 @@ import (
 	"github.com/gpurack/gpurack/internal/checkid"
 	"github.com/gpurack/gpurack/internal/nodecontract"
 	"github.com/gpurack/gpurack/internal/strictyaml"
+	"github.com/gpurack/gpurack/internal/xidclass"
 )
 
 // Load reads and validates the profile at path.
@@ -170,6 +171,9 @@ func (v *validator) gpu(g *GPU) {
 	if e.MemoryMiB <= 0 {
 		v.fail("gpu.expect.memoryMiB", "must be the framebuffer size per GPU in MiB, as nvidia-smi prints it (for example 81559)")
 	}
+	if g.XID != nil {
+		v.xidPolicy(g.XID)
+	}
 	if e.PCIe.Gen < 1 || e.PCIe.Gen > 6 {
 		v.fail("gpu.expect.pcie.gen", "must be a PCIe generation from 1 to 6, got %d", e.PCIe.Gen)
 	}
@@ -181,6 +185,35 @@ func (v *validator) gpu(g *GPU) {
 	if e.NVLinkLinks < 0 || e.NVLinkLinks > 18 {
 		v.fail("gpu.expect.nvlinkLinks", "must be from 0 to 18 links per GPU, got %d", e.NVLinkLinks)
 	}
+}
+
+// xidPolicy checks gpu.xid: every withdraw code known to the classification table,
+// none twice, and at least one (to withdraw no GPU on XIDs, disable gpu.xid.fatal in
+// checks instead).
+func (v *validator) xidPolicy(x *XIDPolicy) {
+	if len(x.Withdraw) == 0 {
+		v.fail("gpu.xid.withdraw", "lists no XID; list the XIDs that withdraw a GPU (for example [48, 79, 95]), or leave gpu.xid out for the default %v; to withdraw no GPU on any XID, disable gpu.xid.fatal under checks", xidclass.DefaultWithdraw())
+		return
+	}
+	seen := map[uint32]bool{}
+	for i, code := range x.Withdraw {
+		f := fmt.Sprintf("gpu.xid.withdraw[%d]", i)
+		switch {
+		case !xidclass.Known(code):
+			v.fail(f, "XID %d is not in gpurack's XID table; use one of %s (docs/agent.md lists what each means)", code, knownXIDs())
+		case seen[code]:
+			v.fail(f, "XID %d is listed twice", code)
+		}
+		seen[code] = true
+	}
+}
+
+func knownXIDs() string {
+	var codes []string
+	for _, c := range xidclass.Table() {
+		codes = append(codes, fmt.Sprint(c.Code))
+	}
+	return strings.Join(codes, ", ")
 }
 
 func (v *validator) kubernetes(k *Kubernetes) {

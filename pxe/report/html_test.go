@@ -61,8 +61,9 @@ func rack20() []*bootv1.Machine {
 				Observed: "XID 79", Expected: "none", Message: xidReason, Remedy: "Reseat or replace GPU 3."}
 			m.Health = &machinev1.HealthSummary{State: machinev1.HealthState_HEALTH_STATE_UNHEALTHY, GpuCount: 8, HealthyGpuCount: 7, UnhealthyGpuIndexes: []int32{3}}
 		case 12:
-			m.Health = &machinev1.HealthSummary{State: machinev1.HealthState_HEALTH_STATE_UNHEALTHY, GpuCount: 8, HealthyGpuCount: 7,
-				UnhealthyGpuIndexes: []int32{5}, GpuHealthyReason: "EccUncorrected", GpuHealthyMessage: "gpu.ecc.uncorrected failing on GPU 5"}
+			// Withdrawn alone (decision 0630): degraded, GPUHealthy stays True.
+			m.Health = &machinev1.HealthSummary{State: machinev1.HealthState_HEALTH_STATE_DEGRADED, GpuHealthy: true, GpuCount: 8, HealthyGpuCount: 7,
+				UnhealthyGpuIndexes: []int32{5}, GpuHealthyReason: "GPUsWithdrawn", GpuHealthyMessage: "gpu.ecc.uncorrected failing on GPU 5"}
 		case 15:
 			results = append(results, &machinev1.CheckResult{Id: string(checkid.Temperature), Status: machinev1.CheckStatus_CHECK_STATUS_WARN, GpuIndex: idx(0), Message: scriptPayload})
 		}
@@ -97,6 +98,20 @@ func TestBuildTotals(t *testing.T) {
 	}
 	if got.Totals["nodesReady"] != 19 || got.Totals["nodesQuarantined"] != 1 || got.Totals["gpusAllocatable"] != 151 || got.GpuCount != 160 {
 		t.Fatalf("JSON totals %v gpuCount %d", got.Totals, got.GpuCount)
+	}
+
+	// The markdown (the demo's terminal checklist) names the withdrawn GPU and why.
+	md, _, _, err := Render(d, bootv1.ReportFormat_REPORT_FORMAT_MARKDOWN)
+	if err != nil || !strings.Contains(string(md), "- ready U12 gpu-r1-u12, 7 GPUs allocatable: GPU 5 withdrawn: gpu.ecc.uncorrected failing on GPU 5") {
+		t.Errorf("markdown lacks the withdrawn GPU line (%v):\n%s", err, md)
+	}
+
+	// A ready node whose GPUHealthy is False is tainted: none of its GPUs count.
+	ms := rack20()
+	ms[14].Health = &machinev1.HealthSummary{State: machinev1.HealthState_HEALTH_STATE_UNHEALTHY, GpuCount: 8, HealthyGpuCount: 7,
+		UnhealthyGpuIndexes: []int32{2}, GpuHealthyReason: "NvlinkState"}
+	if got := Build("r1", ms, time.Unix(1764400000, 0)).GetTotals().GetGpusAllocatable(); got != 151-8 {
+		t.Errorf("with slot 15 tainted: %d GPUs allocatable, want %d", got, 151-8)
 	}
 
 	// A rack with nothing quarantined still says so: the totals have presence.

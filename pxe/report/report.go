@@ -83,6 +83,12 @@ func Build(rack string, machines []*bootv1.Machine, now time.Time) *bootv1.RackR
 			if h := m.GetHealth(); h.GetGpuCount() > 0 {
 				row.AllocatableGpuCount = min(h.GetHealthyGpuCount(), h.GetGpuCount())
 			}
+			// A node with GPUHealthy False carries gpurack.io/gpu-unhealthy: no pod that
+			// does not tolerate it gets any of its GPUs. Withdrawn GPUs (GPUHealthy
+			// stays True, decision 0630) cost only themselves.
+			if h := m.GetHealth(); h.GetState() == machinev1.HealthState_HEALTH_STATE_UNHEALTHY && !h.GetGpuHealthy() {
+				row.AllocatableGpuCount = 0
+			}
 		case bootv1.MachineState_MACHINE_STATE_QUARANTINED:
 			quarantined++
 		}
@@ -138,6 +144,9 @@ func Reason(m *bootv1.Machine) string {
 			what = "GPU " + strings.Join(gpus, ", ") + " withdrawn"
 		}
 		if msg := h.GetGpuHealthyMessage(); msg != "" {
+			if strings.HasPrefix(msg, what) { // the agent's message already says so
+				return msg
+			}
 			return what + ": " + msg
 		}
 		if ids := h.GetFailingCheckIds(); len(ids) > 0 {
@@ -371,6 +380,16 @@ func markdown(d *bootv1.RackReportData) []byte {
 		}
 	}
 	if t.GetNodesQuarantined() > 0 {
+		b.WriteString("\n")
+	}
+	attention := false
+	for _, m := range d.GetMachines() {
+		if m.GetState() == bootv1.MachineState_MACHINE_STATE_READY && m.GetReason() != "" {
+			fmt.Fprintf(&b, "- ready %s %s, %d GPUs allocatable: %s\n", mdEscape(m.GetSlot()), mdEscape(nodeOrID(m)), m.GetAllocatableGpuCount(), mdEscape(m.GetReason()))
+			attention = true
+		}
+	}
+	if attention {
 		b.WriteString("\n")
 	}
 	b.WriteString("| slot | node | machine | MAC | serial | state | checks | failing | warning | health | image | driver |\n")

@@ -6,6 +6,7 @@ package demo
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -22,8 +23,9 @@ import (
 
 // TestRackDemo powers on 4 servers: slot 2 starts with an XID 79 on GPU 3 and must be
 // quarantined with gpurack.io/unvalidated kept; slot 3 gets an uncorrectable ECC error
-// once the rack is ready; an 8-GPU pod must be bound to neither. Then `clean` must stop
-// every process it started.
+// once the rack is ready, which withdraws that one GPU (7 allocatable, no taint); the
+// totals are 3 ready, 1 quarantined, 4×8−8−1 GPUs allocatable; an 8-GPU pod must be
+// bound to neither. Then `clean` must stop every process it started.
 func TestRackDemo(t *testing.T) {
 	testreq.Short(t, "the rack demo (a control plane, gpuboot and 4 agents)")
 	for _, tool := range []string{"kubectl", "grpcurl", "kube-apiserver", "etcd", "ss", "go"} {
@@ -71,8 +73,8 @@ func TestRackDemo(t *testing.T) {
 	if !regexp.MustCompile(`quarantined\s+r1\s+02\s+gpu-r1-02`).MatchString(out) {
 		t.Error("slot 2 (XID 79 on GPU 3 at power-on) was not shown quarantined")
 	}
-	if !regexp.MustCompile(`gpu-r1-02\s+8\s+\S*gpurack.io/unvalidated`).MatchString(out) {
-		t.Error("the quarantined node does not keep gpurack.io/unvalidated in kubectl get nodes")
+	if !regexp.MustCompile(`gpu-r1-02\s+7\s+\S*gpurack.io/unvalidated`).MatchString(out) {
+		t.Error("the quarantined node does not show 7 GPUs (GPU 3 withdrawn) and keep gpurack.io/unvalidated in kubectl get nodes")
 	}
 	m := regexp.MustCompile(`train-8gpu bound to (gpu-r1-\d+)`).FindStringSubmatch(out)
 	if m == nil {
@@ -81,8 +83,35 @@ func TestRackDemo(t *testing.T) {
 	if m[1] == "gpu-r1-02" || m[1] == "gpu-r1-03" {
 		t.Errorf("the 8-GPU pod was bound to %s, a node with a bad GPU", m[1])
 	}
-	if _, err := os.Stat(filepath.Join(work, "rack-r1.json")); err != nil {
-		t.Errorf("no JSON report: %v", err)
+	// Slot 3's uncorrectable ECC error withdraws GPU 5 alone: 7 allocatable, no taint,
+	// and the checklist says which GPU and why (decision 0630).
+	for _, want := range []string{
+		"gpu-r1-03: allocatable nvidia.com/gpu 8 -> 7 after",
+		"Nodes ready: 3. Nodes quarantined: 1. GPUs allocatable: 23.",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the demo's output lacks %q", want)
+		}
+	}
+	if !regexp.MustCompile(`- ready 03 gpu-r1-03, 7 GPUs allocatable: GPU 5 withdrawn \(gpu\.ecc\.uncorrected: `).MatchString(out) {
+		t.Error("the checklist does not show slot 3's GPU 5 withdrawn with its reason")
+	}
+	if line := regexp.MustCompile(`(?m)^gpu-r1-03\s.*$`).FindString(out); !regexp.MustCompile(`^gpu-r1-03\s+7\s`).MatchString(line) || strings.Contains(line, "gpu-unhealthy") {
+		t.Errorf("kubectl get nodes shows slot 3 as %q; want 7 GPUs and no gpurack.io/gpu-unhealthy taint", line)
+	}
+	js, err := os.ReadFile(filepath.Join(work, "rack-r1.json"))
+	if err != nil {
+		t.Fatalf("no JSON report: %v", err)
+	}
+	var report struct {
+		Totals map[string]int `json:"totals"`
+	}
+	if err := json.Unmarshal(js, &report); err != nil {
+		t.Fatalf("JSON report: %v", err)
+	}
+	// 4 × 8 GPUs, less the quarantined node's 8, less the one withdrawn.
+	if tot := report.Totals; tot["nodesReady"] != 3 || tot["nodesQuarantined"] != 1 || tot["gpusAllocatable"] != 4*8-8-1 {
+		t.Errorf("JSON totals %v; want nodesReady 3, nodesQuarantined 1, gpusAllocatable %d", tot, 4*8-8-1)
 	}
 
 	if out, err := run("clean"); err != nil {

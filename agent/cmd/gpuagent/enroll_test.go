@@ -295,14 +295,33 @@ func TestEnrollWithGpuboot(t *testing.T) {
 		t.Errorf("gpuboot did not warn that simulated machines can be ready:\n%s", e.g.log.String())
 	}
 
+	// XID 79 on one GPU withdraws that GPU: one less allocatable, no taint (decision 0630).
 	t0 := time.Now()
 	if _, err := e.remote.InjectFault(ctx, &agentv1.InjectFaultRequest{Fault: &agentv1.FaultSpec{Spec: "xid:79@gpu3"}}); err != nil {
 		t.Fatal(err)
 	}
+	waitUntil(t, 60*time.Second, "allocatable nvidia.com/gpu 7", func() bool { n := e.nodeOf(); return n != nil && withdrawnOne(n) })
+	t.Logf("InjectFault xid:79@gpu3 -> allocatable nvidia.com/gpu 7 visible in the apiserver after %v (200 ms polling)", time.Since(t0).Round(time.Millisecond))
+	if s, r := gpuHealthyOf(e.nodeOf()); s != "True" || r != "GPUsWithdrawn" {
+		t.Errorf("GPUHealthy %s/%s, want True/GPUsWithdrawn", s, r)
+	}
+	if _, err := e.remote.ClearFaults(ctx, &agentv1.ClearFaultsRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 60*time.Second, "allocatable 8 again", func() bool { n := e.nodeOf(); return n != nil && allGPUs(n) })
+	if n := e.nodeOf(); hasTaint(n, "gpurack.io/gpu-unhealthy") {
+		t.Error("a withdrawn GPU tainted the node")
+	}
+
+	// A whole-node problem (NVLink links down) taints it.
+	t0 = time.Now()
+	if _, err := e.remote.InjectFault(ctx, &agentv1.InjectFaultRequest{Fault: &agentv1.FaultSpec{Spec: "nvlink-down:4@gpu1"}}); err != nil {
+		t.Fatal(err)
+	}
 	waitUntil(t, 60*time.Second, "gpurack.io/gpu-unhealthy taint", func() bool { n := e.nodeOf(); return n != nil && hasTaint(n, "gpurack.io/gpu-unhealthy") })
-	t.Logf("InjectFault xid:79@gpu3 -> gpurack.io/gpu-unhealthy taint visible in the apiserver after %v (200 ms polling)", time.Since(t0).Round(time.Millisecond))
-	if s, r := gpuHealthyOf(e.nodeOf()); s != "False" || r != "XidFatal" {
-		t.Errorf("GPUHealthy %s/%s, want False/XidFatal", s, r)
+	t.Logf("InjectFault nvlink-down:4@gpu1 -> gpurack.io/gpu-unhealthy taint visible in the apiserver after %v (200 ms polling)", time.Since(t0).Round(time.Millisecond))
+	if s, r := gpuHealthyOf(e.nodeOf()); s != "False" || r != "NvlinkState" {
+		t.Errorf("GPUHealthy %s/%s, want False/NvlinkState", s, r)
 	}
 	// The health change went to gpuboot at once in a heartbeat (mutual TLS).
 	waitUntil(t, 30*time.Second, "gpuboot holds the unhealthy heartbeat", func() bool {
@@ -311,7 +330,7 @@ func TestEnrollWithGpuboot(t *testing.T) {
 			t.Fatal(err)
 		}
 		h := m.GetHealth()
-		return m.GetLastHeartbeatAt() != nil && !h.GetGpuHealthy() && slices.Contains(h.GetFailingCheckIds(), "gpu.xid.fatal")
+		return m.GetLastHeartbeatAt() != nil && !h.GetGpuHealthy() && slices.Contains(h.GetFailingCheckIds(), "gpu.nvlink.state")
 	})
 	t1 := time.Now()
 	if _, err := e.remote.ClearFaults(ctx, &agentv1.ClearFaultsRequest{}); err != nil {
@@ -350,29 +369,45 @@ func TestEnrollWithGpuboot(t *testing.T) {
 // Node (no polling, and a client without client-go's 5 requests/s limit). Each
 // iteration then clears the fault and waits for the taint to go, untimed.
 //
-// BenchmarkFaultToTaint: gRPC InjectFault xid:79@gpu3 over mutual TLS → the simulator
-// puts XID 79 on its NVML event sets → the agent's NVML event watch → checklist →
+// BenchmarkFaultToTaint: gRPC InjectFault nvlink-down:4@gpu1 (a whole-node problem)
+// over mutual TLS → the simulator → the agent's checklist (kicked by the fault) →
 // GPUHealthy=False patch → gpuboot's node controller → gpurack.io/gpu-unhealthy.
 func BenchmarkFaultToTaint(b *testing.B) {
 	e := enrollToReady(b, "52:54:00:e2:e0:02", "gpu-r1-bench")
 	nw := newNodeWatcher(b, e.ctx, e.admin, e.node)
 	for b.Loop() {
-		if _, err := e.remote.InjectFault(e.ctx, &agentv1.InjectFaultRequest{Fault: &agentv1.FaultSpec{Spec: "xid:79@gpu3"}}); err != nil {
+		if _, err := e.remote.InjectFault(e.ctx, &agentv1.InjectFaultRequest{Fault: &agentv1.FaultSpec{Spec: "nvlink-down:4@gpu1"}}); err != nil {
 			b.Fatal(err)
 		}
 		nw.until(b, "gpu-unhealthy taint", tainted)
 		b.StopTimer()
-		e.clear(b, nw)
+		e.clear(b, nw, func(n *corev1.Node) bool { return !tainted(n) })
 		b.StartTimer()
 	}
 }
 
-// BenchmarkKmsgXIDToTaint: an NVRM Xid 79 record in /dev/kmsg's format
+// BenchmarkFaultToWithdrawn: gRPC InjectFault xid:79@gpu3 over mutual TLS → the
+// simulator puts XID 79 on its NVML event sets → the agent's NVML event watch →
+// checklist → GPU 3 withdrawn → the simulated Node's allocatable nvidia.com/gpu 7.
+func BenchmarkFaultToWithdrawn(b *testing.B) {
+	e := enrollToReady(b, "52:54:00:e2:e0:04", "gpu-r1-withdraw")
+	nw := newNodeWatcher(b, e.ctx, e.admin, e.node)
+	for b.Loop() {
+		if _, err := e.remote.InjectFault(e.ctx, &agentv1.InjectFaultRequest{Fault: &agentv1.FaultSpec{Spec: "xid:79@gpu3"}}); err != nil {
+			b.Fatal(err)
+		}
+		nw.until(b, "allocatable nvidia.com/gpu 7", withdrawnOne)
+		b.StopTimer()
+		e.clear(b, nw, allGPUs)
+		b.StartTimer()
+	}
+}
+
+// BenchmarkKmsgXIDToWithdrawn: an NVRM Xid 79 record in /dev/kmsg's format
 // ("PRIO,SEQ,USEC,FLAGS;NVRM: Xid (PCI:…): 79, …") written to a FIFO that stands in for
 // /dev/kmsg (--kmsg FIFO) → the agent's kernel log reader and parser (xid.WatchKmsg,
-// ParseKmsg) → PCI bus to GPU → checklist → GPUHealthy=False → gpuboot's node
-// controller → gpurack.io/gpu-unhealthy.
-func BenchmarkKmsgXIDToTaint(b *testing.B) {
+// ParseKmsg) → PCI bus to GPU → checklist → GPU 3 withdrawn → allocatable 7.
+func BenchmarkKmsgXIDToWithdrawn(b *testing.B) {
 	fifo := filepath.Join(b.TempDir(), "kmsg")
 	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
 		b.Fatal(err)
@@ -399,22 +434,34 @@ func BenchmarkKmsgXIDToTaint(b *testing.B) {
 		if _, err := w.WriteString(line); err != nil {
 			b.Fatal(err)
 		}
-		nw.until(b, "gpu-unhealthy taint", tainted)
+		nw.until(b, "allocatable nvidia.com/gpu 7", withdrawnOne)
 		b.StopTimer()
-		e.clear(b, nw)
+		e.clear(b, nw, allGPUs)
 		b.StartTimer()
 	}
 }
 
 func tainted(n *corev1.Node) bool { return hasTaint(n, "gpurack.io/gpu-unhealthy") }
 
+// withdrawnOne: the Node advertises one GPU less than its capacity.
+func withdrawnOne(n *corev1.Node) bool {
+	a, c := n.Status.Allocatable["nvidia.com/gpu"], n.Status.Capacity["nvidia.com/gpu"]
+	return a.Value() == c.Value()-1
+}
+
+// allGPUs: every GPU of the Node is allocatable.
+func allGPUs(n *corev1.Node) bool {
+	a, c := n.Status.Allocatable["nvidia.com/gpu"], n.Status.Capacity["nvidia.com/gpu"]
+	return c.Value() > 0 && a.Value() == c.Value()
+}
+
 // clear clears the simulator's faults (a reset of the simulated GPUs, so their XIDs
-// stop counting) and waits for the taint to go.
-func (e *enrolled) clear(b *testing.B, nw *nodeWatcher) {
+// stop counting) and waits until done says the Node recovered.
+func (e *enrolled) clear(b *testing.B, nw *nodeWatcher, done func(*corev1.Node) bool) {
 	if _, err := e.remote.ClearFaults(e.ctx, &agentv1.ClearFaultsRequest{}); err != nil {
 		b.Fatal(err)
 	}
-	nw.until(b, "gpu-unhealthy taint removed", func(n *corev1.Node) bool { return !tainted(n) })
+	nw.until(b, "recovery after ClearFaults", done)
 }
 
 // monotonicMicros is CLOCK_MONOTONIC in microseconds, the kmsg timestamp.

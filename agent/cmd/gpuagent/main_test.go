@@ -410,11 +410,12 @@ func TestRunServesMTLS(t *testing.T) {
 		if x := ev.GetXid(); x != nil && x.Xid == 79 && x.GetGpuIndex() == 3 && x.Fatal && x.Simulated {
 			sawXID = true
 		}
-		if h := ev.GetHealthChanged(); h != nil && h.Current.State == machinev1.HealthState_HEALTH_STATE_UNHEALTHY {
-			if !sawXID || h.Current.GpuHealthyReason != "XidFatal" || h.Current.GpuHealthy {
-				t.Errorf("unhealthy event %v (xid seen %v)", h.Current, sawXID)
+		// XID 79 on one GPU withdraws that GPU alone: GPUHealthy stays True (decision 0630).
+		if h := ev.GetHealthChanged(); h != nil && slices.Equal(h.Current.GetUnhealthyGpuIndexes(), []int32{3}) {
+			if !sawXID || h.Current.GpuHealthyReason != "GPUsWithdrawn" || !h.Current.GpuHealthy || h.Current.State != machinev1.HealthState_HEALTH_STATE_DEGRADED {
+				t.Errorf("withdrawn event %v (xid seen %v)", h.Current, sawXID)
 			}
-			t.Logf("XID 79 injected -> GPUHealthy=False (%s) in %v", h.Current.GpuHealthyReason, time.Since(t0).Round(time.Millisecond))
+			t.Logf("XID 79 injected -> GPU 3 withdrawn (%s) in %v", h.Current.GpuHealthyReason, time.Since(t0).Round(time.Millisecond))
 			break
 		}
 	}
@@ -729,13 +730,21 @@ func TestRunJoinsKubernetes(t *testing.T) {
 	if _, err := cl.InjectFault(ctx, &agentv1.InjectFaultRequest{Fault: &agentv1.FaultSpec{Spec: "xid:79@gpu3"}}); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, 30*time.Second, "GPUHealthy=False", func() bool { s, r, _ := gpuHealthy(); return s == "False" && r == "XidFatal" })
-	t.Logf("InjectFault xid:79@gpu3 -> GPUHealthy=False/XidFatal visible in the apiserver after %v", time.Since(t0).Round(time.Millisecond))
+	allocatable := func() int64 { _, _, n := gpuHealthy(); q := n.Status.Allocatable["nvidia.com/gpu"]; return q.Value() }
+	waitUntil(t, 30*time.Second, "allocatable nvidia.com/gpu 7", func() bool { return allocatable() == 7 })
+	t.Logf("InjectFault xid:79@gpu3 -> allocatable nvidia.com/gpu 7 visible in the apiserver after %v", time.Since(t0).Round(time.Millisecond))
+	waitUntil(t, 30*time.Second, "GPUHealthy=True/GPUsWithdrawn", func() bool { s, r, _ := gpuHealthy(); return s == "True" && r == "GPUsWithdrawn" })
+	// A whole-node problem still turns GPUHealthy False.
+	if _, err := cl.InjectFault(ctx, &agentv1.InjectFaultRequest{Fault: &agentv1.FaultSpec{Spec: "nvlink-down:4@gpu1"}}); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 30*time.Second, "GPUHealthy=False", func() bool { s, r, _ := gpuHealthy(); return s == "False" && r == "NvlinkState" })
 	t1 := time.Now()
 	if _, err := cl.ClearFaults(ctx, &agentv1.ClearFaultsRequest{}); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, 30*time.Second, "GPUHealthy=True again", func() bool { s, _, _ := gpuHealthy(); return s == "True" })
+	waitUntil(t, 30*time.Second, "GPUHealthy=True again", func() bool { s, r, _ := gpuHealthy(); return s == "True" && r == "AllChecksPassed" })
+	waitUntil(t, 30*time.Second, "allocatable 8 again", func() bool { return allocatable() == 8 })
 	t.Logf("ClearFaults -> GPUHealthy=True after %v (1 s hysteresis)", time.Since(t1).Round(time.Millisecond))
 	if _, err := admin.CoordinationV1().Leases("kube-node-lease").Get(ctx, "sim-node-1", metav1.GetOptions{}); err != nil {
 		t.Errorf("node lease: %v", err)
