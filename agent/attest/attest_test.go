@@ -7,8 +7,8 @@ import (
 
 	"github.com/google/go-tpm/tpm2"
 
-	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
 	"github.com/gpurack/gpurack/agent/attest"
+	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
 	"github.com/gpurack/gpurack/internal/swtpmtest"
 )
 
