@@ -38,6 +38,7 @@ type List struct {
 	Entries  []Entry
 	bySerial map[string]int
 	byMAC    map[string]int
+	byEK     map[string]int
 }
 
 // manifestColumns are the columns a manifest may have; serial and/or mac are required.
@@ -92,7 +93,7 @@ func ParseList(source string, r io.Reader) (*List, error) {
 	if !hasSerial && !hasMAC {
 		return nil, fmt.Errorf("allowlist %s line 1: no serial or mac column: the header must name at least one of them", source)
 	}
-	l := &List{Source: source, bySerial: map[string]int{}, byMAC: map[string]int{}}
+	l := &List{Source: source, bySerial: map[string]int{}, byMAC: map[string]int{}, byEK: map[string]int{}}
 	for {
 		rec, err := cr.Read()
 		if errors.Is(err, io.EOF) {
@@ -145,6 +146,12 @@ func ParseList(source string, r io.Reader) (*List, error) {
 				return nil, fmt.Errorf("allowlist %s line %d: serial %q already listed on line %d", source, line, e.Serial, l.Entries[prev].Line)
 			}
 			l.bySerial[e.Serial] = idx
+		}
+		if e.EKHash != "" {
+			if prev, dup := l.byEK[e.EKHash]; dup {
+				return nil, fmt.Errorf("allowlist %s line %d: ekHash %s already listed on line %d: one TPM is in one machine", source, line, e.EKHash, l.Entries[prev].Line)
+			}
+			l.byEK[e.EKHash] = idx
 		}
 		if e.MAC != "" {
 			if prev, dup := l.byMAC[e.MAC]; dup {
