@@ -3,16 +3,22 @@ package enroll
 import (
 	"context"
 	"crypto/ed25519"
+	"crypto/rand"
 	"crypto/tls"
+	"io"
+	"log/slog"
 	"math/big"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/gpurack/gpurack/agent/attest"
+	agentenroll "github.com/gpurack/gpurack/agent/enroll"
 	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
+	machinev1 "github.com/gpurack/gpurack/api/machine/v1"
 	"github.com/gpurack/gpurack/internal/pki"
 	"github.com/gpurack/gpurack/internal/swtpmtest"
 	"github.com/gpurack/gpurack/pxe/inventory"
@@ -354,4 +360,35 @@ func TestTPMManifestEKHash(t *testing.T) {
 		t.Fatal("a TPM the manifest does not name got a token")
 	}
 	e.checkHistory("52:54:00:00:07:06")
+}
+
+// The agent's enrollment client with a real TPM goes through the challenge round on
+// its own and receives its bundle (`identity: tpm`, approval auto).
+func TestTPMAgentClientEnrolls(t *testing.T) {
+	e := newEnv(t, func(c *Config) {
+		c.Identity = IdentityTPM
+		c.Policy = policy.Policy{Mode: policy.Auto}
+	})
+	tpm := swtpmtest.Start(t).Attester(t)
+	_, key, _ := ed25519.GenerateKey(rand.Reader)
+	const mac = "52:54:00:00:07:07"
+	c := &agentenroll.Client{
+		Target: agentenroll.Target{Endpoint: e.addr, Pin: e.ca.Pin()}, Key: key, TPM: tpm, Now: e.clk.Now,
+		Log:   slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Facts: &machinev1.MachineFacts{Identity: &machinev1.MachineIdentity{BootMac: mac, Serial: "SN-TPM-C"}},
+	}
+	if err := c.Dial(); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	b, err := c.Enroll(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := e.machine(mac)
+	if b.GetNodeName() == "" || m.EKHash != ekHashOf(t, tpm) || m.BoundKey != bootv1.KeyFingerprint(key.Public().(ed25519.PublicKey)) {
+		t.Fatalf("bundle for %q; machine EK %s, bound %s", b.GetNodeName(), m.EKHash, m.BoundKey)
+	}
 }
