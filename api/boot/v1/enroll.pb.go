@@ -131,7 +131,8 @@ func (RegisterStatus) EnumDescriptor() ([]byte, []int) {
 // Because gpuboot re-encodes the request, an older gpuboot keeps fields it does not know
 // as unknown fields and writes them after the known ones. So the rule for changing a
 // request that carries auth: a new field takes a number above every existing field's
-// (after 14, continue at 16), and a field is never renumbered.
+// (after 14, continue at 16; RegisterRequest is at 17 now), and a field is never
+// renumbered.
 type RequestAuth struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The agent's raw 32-byte ed25519 public key.
