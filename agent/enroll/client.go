@@ -53,11 +53,25 @@ type Client struct {
 	MaxBackoff time.Duration
 	// Now is the clock requests are signed with (default time.Now).
 	Now func() time.Time
+	// TPM, when set, is the machine's TPM: every Register carries its attestation,
+	// and a TpmChallenge in an answer is answered in the next Register at once
+	// (decision 0650). Nil: the machine has no usable TPM.
+	TPM TPMProver
 
 	mu   sync.Mutex
 	conn *grpc.ClientConn
 	svc  bootv1.EnrollmentServiceClient
 	seq  uint64
+	// answer is the TPM activation the next Register carries.
+	answer *bootv1.TpmActivation
+}
+
+// TPMProver is a TPM as enrollment uses it; agent/attest.Attester implements it.
+type TPMProver interface {
+	// Attestation returns the EK and AK public parts, without an activation.
+	Attestation() *bootv1.TpmAttestation
+	// Activate answers gpuboot's credential challenge.
+	Activate(*bootv1.TpmChallenge) (*bootv1.TpmActivation, error)
 }
 
 func (c *Client) now() time.Time {
@@ -157,6 +171,18 @@ func (c *Client) Enroll(ctx context.Context) (*bootv1.JoinBundle, error) {
 			}
 			switch resp.GetStatus() {
 			case bootv1.RegisterStatus_REGISTER_STATUS_PENDING:
+				if ch := resp.GetTpmChallenge(); ch != nil && c.TPM != nil {
+					ans, err := c.TPM.Activate(ch)
+					if err != nil {
+						c.Log.Warn("TPM could not answer gpuboot's challenge; registering again for a new one", "error", err)
+					} else {
+						c.mu.Lock()
+						c.answer = ans
+						c.mu.Unlock()
+						next = 0
+					}
+					break
+				}
 				if wait == time.Second { // first PENDING answer, or after a reset
 					c.Log.Info(WaitingForApproval, "endpoint", c.Target.Endpoint, "key", fp, "machine_state", ms)
 				}
@@ -219,6 +245,12 @@ func nonEmpty(sep, s string) string {
 
 func (c *Client) register(ctx context.Context) (*bootv1.RegisterResponse, error) {
 	req := &bootv1.RegisterRequest{Facts: c.Facts, PublicKey: c.Key.Public().(ed25519.PublicKey)}
+	if c.TPM != nil {
+		req.Tpm = c.TPM.Attestation()
+		c.mu.Lock()
+		req.Tpm.Activation, c.answer = c.answer, nil
+		c.mu.Unlock()
+	}
 	if err := bootv1.SignRequest(c.Key, bootv1.EnrollmentService_Register_FullMethodName, req, c.now()); err != nil {
 		return nil, err
 	}

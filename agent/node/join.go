@@ -21,6 +21,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/gpurack/gpurack/agent/attest"
 	"github.com/gpurack/gpurack/agent/enroll"
 	"github.com/gpurack/gpurack/agent/facts"
 	"github.com/gpurack/gpurack/agent/joinbundle"
@@ -68,6 +69,23 @@ func (n *node) enrollAndJoin(ctx context.Context, target enroll.Target) {
 				hbOnce.Do(func() { close(hbStart) })
 			}
 		}}
+	// The machine's TPM proves its identity when gpuboot asks for it (decision 0650);
+	// without one the agent enrolls by MAC, UUID and serial alone.
+	if tpm, err := attest.Open(); err != nil {
+		if errors.Is(err, attest.ErrNoTPM) {
+			n.log.Info("no TPM 2.0: enrolling without TPM attestation", "looked", attest.DevicePaths)
+		} else {
+			n.log.Warn("TPM unusable: enrolling without TPM attestation", "error", err)
+		}
+	} else {
+		defer tpm.Close()
+		if a, err := attest.New(tpm); err != nil {
+			n.log.Warn("TPM keys could not be created: enrolling without TPM attestation", "error", err)
+		} else {
+			defer a.Close()
+			c.TPM = a
+		}
+	}
 	if err := c.Dial(); err != nil {
 		fail("enroll", err)
 		return

@@ -177,6 +177,7 @@ func ToProto(m *inventory.Machine, history []inventory.Transition) *bootv1.Machi
 		Id: m.ID, Identity: enroll.IdentityProto(m.Identity), State: enroll.StateProto(m.State),
 		NodeName: m.NodeName, Rack: m.Rack, Slot: m.Slot, Labels: m.Labels, Profile: m.Profile, ImageId: m.ImageID,
 		KeyFingerprint: m.BoundKey, CreatedAt: ts(m.CreatedAt), UpdatedAt: ts(m.UpdatedAt), LastHeartbeatAt: ts(m.LastHeartbeat),
+		EkHash: m.EKHash,
 	}
 	if len(m.Facts) > 0 {
 		p.Facts = new(machinev1.MachineFacts)
@@ -192,7 +193,7 @@ func ToProto(m *inventory.Machine, history []inventory.Transition) *bootv1.Machi
 	}
 	for _, k := range m.Keys {
 		p.Keys = append(p.Keys, &bootv1.RegisteredKey{Fingerprint: k.Fingerprint, PublicKey: k.PublicKey, Bound: k.Fingerprint == m.BoundKey,
-			RegisteredAt: ts(k.RegisteredAt), LastSeenAt: ts(k.LastSeen), BootId: k.BootID, RemoteAddress: k.Remote})
+			RegisteredAt: ts(k.RegisteredAt), LastSeenAt: ts(k.LastSeen), BootId: k.BootID, RemoteAddress: k.Remote, EkHash: k.EKHash})
 	}
 	if p.KeyFingerprint == "" && len(m.Keys) == 1 {
 		p.KeyFingerprint = m.Keys[0].Fingerprint

@@ -129,6 +129,12 @@ type Enrollment struct {
 	UnknownMachines string `yaml:"unknownMachines"`
 	// Reenroll: auto (default) or manual.
 	Reenroll string `yaml:"reenroll"`
+	// Identity is what a machine's identity rests on (decisions 0650, 0651):
+	// mac-uuid-serial (default: what gpuboot did before, TPMs are ignored), tpm
+	// (every agent proves its TPM 2.0 Endorsement Key; one without a TPM is
+	// refused) or tpm-or-fallback (agents with a TPM prove it, others enroll as with
+	// mac-uuid-serial; an identity bound to an EK is taken only by that EK).
+	Identity string `yaml:"identity"`
 	// Bounds on records unauthenticated traffic creates.
 	MaxUnapproved int     `yaml:"maxUnapproved"`
 	CreateRate    float64 `yaml:"createRate"`
@@ -240,6 +246,9 @@ func (c *Config) applyDefaults() {
 	}
 	if c.Enrollment.Reenroll == "" {
 		c.Enrollment.Reenroll = "auto"
+	}
+	if c.Enrollment.Identity == "" {
+		c.Enrollment.Identity = "mac-uuid-serial"
 	}
 	if c.Enrollment.SourceRate == 0 {
 		c.Enrollment.SourceRate = DefaultSourceRate
@@ -365,6 +374,11 @@ func (c *Config) Validate() error {
 	case "auto", "manual":
 	default:
 		bad("enrollment.reenroll", "%q: use auto or manual", c.Enrollment.Reenroll)
+	}
+	switch c.Enrollment.Identity {
+	case "", "mac-uuid-serial", "tpm", "tpm-or-fallback": // "": a Config built in code; the default
+	default:
+		bad("enrollment.identity", "%q: use mac-uuid-serial, tpm or tpm-or-fallback", c.Enrollment.Identity)
 	}
 	if c.Enrollment.MaxUnapproved < 0 || c.Enrollment.CreateRate < 0 || c.Enrollment.CreateBurst < 0 {
 		bad("enrollment", "maxUnapproved, createRate and createBurst must not be negative")

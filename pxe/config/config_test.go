@@ -32,7 +32,7 @@ func TestDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.DHCP.Mode != "proxy" || c.Enrollment.UnknownMachines != "discover" || c.Enrollment.Reenroll != "auto" ||
+	if c.DHCP.Mode != "proxy" || c.Enrollment.UnknownMachines != "discover" || c.Enrollment.Reenroll != "auto" || c.Enrollment.Identity != "mac-uuid-serial" ||
 		c.Policy.Approval != "manual" || c.DefaultRack != "r1" || !c.DHCPEnabled() || c.Admin.TokensFile != "/var/lib/gpuboot/operator-tokens" {
 		t.Fatalf("defaults: %+v", c)
 	}
@@ -55,6 +55,7 @@ func TestErrors(t *testing.T) {
 		{minimal + "policy: {approval: allowlist}\n", "g.yaml:6: policy.allowlist: required"},
 		{minimal + "policy: {approval: yes-please}\n", "g.yaml:6: policy.approval"},
 		{minimal + "enrollment: {reenroll: sometimes}\n", "g.yaml:6: enrollment.reenroll"},
+		{minimal + "enrollment: {identity: tpm2}\n", "g.yaml:6: enrollment.identity"},
 		{minimal + "selectors: [{name: x, image: nope}]\n", "g.yaml:6: selectors"},
 		{strings.Replace(minimal, "advertise: 192.0.2.1\n", "", 1), "g.yaml:1: advertise: required"},
 		{strings.Replace(minimal, "racks: [{name: r1}]", "racks: [{name: R_1}]", 1), "g.yaml:5: racks[0].name"},

@@ -107,6 +107,9 @@ func (s *Service) Approve(ctx context.Context, ref string, o ApproveOptions) (*i
 		if len(live) == 1 {
 			m.BoundKey = live[0].Fingerprint
 			m.Keys = live
+			if s.cfg.Identity.usesTPM() {
+				bindEK(m)
+			}
 		}
 		if o.NodeName != "" {
 			m.NodeName = o.NodeName
@@ -232,6 +235,9 @@ func (s *Service) ResolveConflict(ctx context.Context, ref, winner, actor, reaso
 		win := m.Keys[i]
 		to := m.PreConflict
 		if winner != m.BoundKey {
+			// The operator's choice moves the EK binding too (decision 0651): to the
+			// EK the winner proved, or none.
+			m.EKHash, m.EKCertificate = win.EKHash, win.EKCertificate
 			// The newer key wins: it gets a new bundle; the old key's certificates go.
 			revoke = m.AgentCertSerials
 			m.AgentCertSerials = nil

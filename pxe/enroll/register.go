@@ -75,10 +75,16 @@ func (s *Service) Register(ctx context.Context, req *bootv1.RegisterRequest) (*b
 		}
 	}
 	fp := bootv1.KeyFingerprint(pub)
+	// TPM-bound identity (decision 0650): a key proves its EK before anything is
+	// stored for it.
+	ek, ekCert, challenge, err := s.proveTPM(ctx, id, fp, req.GetTpm(), now)
+	if err != nil || challenge != nil {
+		return challenge, err
+	}
 	call := registerCall{
 		Key: inventory.Key{
 			Fingerprint: fp, PublicKey: append([]byte(nil), pub...), RegisteredAt: now.UTC(), LastSeen: now.UTC(),
-			BootID: req.GetFacts().GetBootId(), Remote: remoteOf(ctx),
+			BootID: req.GetFacts().GetBootId(), Remote: remoteOf(ctx), EKHash: ek, EKCertificate: ekCert,
 		},
 		Verdict:     s.cfg.Policy.Decide(id),
 		Now:         now,
@@ -233,6 +239,7 @@ const lastSeenStep = inventory.KeyLiveness / 6
 
 // registerRules are the settings decideRegister applies.
 type registerRules struct {
+	Identity  IdentityMode
 	Reenroll  Reenroll
 	TokenTTL  time.Duration
 	Selectors []policy.Selector
@@ -240,7 +247,7 @@ type registerRules struct {
 }
 
 func (s *Service) registerRules() registerRules {
-	return registerRules{Reenroll: s.cfg.Reenroll, TokenTTL: s.cfg.TokenTTL, Selectors: s.cfg.Selectors, Racks: s.cfg.Racks}
+	return registerRules{Identity: s.cfg.Identity, Reenroll: s.cfg.Reenroll, TokenTTL: s.cfg.TokenTTL, Selectors: s.cfg.Selectors, Racks: s.cfg.Racks}
 }
 
 // registerDecision is what one Register call does to a machine.
@@ -296,11 +303,19 @@ func decideRegister(stored *inventory.Machine, call registerCall, rules register
 		return done(&bootv1.RegisterResponse{Status: bootv1.RegisterStatus_REGISTER_STATUS_REJECTED,
 			Message: "an operator rejected this machine"})
 	}
+	if rules.Identity.usesTPM() {
+		if resp := ekStep(m, call, &d, move); resp != nil {
+			return done(resp)
+		}
+	}
 
 	if i := m.FindKey(fp); i >= 0 {
 		k := &m.Keys[i]
 		// With another key beside it, liveness decides who keeps the identity
 		// (conflictMove): then every call counts.
+		if key.EKHash != "" && k.EKHash == "" {
+			k.EKHash, k.EKCertificate = key.EKHash, key.EKCertificate
+		}
 		if now.Sub(k.LastSeen) >= lastSeenStep || len(m.Keys) > 1 || (key.BootID != "" && key.BootID != k.BootID) {
 			k.LastSeen, k.Remote = now.UTC(), key.Remote
 			if key.BootID != "" {
@@ -385,6 +400,9 @@ func decideRegister(stored *inventory.Machine, call registerCall, rules register
 			m.ImageID, m.Profile = imageAndProfile(rules.Selectors, rules.Racks, m)
 			move(inventory.Approved, v.Actor, v.Reason)
 		}
+	}
+	if rules.Identity.usesTPM() {
+		bindEK(m)
 	}
 	resp := &bootv1.RegisterResponse{}
 	switch {

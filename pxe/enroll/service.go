@@ -103,6 +103,11 @@ type Config struct {
 
 	UnknownMachines UnknownMachines
 	Reenroll        Reenroll
+	// Identity is what a machine's identity rests on; default IdentityMACUUIDSerial.
+	// With IdentityTPM or IdentityTPMOrFallback a key that proves the bound EK
+	// re-enrolls without an operator whatever Reenroll says, and Reenroll applies to
+	// identities not bound to an EK (decision 0651).
+	Identity IdentityMode
 
 	// CA is the gpurack CA: it issues agent certificates. Revocations is gpuboot's
 	// revocation list; RevocationsPath, when set, is where it is saved after a change.
@@ -163,6 +168,8 @@ type Service struct {
 
 	rings *rings // gossip key rings by rack
 
+	tpm tpmChallenges
+
 	stats counters
 }
 
@@ -191,6 +198,13 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	}
 	if cfg.Reenroll == "" {
 		cfg.Reenroll = ReenrollAuto
+	}
+	switch cfg.Identity {
+	case "":
+		cfg.Identity = IdentityMACUUIDSerial
+	case IdentityMACUUIDSerial, IdentityTPM, IdentityTPMOrFallback:
+	default:
+		return nil, fmt.Errorf("enroll: identity %q: use %s, %s or %s", cfg.Identity, IdentityMACUUIDSerial, IdentityTPM, IdentityTPMOrFallback)
 	}
 	if cfg.Revocations == nil {
 		cfg.Revocations = pki.NewRevocationList()

@@ -51,6 +51,14 @@ type Machine struct {
 	Keys []Key `json:"keys,omitempty"`
 	// BoundKey is the fingerprint of the key an approval bound; empty when none.
 	BoundKey string `json:"boundKey,omitempty"`
+	// EKHash is the TPM Endorsement Key the machine's identity is bound to
+	// ("sha256:HEX", decision 0651): set when a key that proved it is bound, kept
+	// across re-enrollments. With `identity: tpm` or `tpm-or-fallback` only a key that
+	// proves this EK may take the identity; any other is a conflict. Empty: not bound.
+	EKHash string `json:"ekHash,omitempty"`
+	// EKCertificate is the EK certificate (DER) the TPM held when EKHash was bound;
+	// empty when it held none.
+	EKCertificate []byte `json:"ekCertificate,omitempty"`
 	// Approval is the outstanding one-time token for the bound key.
 	Approval *Approval `json:"approval,omitempty"`
 	// AgentCertSerials are the serial numbers (hex) of agent certificates issued to
@@ -84,6 +92,11 @@ type Key struct {
 	// ignored).
 	HeartbeatStartedAt time.Time `json:"heartbeatStartedAt,omitzero"`
 	HeartbeatSeq       uint64    `json:"heartbeatSeq,omitempty"`
+	// EKHash is the TPM Endorsement Key this key proved by credential activation
+	// (decision 0650); empty when it proved none.
+	EKHash string `json:"ekHash,omitempty"`
+	// EKCertificate is the EK certificate (DER) its TPM sent; empty when none.
+	EKCertificate []byte `json:"ekCertificate,omitempty"`
 }
 
 // Live reports whether the key is live at now: not ended by a boot request and seen

@@ -3,6 +3,7 @@ package policy
 import (
 	"bytes"
 	"encoding/csv"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -21,6 +22,11 @@ type Entry struct {
 	// Rack and Slot place it; optional.
 	Rack string
 	Slot string
+	// EKHash names the machine's TPM Endorsement Key, as the vendor reported it:
+	// "sha256:" and 64 lowercase hex digits over the DER SubjectPublicKeyInfo of the
+	// EK's public key. Optional; gpuboot uses it only with `identity: tpm` or
+	// `tpm-or-fallback` (decision 0651).
+	EKHash string
 	// Line is the row's line number in the file (for transition records).
 	Line int
 }
@@ -32,10 +38,11 @@ type List struct {
 	Entries  []Entry
 	bySerial map[string]int
 	byMAC    map[string]int
+	byEK     map[string]int
 }
 
 // manifestColumns are the columns a manifest may have; serial and/or mac are required.
-var manifestColumns = []string{"serial", "mac", "rack", "slot"}
+var manifestColumns = []string{"serial", "mac", "rack", "slot", "ekhash"}
 
 // LoadList reads the rack manifest at path (see ParseList).
 func LoadList(path string) (*List, error) {
@@ -48,7 +55,8 @@ func LoadList(path string) (*List, error) {
 }
 
 // ParseList parses a rack manifest: CSV with a header row naming its columns, from
-// serial, mac, rack and slot (any order, case-insensitive; serial and/or mac required).
+// serial, mac, rack, slot and ekHash (any order, case-insensitive; serial and/or mac
+// required). ekHash is "sha256:HEX" (see Entry.EKHash); upper-case hex is accepted.
 // Lines starting with '#' and blank lines are skipped. MACs are normalised as in
 // CONTRACTS §1; a placeholder serial ("To Be Filled By O.E.M.") is an error, since it
 // would match any machine with the same placeholder. A serial or MAC listed twice is an
@@ -85,7 +93,7 @@ func ParseList(source string, r io.Reader) (*List, error) {
 	if !hasSerial && !hasMAC {
 		return nil, fmt.Errorf("allowlist %s line 1: no serial or mac column: the header must name at least one of them", source)
 	}
-	l := &List{Source: source, bySerial: map[string]int{}, byMAC: map[string]int{}}
+	l := &List{Source: source, bySerial: map[string]int{}, byMAC: map[string]int{}, byEK: map[string]int{}}
 	for {
 		rec, err := cr.Read()
 		if errors.Is(err, io.EOF) {
@@ -125,12 +133,25 @@ func ParseList(source string, r io.Reader) (*List, error) {
 		if e.Serial == "" && e.MAC == "" {
 			return nil, fmt.Errorf("allowlist %s line %d: neither serial nor mac is set", source, line)
 		}
+		if raw := get("ekhash"); raw != "" {
+			h, err := NormalizeEKHash(raw)
+			if err != nil {
+				return nil, fmt.Errorf("allowlist %s line %d: %w", source, line, err)
+			}
+			e.EKHash = h
+		}
 		idx := len(l.Entries)
 		if e.Serial != "" {
 			if prev, dup := l.bySerial[e.Serial]; dup {
 				return nil, fmt.Errorf("allowlist %s line %d: serial %q already listed on line %d", source, line, e.Serial, l.Entries[prev].Line)
 			}
 			l.bySerial[e.Serial] = idx
+		}
+		if e.EKHash != "" {
+			if prev, dup := l.byEK[e.EKHash]; dup {
+				return nil, fmt.Errorf("allowlist %s line %d: ekHash %s already listed on line %d: one TPM is in one machine", source, line, e.EKHash, l.Entries[prev].Line)
+			}
+			l.byEK[e.EKHash] = idx
 		}
 		if e.MAC != "" {
 			if prev, dup := l.byMAC[e.MAC]; dup {
@@ -178,4 +199,18 @@ func hasKey(m map[string]int, k string) bool { _, ok := m[k]; return ok }
 // ParseListBytes is ParseList over a byte slice.
 func ParseListBytes(source string, b []byte) (*List, error) {
 	return ParseList(source, bytes.NewReader(b))
+}
+
+// NormalizeEKHash checks an EK hash in the form "sha256:" plus 64 hex digits and returns
+// it with the hex in lower case.
+func NormalizeEKHash(s string) (string, error) {
+	const prefix = "sha256:"
+	if len(s) != len(prefix)+64 || !strings.EqualFold(s[:len(prefix)], prefix) {
+		return "", fmt.Errorf("ekHash %q: want sha256: and 64 hex digits, the sha256 over the DER SubjectPublicKeyInfo of the EK public key (for an EK certificate: openssl x509 -in ek.pem -pubkey -noout | openssl pkey -pubin -outform DER | sha256sum)", s)
+	}
+	h := strings.ToLower(s[len(prefix):])
+	if _, err := hex.DecodeString(h); err != nil {
+		return "", fmt.Errorf("ekHash %q: not hex: %v", s, err)
+	}
+	return prefix + h, nil
 }

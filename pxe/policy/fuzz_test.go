@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/gpurack/gpurack/pxe/identity"
@@ -9,12 +10,18 @@ import (
 // FuzzParseList: a rack manifest comes from a vendor; parsing it must never panic, and
 // every entry it accepts must match itself.
 func FuzzParseList(f *testing.F) {
+	f.Add([]byte("serial,mac,ekHash\nS1,aa:bb:cc:dd:ee:01,sha256:" + strings.Repeat("Ab", 32) + "\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		l, err := ParseListBytes("fuzz.csv", data)
 		if err != nil {
 			return
 		}
 		for _, e := range l.Entries {
+			if e.EKHash != "" {
+				if h, err := NormalizeEKHash(e.EKHash); err != nil || h != e.EKHash {
+					t.Fatalf("entry %+v: ekHash not normalised (%q, %v)", e, h, err)
+				}
+			}
 			if e.Serial == "" && e.MAC == "" {
 				t.Fatalf("entry without serial or mac accepted: %+v", e)
 			}

@@ -61,6 +61,9 @@ type Decision struct {
 	// One row approves at most one machine: pxe/enroll checks that no other machine
 	// holds the row before it acts on an allowlist approval.
 	Line int
+	// EKHash is the TPM Endorsement Key the matched row names ("sha256:HEX"); empty
+	// when none. With a TPM identity mode only that EK may claim the identity.
+	EKHash string
 }
 
 // ByAllowlist reports whether the decision approves through an allowlist row.
@@ -99,7 +102,7 @@ func (p Policy) Decide(id identity.Identity) Decision {
 	var d Decision
 	if p.List != nil {
 		if e, ok := p.List.Match(id); ok {
-			d.Rack, d.Slot, d.Line = e.Rack, e.Slot, e.Line
+			d.Rack, d.Slot, d.Line, d.EKHash = e.Rack, e.Slot, e.Line, e.EKHash
 			if p.Mode == Allowlist {
 				d.Approve = true
 				d.Actor = fmt.Sprintf("policy:allowlist:%d", e.Line)

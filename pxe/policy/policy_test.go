@@ -53,12 +53,31 @@ func TestParseListErrors(t *testing.T) {
 		"serial\nSN1\nSN1\n":                     "already listed on line 2",
 		"serial,mac\n,\n":                        "neither serial nor mac",
 		"serial,mac,rack\nSN1,52:54:00:00:00:01": "3",
+		"serial,ekHash\nSN1,sha256:abc\n":        "want sha256: and 64 hex digits",
+		"serial,ekHash\nSN1,sha1:" + strings.Repeat("a", 64) + "\n":                                               "want sha256:",
+		"serial,ekHash\nSN1,sha256:" + strings.Repeat("g", 64) + "\n":                                             "not hex",
+		"serial,ekHash\nSN1,sha256:" + strings.Repeat("a", 64) + "\nSN2,SHA256:" + strings.Repeat("A", 64) + "\n": "one TPM is in one machine",
 	}
 	for in, want := range cases {
 		_, err := ParseListBytes("m.csv", []byte(in))
 		if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "m.csv") {
 			t.Errorf("ParseList(%q) err = %v, want one naming m.csv and containing %q", in, err, want)
 		}
+	}
+}
+
+// An ekHash column is normalised to lower case and reaches the decision.
+func TestEKHashColumn(t *testing.T) {
+	l, err := ParseListBytes("m.csv", []byte("Serial,EKHash\nSN1,SHA256:"+strings.Repeat("AB", 32)+"\nSN2,\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "sha256:" + strings.Repeat("ab", 32)
+	if d := (Policy{Mode: Allowlist, List: l}).Decide(identity.Identity{Serial: "SN1"}); d.EKHash != want || !d.Approve {
+		t.Fatalf("decision %+v, want approval with EK %s", d, want)
+	}
+	if d := (Policy{Mode: Allowlist, List: l}).Decide(identity.Identity{Serial: "SN2"}); d.EKHash != "" {
+		t.Fatalf("row without ekHash gave %q", d.EKHash)
 	}
 }
 

@@ -103,7 +103,8 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		Store: store, Policy: pol, Selectors: cfg.Selectors, Racks: racks, DefaultRack: cfg.DefaultRack,
 		GossipKeyDir:    filepath.Join(cfg.StateDir, "gossip"),
 		UnknownMachines: enroll.UnknownMachines(cfg.Enrollment.UnknownMachines), Reenroll: enroll.Reenroll(cfg.Enrollment.Reenroll),
-		CA: ca, Revocations: revoked, RevocationsPath: cfg.RevocationsPath(),
+		Identity: enroll.IdentityMode(cfg.Enrollment.Identity),
+		CA:       ca, Revocations: revoked, RevocationsPath: cfg.RevocationsPath(),
 		ClusterDNS: cfg.Cluster.DNS, ClusterDomain: cfg.Cluster.Domain, NodeNamePrefix: cfg.Enrollment.NodeNamePrefix,
 		MaxUnapproved: cfg.Enrollment.MaxUnapproved, CreateRate: cfg.Enrollment.CreateRate, CreateBurst: cfg.Enrollment.CreateBurst,
 		AllowSimulated: cfg.Enrollment.AllowSimulated,
@@ -252,7 +253,7 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	}
 
 	log.Info("gpuboot serving", "http", httpLis.Addr().String(), "tls", tlsLis.Addr().String(), "advertise", cfg.Advertise,
-		"approval", pol.Mode, "unknownMachines", cfg.Enrollment.UnknownMachines, "reenroll", cfg.Enrollment.Reenroll,
+		"approval", pol.Mode, "unknownMachines", cfg.Enrollment.UnknownMachines, "reenroll", cfg.Enrollment.Reenroll, "identity", cfg.Enrollment.Identity,
 		"ca_pin", ca.Pin(), "cluster", cluster != nil)
 
 	var runErr error

@@ -577,7 +577,10 @@ type Machine struct {
 	// When the latest transition happened.
 	UpdatedAt *timestamppb.Timestamp `protobuf:"bytes,17,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
 	// Transitions, oldest first. Filled by GetMachine only.
-	History       []*Transition `protobuf:"bytes,18,rep,name=history,proto3" json:"history,omitempty"`
+	History []*Transition `protobuf:"bytes,18,rep,name=history,proto3" json:"history,omitempty"`
+	// The TPM Endorsement Key the identity is bound to, "sha256:HEX" over the EK's DER
+	// SubjectPublicKeyInfo (decision 0651); empty when not bound to one.
+	EkHash        string `protobuf:"bytes,19,opt,name=ek_hash,json=ekHash,proto3" json:"ek_hash,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -738,6 +741,13 @@ func (x *Machine) GetHistory() []*Transition {
 	return nil
 }
 
+func (x *Machine) GetEkHash() string {
+	if x != nil {
+		return x.EkHash
+	}
+	return ""
+}
+
 // RegisteredKey is one agent key registered for a machine's identity.
 type RegisteredKey struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -756,6 +766,9 @@ type RegisteredKey struct {
 	// Source address (ip:port) of its latest call. Informational: gpuboot never decides
 	// on a source address.
 	RemoteAddress string `protobuf:"bytes,7,opt,name=remote_address,json=remoteAddress,proto3" json:"remote_address,omitempty"`
+	// The TPM Endorsement Key this key proved by credential activation (decision 0650),
+	// in the form of Machine.ek_hash; empty when it proved none.
+	EkHash        string `protobuf:"bytes,8,opt,name=ek_hash,json=ekHash,proto3" json:"ek_hash,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -835,6 +848,13 @@ func (x *RegisteredKey) GetBootId() string {
 func (x *RegisteredKey) GetRemoteAddress() string {
 	if x != nil {
 		return x.RemoteAddress
+	}
+	return ""
+}
+
+func (x *RegisteredKey) GetEkHash() string {
+	if x != nil {
+		return x.EkHash
 	}
 	return ""
 }
@@ -2055,7 +2075,7 @@ const file_api_boot_v1_admin_proto_rawDesc = "" +
 	"\x15accepted_fingerprints\x18\x04 \x03(\tR\x14acceptedFingerprints\x12\x16\n" +
 	"\x06behind\x18\x05 \x03(\tR\x06behind\x12;\n" +
 	"\vphase_since\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"phaseSince\"\x84\a\n" +
+	"phaseSince\"\x9d\a\n" +
 	"\aMachine\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12?\n" +
 	"\bidentity\x18\x02 \x01(\v2#.gpurack.machine.v1.MachineIdentityR\bidentity\x123\n" +
@@ -2077,10 +2097,11 @@ const file_api_boot_v1_admin_proto_rawDesc = "" +
 	"created_at\x18\x10 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x129\n" +
 	"\n" +
 	"updated_at\x18\x11 \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x125\n" +
-	"\ahistory\x18\x12 \x03(\v2\x1b.gpurack.boot.v1.TransitionR\ahistory\x1a9\n" +
+	"\ahistory\x18\x12 \x03(\v2\x1b.gpurack.boot.v1.TransitionR\ahistory\x12\x17\n" +
+	"\aek_hash\x18\x13 \x01(\tR\x06ekHash\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa5\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xbe\x02\n" +
 	"\rRegisteredKey\x12 \n" +
 	"\vfingerprint\x18\x01 \x01(\tR\vfingerprint\x12\x1d\n" +
 	"\n" +
@@ -2090,7 +2111,8 @@ const file_api_boot_v1_admin_proto_rawDesc = "" +
 	"\flast_seen_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"lastSeenAt\x12\x17\n" +
 	"\aboot_id\x18\x06 \x01(\tR\x06bootId\x12%\n" +
-	"\x0eremote_address\x18\a \x01(\tR\rremoteAddress\"\xeb\x01\n" +
+	"\x0eremote_address\x18\a \x01(\tR\rremoteAddress\x12\x17\n" +
+	"\aek_hash\x18\b \x01(\tR\x06ekHash\"\xeb\x01\n" +
 	"\n" +
 	"Transition\x12\x1d\n" +
 	"\n" +

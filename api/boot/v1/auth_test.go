@@ -131,14 +131,14 @@ func TestVerifyRequest(t *testing.T) {
 // server does not know, numbered above the existing ones, and the server, which
 // re-encodes with that field as unknown, still verifies the signature.
 func TestVerifyRequestWithFieldUnknownToServer(t *testing.T) {
-	// A "newer" RegisterRequest: the current descriptor plus field 16.
+	// A "newer" RegisterRequest: the current descriptor plus field 17.
 	fdp := protodesc.ToFileDescriptorProto(bootv1.File_api_boot_v1_enroll_proto)
 	for _, m := range fdp.MessageType {
 		if m.GetName() == "RegisterRequest" {
 			m.Field = append(m.Field, &descriptorpb.FieldDescriptorProto{
 				Name:     proto.String("rack_hint"),
 				JsonName: proto.String("rackHint"),
-				Number:   proto.Int32(16),
+				Number:   proto.Int32(17),
 				Label:    descriptorpb.FieldDescriptorProto_LABEL_OPTIONAL.Enum(),
 				Type:     descriptorpb.FieldDescriptorProto_TYPE_STRING.Enum(),
 			})
@@ -184,13 +184,13 @@ func TestVerifyRequestWithFieldUnknownToServer(t *testing.T) {
 	newer.Set(md.Fields().ByName("auth"), protoreflect.ValueOfMessage(authMsg))
 	wire := mustMarshal(t, newer)
 
-	// The current server decodes it (field 16 unknown) and verifies.
+	// The current server decodes it (field 17 unknown) and verifies.
 	got := &bootv1.RegisterRequest{}
 	if err := proto.Unmarshal(wire, got); err != nil {
 		t.Fatal(err)
 	}
 	if len(got.ProtoReflect().GetUnknown()) == 0 {
-		t.Fatal("field 16 should be unknown to the current RegisterRequest")
+		t.Fatal("field 17 should be unknown to the current RegisterRequest")
 	}
 	if _, err := bootv1.VerifyRequest(method, got, now); err != nil {
 		t.Errorf("server could not verify a request with a newer field: %v", err)

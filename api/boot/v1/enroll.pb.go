@@ -131,7 +131,8 @@ func (RegisterStatus) EnumDescriptor() ([]byte, []int) {
 // Because gpuboot re-encodes the request, an older gpuboot keeps fields it does not know
 // as unknown fields and writes them after the known ones. So the rule for changing a
 // request that carries auth: a new field takes a number above every existing field's
-// (after 14, continue at 16), and a field is never renumbered.
+// (after 14, continue at 16; RegisterRequest is at 17 now), and a field is never
+// renumbered.
 type RequestAuth struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The agent's raw 32-byte ed25519 public key.
@@ -210,7 +211,13 @@ type RegisterRequest struct {
 	// later through ReportCommissioning). Stored for the operator; changes no state.
 	Checklist *v1.Checklist `protobuf:"bytes,3,opt,name=checklist,proto3" json:"checklist,omitempty"`
 	// Required (see RequestAuth).
-	Auth          *RequestAuth `protobuf:"bytes,15,opt,name=auth,proto3" json:"auth,omitempty"`
+	Auth *RequestAuth `protobuf:"bytes,15,opt,name=auth,proto3" json:"auth,omitempty"`
+	// The machine's TPM 2.0, when it has one: its Endorsement Key, an attestation key
+	// and, in the call after gpuboot sent a TpmChallenge, the answer. gpuboot reads it
+	// only when gpuboot.yaml sets `identity: tpm` or `tpm-or-fallback` (decision 0650);
+	// with the default `identity: mac-uuid-serial` it is ignored, and an agent without
+	// a TPM leaves it out.
+	Tpm           *TpmAttestation `protobuf:"bytes,16,opt,name=tpm,proto3" json:"tpm,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -273,6 +280,239 @@ func (x *RegisterRequest) GetAuth() *RequestAuth {
 	return nil
 }
 
+func (x *RegisterRequest) GetTpm() *TpmAttestation {
+	if x != nil {
+		return x.Tpm
+	}
+	return nil
+}
+
+// TpmAttestation is what an agent sends about its TPM (decision 0650). TPM structures
+// travel in the TPM's own wire form (TPM 2.0 Library Part 2, big-endian, without the
+// TPM2B size prefix), as TPM2_ReadPublic and TPM2_CreatePrimary return them.
+//
+// The round: the agent registers with ek_public and ak_public and no activation;
+// gpuboot checks the AK is a restricted signing key that never leaves its TPM
+// (fixedTPM, fixedParent, sensitiveDataOrigin), makes a credential for the EK and
+// the AK's name (TPM2_MakeCredential done in software) and answers PENDING with a
+// TpmChallenge. The agent runs TPM2_ActivateCredential with the EK and the AK, which
+// a TPM does only when both keys are loaded in it, and registers again with the
+// secret in activation. The secret is one-use: a wrong or replayed answer is refused.
+type TpmAttestation struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// TPMT_PUBLIC of the Endorsement Key (the TCG default RSA-2048 or ECC-P256 EK
+	// template): a restricted decryption key with fixedTPM and fixedParent. gpuboot
+	// names the EK by "sha256:HEX", the sha256 over the DER SubjectPublicKeyInfo of
+	// its public key (what `openssl x509 -pubkey` of its EK certificate gives).
+	EkPublic []byte `protobuf:"bytes,1,opt,name=ek_public,json=ekPublic,proto3" json:"ek_public,omitempty"`
+	// The EK certificate (DER) from the TPM's NV index, when the vendor provisioned
+	// one; empty otherwise. Its public key must be ek_public's. It is recorded;
+	// gpuboot does not yet check its chain against vendor roots.
+	EkCertificate []byte `protobuf:"bytes,2,opt,name=ek_certificate,json=ekCertificate,proto3" json:"ek_certificate,omitempty"`
+	// TPMT_PUBLIC of the attestation key.
+	AkPublic []byte `protobuf:"bytes,3,opt,name=ak_public,json=akPublic,proto3" json:"ak_public,omitempty"`
+	// TPMS_CREATION_DATA TPM2_CreatePrimary returned for the AK. Recorded for a later
+	// TPM2_CertifyCreation check; not yet verified.
+	AkCreationData []byte `protobuf:"bytes,4,opt,name=ak_creation_data,json=akCreationData,proto3" json:"ak_creation_data,omitempty"`
+	// The answer to the TpmChallenge gpuboot sent this key; absent in the first call.
+	Activation    *TpmActivation `protobuf:"bytes,5,opt,name=activation,proto3" json:"activation,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TpmAttestation) Reset() {
+	*x = TpmAttestation{}
+	mi := &file_api_boot_v1_enroll_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TpmAttestation) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TpmAttestation) ProtoMessage() {}
+
+func (x *TpmAttestation) ProtoReflect() protoreflect.Message {
+	mi := &file_api_boot_v1_enroll_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TpmAttestation.ProtoReflect.Descriptor instead.
+func (*TpmAttestation) Descriptor() ([]byte, []int) {
+	return file_api_boot_v1_enroll_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *TpmAttestation) GetEkPublic() []byte {
+	if x != nil {
+		return x.EkPublic
+	}
+	return nil
+}
+
+func (x *TpmAttestation) GetEkCertificate() []byte {
+	if x != nil {
+		return x.EkCertificate
+	}
+	return nil
+}
+
+func (x *TpmAttestation) GetAkPublic() []byte {
+	if x != nil {
+		return x.AkPublic
+	}
+	return nil
+}
+
+func (x *TpmAttestation) GetAkCreationData() []byte {
+	if x != nil {
+		return x.AkCreationData
+	}
+	return nil
+}
+
+func (x *TpmAttestation) GetActivation() *TpmActivation {
+	if x != nil {
+		return x.Activation
+	}
+	return nil
+}
+
+// TpmActivation answers a TpmChallenge.
+type TpmActivation struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// TpmChallenge.id.
+	ChallengeId string `protobuf:"bytes,1,opt,name=challenge_id,json=challengeId,proto3" json:"challenge_id,omitempty"`
+	// The secret TPM2_ActivateCredential recovered from the challenge.
+	Secret        []byte `protobuf:"bytes,2,opt,name=secret,proto3" json:"secret,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TpmActivation) Reset() {
+	*x = TpmActivation{}
+	mi := &file_api_boot_v1_enroll_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TpmActivation) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TpmActivation) ProtoMessage() {}
+
+func (x *TpmActivation) ProtoReflect() protoreflect.Message {
+	mi := &file_api_boot_v1_enroll_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TpmActivation.ProtoReflect.Descriptor instead.
+func (*TpmActivation) Descriptor() ([]byte, []int) {
+	return file_api_boot_v1_enroll_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *TpmActivation) GetChallengeId() string {
+	if x != nil {
+		return x.ChallengeId
+	}
+	return ""
+}
+
+func (x *TpmActivation) GetSecret() []byte {
+	if x != nil {
+		return x.Secret
+	}
+	return nil
+}
+
+// TpmChallenge is a credential gpuboot made for an agent's EK and AK.
+type TpmChallenge struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Names the challenge in the answer: opaque printable ASCII, at most 64 bytes.
+	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// TPM2B_ID_OBJECT contents (credentialBlob of TPM2_ActivateCredential).
+	CredentialBlob []byte `protobuf:"bytes,2,opt,name=credential_blob,json=credentialBlob,proto3" json:"credential_blob,omitempty"`
+	// TPM2B_ENCRYPTED_SECRET contents (secret of TPM2_ActivateCredential).
+	EncryptedSecret []byte `protobuf:"bytes,3,opt,name=encrypted_secret,json=encryptedSecret,proto3" json:"encrypted_secret,omitempty"`
+	// How long gpuboot waits for the answer (1 minute).
+	Ttl           *durationpb.Duration `protobuf:"bytes,4,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TpmChallenge) Reset() {
+	*x = TpmChallenge{}
+	mi := &file_api_boot_v1_enroll_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TpmChallenge) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TpmChallenge) ProtoMessage() {}
+
+func (x *TpmChallenge) ProtoReflect() protoreflect.Message {
+	mi := &file_api_boot_v1_enroll_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TpmChallenge.ProtoReflect.Descriptor instead.
+func (*TpmChallenge) Descriptor() ([]byte, []int) {
+	return file_api_boot_v1_enroll_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *TpmChallenge) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *TpmChallenge) GetCredentialBlob() []byte {
+	if x != nil {
+		return x.CredentialBlob
+	}
+	return nil
+}
+
+func (x *TpmChallenge) GetEncryptedSecret() []byte {
+	if x != nil {
+		return x.EncryptedSecret
+	}
+	return nil
+}
+
+func (x *TpmChallenge) GetTtl() *durationpb.Duration {
+	if x != nil {
+		return x.Ttl
+	}
+	return nil
+}
+
 // RegisterResponse tells the agent where its machine stands and, once approved, how to
 // fetch its bundle.
 type RegisterResponse struct {
@@ -293,14 +533,17 @@ type RegisterResponse struct {
 	// When to poll again (PENDING, CONFLICT). Absent: the agent's own backoff.
 	RetryAfter *durationpb.Duration `protobuf:"bytes,6,opt,name=retry_after,json=retryAfter,proto3" json:"retry_after,omitempty"`
 	// gpuboot's lifecycle state for the machine after this call.
-	MachineState  MachineState `protobuf:"varint,7,opt,name=machine_state,json=machineState,proto3,enum=gpurack.boot.v1.MachineState" json:"machine_state,omitempty"`
+	MachineState MachineState `protobuf:"varint,7,opt,name=machine_state,json=machineState,proto3,enum=gpurack.boot.v1.MachineState" json:"machine_state,omitempty"`
+	// Set with PENDING when gpuboot wants the agent to prove its TPM (see
+	// TpmAttestation): the agent answers in its next Register, right away.
+	TpmChallenge  *TpmChallenge `protobuf:"bytes,8,opt,name=tpm_challenge,json=tpmChallenge,proto3" json:"tpm_challenge,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RegisterResponse) Reset() {
 	*x = RegisterResponse{}
-	mi := &file_api_boot_v1_enroll_proto_msgTypes[2]
+	mi := &file_api_boot_v1_enroll_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -312,7 +555,7 @@ func (x *RegisterResponse) String() string {
 func (*RegisterResponse) ProtoMessage() {}
 
 func (x *RegisterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_enroll_proto_msgTypes[2]
+	mi := &file_api_boot_v1_enroll_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -325,7 +568,7 @@ func (x *RegisterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterResponse.ProtoReflect.Descriptor instead.
 func (*RegisterResponse) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_enroll_proto_rawDescGZIP(), []int{2}
+	return file_api_boot_v1_enroll_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *RegisterResponse) GetStatus() RegisterStatus {
@@ -377,6 +620,13 @@ func (x *RegisterResponse) GetMachineState() MachineState {
 	return MachineState_MACHINE_STATE_UNSPECIFIED
 }
 
+func (x *RegisterResponse) GetTpmChallenge() *TpmChallenge {
+	if x != nil {
+		return x.TpmChallenge
+	}
+	return nil
+}
+
 // GetJoinBundleRequest redeems an approval.
 type GetJoinBundleRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -397,7 +647,7 @@ type GetJoinBundleRequest struct {
 
 func (x *GetJoinBundleRequest) Reset() {
 	*x = GetJoinBundleRequest{}
-	mi := &file_api_boot_v1_enroll_proto_msgTypes[3]
+	mi := &file_api_boot_v1_enroll_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -409,7 +659,7 @@ func (x *GetJoinBundleRequest) String() string {
 func (*GetJoinBundleRequest) ProtoMessage() {}
 
 func (x *GetJoinBundleRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_enroll_proto_msgTypes[3]
+	mi := &file_api_boot_v1_enroll_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -422,7 +672,7 @@ func (x *GetJoinBundleRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJoinBundleRequest.ProtoReflect.Descriptor instead.
 func (*GetJoinBundleRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_enroll_proto_rawDescGZIP(), []int{3}
+	return file_api_boot_v1_enroll_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *GetJoinBundleRequest) GetToken() string {
@@ -457,7 +707,7 @@ type GetJoinBundleResponse struct {
 
 func (x *GetJoinBundleResponse) Reset() {
 	*x = GetJoinBundleResponse{}
-	mi := &file_api_boot_v1_enroll_proto_msgTypes[4]
+	mi := &file_api_boot_v1_enroll_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -469,7 +719,7 @@ func (x *GetJoinBundleResponse) String() string {
 func (*GetJoinBundleResponse) ProtoMessage() {}
 
 func (x *GetJoinBundleResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_enroll_proto_msgTypes[4]
+	mi := &file_api_boot_v1_enroll_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -482,7 +732,7 @@ func (x *GetJoinBundleResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJoinBundleResponse.ProtoReflect.Descriptor instead.
 func (*GetJoinBundleResponse) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_enroll_proto_rawDescGZIP(), []int{4}
+	return file_api_boot_v1_enroll_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *GetJoinBundleResponse) GetBundle() *JoinBundle {
@@ -564,7 +814,7 @@ type JoinBundle struct {
 
 func (x *JoinBundle) Reset() {
 	*x = JoinBundle{}
-	mi := &file_api_boot_v1_enroll_proto_msgTypes[5]
+	mi := &file_api_boot_v1_enroll_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -576,7 +826,7 @@ func (x *JoinBundle) String() string {
 func (*JoinBundle) ProtoMessage() {}
 
 func (x *JoinBundle) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_enroll_proto_msgTypes[5]
+	mi := &file_api_boot_v1_enroll_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -589,7 +839,7 @@ func (x *JoinBundle) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinBundle.ProtoReflect.Descriptor instead.
 func (*JoinBundle) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_enroll_proto_rawDescGZIP(), []int{5}
+	return file_api_boot_v1_enroll_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *JoinBundle) GetApiServerEndpoint() string {
@@ -725,7 +975,7 @@ type GossipConfig struct {
 
 func (x *GossipConfig) Reset() {
 	*x = GossipConfig{}
-	mi := &file_api_boot_v1_enroll_proto_msgTypes[6]
+	mi := &file_api_boot_v1_enroll_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -737,7 +987,7 @@ func (x *GossipConfig) String() string {
 func (*GossipConfig) ProtoMessage() {}
 
 func (x *GossipConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_enroll_proto_msgTypes[6]
+	mi := &file_api_boot_v1_enroll_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -750,7 +1000,7 @@ func (x *GossipConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GossipConfig.ProtoReflect.Descriptor instead.
 func (*GossipConfig) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_enroll_proto_rawDescGZIP(), []int{6}
+	return file_api_boot_v1_enroll_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *GossipConfig) GetKey() []byte {
@@ -796,7 +1046,7 @@ type Taint struct {
 
 func (x *Taint) Reset() {
 	*x = Taint{}
-	mi := &file_api_boot_v1_enroll_proto_msgTypes[7]
+	mi := &file_api_boot_v1_enroll_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -808,7 +1058,7 @@ func (x *Taint) String() string {
 func (*Taint) ProtoMessage() {}
 
 func (x *Taint) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_enroll_proto_msgTypes[7]
+	mi := &file_api_boot_v1_enroll_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -821,7 +1071,7 @@ func (x *Taint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Taint.ProtoReflect.Descriptor instead.
 func (*Taint) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_enroll_proto_rawDescGZIP(), []int{7}
+	return file_api_boot_v1_enroll_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Taint) GetKey() string {
@@ -860,7 +1110,7 @@ type ReportCommissioningRequest struct {
 
 func (x *ReportCommissioningRequest) Reset() {
 	*x = ReportCommissioningRequest{}
-	mi := &file_api_boot_v1_enroll_proto_msgTypes[8]
+	mi := &file_api_boot_v1_enroll_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -872,7 +1122,7 @@ func (x *ReportCommissioningRequest) String() string {
 func (*ReportCommissioningRequest) ProtoMessage() {}
 
 func (x *ReportCommissioningRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_enroll_proto_msgTypes[8]
+	mi := &file_api_boot_v1_enroll_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -885,7 +1135,7 @@ func (x *ReportCommissioningRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportCommissioningRequest.ProtoReflect.Descriptor instead.
 func (*ReportCommissioningRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_enroll_proto_rawDescGZIP(), []int{8}
+	return file_api_boot_v1_enroll_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ReportCommissioningRequest) GetAuth() *RequestAuth {
@@ -916,7 +1166,7 @@ type ReportCommissioningResponse struct {
 
 func (x *ReportCommissioningResponse) Reset() {
 	*x = ReportCommissioningResponse{}
-	mi := &file_api_boot_v1_enroll_proto_msgTypes[9]
+	mi := &file_api_boot_v1_enroll_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -928,7 +1178,7 @@ func (x *ReportCommissioningResponse) String() string {
 func (*ReportCommissioningResponse) ProtoMessage() {}
 
 func (x *ReportCommissioningResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_enroll_proto_msgTypes[9]
+	mi := &file_api_boot_v1_enroll_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -941,7 +1191,7 @@ func (x *ReportCommissioningResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportCommissioningResponse.ProtoReflect.Descriptor instead.
 func (*ReportCommissioningResponse) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_enroll_proto_rawDescGZIP(), []int{9}
+	return file_api_boot_v1_enroll_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ReportCommissioningResponse) GetMachineState() MachineState {
@@ -1001,7 +1251,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_api_boot_v1_enroll_proto_msgTypes[10]
+	mi := &file_api_boot_v1_enroll_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1013,7 +1263,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_enroll_proto_msgTypes[10]
+	mi := &file_api_boot_v1_enroll_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1026,7 +1276,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_enroll_proto_rawDescGZIP(), []int{10}
+	return file_api_boot_v1_enroll_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *HeartbeatRequest) GetAuth() *RequestAuth {
@@ -1136,7 +1386,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_api_boot_v1_enroll_proto_msgTypes[11]
+	mi := &file_api_boot_v1_enroll_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1148,7 +1398,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_enroll_proto_msgTypes[11]
+	mi := &file_api_boot_v1_enroll_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1161,7 +1411,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_enroll_proto_rawDescGZIP(), []int{11}
+	return file_api_boot_v1_enroll_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *HeartbeatResponse) GetMachineState() MachineState {
@@ -1211,7 +1461,7 @@ type Revocations struct {
 
 func (x *Revocations) Reset() {
 	*x = Revocations{}
-	mi := &file_api_boot_v1_enroll_proto_msgTypes[12]
+	mi := &file_api_boot_v1_enroll_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1223,7 +1473,7 @@ func (x *Revocations) String() string {
 func (*Revocations) ProtoMessage() {}
 
 func (x *Revocations) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_enroll_proto_msgTypes[12]
+	mi := &file_api_boot_v1_enroll_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1236,7 +1486,7 @@ func (x *Revocations) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Revocations.ProtoReflect.Descriptor instead.
 func (*Revocations) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_enroll_proto_rawDescGZIP(), []int{12}
+	return file_api_boot_v1_enroll_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Revocations) GetSerials() []string {
@@ -1255,13 +1505,30 @@ const file_api_boot_v1_enroll_proto_rawDesc = "" +
 	"\n" +
 	"public_key\x18\x01 \x01(\fR\tpublicKey\x12\x1c\n" +
 	"\tsignature\x18\x02 \x01(\fR\tsignature\x12\x1b\n" +
-	"\tunix_time\x18\x03 \x01(\x03R\bunixTime\"\xd7\x01\n" +
+	"\tunix_time\x18\x03 \x01(\x03R\bunixTime\"\x8a\x02\n" +
 	"\x0fRegisterRequest\x126\n" +
 	"\x05facts\x18\x01 \x01(\v2 .gpurack.machine.v1.MachineFactsR\x05facts\x12\x1d\n" +
 	"\n" +
 	"public_key\x18\x02 \x01(\fR\tpublicKey\x12;\n" +
 	"\tchecklist\x18\x03 \x01(\v2\x1d.gpurack.machine.v1.ChecklistR\tchecklist\x120\n" +
-	"\x04auth\x18\x0f \x01(\v2\x1c.gpurack.boot.v1.RequestAuthR\x04auth\"\xc6\x02\n" +
+	"\x04auth\x18\x0f \x01(\v2\x1c.gpurack.boot.v1.RequestAuthR\x04auth\x121\n" +
+	"\x03tpm\x18\x10 \x01(\v2\x1f.gpurack.boot.v1.TpmAttestationR\x03tpm\"\xdb\x01\n" +
+	"\x0eTpmAttestation\x12\x1b\n" +
+	"\tek_public\x18\x01 \x01(\fR\bekPublic\x12%\n" +
+	"\x0eek_certificate\x18\x02 \x01(\fR\rekCertificate\x12\x1b\n" +
+	"\tak_public\x18\x03 \x01(\fR\bakPublic\x12(\n" +
+	"\x10ak_creation_data\x18\x04 \x01(\fR\x0eakCreationData\x12>\n" +
+	"\n" +
+	"activation\x18\x05 \x01(\v2\x1e.gpurack.boot.v1.TpmActivationR\n" +
+	"activation\"J\n" +
+	"\rTpmActivation\x12!\n" +
+	"\fchallenge_id\x18\x01 \x01(\tR\vchallengeId\x12\x16\n" +
+	"\x06secret\x18\x02 \x01(\fR\x06secret\"\x9f\x01\n" +
+	"\fTpmChallenge\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12'\n" +
+	"\x0fcredential_blob\x18\x02 \x01(\fR\x0ecredentialBlob\x12)\n" +
+	"\x10encrypted_secret\x18\x03 \x01(\fR\x0fencryptedSecret\x12+\n" +
+	"\x03ttl\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\"\x8a\x03\n" +
 	"\x10RegisterResponse\x127\n" +
 	"\x06status\x18\x01 \x01(\x0e2\x1f.gpurack.boot.v1.RegisterStatusR\x06status\x12\x14\n" +
 	"\x05token\x18\x02 \x01(\tR\x05token\x12\x1c\n" +
@@ -1270,7 +1537,8 @@ const file_api_boot_v1_enroll_proto_rawDesc = "" +
 	"\amessage\x18\x05 \x01(\tR\amessage\x12:\n" +
 	"\vretry_after\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\n" +
 	"retryAfter\x12B\n" +
-	"\rmachine_state\x18\a \x01(\x0e2\x1d.gpurack.boot.v1.MachineStateR\fmachineState\"|\n" +
+	"\rmachine_state\x18\a \x01(\x0e2\x1d.gpurack.boot.v1.MachineStateR\fmachineState\x12B\n" +
+	"\rtpm_challenge\x18\b \x01(\v2\x1d.gpurack.boot.v1.TpmChallengeR\ftpmChallenge\"|\n" +
 	"\x14GetJoinBundleRequest\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\tR\x05token\x12\x1c\n" +
 	"\tsignature\x18\x02 \x01(\fR\tsignature\x120\n" +
@@ -1367,72 +1635,79 @@ func file_api_boot_v1_enroll_proto_rawDescGZIP() []byte {
 }
 
 var file_api_boot_v1_enroll_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_api_boot_v1_enroll_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_api_boot_v1_enroll_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_api_boot_v1_enroll_proto_goTypes = []any{
 	(RegisterStatus)(0),                 // 0: gpurack.boot.v1.RegisterStatus
 	(*RequestAuth)(nil),                 // 1: gpurack.boot.v1.RequestAuth
 	(*RegisterRequest)(nil),             // 2: gpurack.boot.v1.RegisterRequest
-	(*RegisterResponse)(nil),            // 3: gpurack.boot.v1.RegisterResponse
-	(*GetJoinBundleRequest)(nil),        // 4: gpurack.boot.v1.GetJoinBundleRequest
-	(*GetJoinBundleResponse)(nil),       // 5: gpurack.boot.v1.GetJoinBundleResponse
-	(*JoinBundle)(nil),                  // 6: gpurack.boot.v1.JoinBundle
-	(*GossipConfig)(nil),                // 7: gpurack.boot.v1.GossipConfig
-	(*Taint)(nil),                       // 8: gpurack.boot.v1.Taint
-	(*ReportCommissioningRequest)(nil),  // 9: gpurack.boot.v1.ReportCommissioningRequest
-	(*ReportCommissioningResponse)(nil), // 10: gpurack.boot.v1.ReportCommissioningResponse
-	(*HeartbeatRequest)(nil),            // 11: gpurack.boot.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),           // 12: gpurack.boot.v1.HeartbeatResponse
-	(*Revocations)(nil),                 // 13: gpurack.boot.v1.Revocations
-	nil,                                 // 14: gpurack.boot.v1.JoinBundle.NodeLabelsEntry
-	(*v1.MachineFacts)(nil),             // 15: gpurack.machine.v1.MachineFacts
-	(*v1.Checklist)(nil),                // 16: gpurack.machine.v1.Checklist
-	(*durationpb.Duration)(nil),         // 17: google.protobuf.Duration
-	(MachineState)(0),                   // 18: gpurack.boot.v1.MachineState
-	(*timestamppb.Timestamp)(nil),       // 19: google.protobuf.Timestamp
-	(*v1.MachineIdentity)(nil),          // 20: gpurack.machine.v1.MachineIdentity
-	(*v1.HealthSummary)(nil),            // 21: gpurack.machine.v1.HealthSummary
+	(*TpmAttestation)(nil),              // 3: gpurack.boot.v1.TpmAttestation
+	(*TpmActivation)(nil),               // 4: gpurack.boot.v1.TpmActivation
+	(*TpmChallenge)(nil),                // 5: gpurack.boot.v1.TpmChallenge
+	(*RegisterResponse)(nil),            // 6: gpurack.boot.v1.RegisterResponse
+	(*GetJoinBundleRequest)(nil),        // 7: gpurack.boot.v1.GetJoinBundleRequest
+	(*GetJoinBundleResponse)(nil),       // 8: gpurack.boot.v1.GetJoinBundleResponse
+	(*JoinBundle)(nil),                  // 9: gpurack.boot.v1.JoinBundle
+	(*GossipConfig)(nil),                // 10: gpurack.boot.v1.GossipConfig
+	(*Taint)(nil),                       // 11: gpurack.boot.v1.Taint
+	(*ReportCommissioningRequest)(nil),  // 12: gpurack.boot.v1.ReportCommissioningRequest
+	(*ReportCommissioningResponse)(nil), // 13: gpurack.boot.v1.ReportCommissioningResponse
+	(*HeartbeatRequest)(nil),            // 14: gpurack.boot.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),           // 15: gpurack.boot.v1.HeartbeatResponse
+	(*Revocations)(nil),                 // 16: gpurack.boot.v1.Revocations
+	nil,                                 // 17: gpurack.boot.v1.JoinBundle.NodeLabelsEntry
+	(*v1.MachineFacts)(nil),             // 18: gpurack.machine.v1.MachineFacts
+	(*v1.Checklist)(nil),                // 19: gpurack.machine.v1.Checklist
+	(*durationpb.Duration)(nil),         // 20: google.protobuf.Duration
+	(MachineState)(0),                   // 21: gpurack.boot.v1.MachineState
+	(*timestamppb.Timestamp)(nil),       // 22: google.protobuf.Timestamp
+	(*v1.MachineIdentity)(nil),          // 23: gpurack.machine.v1.MachineIdentity
+	(*v1.HealthSummary)(nil),            // 24: gpurack.machine.v1.HealthSummary
 }
 var file_api_boot_v1_enroll_proto_depIdxs = []int32{
-	15, // 0: gpurack.boot.v1.RegisterRequest.facts:type_name -> gpurack.machine.v1.MachineFacts
-	16, // 1: gpurack.boot.v1.RegisterRequest.checklist:type_name -> gpurack.machine.v1.Checklist
+	18, // 0: gpurack.boot.v1.RegisterRequest.facts:type_name -> gpurack.machine.v1.MachineFacts
+	19, // 1: gpurack.boot.v1.RegisterRequest.checklist:type_name -> gpurack.machine.v1.Checklist
 	1,  // 2: gpurack.boot.v1.RegisterRequest.auth:type_name -> gpurack.boot.v1.RequestAuth
-	0,  // 3: gpurack.boot.v1.RegisterResponse.status:type_name -> gpurack.boot.v1.RegisterStatus
-	17, // 4: gpurack.boot.v1.RegisterResponse.ttl:type_name -> google.protobuf.Duration
-	17, // 5: gpurack.boot.v1.RegisterResponse.retry_after:type_name -> google.protobuf.Duration
-	18, // 6: gpurack.boot.v1.RegisterResponse.machine_state:type_name -> gpurack.boot.v1.MachineState
-	1,  // 7: gpurack.boot.v1.GetJoinBundleRequest.auth:type_name -> gpurack.boot.v1.RequestAuth
-	6,  // 8: gpurack.boot.v1.GetJoinBundleResponse.bundle:type_name -> gpurack.boot.v1.JoinBundle
-	7,  // 9: gpurack.boot.v1.JoinBundle.gossip:type_name -> gpurack.boot.v1.GossipConfig
-	19, // 10: gpurack.boot.v1.JoinBundle.expires_at:type_name -> google.protobuf.Timestamp
-	19, // 11: gpurack.boot.v1.JoinBundle.issued_at:type_name -> google.protobuf.Timestamp
-	20, // 12: gpurack.boot.v1.JoinBundle.identity:type_name -> gpurack.machine.v1.MachineIdentity
-	14, // 13: gpurack.boot.v1.JoinBundle.node_labels:type_name -> gpurack.boot.v1.JoinBundle.NodeLabelsEntry
-	8,  // 14: gpurack.boot.v1.JoinBundle.node_taints:type_name -> gpurack.boot.v1.Taint
-	1,  // 15: gpurack.boot.v1.ReportCommissioningRequest.auth:type_name -> gpurack.boot.v1.RequestAuth
-	16, // 16: gpurack.boot.v1.ReportCommissioningRequest.report:type_name -> gpurack.machine.v1.Checklist
-	18, // 17: gpurack.boot.v1.ReportCommissioningResponse.machine_state:type_name -> gpurack.boot.v1.MachineState
-	1,  // 18: gpurack.boot.v1.HeartbeatRequest.auth:type_name -> gpurack.boot.v1.RequestAuth
-	20, // 19: gpurack.boot.v1.HeartbeatRequest.identity:type_name -> gpurack.machine.v1.MachineIdentity
-	21, // 20: gpurack.boot.v1.HeartbeatRequest.health:type_name -> gpurack.machine.v1.HealthSummary
-	19, // 21: gpurack.boot.v1.HeartbeatRequest.sent_at:type_name -> google.protobuf.Timestamp
-	19, // 22: gpurack.boot.v1.HeartbeatRequest.agent_started_at:type_name -> google.protobuf.Timestamp
-	18, // 23: gpurack.boot.v1.HeartbeatResponse.machine_state:type_name -> gpurack.boot.v1.MachineState
-	17, // 24: gpurack.boot.v1.HeartbeatResponse.interval:type_name -> google.protobuf.Duration
-	7,  // 25: gpurack.boot.v1.HeartbeatResponse.gossip:type_name -> gpurack.boot.v1.GossipConfig
-	13, // 26: gpurack.boot.v1.HeartbeatResponse.revocations:type_name -> gpurack.boot.v1.Revocations
-	2,  // 27: gpurack.boot.v1.EnrollmentService.Register:input_type -> gpurack.boot.v1.RegisterRequest
-	4,  // 28: gpurack.boot.v1.EnrollmentService.GetJoinBundle:input_type -> gpurack.boot.v1.GetJoinBundleRequest
-	9,  // 29: gpurack.boot.v1.EnrollmentService.ReportCommissioning:input_type -> gpurack.boot.v1.ReportCommissioningRequest
-	11, // 30: gpurack.boot.v1.EnrollmentService.Heartbeat:input_type -> gpurack.boot.v1.HeartbeatRequest
-	3,  // 31: gpurack.boot.v1.EnrollmentService.Register:output_type -> gpurack.boot.v1.RegisterResponse
-	5,  // 32: gpurack.boot.v1.EnrollmentService.GetJoinBundle:output_type -> gpurack.boot.v1.GetJoinBundleResponse
-	10, // 33: gpurack.boot.v1.EnrollmentService.ReportCommissioning:output_type -> gpurack.boot.v1.ReportCommissioningResponse
-	12, // 34: gpurack.boot.v1.EnrollmentService.Heartbeat:output_type -> gpurack.boot.v1.HeartbeatResponse
-	31, // [31:35] is the sub-list for method output_type
-	27, // [27:31] is the sub-list for method input_type
-	27, // [27:27] is the sub-list for extension type_name
-	27, // [27:27] is the sub-list for extension extendee
-	0,  // [0:27] is the sub-list for field type_name
+	3,  // 3: gpurack.boot.v1.RegisterRequest.tpm:type_name -> gpurack.boot.v1.TpmAttestation
+	4,  // 4: gpurack.boot.v1.TpmAttestation.activation:type_name -> gpurack.boot.v1.TpmActivation
+	20, // 5: gpurack.boot.v1.TpmChallenge.ttl:type_name -> google.protobuf.Duration
+	0,  // 6: gpurack.boot.v1.RegisterResponse.status:type_name -> gpurack.boot.v1.RegisterStatus
+	20, // 7: gpurack.boot.v1.RegisterResponse.ttl:type_name -> google.protobuf.Duration
+	20, // 8: gpurack.boot.v1.RegisterResponse.retry_after:type_name -> google.protobuf.Duration
+	21, // 9: gpurack.boot.v1.RegisterResponse.machine_state:type_name -> gpurack.boot.v1.MachineState
+	5,  // 10: gpurack.boot.v1.RegisterResponse.tpm_challenge:type_name -> gpurack.boot.v1.TpmChallenge
+	1,  // 11: gpurack.boot.v1.GetJoinBundleRequest.auth:type_name -> gpurack.boot.v1.RequestAuth
+	9,  // 12: gpurack.boot.v1.GetJoinBundleResponse.bundle:type_name -> gpurack.boot.v1.JoinBundle
+	10, // 13: gpurack.boot.v1.JoinBundle.gossip:type_name -> gpurack.boot.v1.GossipConfig
+	22, // 14: gpurack.boot.v1.JoinBundle.expires_at:type_name -> google.protobuf.Timestamp
+	22, // 15: gpurack.boot.v1.JoinBundle.issued_at:type_name -> google.protobuf.Timestamp
+	23, // 16: gpurack.boot.v1.JoinBundle.identity:type_name -> gpurack.machine.v1.MachineIdentity
+	17, // 17: gpurack.boot.v1.JoinBundle.node_labels:type_name -> gpurack.boot.v1.JoinBundle.NodeLabelsEntry
+	11, // 18: gpurack.boot.v1.JoinBundle.node_taints:type_name -> gpurack.boot.v1.Taint
+	1,  // 19: gpurack.boot.v1.ReportCommissioningRequest.auth:type_name -> gpurack.boot.v1.RequestAuth
+	19, // 20: gpurack.boot.v1.ReportCommissioningRequest.report:type_name -> gpurack.machine.v1.Checklist
+	21, // 21: gpurack.boot.v1.ReportCommissioningResponse.machine_state:type_name -> gpurack.boot.v1.MachineState
+	1,  // 22: gpurack.boot.v1.HeartbeatRequest.auth:type_name -> gpurack.boot.v1.RequestAuth
+	23, // 23: gpurack.boot.v1.HeartbeatRequest.identity:type_name -> gpurack.machine.v1.MachineIdentity
+	24, // 24: gpurack.boot.v1.HeartbeatRequest.health:type_name -> gpurack.machine.v1.HealthSummary
+	22, // 25: gpurack.boot.v1.HeartbeatRequest.sent_at:type_name -> google.protobuf.Timestamp
+	22, // 26: gpurack.boot.v1.HeartbeatRequest.agent_started_at:type_name -> google.protobuf.Timestamp
+	21, // 27: gpurack.boot.v1.HeartbeatResponse.machine_state:type_name -> gpurack.boot.v1.MachineState
+	20, // 28: gpurack.boot.v1.HeartbeatResponse.interval:type_name -> google.protobuf.Duration
+	10, // 29: gpurack.boot.v1.HeartbeatResponse.gossip:type_name -> gpurack.boot.v1.GossipConfig
+	16, // 30: gpurack.boot.v1.HeartbeatResponse.revocations:type_name -> gpurack.boot.v1.Revocations
+	2,  // 31: gpurack.boot.v1.EnrollmentService.Register:input_type -> gpurack.boot.v1.RegisterRequest
+	7,  // 32: gpurack.boot.v1.EnrollmentService.GetJoinBundle:input_type -> gpurack.boot.v1.GetJoinBundleRequest
+	12, // 33: gpurack.boot.v1.EnrollmentService.ReportCommissioning:input_type -> gpurack.boot.v1.ReportCommissioningRequest
+	14, // 34: gpurack.boot.v1.EnrollmentService.Heartbeat:input_type -> gpurack.boot.v1.HeartbeatRequest
+	6,  // 35: gpurack.boot.v1.EnrollmentService.Register:output_type -> gpurack.boot.v1.RegisterResponse
+	8,  // 36: gpurack.boot.v1.EnrollmentService.GetJoinBundle:output_type -> gpurack.boot.v1.GetJoinBundleResponse
+	13, // 37: gpurack.boot.v1.EnrollmentService.ReportCommissioning:output_type -> gpurack.boot.v1.ReportCommissioningResponse
+	15, // 38: gpurack.boot.v1.EnrollmentService.Heartbeat:output_type -> gpurack.boot.v1.HeartbeatResponse
+	35, // [35:39] is the sub-list for method output_type
+	31, // [31:35] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_api_boot_v1_enroll_proto_init() }
@@ -1447,7 +1722,7 @@ func file_api_boot_v1_enroll_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_boot_v1_enroll_proto_rawDesc), len(file_api_boot_v1_enroll_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   14,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -297,6 +297,9 @@ func printMachine(w io.Writer, m *bootv1.Machine) {
 	row("image:", m.ImageId)
 	row("profile:", m.Profile)
 	row("key fingerprint:", m.KeyFingerprint)
+	if m.EkHash != "" {
+		row("TPM EK:", m.EkHash)
+	}
 	if f := m.Facts; f != nil {
 		row("hostname:", f.Hostname)
 		row("IPs:", strings.Join(f.Ips, ", "))
@@ -312,6 +315,9 @@ func printMachine(w io.Writer, m *bootv1.Machine) {
 		bound := ""
 		if k.Bound {
 			bound = " (bound)"
+		}
+		if k.EkHash != "" {
+			bound += " TPM EK " + k.EkHash
 		}
 		row("key:", fmt.Sprintf("%s%s registered %s, last seen %s from %s", k.Fingerprint, bound, ts(k.RegisteredAt), ts(k.LastSeenAt), dash(k.RemoteAddress)))
 	}

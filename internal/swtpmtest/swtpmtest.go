@@ -1,0 +1,115 @@
+// Package swtpmtest starts a real software TPM 2.0 (swtpm, the Debian package) for
+// tests and connects go-tpm to it over loopback TCP. Each TPM has its own state
+// folder, so two of them have different Endorsement Keys, and restarting one on the
+// same folder is the same TPM after a reboot.
+package swtpmtest
+
+import (
+	"bytes"
+	"fmt"
+	"net"
+	"os/exec"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gpurack/gpurack/agent/attest"
+	"github.com/gpurack/gpurack/internal/testreq"
+)
+
+// TPM is one running swtpm.
+type TPM struct {
+	// Dir is its state folder.
+	Dir  string
+	Addr string
+	stop func()
+}
+
+// Stop ends swtpm (as a power-off does); StartIn on Dir brings the same TPM back.
+func (p *TPM) Stop() { p.stop() }
+
+// Start starts swtpm with a fresh state folder. It stops when t ends.
+func Start(t testing.TB) *TPM {
+	t.Helper()
+	return StartIn(t, t.TempDir())
+}
+
+// StartIn starts swtpm on the state folder dir (a TPM started on the same folder
+// before is the same TPM). It stops when t ends.
+func StartIn(t testing.TB, dir string) *TPM {
+	t.Helper()
+	bin := testreq.Tool(t, "swtpm", "apt-get install swtpm swtpm-tools; hack/deps.sh installs it")
+	var lastErr error
+	for range 5 {
+		port, err := freePort()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out bytes.Buffer
+		cmd := exec.Command(bin, "socket", "--tpm2",
+			"--server", "type=tcp,port="+strconv.Itoa(port)+",bindaddr=127.0.0.1",
+			"--flags", "not-need-init,startup-clear",
+			"--tpmstate", "dir="+dir)
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if err := cmd.Start(); err != nil {
+			t.Fatalf("start swtpm: %v", err)
+		}
+		exited := make(chan error, 1)
+		go func() { exited <- cmd.Wait() }()
+		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+		for {
+			select {
+			case err := <-exited:
+				lastErr = fmt.Errorf("swtpm exited (%v): %s", err, out.String())
+			case <-time.After(20 * time.Millisecond):
+				c, err := net.Dial("tcp", addr)
+				if err != nil {
+					continue
+				}
+				c.Close()
+				stop := sync.OnceFunc(func() {
+					_ = cmd.Process.Kill()
+					<-exited
+				})
+				t.Cleanup(stop)
+				return &TPM{Dir: dir, Addr: addr, stop: stop}
+			}
+			break
+		}
+	}
+	t.Fatalf("swtpm did not start: %v", lastErr)
+	return nil
+}
+
+// Dial connects go-tpm to the TPM; the connection closes when t ends.
+func (p *TPM) Dial(t testing.TB) *attest.Stream {
+	t.Helper()
+	c, err := net.Dial("tcp", p.Addr)
+	if err != nil {
+		t.Fatalf("dial swtpm %s: %v", p.Addr, err)
+	}
+	s := attest.NewStream(c)
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// Attester creates the EK and AK in the TPM.
+func (p *TPM) Attester(t testing.TB) *attest.Attester {
+	t.Helper()
+	a, err := attest.New(p.Dial(t))
+	if err != nil {
+		t.Fatalf("swtpm %s: %v", p.Dir, err)
+	}
+	t.Cleanup(func() { a.Close() })
+	return a
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
