@@ -70,7 +70,9 @@ func CredentialGroup(user, id string) string { return "gpurack:user:" + user + "
 // credential was issued for. No binding names it (so that revoking one user
 // does not depend on every other holder of the group), and `tenants apply`
 // never binds it.
-func MemberGroup(tenant, role string) string { return "gpurack:tenant-cert:" + tenant + ":" + role + "s" }
+func MemberGroup(tenant, role string) string {
+	return "gpurack:tenant-cert:" + tenant + ":" + role + "s"
+}
 
 // Credential is one issued certificate.
 type Credential struct {
