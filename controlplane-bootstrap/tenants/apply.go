@@ -57,7 +57,7 @@ func (p *Plan) Deletions() []Change {
 // Describe names what a deletion removes, for the operator's question.
 func (c Change) Describe() string {
 	if c.Object.GVR == gvrNamespace {
-		return c.Object.Key() + " (and every object in it: pods, Secrets, volumes claims)"
+		return c.Object.Key() + " (and every object in it: pods, Secrets, volume claims)"
 	}
 	return c.Object.Key()
 }

@@ -10,6 +10,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/dynamic"
@@ -44,7 +45,7 @@ func adminClients(dir string) (*controlplane.ControlPlane, kubernetes.Interface,
 
 func newTenantsCommand() *cobra.Command {
 	cmd := &cobra.Command{Use: "tenants", Short: "Apply tenants.yaml (namespaces, GPU quotas, roles, network policies) and show quota use"}
-	var dir string
+	var dir, textfile string
 	var prune bool
 	plan := func(cmd *cobra.Command, path string) (*tenants.Plan, dynamic.Interface, kubernetes.Interface, *controlplane.ControlPlane, error) {
 		f, err := tenants.Load(path)
@@ -83,7 +84,7 @@ first. Deleting a namespace deletes everything in it.`,
 			printPlan(out, p, false)
 			confirmed := prune
 			if del := p.Deletions(); len(del) > 0 && !prune {
-				fmt.Fprintf(out, "%s no longer asks for these; deleting them:\n", args[0])
+				fmt.Fprintf(out, "%s no longer asks for these; apply would delete them:\n", args[0])
 				for _, c := range del {
 					fmt.Fprintf(out, "  %s\n", c.Describe())
 				}
@@ -122,7 +123,7 @@ first. Deleting a namespace deletes everything in it.`,
 	}
 	status := &cobra.Command{
 		Use:   "status --dir DIR",
-		Short: "Print each tenant's quota use against its quota (GPUs, CPU, memory, pods, storage)",
+		Short: "Print each tenant's quota use against its quota (GPUs, CPU, memory, pods, storage); --textfile writes gauges",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			_, cs, _, err := adminClients(dir)
@@ -134,9 +135,15 @@ first. Deleting a namespace deletes everything in it.`,
 				return err
 			}
 			printStatus(cmd.OutOrStdout(), us)
+			if textfile != "" {
+				if err := prometheus.WriteToTextfile(textfile, tenants.Registry(us)); err != nil {
+					return fmt.Errorf("write %s: %w", textfile, err)
+				}
+			}
 			return nil
 		},
 	}
+	status.Flags().StringVar(&textfile, "textfile", "", "also write the figures as Prometheus gauges to this file (node_exporter's textfile collector format)")
 	for _, c := range []*cobra.Command{apply, diff, status} {
 		dirFlag(c, &dir)
 		cmd.AddCommand(c)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -86,8 +87,12 @@ func TestCLITenantsAndUsers(t *testing.T) {
 		t.Errorf("users list after revoke: %v", err)
 	}
 
-	if out, err = cli(t, "", "tenants", "status", "--dir", c.Dir); err != nil || !strings.Contains(out, "gamma") || !strings.Contains(out, "GPUS") {
+	prom := filepath.Join(work, "tenants.prom")
+	if out, err = cli(t, "", "tenants", "status", "--dir", c.Dir, "--textfile", prom); err != nil || !regexp.MustCompile(`(?m)^gamma +gamma +0/1 `).MatchString(out) {
 		t.Errorf("tenants status: %v", err)
+	}
+	if data, _ := os.ReadFile(prom); !strings.Contains(string(data), `gpurack_tenant_quota_hard{resource="requests.nvidia.com/gpu",tenant="gamma"} 1`) {
+		t.Errorf("textfile lacks gamma's GPU quota:\n%s", data)
 	}
 
 	// Dropping delta from the file: refused unless confirmed.
