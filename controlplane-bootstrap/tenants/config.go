@@ -10,7 +10,6 @@
 package tenants
 
 import (
-	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -282,6 +281,3 @@ func (f *File) Tenant(name string) *Tenant {
 	}
 	return nil
 }
-
-// ErrNoTenants is returned by callers that need at least one tenant.
-var ErrNoTenants = errors.New("the file lists no tenants")
