@@ -82,8 +82,14 @@ func ComputePlan(ctx context.Context, client dynamic.Interface, want []Object) (
 		}
 		after, err := apply(ctx, ri, o, true)
 		if err != nil {
-			// A namespace being deleted cannot take new objects yet.
-			return nil, fmt.Errorf("dry-run apply %s: %w", o.Key(), err)
+			hint := ""
+			switch {
+			case o.GVR == gvrPriorityClass && apierrors.IsInvalid(err):
+				hint = "; a PriorityClass's value cannot change: give the tier a new name, or remove it, apply with --prune, and add it back"
+			case cur.GetDeletionTimestamp() != nil:
+				hint = "; it is being deleted: wait until it is gone and apply again"
+			}
+			return nil, fmt.Errorf("dry-run apply %s: %w%s", o.Key(), err, hint)
 		}
 		if reflect.DeepEqual(comparable(cur), comparable(after)) {
 			p.Changes = append(p.Changes, Change{Unchanged, o})

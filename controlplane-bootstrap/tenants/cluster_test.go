@@ -371,3 +371,41 @@ func TestTenantsWithARealAPIServer(t *testing.T) {
 		}
 	})
 }
+
+func TestChangingATierPriorityNamesTheFix(t *testing.T) {
+	c := testcluster.Shared(t)
+	ctx := ctxFor(t, 3*time.Minute)
+	dyn, err := dynamic.NewForConfig(c.RESTConfig(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const file = "apiVersion: gpurack.io/v1alpha1\nkind: TenantList\ntenants:\n- name: epsilon\n  tiers: [{name: batch, priority: 10}]\n"
+	// Applied without pruning, so that the other tests' tenants stay.
+	f, err := tenants.Parse("tenants.yaml", []byte(file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, _ := tenants.Objects(f)
+	p, err := tenants.ComputePlan(ctx, dyn, objs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keep tenants.Plan
+	for _, ch := range p.Changes {
+		if ch.Action != tenants.Delete {
+			keep.Changes = append(keep.Changes, ch)
+		}
+	}
+	if err := tenants.Execute(ctx, dyn, &keep, false); err != nil {
+		t.Fatal(err)
+	}
+	f, err = tenants.Parse("tenants.yaml", []byte(strings.Replace(file, "priority: 10", "priority: 20", 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, _ = tenants.Objects(f)
+	_, err = tenants.ComputePlan(ctx, dyn, objs)
+	if err == nil || !strings.Contains(err.Error(), "priorityclasses epsilon-batch") || !strings.Contains(err.Error(), "give the tier a new name") {
+		t.Errorf("changing a tier's priority: %v", err)
+	}
+}

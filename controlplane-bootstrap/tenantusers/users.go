@@ -305,9 +305,6 @@ func Rebind(ctx context.Context, client kubernetes.Interface, s *Store, now time
 // denies the revoked identities. It returns the bindings it deleted.
 func Revoke(ctx context.Context, client kubernetes.Interface, s *Store, user string, now time.Time) ([]string, error) {
 	known := slices.ContainsFunc(s.Credentials, func(c Credential) bool { return c.User == user })
-	if !known {
-		return nil, fmt.Errorf("no credential was ever issued to %q (see `users list`)", user)
-	}
 	prefix := "gpurack:user:" + user + ":"
 	grants := func(labels map[string]string, subjects []rbacv1.Subject) bool {
 		if labels[LabelUser] == user && labels[tenants.LabelManagedBy] == ManagedBy {
@@ -343,6 +340,9 @@ func Revoke(ctx context.Context, client kubernetes.Interface, s *Store, user str
 			return deleted, fmt.Errorf("delete clusterrolebinding %s: %w", crb.Name, err)
 		}
 		deleted = append(deleted, "clusterrolebinding "+crb.Name)
+	}
+	if !known && len(deleted) == 0 {
+		return nil, fmt.Errorf("no credential was ever issued to %q (see `users list`)", user)
 	}
 	var revoked []Credential
 	for i := range s.Credentials {
