@@ -12,8 +12,11 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"net/url"
 	"regexp"
+	"sort"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -59,8 +62,72 @@ type APIServer struct {
 	Endpoint string `yaml:"endpoint"`
 	// CertSANs are extra DNS names or IPs for the serving certificate.
 	CertSANs []string `yaml:"certSANs"`
+	// OIDC, when IssuerURL is set, lets the apiserver accept ID tokens of
+	// an OpenID Connect identity provider (docs/tenants.md).
+	OIDC OIDC `yaml:"oidc"`
 	// ExtraArgs are added to (or override) the generated flags, without "--".
 	ExtraArgs map[string]string `yaml:"extraArgs"`
+}
+
+// OIDC configures kube-apiserver's OpenID Connect authenticator (its
+// --oidc-* flags). Tenant roles are bound to the groups
+// gpurack:tenant:NAME:users and gpurack:tenant:NAME:admins, so an identity
+// provider that sends groups such as "vision:users" with GroupsPrefix
+// "gpurack:tenant:" places its users in tenants.
+type OIDC struct {
+	// IssuerURL is the provider's https URL (--oidc-issuer-url).
+	IssuerURL string `yaml:"issuerURL"`
+	// ClientID is the audience the ID tokens must have (--oidc-client-id).
+	ClientID string `yaml:"clientID"`
+	// UsernameClaim is the claim that names the user; default "sub".
+	UsernameClaim string `yaml:"usernameClaim"`
+	// UsernamePrefix is put before every user name; default "oidc:", so
+	// that no token can pose as a certificate user or a system identity.
+	UsernamePrefix string `yaml:"usernamePrefix"`
+	// GroupsClaim is the claim that lists the user's groups; empty: none.
+	GroupsClaim string `yaml:"groupsClaim"`
+	// GroupsPrefix is put before every group; required with GroupsClaim
+	// (for example "gpurack:tenant:").
+	GroupsPrefix string `yaml:"groupsPrefix"`
+	// CAFile is a PEM bundle on the control-plane host that verifies the
+	// provider's TLS certificate; empty: the host's roots.
+	CAFile string `yaml:"caFile"`
+	// RequiredClaims must be present in the token with these values.
+	RequiredClaims map[string]string `yaml:"requiredClaims"`
+}
+
+// Flags returns the kube-apiserver flags (without "--") of o, or nil when
+// no issuer is set.
+func (o OIDC) Flags() map[string]string {
+	if o.IssuerURL == "" {
+		return nil
+	}
+	f := map[string]string{
+		"oidc-issuer-url":      o.IssuerURL,
+		"oidc-client-id":       o.ClientID,
+		"oidc-username-claim":  o.UsernameClaim,
+		"oidc-username-prefix": o.UsernamePrefix,
+	}
+	if o.GroupsClaim != "" {
+		f["oidc-groups-claim"] = o.GroupsClaim
+		f["oidc-groups-prefix"] = o.GroupsPrefix
+	}
+	if o.CAFile != "" {
+		f["oidc-ca-file"] = o.CAFile
+	}
+	if len(o.RequiredClaims) > 0 {
+		keys := make([]string, 0, len(o.RequiredClaims))
+		for k := range o.RequiredClaims {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		var kv []string
+		for _, k := range keys {
+			kv = append(kv, k+"="+o.RequiredClaims[k])
+		}
+		f["oidc-required-claim"] = strings.Join(kv, ",")
+	}
+	return f
 }
 
 // Etcd configures the local (stacked) etcd member.
@@ -152,6 +219,10 @@ func (c *Config) applyDefaults() {
 	str(&c.Networking.PodSubnet, d.Networking.PodSubnet)
 	str(&c.Networking.DNSDomain, d.Networking.DNSDomain)
 	str(&c.BootstrapTokens.TTL, d.BootstrapTokens.TTL)
+	if c.APIServer.OIDC.IssuerURL != "" {
+		str(&c.APIServer.OIDC.UsernameClaim, "sub")
+		str(&c.APIServer.OIDC.UsernamePrefix, "oidc:")
+	}
 	if c.APIServer.Endpoint == "" {
 		c.APIServer.Endpoint = net.JoinHostPort(c.APIServer.AdvertiseAddress, strconv.Itoa(c.APIServer.Port))
 	}
@@ -213,6 +284,28 @@ func (c *Config) Validate() []FieldError {
 		if !dnsName.MatchString(san) {
 			add(fmt.Sprintf("apiServer.certSANs[%d]", i), "%q is neither an IP address nor a DNS name", san)
 		}
+	}
+	if o := c.APIServer.OIDC; o.IssuerURL != "" {
+		u, err := url.Parse(o.IssuerURL)
+		if err != nil || u.Scheme != "https" || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
+			add("apiServer.oidc.issuerURL", "%q is not an https URL without query or fragment (for example https://idp.example.com/realms/gpu)", o.IssuerURL)
+		}
+		if o.ClientID == "" {
+			add("apiServer.oidc.clientID", "is required with issuerURL: the audience of the ID tokens")
+		}
+		if o.GroupsClaim != "" && (o.GroupsPrefix == "" || strings.HasPrefix(o.GroupsPrefix, "system:")) {
+			add("apiServer.oidc.groupsPrefix", "%q: give a prefix such as gpurack:tenant: so that the provider cannot name groups like system:masters", o.GroupsPrefix)
+		}
+		if o.UsernamePrefix == "-" || strings.HasPrefix(o.UsernamePrefix, "system:") {
+			add("apiServer.oidc.usernamePrefix", "%q: give a prefix such as oidc: so that tokens cannot pose as certificate or system users", o.UsernamePrefix)
+		}
+		for k, v := range o.RequiredClaims {
+			if k == "" || strings.ContainsAny(k+v, ",=") {
+				add("apiServer.oidc.requiredClaims["+k+"]", "claim names and values may not be empty or contain ',' or '='")
+			}
+		}
+	} else if o.ClientID != "" || o.GroupsClaim != "" || o.CAFile != "" || len(o.RequiredClaims) > 0 {
+		add("apiServer.oidc.issuerURL", "is required when any other apiServer.oidc field is set")
 	}
 	ports := []struct {
 		field string

@@ -83,6 +83,10 @@ func TestParseErrorsNameTheField(t *testing.T) {
 		{"unquoted boolean flag value", "etcd:\n  extraArgs:\n    enable-pprof: true\n", []string{"x.yaml:3: etcd.extraArgs[enable-pprof]: expected text, found the boolean true; quote it"}},
 		{"list for a flag value", "etcd:\n  extraArgs:\n    v: [1, 2]\n", []string{"x.yaml:3: etcd.extraArgs[v]: expected text, found a list"}},
 		{"every problem at once", "clusterName: [a]\netcd:\n  clientPort: two\n  peerPrt: 1\n", []string{"x.yaml:1: clusterName", "x.yaml:3: etcd.clientPort", "x.yaml:4: etcd.peerPrt"}},
+		{"oidc http issuer", "apiServer:\n  oidc:\n    issuerURL: http://idp\n    clientID: k\n", []string{"x.yaml:3: apiServer.oidc.issuerURL", "not an https URL"}},
+		{"oidc without client", "apiServer:\n  oidc:\n    issuerURL: https://idp\n", []string{"x.yaml:2: apiServer.oidc.clientID: is required"}},
+		{"oidc groups without prefix", "apiServer:\n  oidc:\n    issuerURL: https://idp\n    clientID: k\n    groupsClaim: groups\n", []string{"apiServer.oidc.groupsPrefix", "system:masters"}},
+		{"oidc fields without issuer", "apiServer:\n  oidc:\n    clientID: k\n", []string{"x.yaml:2: apiServer.oidc.issuerURL: is required"}},
 		{"every invalid value at once", "clusterName: A\nnetworking:\n  podSubnet: x\n", []string{"x.yaml:1: clusterName", "x.yaml:3: networking.podSubnet"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

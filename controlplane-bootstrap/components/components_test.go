@@ -200,3 +200,24 @@ func TestSupervisorRestartsAndStops(t *testing.T) {
 		t.Error("starting a missing binary succeeded")
 	}
 }
+
+func TestOIDCFlags(t *testing.T) {
+	cfg := defaultConfig(t, "apiServer:\n  oidc:\n    issuerURL: https://idp.example.com/realms/gpu\n    clientID: gpurack\n    groupsClaim: groups\n    groupsPrefix: \"gpurack:tenant:\"\n    requiredClaims: {hd: example.com, aud2: x}\n")
+	api, _ := Spec(cfg, Layout{Dir: "/c"}, APIServer)
+	for _, want := range []string{
+		"--oidc-issuer-url=https://idp.example.com/realms/gpu", "--oidc-client-id=gpurack",
+		"--oidc-username-claim=sub", "--oidc-username-prefix=oidc:",
+		"--oidc-groups-claim=groups", "--oidc-groups-prefix=gpurack:tenant:",
+		"--oidc-required-claim=aud2=x,hd=example.com",
+	} {
+		if !slices.Contains(api.Args, want) {
+			t.Errorf("apiserver args lack %s: %v", want, api.Args)
+		}
+	}
+	plain, _ := Spec(defaultConfig(t, ""), Layout{Dir: "/c"}, APIServer)
+	for _, a := range plain.Args {
+		if strings.HasPrefix(a, "--oidc-") {
+			t.Errorf("OIDC flag without an issuer: %s", a)
+		}
+	}
+}

@@ -143,6 +143,9 @@ func apiserverSpec(cfg *clusterconfig.Config, l Layout) Component {
 		"audit-log-maxbackup":                "10",
 		"audit-log-maxsize":                  "100",
 	}
+	for k, v := range cfg.APIServer.OIDC.Flags() {
+		flags[k] = v
+	}
 	if cfg.LoopbackAdvertised() {
 		// The kubernetes Service's Endpoints may not point at loopback
 		// ("may not be in the loopback range"): measured in

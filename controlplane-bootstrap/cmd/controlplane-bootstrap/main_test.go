@@ -31,7 +31,9 @@ func TestMain(m *testing.M) {
 		main()
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	// The tenants and users tests share one control plane (started on
+	// first use); testcluster.Main stops it.
+	os.Exit(testcluster.Main(m))
 }
 
 func cli(t *testing.T, stdin string, args ...string) (string, error) {

@@ -1,0 +1,305 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"path/filepath"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/gpurack/gpurack/controlplane-bootstrap/controlplane"
+	"github.com/gpurack/gpurack/controlplane-bootstrap/tenants"
+	"github.com/gpurack/gpurack/controlplane-bootstrap/tenantusers"
+	"github.com/gpurack/gpurack/internal/atomicfile"
+)
+
+// adminClients opens the control plane in dir and returns admin clients.
+func adminClients(dir string) (*controlplane.ControlPlane, kubernetes.Interface, dynamic.Interface, error) {
+	cp, err := controlplane.Open(dir)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	rc, err := cp.RESTConfig()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	dyn, err := dynamic.NewForConfig(rc)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return cp, cs, dyn, nil
+}
+
+func newTenantsCommand() *cobra.Command {
+	cmd := &cobra.Command{Use: "tenants", Short: "Apply tenants.yaml (namespaces, GPU quotas, roles, network policies) and show quota use"}
+	var dir, textfile string
+	var prune bool
+	plan := func(cmd *cobra.Command, path string) (*tenants.Plan, dynamic.Interface, kubernetes.Interface, *controlplane.ControlPlane, error) {
+		f, err := tenants.Load(path)
+		if err != nil {
+			return nil, nil, nil, nil, err
+		}
+		objs, err := tenants.Objects(f)
+		if err != nil {
+			return nil, nil, nil, nil, err
+		}
+		cp, cs, dyn, err := adminClients(dir)
+		if err != nil {
+			return nil, nil, nil, nil, err
+		}
+		p, err := tenants.ComputePlan(cmd.Context(), dyn, objs)
+		return p, dyn, cs, cp, err
+	}
+	apply := &cobra.Command{
+		Use:   "apply --dir DIR FILE [--prune]",
+		Short: "Create or update every tenant's objects; ask before deleting what the file no longer lists",
+		Long: `apply reads FILE (see docs/examples/tenants.yaml) and applies, with server-side
+apply, each tenant's namespaces, ResourceQuotas, LimitRange, PriorityClasses, Roles and
+RoleBindings and default-deny-ingress NetworkPolicy. Objects already as the file says are
+left alone, so running it again changes nothing.
+
+Objects that an earlier apply created and the file no longer asks for (a removed tenant,
+namespace or tier) are deleted only with --prune or after typing 'yes'; they are named
+first. Deleting a namespace deletes everything in it.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			p, dyn, cs, cp, err := plan(cmd, args[0])
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			printPlan(out, p, false)
+			confirmed := prune
+			if del := p.Deletions(); len(del) > 0 && !prune {
+				fmt.Fprintf(out, "%s no longer asks for these; apply would delete them:\n", args[0])
+				for _, c := range del {
+					fmt.Fprintf(out, "  %s\n", c.Describe())
+				}
+				fmt.Fprint(out, "Type 'yes' to delete them (anything else changes nothing): ")
+				line, _ := bufio.NewReader(cmd.InOrStdin()).ReadString('\n')
+				fmt.Fprintln(out)
+				confirmed = strings.TrimSpace(line) == "yes"
+			}
+			if err := tenants.Execute(cmd.Context(), dyn, p, confirmed); err != nil {
+				return err
+			}
+			store, err := tenantusers.LoadStore(filepath.Join(cp.Layout.Dir, tenantusers.StoreFile))
+			if err != nil {
+				return err
+			}
+			if err := tenantusers.Rebind(cmd.Context(), cs, store, time.Now()); err != nil {
+				return err
+			}
+			fmt.Fprintln(out, "applied")
+			return nil
+		},
+	}
+	apply.Flags().BoolVar(&prune, "prune", false, "delete, without asking, what earlier applies created and the file no longer lists")
+	diff := &cobra.Command{
+		Use:   "diff --dir DIR FILE",
+		Short: "Print what apply would create, update and delete (server-side dry run); changes nothing",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			p, _, _, _, err := plan(cmd, args[0])
+			if err != nil {
+				return err
+			}
+			printPlan(cmd.OutOrStdout(), p, true)
+			return nil
+		},
+	}
+	status := &cobra.Command{
+		Use:   "status --dir DIR",
+		Short: "Print each tenant's quota use against its quota (GPUs, CPU, memory, pods, storage); --textfile writes gauges",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			_, cs, _, err := adminClients(dir)
+			if err != nil {
+				return err
+			}
+			us, err := tenants.Status(cmd.Context(), cs)
+			if err != nil {
+				return err
+			}
+			printStatus(cmd.OutOrStdout(), us)
+			if textfile != "" {
+				if err := prometheus.WriteToTextfile(textfile, tenants.Registry(us)); err != nil {
+					return fmt.Errorf("write %s: %w", textfile, err)
+				}
+			}
+			return nil
+		},
+	}
+	status.Flags().StringVar(&textfile, "textfile", "", "also write the figures as Prometheus gauges to this file (node_exporter's textfile collector format)")
+	for _, c := range []*cobra.Command{apply, diff, status} {
+		dirFlag(c, &dir)
+		cmd.AddCommand(c)
+	}
+	return cmd
+}
+
+func printPlan(out io.Writer, p *tenants.Plan, all bool) {
+	counts := map[tenants.Action]int{}
+	for _, c := range p.Changes {
+		counts[c.Action]++
+		if c.Action == tenants.Unchanged && !all {
+			continue
+		}
+		if c.Action == tenants.Delete {
+			continue // listed with the question
+		}
+		fmt.Fprintf(out, "%-9s %s\n", c.Action, c.Object.Key())
+	}
+	if all {
+		for _, c := range p.Deletions() {
+			fmt.Fprintf(out, "%-9s %s\n", c.Action, c.Describe())
+		}
+	}
+	fmt.Fprintf(out, "%d to create, %d to update, %d unchanged, %d to delete\n",
+		counts[tenants.Create], counts[tenants.Update], counts[tenants.Unchanged], counts[tenants.Delete])
+}
+
+func printStatus(out io.Writer, us []tenants.Usage) {
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "TENANT\tNAMESPACES\tGPUS\tCPU\tMEMORY\tPODS\tSTORAGE\tTIER GPUS")
+	for _, u := range us {
+		cell := func(name string) string {
+			hard, ok := u.Hard[corev1.ResourceName(name)]
+			used := u.Used[corev1.ResourceName(name)]
+			if !ok {
+				return "-"
+			}
+			return used.String() + "/" + hard.String()
+		}
+		var tiers []string
+		for t, q := range u.TierGPUs {
+			tiers = append(tiers, fmt.Sprintf("%s %s/%s", t, q[0].String(), q[1].String()))
+		}
+		sort.Strings(tiers)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", u.Tenant, strings.Join(u.Namespaces, ","),
+			cell(string(tenants.QuotaGPU)), cell("requests.cpu"), cell("requests.memory"), cell("pods"), cell("requests.storage"),
+			strings.Join(tiers, ", "))
+	}
+	tw.Flush()
+}
+
+func newUsersCommand() *cobra.Command {
+	cmd := &cobra.Command{Use: "users", Short: "Issue, list and revoke tenant users' kubeconfigs (client certificates)"}
+	var dir, tenant, role, out string
+	var ttl time.Duration
+	storePath := func(cp *controlplane.ControlPlane) string { return filepath.Join(cp.Layout.Dir, tenantusers.StoreFile) }
+	add := &cobra.Command{
+		Use:   "add --dir DIR NAME --tenant T --role user|admin [--ttl 720h] [--out FILE]",
+		Short: "Write a kubeconfig for NAME with a client certificate that has tenant T's role",
+		Long: `add issues a client certificate from the cluster CA (CN NAME, groups
+gpurack:user:NAME:ID and gpurack:tenant-cert:T:users|admins), binds the credential's own group
+to the tenant's Role in each of its namespaces, records it in DIR/users/credentials.json and
+writes the kubeconfig to --out (default NAME.kubeconfig). See docs/tenants.md.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cp, cs, _, err := adminClients(dir)
+			if err != nil {
+				return err
+			}
+			store, err := tenantusers.LoadStore(storePath(cp))
+			if err != nil {
+				return err
+			}
+			kc, cred, err := tenantusers.Add(cmd.Context(), cs, cp.PKI, store, tenantusers.AddOptions{
+				User: args[0], Tenant: tenant, Role: role, TTL: ttl,
+				ClusterName: cp.Config.ClusterName, Server: cp.Config.EndpointURL(),
+			})
+			if err != nil {
+				return err
+			}
+			if out == "" {
+				out = args[0] + ".kubeconfig"
+			}
+			if err := atomicfile.WriteMkdirAll(out, kc, 0o600, 0o700); err != nil {
+				return err
+			}
+			if err := store.Save(storePath(cp)); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "wrote %s: %s, %s of tenant %s, credential %s, serial %s, valid until %s\n",
+				out, cred.User, cred.Role, cred.Tenant, cred.ID, cred.Serial, cred.NotAfter.Format(time.RFC3339))
+			return nil
+		},
+	}
+	add.Flags().StringVar(&tenant, "tenant", "", "the tenant (as named in tenants.yaml)")
+	add.MarkFlagRequired("tenant")
+	add.Flags().StringVar(&role, "role", tenantusers.RoleUser, "user or admin")
+	add.Flags().DurationVar(&ttl, "ttl", tenantusers.DefaultTTL, "how long the certificate is valid")
+	add.Flags().StringVar(&out, "out", "", "where to write the kubeconfig (default NAME.kubeconfig)")
+	list := &cobra.Command{
+		Use:   "list --dir DIR",
+		Short: "List every credential issued, with its state (active, revoked, expired)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cp, err := controlplane.Open(dir)
+			if err != nil {
+				return err
+			}
+			store, err := tenantusers.LoadStore(storePath(cp))
+			if err != nil {
+				return err
+			}
+			now := time.Now()
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "USER\tTENANT\tROLE\tCREDENTIAL\tSERIAL\tEXPIRES\tSTATE")
+			for _, c := range store.Credentials {
+				state := c.State(now)
+				if c.RevokedAt != nil {
+					state += " " + c.RevokedAt.Format(time.RFC3339)
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", c.User, c.Tenant, c.Role, c.ID, c.Serial, c.NotAfter.Format(time.RFC3339), state)
+			}
+			return tw.Flush()
+		},
+	}
+	revoke := &cobra.Command{
+		Use:   "revoke --dir DIR NAME",
+		Short: "Remove every binding of NAME's credentials; waits until the apiserver denies them",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cp, cs, _, err := adminClients(dir)
+			if err != nil {
+				return err
+			}
+			store, err := tenantusers.LoadStore(storePath(cp))
+			if err != nil {
+				return err
+			}
+			deleted, err := tenantusers.Revoke(cmd.Context(), cs, store, args[0], time.Now())
+			if saveErr := store.Save(storePath(cp)); saveErr != nil && err == nil {
+				err = saveErr
+			}
+			for _, d := range deleted {
+				fmt.Fprintf(cmd.OutOrStdout(), "deleted %s\n", d)
+			}
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "revoked %s: its certificates still authenticate but are granted nothing\n", args[0])
+			return nil
+		},
+	}
+	for _, c := range []*cobra.Command{add, list, revoke} {
+		dirFlag(c, &dir)
+		cmd.AddCommand(c)
+	}
+	return cmd
+}
