@@ -131,7 +131,7 @@ func log(l *slog.Logger) *slog.Logger {
 // slogLogger is nvcdi's logger interface over slog.
 type slogLogger struct{ l *slog.Logger }
 
-func (s slogLogger) Tracef(string, ...any)         {}
+func (s slogLogger) Tracef(string, ...any)          {}
 func (s slogLogger) Debugf(f string, args ...any)   { s.l.Debug("nvcdi: " + fmt.Sprintf(f, args...)) }
 func (s slogLogger) Infof(f string, args ...any)    { s.l.Debug("nvcdi: " + fmt.Sprintf(f, args...)) }
 func (s slogLogger) Warningf(f string, args ...any) { s.l.Warn("nvcdi: " + fmt.Sprintf(f, args...)) }

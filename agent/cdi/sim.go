@@ -53,7 +53,7 @@ func SimSpec(gpus []GPU, devDir string) *specs.Spec {
 	s := &specs.Spec{
 		Kind: Kind,
 		Annotations: map[string]string{
-			SimulatedAnnotation:                  "true",
+			SimulatedAnnotation:                   "true",
 			SimulatedAnnotation + "-device-nodes": fmt.Sprintf("character devices %d:%d (the null device) under %s, not GPUs", SimMajor, SimMinor, devDir),
 		},
 		ContainerEdits: specs.ContainerEdits{
