@@ -73,7 +73,7 @@ func GenerateNVML(o NVMLOptions) (*specs.Spec, error) {
 		// The driver's nvsandboxutils is not shipped in gpurack images; NVML answers
 		// what nvcdi asks it for.
 		nvcdi.WithFeatureFlags(nvcdi.FeatureDisableNvsandboxUtils),
-		nvcdi.WithLogger(slogLogger{log(o.Log)}),
+		nvcdi.WithLogger(slogLogger{orDiscard(o.Log)}),
 	}
 	if o.DevRoot != "" {
 		opts = append(opts, nvcdi.WithDevRoot(o.DevRoot))
@@ -121,7 +121,7 @@ func WriteNVML(_ context.Context, o NVMLOptions) (string, error) {
 	return path, nil
 }
 
-func log(l *slog.Logger) *slog.Logger {
+func orDiscard(l *slog.Logger) *slog.Logger {
 	if l == nil {
 		return slog.New(slog.DiscardHandler)
 	}

@@ -153,7 +153,7 @@ func TestNodeWriteGPURuntime(t *testing.T) {
 	for g, want := range map[GPURuntime][]string{GPURuntimeNone: nil, GPURuntimeNvidiaCDI: shipped, GPURuntimeNativeCDI: shipped[:1]} {
 		n := &Node{ImageID: "abc", ProfileJSON: []byte(`{}`), Kubelet: filepath.Join(src, "kubelet"), PauseImage: filepath.Join(src, "pause.tar"),
 			PauseTag: "registry.k8s.io/pause:3.10.1", Agent: filepath.Join(src, "gpuagent"), AgentUnit: filepath.Join(src, "gpuagent.service"),
-			KernelVersion: "6.1.0-57-amd64", KernelModules: filepath.Join(src, "mods"), InstalledList: "/tmp/x",
+			KernelVersion: "6.1.0-57-amd64", KernelModules: filepath.Join(src, "mods"), InstalledList: filepath.Join(src, "installed.txt"),
 			GPURuntime: g, CDIHook: filepath.Join(src, "nvidia-cdi-hook"), NvidiaRuntime: filepath.Join(src, "nvidia-container-runtime")}
 		ov := t.TempDir()
 		if _, err := n.Write(ov); err != nil {
