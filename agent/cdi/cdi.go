@@ -64,7 +64,7 @@ func QualifiedName(name string) string { return parser.QualifiedName(Vendor, Cla
 // its cdiVersion to the lowest version that can express it, so older CDI readers
 // (containerd 1.7's) accept it.
 func Marshal(spec *specs.Spec) ([]byte, error) {
-	v, err := cdiapi.MinimumRequiredVersion(spec)
+	v, err := specs.MinimumRequiredVersion(spec)
 	if err != nil {
 		return nil, fmt.Errorf("CDI spec %s: %w", spec.Kind, err)
 	}
