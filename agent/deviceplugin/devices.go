@@ -2,10 +2,15 @@ package deviceplugin
 
 import (
 	"cmp"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"slices"
 	"strings"
 
+	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
+
+	"github.com/gpurack/gpurack/agent/cdi"
 	"github.com/gpurack/gpurack/agent/gpu/snapshot"
 	"github.com/gpurack/gpurack/agent/health"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
@@ -200,49 +205,53 @@ func Preferred(devs []Device, available, mustInclude []string, size int) []strin
 // Allocation is what a container gets for its GPUs.
 type Allocation struct {
 	Envs        map[string]string
-	Devices     []*pluginapi.DeviceSpec
+	CDIDevices  []*pluginapi.CDIDevice
 	Annotations map[string]string
 }
 
-// Allocate decides what a container that was given ids gets:
-//   - on NVML nodes, the device nodes /dev/nvidiaN of its GPUs (N the NVML index) and
-//     /dev/nvidiactl, /dev/nvidia-uvm and /dev/nvidia-uvm-tools where exists says they
-//     are there (nil: all), and
-//     NVIDIA_VISIBLE_DEVICES=<uuids>;
-//   - on the simulator, no device nodes (there are none) but NVIDIA_VISIBLE_DEVICES,
-//     GPURACK_SIMULATED_GPUS=true and the annotation gpurack.io/simulated=true, so a
-//     container can tell it got simulated GPUs and nothing passes for real ones.
+// CDIPluginName names the plugin in its cdi.k8s.io/ annotation keys ("vendor.device-type").
+const CDIPluginName = "gpurack.nvidia-gpu"
+
+// Allocate decides what a container that was given ids gets: its GPUs as fully
+// qualified CDI devices, nvidia.com/gpu=<UUID>, both as CDIDevices (kubelet passes them
+// to containerd 1.7 with enable_cdi, CRI field) and as one cdi.k8s.io/ annotation
+// (containerd 1.6 passes it through container_annotations to nvidia-container-runtime
+// in CDI mode). The annotation key is the plugin name and a digest of the IDs, so one
+// answer is always the same. The node's CDI spec (agent/cdi) says what each device is:
+// no device nodes or NVIDIA_VISIBLE_DEVICES come from here.
 //
-// CDI devices come later (issue 12 item 2). An ID the plugin does not know is an error.
-func Allocate(devs []Device, ids []string, simulated bool, exists func(path string) bool) (Allocation, error) {
-	byID := map[string]Device{}
+// On the simulator the devices resolve to the simulated spec's null-device nodes, and
+// the container also gets GPURACK_SIMULATED_GPUS=true and the annotation
+// gpurack.io/simulated=true, so nothing passes for real GPUs.
+//
+// An ID the plugin does not know is an error.
+func Allocate(devs []Device, ids []string, simulated bool) (Allocation, error) {
+	known := map[string]bool{}
 	for _, d := range devs {
-		byID[d.UUID] = d
+		known[d.UUID] = true
 	}
-	a := Allocation{Envs: map[string]string{}}
-	var uuids []string
-	var nodes []string
+	a := Allocation{}
+	var names []string
 	for _, id := range ids {
-		d, ok := byID[id]
-		if !ok {
+		if !known[id] {
 			return Allocation{}, fmt.Errorf("device %q is not a GPU of this node (known: %d GPUs by UUID)", id, len(devs))
 		}
-		uuids = append(uuids, id)
-		nodes = append(nodes, fmt.Sprintf("/dev/nvidia%d", d.Index))
+		n := cdi.QualifiedName(id)
+		names = append(names, n)
+		a.CDIDevices = append(a.CDIDevices, &pluginapi.CDIDevice{Name: n})
 	}
-	a.Envs["NVIDIA_VISIBLE_DEVICES"] = strings.Join(uuids, ",")
-	if simulated {
-		a.Envs["GPURACK_SIMULATED_GPUS"] = "true"
-		a.Annotations = map[string]string{"gpurack.io/simulated": "true"}
+	if len(names) == 0 {
 		return a, nil
 	}
-	for _, p := range nodes {
-		a.Devices = append(a.Devices, &pluginapi.DeviceSpec{ContainerPath: p, HostPath: p, Permissions: "rw"})
+	sum := sha256.Sum256([]byte(strings.Join(ids, ",")))
+	ann, err := cdiapi.UpdateAnnotations(nil, CDIPluginName, hex.EncodeToString(sum[:8]), names)
+	if err != nil {
+		return Allocation{}, fmt.Errorf("CDI annotation for %v: %w", ids, err)
 	}
-	for _, p := range []string{"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"} {
-		if exists == nil || exists(p) {
-			a.Devices = append(a.Devices, &pluginapi.DeviceSpec{ContainerPath: p, HostPath: p, Permissions: "rw"})
-		}
+	a.Annotations = ann
+	if simulated {
+		a.Envs = map[string]string{cdi.SimulatedEnv: "true"}
+		a.Annotations[cdi.SimulatedAnnotation] = "true"
 	}
 	return a, nil
 }

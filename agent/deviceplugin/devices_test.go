@@ -1,12 +1,16 @@
 package deviceplugin
 
 import (
+	"maps"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/gpurack/gpurack/agent/checks"
+	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
+
 	"github.com/gpurack/gpurack/agent/gpu/snapshot"
 	"github.com/gpurack/gpurack/agent/health"
 	"github.com/gpurack/gpurack/internal/checkid"
@@ -142,33 +146,46 @@ func TestPreferred(t *testing.T) {
 	}
 }
 
+// Allocate names the GPUs as fully qualified CDI devices, both as CDIDevices and in one
+// cdi.k8s.io/ annotation that the CDI library parses back to the same names; the same
+// request gets the same annotation key; the simulator's answer is labelled simulation.
 func TestAllocate(t *testing.T) {
 	devs := []Device{{GPU: GPU{UUID: "GPU-a", Index: 0}}, {GPU: GPU{UUID: "GPU-b", Index: 5}}}
-	a, err := Allocate(devs, []string{"GPU-b", "GPU-a"}, false, func(p string) bool { return p != "/dev/nvidia-uvm-tools" })
+	a, err := Allocate(devs, []string{"GPU-b", "GPU-a"}, false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var paths []string
-	for _, d := range a.Devices {
-		paths = append(paths, d.HostPath)
-		if d.ContainerPath != d.HostPath || d.Permissions != "rw" {
-			t.Errorf("device spec %+v", d)
-		}
+	want := []string{"nvidia.com/gpu=GPU-b", "nvidia.com/gpu=GPU-a"}
+	var names []string
+	for _, d := range a.CDIDevices {
+		names = append(names, d.Name)
 	}
-	if want := []string{"/dev/nvidia5", "/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm"}; !slices.Equal(paths, want) {
-		t.Errorf("device nodes %v, want %v", paths, want)
+	if !slices.Equal(names, want) {
+		t.Errorf("CDI devices %v, want %v", names, want)
 	}
-	if a.Envs["NVIDIA_VISIBLE_DEVICES"] != "GPU-b,GPU-a" || a.Annotations != nil {
-		t.Errorf("NVML allocation envs %v annotations %v", a.Envs, a.Annotations)
-	}
-	s, err := Allocate(devs, []string{"GPU-a"}, true, nil)
+	keys, annotated, err := cdiapi.ParseAnnotations(a.Annotations)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(s.Devices) != 0 || s.Envs["GPURACK_SIMULATED_GPUS"] != "true" || s.Annotations["gpurack.io/simulated"] != "true" || s.Envs["NVIDIA_VISIBLE_DEVICES"] != "GPU-a" {
-		t.Errorf("simulated allocation %+v: want no device nodes, simulation labels and the UUID", s)
+	if len(keys) != 1 || !strings.HasPrefix(keys[0], "cdi.k8s.io/"+CDIPluginName+"_") || !slices.Equal(annotated, want) {
+		t.Errorf("CDI annotations %v: keys %v devices %v", a.Annotations, keys, annotated)
 	}
-	if _, err := Allocate(devs, []string{"GPU-zzz"}, false, nil); err == nil {
+	if len(a.Annotations) != 1 || len(a.Envs) != 0 {
+		t.Errorf("NVML allocation envs %v annotations %v: want only the CDI annotation", a.Envs, a.Annotations)
+	}
+	again, _ := Allocate(devs, []string{"GPU-b", "GPU-a"}, false)
+	other, _ := Allocate(devs, []string{"GPU-a"}, false)
+	if !maps.Equal(again.Annotations, a.Annotations) || maps.Equal(other.Annotations, a.Annotations) {
+		t.Errorf("annotation keys: same request %v then %v, other request %v", a.Annotations, again.Annotations, other.Annotations)
+	}
+	s, err := Allocate(devs, []string{"GPU-a"}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s.CDIDevices) != 1 || s.CDIDevices[0].Name != "nvidia.com/gpu=GPU-a" || s.Envs["GPURACK_SIMULATED_GPUS"] != "true" || s.Annotations["gpurack.io/simulated"] != "true" {
+		t.Errorf("simulated allocation %+v: want the CDI device and simulation labels", s)
+	}
+	if _, err := Allocate(devs, []string{"GPU-zzz"}, false); err == nil {
 		t.Error("an unknown device ID was allocated")
 	}
 }

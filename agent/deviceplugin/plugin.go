@@ -8,8 +8,9 @@
 // device-plugins directory, the Registration call on kubelet.sock, and a watch that
 // registers again when kubelet restarts (kubelet.sock recreated).
 //
-// It is not CDI (device specs by CDI name come later, issue 12 item 2), not
-// time-slicing, and not the node taint: whole-node problems stay agent/kubejoin's.
+// Allocate names the GPUs as CDI devices (nvidia.com/gpu=UUID); the spec that defines
+// them is agent/cdi's, written through Config.CDI before the plugin registers. It is
+// not time-slicing, and not the node taint: whole-node problems stay agent/kubejoin's.
 package deviceplugin
 
 import (
@@ -51,6 +52,11 @@ type Config struct {
 	// NUMANode maps an NVML PCI bus id to its NUMA node (-1 unknown); nil: SysfsNUMANode
 	// on real GPUs, unknown on the simulator.
 	NUMANode func(busID string) int
+	// CDI writes the node's CDI spec (agent/cdi) for the GPUs the first checklist found,
+	// before the plugin first registers: Allocate names devices the spec must define.
+	// When it fails the plugin does not register; Run returns the error and State says
+	// why. nil: no spec is written (tests).
+	CDI func(ctx context.Context, gpus []GPU) error
 	// Poll is how often kubelet.sock is checked for being recreated; default 1 s.
 	Poll time.Duration
 	Log  *slog.Logger
@@ -177,6 +183,16 @@ func (p *Plugin) Run(ctx context.Context) error {
 	if len(p.Devices()) == 0 {
 		p.setState("no GPU to advertise")
 		return ErrNoGPU
+	}
+	if p.cfg.CDI != nil {
+		var gpus []GPU
+		for _, d := range p.Devices() {
+			gpus = append(gpus, d.GPU)
+		}
+		if err := p.cfg.CDI(ctx, gpus); err != nil {
+			p.setState("not registering %s with kubelet: the CDI spec could not be written: %v", nodecontract.ResourceGPU, err)
+			return fmt.Errorf("device plugin not registered: the CDI spec could not be written: %w", err)
+		}
 	}
 	for ctx.Err() == nil {
 		if err := p.serveOnce(ctx); err != nil {
@@ -338,12 +354,12 @@ func (p *Plugin) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*p
 	devs := p.Devices()
 	resp := &pluginapi.AllocateResponse{}
 	for _, cr := range req.GetContainerRequests() {
-		a, err := Allocate(devs, cr.GetDevicesIds(), p.cfg.Simulated, exists)
+		a, err := Allocate(devs, cr.GetDevicesIds(), p.cfg.Simulated)
 		if err != nil {
 			return nil, status.Error(codes.InvalidArgument, err.Error())
 		}
 		resp.ContainerResponses = append(resp.ContainerResponses, &pluginapi.ContainerAllocateResponse{
-			Envs: a.Envs, Devices: a.Devices, Annotations: a.Annotations})
+			Envs: a.Envs, CdiDevices: a.CDIDevices, Annotations: a.Annotations})
 	}
 	return resp, nil
 }
@@ -351,9 +367,4 @@ func (p *Plugin) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*p
 // PreStartContainer implements DevicePluginServer; the plugin asks for no call.
 func (p *Plugin) PreStartContainer(context.Context, *pluginapi.PreStartContainerRequest) (*pluginapi.PreStartContainerResponse, error) {
 	return &pluginapi.PreStartContainerResponse{}, nil
-}
-
-func exists(path string) bool {
-	_, err := os.Stat(path)
-	return err == nil
 }

@@ -2,9 +2,11 @@ package deviceplugin
 
 import (
 	"context"
+	"errors"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +14,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/gpurack/gpurack/agent/gpu/sim"
 	"github.com/gpurack/gpurack/agent/monitor"
@@ -88,11 +91,16 @@ func TestPluginRegistersAndFollowsHealth(t *testing.T) {
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	kubelet := startKubelet(t, dir)
-	plugin := New(Config{Monitor: mon, Dir: dir, Simulated: true, Poll: 100 * time.Millisecond})
+	cdiGPUs := make(chan []GPU, 1)
+	plugin := New(Config{Monitor: mon, Dir: dir, Simulated: true, Poll: 100 * time.Millisecond,
+		CDI: func(_ context.Context, gpus []GPU) error { cdiGPUs <- gpus; return nil }})
 	done := make(chan error, 1)
 	go func() { done <- plugin.Run(ctx) }()
 
 	reg := kubelet.waitRegistration(t)
+	if gpus := <-cdiGPUs; len(gpus) != 8 {
+		t.Errorf("the CDI spec was written for %v, want 8 GPUs", gpus)
+	}
 	if reg.Version != pluginapi.Version || reg.ResourceName != nodecontract.ResourceGPU || reg.Endpoint != SocketName || !reg.GetOptions().GetGetPreferredAllocationAvailable() {
 		t.Fatalf("registration %+v", reg)
 	}
@@ -161,12 +169,19 @@ func TestPluginRegistersAndFollowsHealth(t *testing.T) {
 	}
 	await("gpu3 Unhealthy after XID 79", func(h map[string]bool) bool { return len(h) == 8 && count(h) == 7 && !h[uuid3] })
 
-	// Allocate on the simulator: simulation-labelled, no device nodes.
+	// Allocate on the simulator: the GPU as a CDI device (CRI field and annotation),
+	// simulation-labelled.
 	ar, err := client.Allocate(ctx, &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{uuid3}}}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cr := ar.ContainerResponses[0]; cr.Envs["NVIDIA_VISIBLE_DEVICES"] != uuid3 || cr.Annotations["gpurack.io/simulated"] != "true" || len(cr.Devices) != 0 {
+	cr := ar.ContainerResponses[0]
+	_, annotated, err := cdiapi.ParseAnnotations(cr.Annotations)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cr.CdiDevices) != 1 || cr.CdiDevices[0].Name != "nvidia.com/gpu="+uuid3 || !slices.Equal(annotated, []string{"nvidia.com/gpu=" + uuid3}) ||
+		cr.Annotations["gpurack.io/simulated"] != "true" || cr.Envs["GPURACK_SIMULATED_GPUS"] != "true" || len(cr.Devices) != 0 {
 		t.Errorf("simulated Allocate = %+v", cr)
 	}
 
@@ -208,5 +223,47 @@ func TestPluginRegistersAndFollowsHealth(t *testing.T) {
 	cancel()
 	if err := <-done; err != nil {
 		t.Errorf("Run = %v", err)
+	}
+}
+
+// A CDI spec that cannot be written keeps the plugin from registering: Run returns the
+// error, State says why, and kubelet never sees a registration.
+func TestPluginDoesNotRegisterWithoutCDISpec(t *testing.T) {
+	p, err := profile.Load("../../profiles/debian12-nvidia535.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := sim.New("dgxh100", sim.Options{DriverVersion: p.GPU.Driver.Version})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mon := monitor.New(monitor.Config{Backend: s, Profile: p, Interval: 100 * time.Millisecond})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go mon.Run(ctx)
+	dir, err := os.MkdirTemp("", "gpr-dp-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	kubelet := startKubelet(t, dir)
+	plugin := New(Config{Monitor: mon, Dir: dir, Simulated: true, Poll: 100 * time.Millisecond,
+		CDI: func(context.Context, []GPU) error {
+			return errors.New("write /var/run/cdi/gpurack-simulated.yaml: read-only file system")
+		}})
+	err = plugin.Run(ctx)
+	if err == nil || !strings.Contains(err.Error(), "CDI spec") || !strings.Contains(err.Error(), "read-only file system") {
+		t.Fatalf("Run = %v, want the CDI error", err)
+	}
+	if ok, msg := plugin.State(); ok || !strings.Contains(msg, "not registering") || !strings.Contains(msg, "read-only") {
+		t.Errorf("state registered=%v %q", ok, msg)
+	}
+	select {
+	case r := <-kubelet.regs:
+		t.Errorf("registered %+v without a CDI spec", r)
+	default:
+	}
+	if _, err := os.Stat(filepath.Join(dir, SocketName)); !os.IsNotExist(err) {
+		t.Errorf("plugin socket: %v", err)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 
+	"github.com/gpurack/gpurack/agent/cdi"
 	"github.com/gpurack/gpurack/agent/deviceplugin"
 )
 
@@ -17,7 +18,35 @@ type devicePluginService struct {
 
 func (n *node) devicePlugin() *devicePluginService {
 	return &devicePluginService{p: deviceplugin.New(deviceplugin.Config{Monitor: n.mon, Dir: n.cfg.DevicePluginDir,
-		Simulated: n.cfg.Backend.Simulated(), Log: n.log})}
+		Simulated: n.cfg.Backend.Simulated(), CDI: n.writeCDISpec, Log: n.log})}
+}
+
+// writeCDISpec writes the CDI spec that defines the devices Allocate names
+// (agent/cdi): nvidia.yaml from NVML on real GPUs, the simulation-labelled spec over
+// null-device nodes on the simulator.
+func (n *node) writeCDISpec(ctx context.Context, gpus []deviceplugin.GPU) error {
+	if n.cfg.Backend.Simulated() {
+		var sg []cdi.GPU
+		for _, g := range gpus {
+			sg = append(sg, cdi.GPU{UUID: g.UUID, Index: g.Index})
+		}
+		path, err := cdi.WriteSimulated(ctx, cdi.SimOptions{GPUs: sg})
+		if err != nil {
+			return err
+		}
+		n.log.Warn("wrote the SIMULATED GPUs' CDI spec: containers get null-device nodes, not GPUs", "spec", path, "device_nodes", cdi.SimDevDir, "gpus", len(sg))
+		return nil
+	}
+	lib, err := n.cfg.Backend.Library()
+	if err != nil {
+		return err
+	}
+	path, err := cdi.WriteNVML(ctx, cdi.NVMLOptions{NVML: lib, Log: n.log})
+	if err != nil {
+		return err
+	}
+	n.log.Info("wrote the GPUs' CDI spec", "spec", path, "gpus", len(gpus))
+	return nil
 }
 
 func (s *devicePluginService) Name() string { return "device-plugin" }

@@ -43,6 +43,9 @@ type imageBuild struct {
 	builder   string // gpuimage's own version
 	agent     string // gpuagent binary
 	initBin   string // gpurack-init binary
+	gpuRT     rootfs.GPURuntime
+	cdiHook   string // nvidia-cdi-hook binary, GPU images only
+	nvRuntime string // nvidia-container-runtime binary, containerd 1.6 GPU images only
 	bins      map[string]manifest.FileDigest
 	archives  []*ociarchive.File // the profile's image archives, checked
 	imageID   string
@@ -240,14 +243,64 @@ func (b *imageBuild) binaries(ctx context.Context) error {
 			return err
 		}
 	}
+	bundled := map[string]string{manifest.BinaryAgent: b.agent, manifest.BinaryKubelet: b.kubelet, "gpurack-init": b.initBin}
+	if err := b.gpuRuntimeBinaries(ctx, bundled); err != nil {
+		return err
+	}
 	b.bins = map[string]manifest.FileDigest{}
-	for name, path := range map[string]string{manifest.BinaryAgent: b.agent, manifest.BinaryKubelet: b.kubelet, "gpurack-init": b.initBin} {
+	for name, path := range bundled {
 		d, err := manifest.DigestFile(path)
 		if err != nil {
 			return err
 		}
 		b.bins[name] = d
 	}
+	return nil
+}
+
+// nvidiaToolkit is the nvidia-container-toolkit module whose commands GPU images ship,
+// at the version go.mod pins (go.mod's tool directives keep their dependencies' sums).
+const nvidiaToolkit = "github.com/NVIDIA/nvidia-container-toolkit"
+
+// gpuRuntimeBinaries picks the GPU container runtime from the profile and the locked
+// containerd (rootfs.GPURuntimeFor) and builds (or takes) what it ships, from the
+// toolkit module pinned in gpurack's go.mod: nvidia-cdi-hook for every GPU image,
+// nvidia-container-runtime for containerd 1.6 ones. They join bundled, so the image id
+// covers them.
+func (b *imageBuild) gpuRuntimeBinaries(ctx context.Context, bundled map[string]string) error {
+	containerd := ""
+	if lp := b.lock.Find("containerd"); lp != nil {
+		containerd = lp.Version
+	}
+	rt, err := rootfs.GPURuntimeFor(b.p.GPU != nil, containerd)
+	if err != nil {
+		return fmt.Errorf("profile %s: %w", b.p.Name, err)
+	}
+	b.gpuRT = rt
+	if rt == rootfs.GPURuntimeNone {
+		return nil
+	}
+	o := &b.o
+	b.cdiHook = o.CDIHookBin
+	if b.cdiHook == "" {
+		b.cdiHook = filepath.Join(b.work, "nvidia-cdi-hook")
+		if err := GoBuild(ctx, o.Src, nvidiaToolkit+"/cmd/nvidia-cdi-hook", b.cdiHook, true, b.builder); err != nil {
+			return err
+		}
+	}
+	bundled["nvidia-cdi-hook"] = b.cdiHook
+	if rt != rootfs.GPURuntimeNvidiaCDI {
+		return nil
+	}
+	b.nvRuntime = o.NvidiaRuntimeBin
+	if b.nvRuntime == "" {
+		b.nvRuntime = filepath.Join(b.work, "nvidia-container-runtime")
+		// cgo: the runtime's CUDA compatibility check dlopens libcuda.
+		if err := GoBuild(ctx, o.Src, nvidiaToolkit+"/cmd/nvidia-container-runtime", b.nvRuntime, true, b.builder); err != nil {
+			return err
+		}
+	}
+	bundled["nvidia-container-runtime"] = b.nvRuntime
 	return nil
 }
 
@@ -390,6 +443,7 @@ func (b *imageBuild) customize(overlay, installed string) ([]string, error) {
 		ImageID: b.imageID, ProfileJSON: b.p.Canonical(), Kubelet: b.kubelet, PauseImage: b.pause, PauseTag: b.pauseTag,
 		Agent: b.agent, AgentUnit: b.o.AgentUnit, KernelVersion: b.kver, KernelModules: b.modDir, Modules: b.nodeMods,
 		InstalledList: installed, ExtraModules: b.extraMods, Images: nodeArchives(b.archives),
+		GPURuntime: b.gpuRT, CDIHook: b.cdiHook, NvidiaRuntime: b.nvRuntime,
 	}
 	return node.Write(overlay)
 }

@@ -27,6 +27,10 @@ type Node struct {
 	// Images are the profile's container image archives, imported after the pause
 	// image by gpurack-images.service.
 	Images []ImageArchive
+	// GPURuntime is how containers get GPUs (GPURuntimeFor); CDIHook and NvidiaRuntime
+	// are the built nvidia-cdi-hook and nvidia-container-runtime it ships.
+	GPURuntime             GPURuntime
+	CDIHook, NvidiaRuntime string
 }
 
 // ImageArchive is one container image archive the rootfs ships.
@@ -69,7 +73,7 @@ func (n *Node) Write(overlay string) ([]string, error) {
 	files := map[string]string{
 		"etc/hostname":                                   "",
 		"etc/gpurack/image-id":                           n.ImageID + "\n",
-		"etc/containerd/config.toml":                     containerdConfig(n.PauseTag),
+		"etc/containerd/config.toml":                     containerdConfig(n.PauseTag, n.GPURuntime),
 		"etc/sysctl.d/90-gpurack-kubernetes.conf":        sysctls,
 		"etc/modules-load.d/gpurack-kubernetes.conf":     "overlay\nbr_netfilter\nnf_conntrack\n",
 		"etc/systemd/system/kubelet.service":             kubeletUnit,
@@ -89,6 +93,9 @@ func (n *Node) Write(overlay string) ([]string, error) {
 		}
 	}
 	if err := writeFile(filepath.Join(overlay, "etc/gpurack/profile.json"), n.ProfileJSON, 0o644); err != nil {
+		return nil, err
+	}
+	if err := n.writeGPURuntime(overlay); err != nil {
 		return nil, err
 	}
 	copies := map[string]struct {
@@ -210,13 +217,15 @@ func copyFile(src, dst string, mode os.FileMode) error {
 	return os.Chmod(dst, mode)
 }
 
-func containerdConfig(pause string) string {
+// containerdConfig is containerd's config: the CRI plugin for kubelet, and the GPU
+// container runtime's part (containerdGPU) where the image has one.
+func containerdConfig(pause string, gpu GPURuntime) string {
 	return fmt.Sprintf(`# gpurack: containerd for kubelet (CONTRACTS §6). Guests run cgroup v2 under systemd.
 version = 2
 
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = %q
-
+`+containerdGPU(gpu)+`
   [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
     runtime_type = "io.containerd.runc.v2"
 
