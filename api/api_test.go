@@ -372,11 +372,13 @@ func TestAgentWatchEvents(t *testing.T) {
 			if x := ev.GetXid(); x != nil && x.GetXid() == 79 && x.GetGpuIndex() == 3 && x.GetFatal() {
 				sawXID = true
 			}
-			if h := ev.GetHealthChanged(); h != nil && h.GetCurrent().GetState() == machinev1.HealthState_HEALTH_STATE_UNHEALTHY {
+			// A fatal XID withdraws that GPU alone (decision 0630): the node is degraded,
+			// not unhealthy, and GPU 3 is named.
+			if h := ev.GetHealthChanged(); h != nil && h.GetCurrent().GetState() != machinev1.HealthState_HEALTH_STATE_HEALTHY {
 				sawUnhealthy = slices.Contains(h.GetCurrent().GetUnhealthyGpuIndexes(), 3)
 			}
 		case <-ctx.Done():
-			t.Fatalf("after XID 79 on GPU 3: saw the XID %v, saw health turn unhealthy on GPU 3 %v", sawXID, sawUnhealthy)
+			t.Fatalf("after XID 79 on GPU 3: saw the XID %v, saw GPU 3 withdrawn %v", sawXID, sawUnhealthy)
 		}
 	}
 	select {
