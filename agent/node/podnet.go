@@ -1,0 +1,36 @@
+package node
+
+import (
+	"context"
+
+	"github.com/gpurack/gpurack/agent/podnet"
+)
+
+// podNetworkService runs the node's pod network (agent/podnet) with kubelet's node
+// kubeconfig, once kubelet has joined. Simulation mode has no kubelet and no pods.
+type podNetworkService struct {
+	statusCell
+	cfg podnet.Config
+}
+
+func (n *node) podNetwork(kubeconfig, nodeName string) *podNetworkService {
+	s := &podNetworkService{}
+	s.cfg = podnet.Config{Kubeconfig: kubeconfig, NodeName: nodeName, Log: n.log.With("service", "pod-network"),
+		CNIBinDir: n.cfg.CNIBinDir, CNIConfDir: n.cfg.CNIConfDir,
+		Progress: func(msg string, up bool) {
+			state := Starting
+			if up {
+				state = Running
+			}
+			s.set(state, msg)
+			consoleLine(n.cfg.Console, "gpuagent: pod network: "+msg)
+		}}
+	return s
+}
+
+func (s *podNetworkService) Name() string { return "pod-network" }
+
+func (s *podNetworkService) Run(ctx context.Context) error {
+	s.set(Starting, "starting")
+	return podnet.Run(ctx, s.cfg)
+}
