@@ -2,8 +2,10 @@ package node
 
 import (
 	"context"
+	"net/netip"
 
 	"github.com/gpurack/gpurack/agent/podnet"
+	"github.com/gpurack/gpurack/internal/profile"
 )
 
 // podNetworkService runs the node's pod network (agent/podnet) with kubelet's node
@@ -15,8 +17,17 @@ type podNetworkService struct {
 
 func (n *node) podNetwork(kubeconfig, nodeName string) *podNetworkService {
 	s := &podNetworkService{}
+	var pn profile.PodNetwork
+	if n.cfg.Profile != nil {
+		pn = n.cfg.Profile.Kubernetes.PodNetworkSettings()
+	} else {
+		pn = profile.Kubernetes{}.PodNetworkSettings()
+	}
+	// The profile was validated when it was loaded.
+	subnet, _ := netip.ParsePrefix(pn.PodSubnet)
 	s.cfg = podnet.Config{Kubeconfig: kubeconfig, NodeName: nodeName, Log: n.log.With("service", "pod-network"),
 		CNIBinDir: n.cfg.CNIBinDir, CNIConfDir: n.cfg.CNIConfDir,
+		Backend: pn.Backend, PodSubnet: subnet,
 		Progress: func(msg string, up bool) {
 			state := Starting
 			if up {

@@ -83,6 +83,17 @@ var ErrOverlap = errors.New("pod network overlaps a host network")
 // Is makes errors.Is(err, ErrOverlap) hold.
 func (e *OverlapError) Is(target error) bool { return target == ErrOverlap }
 
+// ErrNoNFTables matches every NoNFTablesError (errors.Is).
+var ErrNoNFTables = errors.New("no nftables")
+
+// OutsidePodSubnetError is a Node podCIDR outside the pod network the node was
+// configured with: the cluster's networking.podSubnet and the profile's disagree.
+type OutsidePodSubnetError struct{ PodCIDR, PodSubnet netip.Prefix }
+
+func (e *OutsidePodSubnetError) Error() string {
+	return fmt.Sprintf("podCIDR %s is outside the pod network %s: set kubernetes.podNetwork.podSubnet in the profile to the cluster's networking.podSubnet", e.PodCIDR, e.PodSubnet)
+}
+
 // CheckPlugins returns a MissingPluginError for the first required plugin that is
 // not an executable file in dir.
 func CheckPlugins(dir string) error {
@@ -186,7 +197,7 @@ func WaitPodCIDR(ctx context.Context, client kubernetes.Interface, name string, 
 		return netip.Prefix{}, fmt.Errorf("watching Node %s for its podCIDR: %w", name, err)
 	}
 	if perr != nil {
-		return netip.Prefix{}, fmt.Errorf("Node %s spec.podCIDR: %w", name, perr)
+		return netip.Prefix{}, fmt.Errorf("spec.podCIDR of Node %s: %w", name, perr)
 	}
 	return cidr.Masked(), nil
 }
