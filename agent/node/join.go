@@ -251,7 +251,9 @@ func (n *node) join(ctx context.Context, bundle *bootv1.JoinBundle, afterNode fu
 		node, lease = n.joinSimulated(ctx, bundle, labels), 10*time.Second
 	} else {
 		if node = n.joinKubelet(ctx, bundle, labels); node != nil {
-			n.services.Start(n.podNetwork(kubeletPaths(n.cfg.KubeletDir).Kubeconfig, name))
+			kubeconfig := kubeletPaths(n.cfg.KubeletDir).Kubeconfig
+			n.services.Start(n.podNetwork(kubeconfig, name))
+			n.services.Start(n.kubeProxy(kubeconfig, name, n.podSubnet()))
 			n.services.Start(n.devicePlugin())
 		}
 	}

@@ -17,12 +17,7 @@ type podNetworkService struct {
 
 func (n *node) podNetwork(kubeconfig, nodeName string) *podNetworkService {
 	s := &podNetworkService{}
-	var pn profile.PodNetwork
-	if n.cfg.Profile != nil {
-		pn = n.cfg.Profile.Kubernetes.PodNetworkSettings()
-	} else {
-		pn = profile.Kubernetes{}.PodNetworkSettings()
-	}
+	pn := n.podNetworkSettings()
 	// The profile was validated when it was loaded.
 	subnet, _ := netip.ParsePrefix(pn.PodSubnet)
 	s.cfg = podnet.Config{Kubeconfig: kubeconfig, NodeName: nodeName, Log: n.log.With("service", "pod-network"),
@@ -45,3 +40,14 @@ func (s *podNetworkService) Run(ctx context.Context) error {
 	s.set(Starting, "starting")
 	return podnet.Run(ctx, s.cfg)
 }
+
+// podNetworkSettings are the profile's pod network settings, defaults filled in.
+func (n *node) podNetworkSettings() profile.PodNetwork {
+	if n.cfg.Profile != nil {
+		return n.cfg.Profile.Kubernetes.PodNetworkSettings()
+	}
+	return profile.Kubernetes{}.PodNetworkSettings()
+}
+
+// podSubnet is the cluster's pod network as the profile gives it.
+func (n *node) podSubnet() string { return n.podNetworkSettings().PodSubnet }
