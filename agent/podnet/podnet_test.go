@@ -15,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
@@ -55,20 +56,8 @@ func TestRunWithNodeIdentity(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	const name = "podnet-node-1"
-	cfg, err := kubejoin.Bootstrap(ctx, c.Server, c.CAPEM, c.JoinToken(t), name)
-	if err != nil {
-		t.Fatal(err)
-	}
 	dir := t.TempDir()
-	kc := clientcmdapi.NewConfig()
-	kc.Clusters["c"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData}
-	kc.AuthInfos["node"] = &clientcmdapi.AuthInfo{ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData}
-	kc.Contexts["c"] = &clientcmdapi.Context{Cluster: "c", AuthInfo: "node"}
-	kc.CurrentContext = "c"
-	kubeconfig := filepath.Join(dir, "kubeconfig")
-	if err := clientcmd.WriteToFile(*kc, kubeconfig); err != nil {
-		t.Fatal(err)
-	}
+	cfg, kubeconfig := nodeKubeconfig(t, ctx, c, name, dir)
 	rec := &recorder{}
 	confDir := filepath.Join(dir, "net.d")
 	done := make(chan error, 1)
@@ -134,6 +123,71 @@ func TestRunWithNodeIdentity(t *testing.T) {
 	stop()
 	if err := <-done; err != nil {
 		t.Errorf("Run after its context ended: %v", err)
+	}
+}
+
+// nodeKubeconfig does a node's TLS bootstrap and writes its kubeconfig in dir, as
+// kubelet's would be.
+func nodeKubeconfig(t *testing.T, ctx context.Context, c *testcluster.Cluster, name, dir string) (*rest.Config, string) {
+	t.Helper()
+	cfg, err := kubejoin.Bootstrap(ctx, c.Server, c.CAPEM, c.JoinToken(t), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["c"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData}
+	kc.AuthInfos["node"] = &clientcmdapi.AuthInfo{ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData}
+	kc.Contexts["c"] = &clientcmdapi.Context{Cluster: "c", AuthInfo: "node"}
+	kc.CurrentContext = "c"
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	if err := clientcmd.WriteToFile(*kc, kubeconfig); err != nil {
+		t.Fatal(err)
+	}
+	return cfg, kubeconfig
+}
+
+// TestRunRefusesPodCIDROutsideThePodSubnet: a profile whose podSubnet is not the
+// cluster's gets the named error that says which setting to change, before flannel
+// touches the machine, and no conflist.
+func TestRunRefusesPodCIDROutsideThePodSubnet(t *testing.T) {
+	testreq.File(t, filepath.Join(DefaultCNIBinDir, "bridge"), "install Debian's containernetworking-plugins")
+	c := testcluster.Shared(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	const name = "podnet-node-2"
+	dir := t.TempDir()
+	cfg, kubeconfig := nodeKubeconfig(t, ctx, c, name, dir)
+	nodeClient, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kubejoin.Register(ctx, nodeClient, kubejoin.NodeSpec{Name: name}); err != nil {
+		t.Fatal(err)
+	}
+	confDir := filepath.Join(dir, "net.d")
+	// A documentation network (no cluster allocates there) that is none of this
+	// machine's networks, which would be the other named error.
+	hosts, err := HostNetworks()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wrong netip.Prefix
+	for _, p := range []string{"192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24"} {
+		if CheckOverlap("", netip.MustParsePrefix(p), hosts) == nil {
+			wrong = netip.MustParsePrefix(p)
+			break
+		}
+	}
+	if !wrong.IsValid() {
+		t.Fatalf("every documentation network overlaps one of this machine's networks %v", hosts)
+	}
+	err = Run(ctx, Config{Kubeconfig: kubeconfig, NodeName: name, CNIConfDir: confDir, Backend: "vxlan", PodSubnet: wrong, RunDir: filepath.Join(dir, "run")})
+	var oe *OutsidePodSubnetError
+	if !errors.As(err, &oe) || oe.PodSubnet != wrong || !strings.Contains(err.Error(), "kubernetes.podNetwork.podSubnet") {
+		t.Fatalf("Run with podSubnet %s: %v, want OutsidePodSubnetError", wrong, err)
+	}
+	if _, err := os.Stat(filepath.Join(confDir, ConflistName)); err == nil {
+		t.Error("a conflist was written for a refused pod network")
 	}
 }
 
