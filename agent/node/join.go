@@ -269,6 +269,9 @@ func (n *node) join(ctx context.Context, bundle *bootv1.JoinBundle, afterNode fu
 		node, lease = n.joinSimulated(ctx, bundle, labels), 10*time.Second
 	} else {
 		if node = n.joinKubelet(ctx, bundle, labels); node != nil {
+			kubeconfig := kubeletPaths(n.cfg.KubeletDir).Kubeconfig
+			n.services.Start(n.podNetwork(kubeconfig, name))
+			n.services.Start(n.kubeProxy(kubeconfig, name, n.podSubnet()))
 			n.services.Start(n.devicePlugin())
 		}
 	}

@@ -82,6 +82,9 @@ type Config struct {
 	// DevicePluginDir is kubelet's device-plugins directory, where the device plugin
 	// serves once kubelet runs; empty: /var/lib/kubelet/device-plugins/.
 	DevicePluginDir string
+	// CNIBinDir and CNIConfDir are containerd's CNI plugin and configuration
+	// directories, for the pod network; empty: the image's (agent/podnet).
+	CNIBinDir, CNIConfDir string
 	// Console, when set, also gets enrollment progress (the machine's console).
 	Console string
 	Gossip  GossipConfig

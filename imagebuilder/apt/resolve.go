@@ -14,7 +14,7 @@ import (
 // profile's own packages: what CONTRACTS §6 asks a node to run.
 var NodePackages = []string{
 	"systemd-sysv", "udev", "dbus", "kmod", "iproute2", "iptables", "ca-certificates",
-	"systemd-timesyncd", "systemd-resolved", "containerd", "runc", "containernetworking-plugins",
+	"systemd-timesyncd", "systemd-resolved", "containerd", "runc", "containernetworking-plugins", "nftables",
 }
 
 // minbase is what mmdebstrap --variant=minbase installs: Essential:yes, Priority:

@@ -13,6 +13,7 @@ type Node struct {
 	ImageID       string
 	ProfileJSON   []byte // the canonical profile, /etc/gpurack/profile.json
 	Kubelet       string // path of the kubelet binary
+	KubeProxy     string // path of the kube-proxy binary; empty: none shipped
 	PauseImage    string // path of the pause image archive (docker archive)
 	PauseTag      string // its tag, containerd's sandbox_image
 	Agent         string // path of the gpuagent binary
@@ -48,7 +49,8 @@ var NodeModules = []string{
 	"ip6_tables", "ip6table_filter", "ip6table_nat", "ip6table_mangle",
 	"xt_conntrack", "xt_MASQUERADE", "xt_addrtype", "xt_comment", "xt_mark", "xt_multiport",
 	"xt_nat", "xt_statistic", "xt_tcpudp", "ipt_REJECT", "ip6t_REJECT", "nf_tables", "nft_compat",
-	"nft_chain_nat", "ip_vs", "ip_vs_rr", "ip_vs_wrr", "ip_vs_sh", "ip_set", "autofs4", "loop", "squashfs",
+	"nft_chain_nat", "nft_ct", "nft_nat", "nft_masq", "nft_numgen", "nft_reject", "nft_reject_inet", "nft_reject_ipv4",
+	"nft_fib", "nft_fib_inet", "nft_fib_ipv4", "nft_limit", "nft_hash", "nft_redir", "ip_vs", "ip_vs_rr", "ip_vs_wrr", "ip_vs_sh", "ip_set", "autofs4", "loop", "squashfs",
 	"virtio_net", "virtio_blk", "virtio_pci", "virtio_console", "tls", "configfs", "efivarfs",
 }
 
@@ -77,6 +79,7 @@ func (n *Node) Write(overlay string) ([]string, error) {
 		"etc/sysctl.d/90-gpurack-kubernetes.conf":        sysctls,
 		"etc/modules-load.d/gpurack-kubernetes.conf":     "overlay\nbr_netfilter\nnf_conntrack\n",
 		"etc/systemd/system/kubelet.service":             kubeletUnit,
+		"etc/systemd/system/kube-proxy.service":          kubeProxyUnit,
 		"etc/systemd/system/gpurack-images.service":      imagesUnit(n.PauseTag, n.Images),
 		"etc/systemd/system/gpurack-boot-report.service": bootReportUnit,
 		"usr/lib/gpurack/boot-report":                    bootReport,
@@ -105,6 +108,12 @@ func (n *Node) Write(overlay string) ([]string, error) {
 		"usr/bin/kubelet":  {n.Kubelet, 0o755},
 		"usr/bin/gpuagent": {n.Agent, 0o755},
 		pauseArchive:       {n.PauseImage, 0o644},
+	}
+	if n.KubeProxy != "" {
+		copies["usr/bin/kube-proxy"] = struct {
+			src  string
+			mode os.FileMode
+		}{n.KubeProxy, 0o755}
 	}
 	copies["etc/systemd/system/gpuagent.service"] = struct {
 		src  string
@@ -254,6 +263,22 @@ After=containerd.service gpurack-images.service network-online.target
 
 [Service]
 ExecStart=/usr/bin/kubelet --bootstrap-kubeconfig=/var/lib/kubelet/bootstrap-kubeconfig --kubeconfig=/var/lib/kubelet/kubeconfig --config=/var/lib/kubelet/config.yaml
+Restart=always
+RestartSec=5
+
+[Install]
+WantedBy=multi-user.target
+`
+
+const kubeProxyUnit = `# gpurack: kube-proxy, nftables mode (decision 0602). Not enabled: after the join
+# gpuagent writes its config, which names kubelet's node kubeconfig, and starts it.
+[Unit]
+Description=kube-proxy: Kubernetes Service routing
+Documentation=https://kubernetes.io/docs/reference/command-line-tools-reference/kube-proxy/
+After=kubelet.service network-online.target
+
+[Service]
+ExecStart=/usr/bin/kube-proxy --config=/var/lib/kube-proxy/config.yaml
 Restart=always
 RestartSec=5
 

@@ -33,6 +33,8 @@ const (
 const (
 	BinaryAgent   = "gpuagent"
 	BinaryKubelet = "kubelet"
+	// BinaryKubeProxy is kube-proxy (decision 0602).
+	BinaryKubeProxy = "kube-proxy"
 )
 
 // Driver flavors (the NVIDIA kernel module variants).

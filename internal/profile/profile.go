@@ -131,6 +131,42 @@ type Kubernetes struct {
 	Version string `yaml:"version" json:"version"`
 	// ContainerRuntime is "containerd".
 	ContainerRuntime string `yaml:"containerRuntime,omitempty" json:"containerRuntime"`
+	// PodNetwork is how the node's pod network reaches other nodes; nil: the
+	// defaults (PodNetworkSettings).
+	PodNetwork *PodNetwork `yaml:"podNetwork,omitempty" json:"podNetwork,omitempty"`
+}
+
+// PodNetwork settings (agent/podnet, decision 0601).
+type PodNetwork struct {
+	// Backend is flannel's backend: "vxlan" (the default; works across L3) or
+	// "host-gw" (plain routes; every node on one L2 segment).
+	Backend string `yaml:"backend,omitempty" json:"backend,omitempty"`
+	// PodSubnet is the cluster's networking.podSubnet (flannel's Network, outside
+	// which pod traffic is masqueraded); default 10.244.0.0/16, controlplane-bootstrap's
+	// default. The agent refuses a node whose podCIDR lies outside it.
+	PodSubnet string `yaml:"podSubnet,omitempty" json:"podSubnet,omitempty"`
+}
+
+// Pod network defaults.
+const (
+	DefaultPodNetworkBackend = "vxlan"
+	DefaultPodSubnet         = "10.244.0.0/16"
+)
+
+// PodNetworkSettings are the profile's pod network settings with the defaults filled
+// in (kept out of Canonical, so profiles without the section keep their digest).
+func (k Kubernetes) PodNetworkSettings() PodNetwork {
+	var pn PodNetwork
+	if k.PodNetwork != nil {
+		pn = *k.PodNetwork
+	}
+	if pn.Backend == "" {
+		pn.Backend = DefaultPodNetworkBackend
+	}
+	if pn.PodSubnet == "" {
+		pn.PodSubnet = DefaultPodSubnet
+	}
+	return pn
 }
 
 // ExtraDeb is a vendor .deb that is not in the Debian archive.

@@ -160,6 +160,8 @@ func TestProfileErrors(t *testing.T) {
 		{"withdraw XID twice", nvidia, "    nvlinkLinks: 18", "    nvlinkLinks: 18\n  xid:\n    withdraw:\n      - 79\n      - 79", "gpu.xid.withdraw[1]", 22, "listed twice"},
 		{"empty withdraw list", nvidia, "    nvlinkLinks: 18", "    nvlinkLinks: 18\n  xid:\n    withdraw: []", "gpu.xid.withdraw", 20, "disable gpu.xid.fatal"},
 		{"withdraw not a number", nvidia, "    nvlinkLinks: 18", "    nvlinkLinks: 18\n  xid:\n    withdraw: [xid79]", "gpu.xid.withdraw[0]", 20, "whole number"},
+		{"pod network backend", tiny, "  version: v1.34.2", "  version: v1.34.2\n  podNetwork:\n    backend: udp", "kubernetes.podNetwork.backend", 10, "use vxlan or host-gw"},
+		{"pod subnet", tiny, "  version: v1.34.2", "  version: v1.34.2\n  podNetwork:\n    podSubnet: 10.244.1.0/16", "kubernetes.podNetwork.podSubnet", 10, "networking.podSubnet"},
 		{"bad mirror", tiny, "  suite: bookworm", "  suite: bookworm\n  mirror: ftp:/x", "base.mirror", 5, "not an http"},
 	}
 	for _, c := range cases {
@@ -232,5 +234,25 @@ func TestImagesField(t *testing.T) {
 	}
 	if got := ArchivePath("profiles/p.yaml", "/srv/a.tar"); got != "/srv/a.tar" {
 		t.Errorf("ArchivePath absolute = %s", got)
+	}
+}
+
+func TestPodNetworkSettings(t *testing.T) {
+	p, err := Parse("p.yaml", []byte(tiny))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := p.Kubernetes.PodNetworkSettings(); got.Backend != "vxlan" || got.PodSubnet != "10.244.0.0/16" {
+		t.Errorf("defaults %+v", got)
+	}
+	if strings.Contains(string(p.Canonical()), "podNetwork") {
+		t.Errorf("defaults leak into the canonical profile: %s", p.Canonical())
+	}
+	p, err = Parse("p.yaml", []byte(strings.Replace(tiny, "  version: v1.34.2", "  version: v1.34.2\n  podNetwork:\n    backend: host-gw\n    podSubnet: 10.42.0.0/16", 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := p.Kubernetes.PodNetworkSettings(); got.Backend != "host-gw" || got.PodSubnet != "10.42.0.0/16" {
+		t.Errorf("settings %+v", got)
 	}
 }

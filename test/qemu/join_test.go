@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -238,11 +239,22 @@ func TestTinyNodeJoin(t *testing.T) {
 	if c := nodeCondition(node, "GPUHealthy"); c != nil {
 		t.Logf("Node %s: GPUHealthy=%s (%s), labels %v", joinNode, c.Status, c.Reason, node.Labels)
 	}
-	if r := nodeCondition(node, corev1.NodeReady); r != nil {
-		// No CNI is installed, so kubelet reports NotReady (NetworkPluginNotReady); the
-		// join does not depend on it.
-		t.Logf("Node %s: Ready=%s (%s)", joinNode, r.Status, r.Reason)
-	}
+	// 4. The pod network (gpuagent's agent/podnet: podCIDR, flannel, the conflist) makes
+	// kubelet report Ready; a pod from the preloaded probe image then gets an address
+	// in the Node's podCIDR and reaches the apiserver through the kubernetes Service's
+	// ClusterIP (kube-proxy, nftables mode).
+	waitFor(t, ctx, nodeToReady, "Node Ready=True (the pod network up)", func() bool {
+		node = getNode()
+		r := nodeCondition(node, corev1.NodeReady)
+		return r != nil && r.Status == corev1.ConditionTrue
+	}, func() string {
+		if r := nodeCondition(node, corev1.NodeReady); r != nil {
+			return fmt.Sprintf("Ready=%s (%s: %s)", r.Status, r.Reason, r.Message)
+		}
+		return "no Ready condition"
+	})
+	t.Logf("Node %s: Ready=True, podCIDR %s", joinNode, node.Spec.PodCIDR)
+	runProbePod(t, ctx, admin, node)
 
 	log := con.text()
 	bootLine := regexp.MustCompile(`gpurack: booted image ` + imageID + ` .*gpuagent\.service=active`)
@@ -251,6 +263,72 @@ func TestTinyNodeJoin(t *testing.T) {
 	}
 	t.Logf("timings: boot -> waiting for approval %s, approve -> Node %s, approve -> ready %s",
 		bootToWait.Round(time.Second), approveToNodeTook.Round(time.Second), time.Since(approved).Round(time.Second))
+}
+
+// probeImage is the tag hack/probe-image.sh gives the probe archive.
+const probeImage = "gpurack.io/probe:v1"
+
+// runProbePod runs the preloaded probe image on node: `probe fetch` of the apiserver's
+// /version through the kubernetes Service's ClusterIP. The pod must succeed (the
+// probe exits 1 on no answer) with an address in the Node's podCIDR.
+func runProbePod(t *testing.T, ctx context.Context, admin kubernetes.Interface, node *corev1.Node) {
+	t.Helper()
+	svc, err := admin.CoreV1().Services(metav1.NamespaceDefault).Get(ctx, "kubernetes", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := fmt.Sprintf("https://%s:%d/version", svc.Spec.ClusterIP, svc.Spec.Ports[0].Port)
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "probe", Namespace: metav1.NamespaceDefault},
+		Spec: corev1.PodSpec{NodeName: node.Name, RestartPolicy: corev1.RestartPolicyNever,
+			Containers: []corev1.Container{{Name: "probe", Image: probeImage, ImagePullPolicy: corev1.PullNever, Args: []string{"fetch", url}}}},
+	}
+	t0 := time.Now()
+	if _, err := admin.CoreV1().Pods(pod.Namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var got *corev1.Pod
+	waitFor(t, ctx, 3*time.Minute, "the probe pod to succeed (fetch "+url+")", func() bool {
+		got, err = admin.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+		if err != nil {
+			return false
+		}
+		if got.Status.Phase == corev1.PodFailed {
+			t.Fatalf("probe pod failed: %s", podStatus(got))
+		}
+		return got.Status.Phase == corev1.PodSucceeded
+	}, func() string { return podStatus(got) })
+	t.Logf("probe pod create -> Succeeded: %s (fetched %s through the ClusterIP)", time.Since(t0).Round(time.Second), url)
+	cidr, err := netip.ParsePrefix(node.Spec.PodCIDR)
+	if err != nil {
+		t.Fatalf("Node podCIDR: %v", err)
+	}
+	ip, err := netip.ParseAddr(got.Status.PodIP)
+	if err != nil || !cidr.Contains(ip) {
+		t.Errorf("probe pod IP %q is not in the Node's podCIDR %s", got.Status.PodIP, cidr)
+	}
+}
+
+// podStatus is a pod's phase and its containers' states, for a failure message.
+func podStatus(p *corev1.Pod) string {
+	if p == nil {
+		return "no pod"
+	}
+	out := fmt.Sprintf("phase %s, IP %q", p.Status.Phase, p.Status.PodIP)
+	for _, c := range p.Status.Conditions {
+		if c.Status != corev1.ConditionTrue {
+			out += fmt.Sprintf("; %s=%s %s", c.Type, c.Status, c.Message)
+		}
+	}
+	for _, c := range p.Status.ContainerStatuses {
+		switch {
+		case c.State.Waiting != nil:
+			out += fmt.Sprintf("; %s waiting: %s %s", c.Name, c.State.Waiting.Reason, c.State.Waiting.Message)
+		case c.State.Terminated != nil:
+			out += fmt.Sprintf("; %s exited %d: %s %s", c.Name, c.State.Terminated.ExitCode, c.State.Terminated.Reason, c.State.Terminated.Message)
+		}
+	}
+	return out
 }
 
 type joinBinaries struct{ gpuimage, gpuboot, controlplane string }
@@ -288,6 +366,12 @@ func buildTinyImage(t *testing.T, root, gpuimage, k8sDir string) (string, string
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The probe image, preloaded (profile images:), for the pod the test runs.
+	probe := exec.Command(filepath.Join(root, "hack", "probe-image.sh"), filepath.Join(tmp, "probe.tar"))
+	if out, err := probe.CombinedOutput(); err != nil {
+		t.Fatalf("hack/probe-image.sh: %v\n%s", err, out)
+	}
+	tiny = append(tiny, []byte("images:\n  - path: probe.tar\n")...)
 	prof := filepath.Join(tmp, "tiny.yaml")
 	if err := os.WriteFile(prof, tiny, 0o644); err != nil {
 		t.Fatal(err)
