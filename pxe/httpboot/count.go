@@ -14,11 +14,13 @@ import (
 type countingWriter struct {
 	http.ResponseWriter
 	count prometheus.Counter
+	sent  int64 // body bytes written through this writer
 }
 
 func (c *countingWriter) Write(p []byte) (int, error) {
 	n, err := c.ResponseWriter.Write(p)
 	c.count.Add(float64(n))
+	c.sent += int64(n)
 	return n, err
 }
 
@@ -31,6 +33,7 @@ func (c *countingWriter) ReadFrom(r io.Reader) (int64, error) {
 		n, err = io.Copy(struct{ io.Writer }{c.ResponseWriter}, r)
 	}
 	c.count.Add(float64(n))
+	c.sent += n
 	return n, err
 }
 

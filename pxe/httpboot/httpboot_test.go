@@ -7,6 +7,7 @@ import (
 	"crypto/rand"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -307,4 +308,58 @@ func TestIPXEFiles(t *testing.T) {
 	if hr.StatusCode != 200 || hr.ContentLength != int64(len(f.kernel)) {
 		t.Errorf("HEAD: %d, length %d", hr.StatusCode, hr.ContentLength)
 	}
+}
+
+// TestImageFileLogged: every image file served leaves one Info line naming the image,
+// the file, the client and the bytes sent, which is how an operator (and the power-on
+// test, test/qemu) sees a machine fetch its kernel, initrd and rootfs.
+func TestImageFileLogged(t *testing.T) {
+	f := newFixture(t)
+	var logged syncLog
+	cfg := f.handler.cfg
+	cfg.Registry = nil
+	cfg.Log = slog.New(slog.NewTextHandler(&logged, nil))
+	h, err := NewHandler(cfg, f.booter)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	url := srv.URL + "/images/" + f.image + "/vmlinuz"
+	if resp, body := get(t, url); resp.StatusCode != 200 || len(body) != len(f.kernel) {
+		t.Fatalf("GET vmlinuz: %d, %d bytes", resp.StatusCode, len(body))
+	}
+	if resp, _ := get(t, url, "Range", "bytes=0-99"); resp.StatusCode != http.StatusPartialContent {
+		t.Fatalf("Range: %d", resp.StatusCode)
+	}
+	lines := strings.Split(strings.TrimSpace(logged.String()), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("want one log line per request, got %d:\n%s", len(lines), logged.String())
+	}
+	for i, want := range []string{
+		fmt.Sprintf(`level=INFO msg="images: sent" image=%s file=vmlinuz to=127.0.0.1 bytes=%d range=false took=`, f.image, len(f.kernel)),
+		fmt.Sprintf(`level=INFO msg="images: sent" image=%s file=vmlinuz to=127.0.0.1 bytes=100 range=true took=`, f.image),
+	} {
+		if !strings.Contains(lines[i], want) {
+			t.Errorf("log line %d:\n%s\nlacks %s", i, lines[i], want)
+		}
+	}
+}
+
+// syncLog is a log sink safe for the server's goroutines.
+type syncLog struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncLog) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncLog) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

@@ -376,7 +376,13 @@ func (h *Handler) serveImageFile(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("ETag", `"sha256:`+a.SHA256+`"`)
 	w.Header().Set("Cache-Control", "public, max-age=31536000, immutable")
 	w.Header().Set("Content-Type", "application/octet-stream")
-	http.ServeContent(&countingWriter{ResponseWriter: w, count: h.metrics.bytes.WithLabelValues("images")}, r, name, img.files[name].stamp.mtime, f)
+	cw := &countingWriter{ResponseWriter: w, count: h.metrics.bytes.WithLabelValues("images")}
+	start := time.Now()
+	http.ServeContent(cw, r, name, img.files[name].stamp.mtime, f)
+	// One line per image file served: which machine fetched which part of its image,
+	// and when (a boot shows as vmlinuz, initrd.img, then rootfs.squashfs).
+	h.log.Info("images: sent", "image", id, "file", name, "to", remoteAddr(r), "bytes", cw.sent,
+		"range", r.Header.Get("Range") != "", "took", time.Since(start).Round(time.Millisecond))
 }
 
 // serveIPXE handles /ipxe/{file}.

@@ -4,6 +4,7 @@ package qemu
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -102,7 +103,7 @@ func TestTinyNodeJoin(t *testing.T) {
 		}
 		t.Logf("reusing image %s from GPURACK_JOIN_IMAGE (key %s): its gpuagent is the one built into it, not this tree's", imageDir, pubKey)
 	} else {
-		imageDir, pubKey = buildTinyImage(t, root, bins.gpuimage, k8sDir)
+		imageDir, pubKey = sharedTinyImage(t, root, bins.gpuimage, k8sDir)
 	}
 	imageID := filepath.Base(imageDir)
 
@@ -515,13 +516,17 @@ type namespacedGpuboot struct {
 	ns, bin    string
 	pin, creds string
 	http       *http.Client
+	log        *syncBuffer // what gpuboot wrote to stdout and stderr
 }
 
-func startNamespacedGpuboot(t *testing.T, env *netnstest.Env, ns, bin, enroller, store, pubKey, imageID string) *namespacedGpuboot {
+// startNamespacedGpuboot starts gpuboot with DHCP and TFTP off, or, when bootNet is
+// given, with those lines of its configuration replaced by bootNet (YAML: interfaces,
+// dhcp and tftp for a boot network).
+func startNamespacedGpuboot(t *testing.T, env *netnstest.Env, ns, bin, enroller, store, pubKey, imageID string, bootNet ...string) *namespacedGpuboot {
 	t.Helper()
 	dir := t.TempDir()
 	g := &namespacedGpuboot{env: env, ns: ns, bin: bin, creds: filepath.Join(dir, "state", "operators", "admin"),
-		http: &http.Client{Transport: &http.Transport{DialContext: nsDial(ns)}, Timeout: 2 * time.Minute}}
+		http: &http.Client{Transport: &http.Transport{DialContext: nsDial(ns)}, Timeout: 2 * time.Minute}, log: &syncBuffer{}}
 	out, err := env.Run(ns, bin, "init", "--state-dir", filepath.Join(dir, "state"), "--advertise", joinHost, "--rack", "r1")
 	if err != nil {
 		t.Fatal(err)
@@ -539,20 +544,19 @@ advertise: %s
 listen: {http: ":8080", tls: ":8443"}
 images: {store: %s, trustedKeys: [%s]}
 racks: [{name: r1, defaultImage: %s}]
-dhcp: {enabled: false}
-tftp: {enabled: false}
+%s
 enrollment: {unknownMachines: discover}
 policy: {approval: manual}
 logLevel: info
 cluster: {kubeconfig: %s}
-`, joinHost, store, pubKey, imageID, enroller)
+`, joinHost, store, pubKey, imageID, cmp.Or(strings.Join(bootNet, "\n"), "dhcp: {enabled: false}\ntftp: {enabled: false}"), enroller)
 	cfgPath := filepath.Join(dir, "gpuboot.yaml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	var log syncBuffer
+	log := g.log
 	cmd := nsCommand(ns, bin, "serve", "--config", cfgPath)
-	cmd.Stdout, cmd.Stderr = &log, &log
+	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -653,10 +657,11 @@ func (g *namespacedGpuboot) bootScript(t *testing.T, ctx context.Context) (kerne
 
 // serialConsole collects QEMU's serial console line by line.
 type serialConsole struct {
-	start time.Time
-	mu    sync.Mutex
-	lines []string
-	done  chan struct{} // closed when QEMU's output ends
+	start   time.Time
+	mu      sync.Mutex
+	lines   []string
+	done    chan struct{} // closed when QEMU's output ends
+	logPath string        // the raw console, as QEMU wrote it
 }
 
 // startJoinQEMU boots kernel and initrd under TCG in ns with user-mode networking and
@@ -669,16 +674,23 @@ func startJoinQEMU(t *testing.T, ns, kernel, initrd, cmdline string) *serialCons
 		"-kernel", kernel, "-initrd", initrd, "-append", cmdline,
 		"-netdev", "user,id=n0", "-device", "virtio-net-pci,netdev=n0,mac="+joinMAC,
 		"-device", "virtio-rng-pci")
+	return startConsole(t, cmd)
+}
+
+// startConsole starts QEMU's cmd (its serial console on stdout) and collects the
+// console. t.Cleanup kills QEMU and waits for its console reader.
+func startConsole(t *testing.T, cmd *exec.Cmd) *serialConsole {
+	t.Helper()
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
 	cmd.Stderr = cmd.Stdout
-	c := &serialConsole{start: time.Now(), done: make(chan struct{})}
+	c := &serialConsole{start: time.Now(), done: make(chan struct{}), logPath: filepath.Join(t.TempDir(), "serial.log")}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	logPath := filepath.Join(t.TempDir(), "serial.log")
+	logPath := c.logPath
 	logFile, err := os.Create(logPath)
 	if err != nil {
 		t.Fatal(err)
