@@ -31,7 +31,7 @@ import (
 const Version = "v1.14.7"
 
 // Image is the reference the archive of `make coredns-image` carries and the
-// Deployment runs. Not registry.k8s.io's name: this is gpurack's own build (a
+// Deployment runs. Not the upstream image's name: this is gpurack's own build (a
 // smaller plugin set), and no node could pull either.
 const Image = "gpurack.io/coredns:" + Version
 
