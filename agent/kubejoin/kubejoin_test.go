@@ -157,8 +157,13 @@ func TestSimulatedJoin(t *testing.T) {
 	mon.Kick()
 	waitAllocatable(7, "after XID 79 on GPU 3")
 	t.Logf("injected GPU loss (XID 79) -> allocatable nvidia.com/gpu 7 in the apiserver after %v", time.Since(injected).Round(time.Millisecond))
-	if c, _ := waitCondition(corev1.ConditionTrue, "after XID 79"); c.Reason != "GPUsWithdrawn" || !strings.Contains(c.Message, "GPU 3 withdrawn") {
-		t.Errorf("GPUHealthy True reason %q message %q; want GPUsWithdrawn naming GPU 3", c.Reason, c.Message)
+	// The condition and allocatable are written by separate updates: wait for the
+	// condition's reason too, instead of reading it once.
+	for c, _ := waitCondition(corev1.ConditionTrue, "after XID 79"); c.Reason != "GPUsWithdrawn" || !strings.Contains(c.Message, "GPU 3 withdrawn"); c, _ = waitCondition(corev1.ConditionTrue, "after XID 79") {
+		if ctx.Err() != nil {
+			t.Fatalf("GPUHealthy True reason %q message %q; want GPUsWithdrawn naming GPU 3", c.Reason, c.Message)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 	s.Clear()
 	mon.GPUsReset([]int{3})
