@@ -274,7 +274,7 @@ func (s *Service) tryAdvance(ctx context.Context, rack string) ([]string, error)
 		return nil, err
 	}
 	s.log.Info("gossip key rotation advanced: every live agent of the rack has the ring", "rack", rack,
-		"from", phaseWord(ring.Phase()), "to", phaseWord(next.Phase()), "primary", bootv1.GossipKeyFingerprint(next.Primary))
+		"from", PhaseWord(ring.Phase()), "to", PhaseWord(next.Phase()), "primary", bootv1.GossipKeyFingerprint(next.Primary))
 	return nil, nil
 }
 
@@ -322,7 +322,7 @@ func (s *Service) RotateGossipKey(ctx context.Context, rack string) (*bootv1.Gos
 	}
 	if p := r.ring.Phase(); p != bootv1.GossipRotationPhase_GOSSIP_ROTATION_PHASE_STEADY {
 		s.rings.mu.Unlock()
-		return nil, status.Errorf(codes.FailedPrecondition, "rack %s is already rotating its gossip key (%s); see `gpuboot gossip status %s`", rack, phaseWord(p), rack)
+		return nil, status.Errorf(codes.FailedPrecondition, "rack %s is already rotating its gossip key (%s); see `gpuboot gossip status %s`", rack, PhaseWord(p), rack)
 	}
 	key := make([]byte, 32)
 	if _, err := rand.Read(key); err != nil {
@@ -379,7 +379,7 @@ func (s *Service) ringStatus(ctx context.Context, rack string) (*bootv1.GossipKe
 	return st, nil
 }
 
-// phaseWord is a phase's text form: "steady", "installing", "retiring".
-func phaseWord(p bootv1.GossipRotationPhase) string {
+// PhaseWord is a phase's text form: "steady", "installing", "retiring".
+func PhaseWord(p bootv1.GossipRotationPhase) string {
 	return strings.ToLower(strings.TrimPrefix(p.String(), "GOSSIP_ROTATION_PHASE_"))
 }

@@ -29,9 +29,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
-	"github.com/gpurack/gpurack/controlplane-bootstrap/testcluster"
 	"github.com/gpurack/gpurack/imagebuilder/build"
-	"github.com/gpurack/gpurack/imagebuilder/buildtest"
 	"github.com/gpurack/gpurack/internal/netnstest"
 	"github.com/gpurack/gpurack/internal/testreq"
 )
@@ -82,29 +80,7 @@ const (
 // serial console, which the test logs.
 func TestTinyNodeJoin(t *testing.T) {
 	testreq.Tool(t, "qemu-system-x86_64", "apt-get install qemu-system-x86 (make deps installs it)")
-	reuse := os.Getenv("GPURACK_JOIN_IMAGE")
-	var k8sDir string
-	if reuse == "" {
-		k8sDir = buildtest.RequireImageTools(t, "go")
-	}
-	testcluster.Require(t)
-	netnstest.Require(t)
-	root, err := filepath.Abs("../..")
-	if err != nil {
-		t.Fatal(err)
-	}
-	bins := buildJoinBinaries(t, root)
-
-	var imageDir, pubKey string
-	if reuse != "" {
-		imageDir, pubKey = reuse, os.Getenv("GPURACK_JOIN_IMAGE_PUBKEY")
-		if pubKey == "" {
-			pubKey = filepath.Join(build.DefaultCacheDir(), "signing-key.pub.pem")
-		}
-		t.Logf("reusing image %s from GPURACK_JOIN_IMAGE (key %s): its gpuagent is the one built into it, not this tree's", imageDir, pubKey)
-	} else {
-		imageDir, pubKey = sharedTinyImage(t, root, bins.gpuimage, k8sDir)
-	}
+	bins, imageDir, pubKey := joinImage(t)
 	imageID := filepath.Base(imageDir)
 
 	env := netnstest.New(t)

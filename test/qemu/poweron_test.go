@@ -19,9 +19,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
-	"github.com/gpurack/gpurack/controlplane-bootstrap/testcluster"
-	"github.com/gpurack/gpurack/imagebuilder/build"
-	"github.com/gpurack/gpurack/imagebuilder/buildtest"
 	"github.com/gpurack/gpurack/internal/netnstest"
 	"github.com/gpurack/gpurack/internal/testreq"
 )
@@ -69,28 +66,7 @@ func TestPowerOnToNode(t *testing.T) {
 	testreq.Tool(t, "qemu-system-x86_64", "apt-get install qemu-system-x86 (make deps installs it)")
 	testreq.Tool(t, "dnsmasq", "apt-get install dnsmasq-base (make deps installs it)")
 	testreq.File(t, poweronROM, "apt-get install ipxe-qemu (make deps installs it)")
-	reuse := os.Getenv("GPURACK_JOIN_IMAGE")
-	var k8sDir string
-	if reuse == "" {
-		k8sDir = buildtest.RequireImageTools(t, "go")
-	}
-	testcluster.Require(t)
-	netnstest.Require(t)
-	root, err := filepath.Abs("../..")
-	if err != nil {
-		t.Fatal(err)
-	}
-	bins := buildJoinBinaries(t, root)
-	var imageDir, pubKey string
-	if reuse != "" {
-		imageDir, pubKey = reuse, os.Getenv("GPURACK_JOIN_IMAGE_PUBKEY")
-		if pubKey == "" {
-			pubKey = filepath.Join(build.DefaultCacheDir(), "signing-key.pub.pem")
-		}
-		t.Logf("reusing image %s from GPURACK_JOIN_IMAGE (key %s)", imageDir, pubKey)
-	} else {
-		imageDir, pubKey = sharedTinyImage(t, root, bins.gpuimage, k8sDir)
-	}
+	bins, imageDir, pubKey := joinImage(t)
 	imageID := filepath.Base(imageDir)
 
 	env := netnstest.New(t)

@@ -10,6 +10,11 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
+
+	"github.com/gpurack/gpurack/controlplane-bootstrap/testcluster"
+	"github.com/gpurack/gpurack/imagebuilder/build"
+	"github.com/gpurack/gpurack/imagebuilder/buildtest"
+	"github.com/gpurack/gpurack/internal/netnstest"
 )
 
 // tiny is the tiny image that the tests of this package share: it is built once per
@@ -102,4 +107,33 @@ func TestMain(m *testing.M) {
 		os.RemoveAll(tiny.dir)
 	}
 	os.Exit(code)
+}
+
+// joinImage is what both QEMU join tests start from: the tools they need, the binaries
+// built from this tree, and the tiny image (built once per package run, or the one
+// GPURACK_JOIN_IMAGE names, with GPURACK_JOIN_IMAGE_PUBKEY or gpuimage's default key).
+func joinImage(t *testing.T) (bins joinBinaries, imageDir, pubKey string) {
+	t.Helper()
+	reuse := os.Getenv("GPURACK_JOIN_IMAGE")
+	var k8sDir string
+	if reuse == "" {
+		k8sDir = buildtest.RequireImageTools(t, "go")
+	}
+	testcluster.Require(t)
+	netnstest.Require(t)
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bins = buildJoinBinaries(t, root)
+	if reuse != "" {
+		imageDir, pubKey = reuse, os.Getenv("GPURACK_JOIN_IMAGE_PUBKEY")
+		if pubKey == "" {
+			pubKey = filepath.Join(build.DefaultCacheDir(), "signing-key.pub.pem")
+		}
+		t.Logf("reusing image %s from GPURACK_JOIN_IMAGE (key %s): its gpuagent is the one built into it, not this tree's", imageDir, pubKey)
+		return bins, imageDir, pubKey
+	}
+	imageDir, pubKey = sharedTinyImage(t, root, bins.gpuimage, k8sDir)
+	return bins, imageDir, pubKey
 }

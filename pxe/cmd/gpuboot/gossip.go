@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
+	"github.com/gpurack/gpurack/pxe/enroll"
 )
 
 func newGossipCommand() *cobra.Command {
@@ -80,7 +81,7 @@ func waitGossipSteady(w io.Writer, c bootv1.AdminServiceClient, rack string, st 
 	for st.GetPhase() != bootv1.GossipRotationPhase_GOSSIP_ROTATION_PHASE_STEADY {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("rotation of rack %s still %s after %s; waiting for %s (see gpuboot gossip status %s)",
-				rack, phaseText(st.GetPhase()), wait, strings.Join(st.GetBehind(), ", "), rack)
+				rack, enroll.PhaseWord(st.GetPhase()), wait, strings.Join(st.GetBehind(), ", "), rack)
 		}
 		time.Sleep(2 * time.Second)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -99,7 +100,7 @@ func waitGossipSteady(w io.Writer, c bootv1.AdminServiceClient, rack string, st 
 }
 
 func printGossipStatus(w io.Writer, st *bootv1.GossipKeyStatus) {
-	fmt.Fprintf(w, "rack %s: %s, encrypting with key %s", st.GetRack(), phaseText(st.GetPhase()), st.GetPrimaryFingerprint())
+	fmt.Fprintf(w, "rack %s: %s, encrypting with key %s", st.GetRack(), enroll.PhaseWord(st.GetPhase()), st.GetPrimaryFingerprint())
 	if acc := st.GetAcceptedFingerprints(); len(acc) > 0 {
 		fmt.Fprintf(w, ", also accepting %s", strings.Join(acc, ", "))
 	}
@@ -110,10 +111,6 @@ func printGossipStatus(w io.Writer, st *bootv1.GossipKeyStatus) {
 	if b := st.GetBehind(); len(b) > 0 {
 		fmt.Fprintf(w, "  waiting for %d agent(s) to report the ring: %s\n", len(b), strings.Join(b, ", "))
 	}
-}
-
-func phaseText(p bootv1.GossipRotationPhase) string {
-	return strings.ToLower(strings.TrimPrefix(p.String(), "GOSSIP_ROTATION_PHASE_"))
 }
 
 func newOperatorsCommand() *cobra.Command {
