@@ -85,7 +85,7 @@ e2e-slow: deps ## build the NVIDIA images with their kernel modules (about 20 mi
 	PATH="$(TOOLS):$$PATH" GPURACK_E2E_SLOW=1 $(GO) test $(TEST_FLAGS) -v -run 'TestNvidiaImages' ./imagebuilder/cmd/gpuimage/
 
 .PHONY: bench
-bench: bench-go bench-pxe bench-image bench-doc ## every benchmark; writes docs/benchmarks.md, one section per target
+bench: bench-go bench-pxe bench-image bench-node bench-doc ## every benchmark; writes docs/benchmarks.md, one section per target
 
 .PHONY: bench-doc
 bench-doc: ## reassemble docs/benchmarks.md from the sections in docs/bench/ (each bench-* target does this too)
@@ -98,6 +98,10 @@ bench-image: ## cold and warm gpuimage build of tiny, artifact sizes, squashfs a
 .PHONY: bench-image-nvidia
 bench-image-nvidia: ## the same for debian13-nvidia550: module build chroot and compile included (about 20 min)
 	imagebuilder/hack/bench.sh profiles/debian13-nvidia550.yaml
+
+.PHONY: bench-node
+bench-node: deps ## the QEMU node: Node Ready, pod start, the Service's first packet against the endpoint (about 8 min a run; RUNS=3)
+	PATH="$(TOOLS):$$PATH" test/bench/node.sh
 
 .PHONY: bench-go
 bench-go: ## Go benchmarks; writes the "go" section of docs/benchmarks.md

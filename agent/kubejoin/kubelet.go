@@ -4,6 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
 
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
@@ -46,6 +50,43 @@ type KubeletJoin struct {
 	ClusterDNS    []string
 	ClusterDomain string
 	CgroupDriver  string // "systemd" or "cgroupfs" (DetectCgroupDriver)
+	// ResolvConf is kubelet's resolvConf, the resolvers pods with dnsPolicy Default
+	// (CoreDNS) get and ClusterFirst pods' search path; empty: kubelet's default,
+	// /etc/resolv.conf (DetectResolvConf).
+	ResolvConf string
+}
+
+// ResolvedUpstream is systemd-resolved's list of the machine's real resolvers.
+const ResolvedUpstream = "/run/systemd/resolve/resolv.conf"
+
+// DetectResolvConf returns the resolv.conf kubelet should hand pods, as kubeadm
+// decides it: where /etc/resolv.conf (under root) names only systemd-resolved's stub
+// (127.0.0.53), the upstream list resolved keeps, ResolvedUpstream; otherwise ""
+// (kubelet's default). A pod's loopback is its own: the stub there is nobody, or,
+// for CoreDNS listening on every address, CoreDNS itself, whose loop plugin then
+// stops it ("Loop ... detected").
+func DetectResolvConf(root string) string {
+	data, err := os.ReadFile(filepath.Join(root, "etc/resolv.conf"))
+	if err != nil {
+		return ""
+	}
+	stubOnly, found := true, false
+	for _, l := range strings.Split(string(data), "\n") {
+		f := strings.Fields(l)
+		if len(f) >= 2 && f[0] == "nameserver" {
+			found = true
+			if ip, err := netip.ParseAddr(f[1]); err != nil || !ip.IsLoopback() {
+				stubOnly = false
+			}
+		}
+	}
+	if !found || !stubOnly {
+		return ""
+	}
+	if _, err := os.Stat(filepath.Join(root, ResolvedUpstream)); err != nil {
+		return ""
+	}
+	return ResolvedUpstream
 }
 
 // TaintSpec is a taint as kubelet's registerWithTaints takes it.
@@ -104,6 +145,9 @@ func KubeletConfig(j KubeletJoin) ([]byte, error) {
 	}
 	if j.ClusterDomain != "" {
 		cfg["clusterDomain"] = j.ClusterDomain
+	}
+	if j.ResolvConf != "" {
+		cfg["resolvConf"] = j.ResolvConf
 	}
 	return yaml.Marshal(cfg)
 }

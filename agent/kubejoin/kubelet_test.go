@@ -135,3 +135,49 @@ func TestStartKubelet(t *testing.T) {
 		t.Error("no cgroup driver accepted")
 	}
 }
+
+// TestDetectResolvConf: only a resolv.conf naming nothing but systemd-resolved's stub
+// sends kubelet to resolved's upstream list, and only where that list exists.
+func TestDetectResolvConf(t *testing.T) {
+	for _, c := range []struct {
+		name, resolv string
+		upstream     bool
+		want         string
+	}{
+		{"stub with resolved's upstream list", "# stub\nnameserver 127.0.0.53\noptions edns0 trust-ad\nsearch .\n", true, ResolvedUpstream},
+		{"stub without the upstream list", "nameserver 127.0.0.53\n", false, ""},
+		{"real resolvers", "nameserver 10.0.2.3\n", true, ""},
+		{"stub and a real resolver", "nameserver 127.0.0.53\nnameserver 192.0.2.1\n", true, ""},
+		{"no nameserver", "search example.org\n", true, ""},
+		{"no resolv.conf", "", true, ""},
+	} {
+		root := t.TempDir()
+		if c.resolv != "" {
+			if err := os.MkdirAll(filepath.Join(root, "etc"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(root, "etc/resolv.conf"), []byte(c.resolv), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if c.upstream {
+			p := filepath.Join(root, ResolvedUpstream)
+			if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(p, []byte("nameserver 10.0.2.3\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got := DetectResolvConf(root); got != c.want {
+			t.Errorf("%s: DetectResolvConf = %q, want %q", c.name, got, c.want)
+		}
+	}
+	cfg, err := KubeletConfig(KubeletJoin{CgroupDriver: "systemd", ResolvConf: ResolvedUpstream})
+	if err != nil || !strings.Contains(string(cfg), "resolvConf: "+ResolvedUpstream) {
+		t.Errorf("KubeletConfig with ResolvConf:\n%s\n%v", cfg, err)
+	}
+	if cfg, _ := KubeletConfig(KubeletJoin{CgroupDriver: "systemd"}); strings.Contains(string(cfg), "resolvConf") {
+		t.Errorf("KubeletConfig without ResolvConf sets one:\n%s", cfg)
+	}
+}

@@ -337,7 +337,8 @@ func (n *node) joinKubelet(ctx context.Context, bundle *bootv1.JoinBundle, label
 		return nil
 	}
 	kj := kubejoin.KubeletJoin{Server: bundle.GetApiServerEndpoint(), ClusterCAPEM: []byte(bundle.GetClusterCaPem()),
-		Token: bundle.GetBootstrapToken(), ClusterDNS: bundle.GetClusterDns(), ClusterDomain: bundle.GetClusterDomain(), CgroupDriver: driver}
+		Token: bundle.GetBootstrapToken(), ClusterDNS: bundle.GetClusterDns(), ClusterDomain: bundle.GetClusterDomain(), CgroupDriver: driver,
+		ResolvConf: kubejoin.DetectResolvConf("/")}
 	for _, t := range bundle.GetNodeTaints() {
 		kj.Taints = append(kj.Taints, kubejoin.TaintSpec{Key: t.GetKey(), Value: t.GetValue(), Effect: t.GetEffect()})
 	}

@@ -82,6 +82,10 @@ func Run(ctx context.Context, cfg Config) error {
 	mtu, masq, via := 0, true, "this node only (no backend configured)"
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	// Whatever flannel started stops when Run returns, error or not (the cancel runs
+	// before the Wait), so a failed attempt can be retried in the same process.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	if cfg.Backend != "" {
 		if !cfg.PodSubnet.IsValid() {
 			return errors.New("pod network: no pod subnet for the " + cfg.Backend + " backend")

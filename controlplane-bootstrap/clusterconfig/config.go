@@ -390,6 +390,26 @@ func (c *Config) LoopbackAdvertised() bool {
 	return err == nil && a.IsLoopback()
 }
 
+// AdvertiseWarning is what to tell an operator whose nodes reach the apiserver on
+// a non-loopback endpoint while it advertises loopback: the kubernetes Service then
+// has no endpoints (--endpoint-reconciler-type=none), so pods on the nodes, the
+// cluster DNS among them, cannot reach the apiserver through its ClusterIP. Empty
+// when there is nothing to say (a loopback-only cluster, or a real advertise address).
+func (c *Config) AdvertiseWarning() string {
+	if !c.LoopbackAdvertised() {
+		return ""
+	}
+	host, _, err := net.SplitHostPort(c.APIServer.Endpoint)
+	if err != nil {
+		return ""
+	}
+	if a, err := netip.ParseAddr(host); (err == nil && a.IsLoopback()) || host == "localhost" {
+		return ""
+	}
+	return fmt.Sprintf("apiServer.advertiseAddress is %s (loopback) while nodes reach the apiserver at %s: the kubernetes Service gets no endpoints, so pods on the nodes (CoreDNS among them) cannot reach the apiserver; set apiServer.advertiseAddress to this host's address that the nodes reach",
+		c.APIServer.AdvertiseAddress, c.APIServer.Endpoint)
+}
+
 // ServiceIP returns the first address of the service subnet (the ClusterIP of
 // the kubernetes Service, a SAN of the apiserver certificate).
 func (c *Config) ServiceIP() net.IP {

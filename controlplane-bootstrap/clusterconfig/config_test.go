@@ -118,3 +118,27 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+// TestAdvertiseWarning: only loopback advertised with nodes on another endpoint is
+// warned about; that cluster's kubernetes Service has no endpoints for pods.
+func TestAdvertiseWarning(t *testing.T) {
+	for _, c := range []struct {
+		yaml string
+		warn bool
+	}{
+		{"", false}, // loopback only: nothing outside this host
+		{"apiServer:\n  endpoint: 10.0.2.2:6443\n", true},
+		{"apiServer:\n  endpoint: cp.example.org:6443\n", true},
+		{"apiServer:\n  advertiseAddress: 10.0.2.2\n  endpoint: 10.0.2.2:6443\n", false},
+		{"apiServer:\n  endpoint: localhost:6443\n", false},
+	} {
+		cfg, err := Parse("cluster.yaml", []byte(c.yaml))
+		if err != nil {
+			t.Fatal(err)
+		}
+		w := cfg.AdvertiseWarning()
+		if (w != "") != c.warn || (c.warn && !strings.Contains(w, "set apiServer.advertiseAddress")) {
+			t.Errorf("%q: AdvertiseWarning = %q, want a warning: %v", c.yaml, w, c.warn)
+		}
+	}
+}

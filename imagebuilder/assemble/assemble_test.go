@@ -85,3 +85,70 @@ kernel/drivers/char/hw_random/virtio-rng.ko:
 		t.Fatalf("err = %v", err)
 	}
 }
+
+// TestModuleClosureSoftdeps is the Debian 6.1 case that left nodes without nftables:
+// nf_tables needs libcrc32c, whose softdep "pre: crc32c" is an alias of crc32c_generic
+// and crc32c_intel; without them libcrc32c, and so nf_tables, fails to load.
+func TestModuleClosureSoftdeps(t *testing.T) {
+	dir := t.TempDir()
+	files := map[string]string{
+		"modules.dep": `kernel/net/netfilter/nf_tables.ko: kernel/net/netfilter/nfnetlink.ko kernel/lib/libcrc32c.ko
+kernel/net/netfilter/nfnetlink.ko:
+kernel/lib/libcrc32c.ko:
+kernel/crypto/crc32c_generic.ko:
+kernel/arch/x86/crypto/crc32c-intel.ko:
+kernel/drivers/a.ko:
+kernel/drivers/b.ko:
+`,
+		"modules.softdep": `# Soft dependencies extracted from modules themselves.
+softdep libcrc32c pre: crc32c
+softdep a post: b missing-module
+softdep b pre: a
+`,
+		"modules.alias": `# Aliases extracted from modules themselves.
+alias crc32c crc32c_intel
+alias crc32c crc32c_generic
+alias crypto-crc32c crc32c_generic
+alias pci:v000010DEd*sv*sd*bc03sc*i* nvidia
+`,
+	}
+	for name, data := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	md, err := ParseModulesDep(filepath.Join(dir, "modules.dep"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	without, err := md.Closure([]string{"nf_tables"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := md.ReadSoftdeps(filepath.Join(dir, "modules.softdep"), filepath.Join(dir, "modules.alias")); err != nil {
+		t.Fatal(err)
+	}
+	got, err := md.Closure([]string{"nf_tables"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"kernel/crypto/crc32c_generic.ko", "kernel/arch/x86/crypto/crc32c-intel.ko", "kernel/lib/libcrc32c.ko",
+		"kernel/net/netfilter/nfnetlink.ko", "kernel/net/netfilter/nf_tables.ko"}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("with softdeps: got %q\nwant %q (without them: %q)", got, want, without)
+	}
+	if len(without) != 3 {
+		t.Fatalf("without softdeps: got %q, want nf_tables, nfnetlink and libcrc32c only", without)
+	}
+	// Softdeps that point at each other are no cycle; one naming nothing is skipped.
+	got, err = md.Closure([]string{"a"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"kernel/drivers/b.ko", "kernel/drivers/a.ko"}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("a's softdeps: got %q, want %q", got, want)
+	}
+	if err := md.ReadSoftdeps(filepath.Join(dir, "none"), filepath.Join(dir, "none")); err != nil {
+		t.Fatalf("missing softdep files: %v", err)
+	}
+}

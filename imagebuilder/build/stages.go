@@ -375,10 +375,16 @@ func (b *imageBuild) kernel(ctx context.Context) error {
 		return err
 	}
 	builtin := assemble.ParseBuiltin(filepath.Join(b.modDir, "modules.builtin"))
-	if b.nodeMods, err = deps.Closure(rootfs.NodeModules, builtin); err != nil {
+	// The initramfs loads its list by hand, in this order, and needs no softdeps
+	// (gpurack-init stops on a module that fails); the node's modprobe follows
+	// softdeps, so the rootfs ships what they name (libcrc32c's crc32c for nf_tables).
+	if b.initMods, err = deps.Closure(InitModules, builtin); err != nil {
 		return fmt.Errorf("kernel %s: %w", b.kver, err)
 	}
-	if b.initMods, err = deps.Closure(InitModules, builtin); err != nil {
+	if err := deps.ReadSoftdeps(filepath.Join(b.modDir, "modules.softdep"), filepath.Join(b.modDir, "modules.alias")); err != nil {
+		return fmt.Errorf("kernel %s: %w", b.kver, err)
+	}
+	if b.nodeMods, err = deps.Closure(rootfs.NodeModules, builtin); err != nil {
 		return fmt.Errorf("kernel %s: %w", b.kver, err)
 	}
 	return nil

@@ -73,13 +73,16 @@ func (n *Node) Write(overlay string) ([]string, error) {
 		return nil, err
 	}
 	files := map[string]string{
-		"etc/hostname":                                   "",
-		"etc/gpurack/image-id":                           n.ImageID + "\n",
-		"etc/containerd/config.toml":                     containerdConfig(n.PauseTag, n.GPURuntime),
-		"etc/sysctl.d/90-gpurack-kubernetes.conf":        sysctls,
-		"etc/modules-load.d/gpurack-kubernetes.conf":     "overlay\nbr_netfilter\nnf_conntrack\n",
-		"etc/systemd/system/kubelet.service":             kubeletUnit,
-		"etc/systemd/system/kube-proxy.service":          kubeProxyUnit,
+		"etc/hostname":                                "",
+		"etc/gpurack/image-id":                        n.ImageID + "\n",
+		"etc/containerd/config.toml":                  containerdConfig(n.PauseTag, n.GPURuntime),
+		"etc/sysctl.d/90-gpurack-kubernetes.conf":     sysctls,
+		"etc/modules-load.d/gpurack-kubernetes.conf":  "overlay\nbr_netfilter\nnf_conntrack\n",
+		"etc/systemd/system/kubelet.service":          kubeletUnit,
+		"etc/systemd/system/kube-proxy.service":       kubeProxyUnit,
+		"etc/systemd/system/var-lib-containerd.mount": containerdStateMount,
+		"etc/systemd/system/containerd.service.d/gpurack-state.conf": "# gpurack: containerd's state on its own tmpfs (var-lib-containerd.mount).\n" +
+			"[Unit]\nRequiresMountsFor=/var/lib/containerd\n",
 		"etc/systemd/system/gpurack-images.service":      imagesUnit(n.PauseTag, n.Images),
 		"etc/systemd/system/gpurack-boot-report.service": bootReportUnit,
 		"usr/lib/gpurack/boot-report":                    bootReport,
@@ -119,7 +122,7 @@ func (n *Node) Write(overlay string) ([]string, error) {
 		src  string
 		mode os.FileMode
 	}{n.AgentUnit, 0o644}
-	enable := []string{"systemd-networkd.service", "systemd-resolved.service", "gpurack-images.service", "gpurack-boot-report.service", "gpuagent.service"}
+	enable := []string{"var-lib-containerd.mount", "systemd-networkd.service", "systemd-resolved.service", "gpurack-images.service", "gpurack-boot-report.service", "gpuagent.service"}
 	for _, im := range n.Images {
 		dst := strings.TrimPrefix(im.Dst, "/")
 		if !strings.HasPrefix(dst, "usr/share/gpurack/images/") || strings.Contains(dst, "..") || dst == pauseArchive {
@@ -163,6 +166,9 @@ func (n *Node) Write(overlay string) ([]string, error) {
 	}
 	cmds = append(cmds, []string{
 		"depmod -b \"$1\" " + n.KernelVersion,
+		// gpuagent's pod network writes its conflist here (agent/podnet); its unit
+		// opens only this directory of /etc for writing, which must then exist.
+		"install -d -m 0755 \"$1/etc/cni/net.d\"",
 		"systemctl --root=\"$1\" enable " + strings.Join(enable, " "),
 		"printf 'IMAGE_ID=gpurack\\nIMAGE_VERSION=" + n.ImageID + "\\nDEFAULT_HOSTNAME=gpurack\\n' >> \"$1/usr/lib/os-release\"",
 		"rm -f \"$1/etc/apt/sources.list\" && rm -rf \"$1\"/var/lib/apt/lists/* \"$1\"/var/cache/apt/*.bin",
@@ -284,6 +290,30 @@ RestartSec=5
 
 [Install]
 WantedBy=multi-user.target
+`
+
+// containerdStateMount gives containerd's state its own tmpfs. The node's root is
+// an overlay (the verified squashfs under a tmpfs, gpurack-init), and overlayfs
+// cannot take another overlayfs as its upper layer, so containerd's overlayfs
+// snapshots, every container's root, fail to mount there ("invalid argument"). The
+// node is diskless: the state is in memory either way, and goes at power-off as the
+// rest of the root does.
+const containerdStateMount = `# gpurack: containerd's state on tmpfs; overlayfs snapshots cannot stack on the
+# node's overlay root. containerd.service requires it (RequiresMountsFor).
+[Unit]
+Description=containerd state (tmpfs)
+DefaultDependencies=no
+Conflicts=umount.target
+Before=local-fs.target umount.target
+
+[Mount]
+What=tmpfs
+Where=/var/lib/containerd
+Type=tmpfs
+Options=mode=0711,nosuid,nodev
+
+[Install]
+WantedBy=local-fs.target
 `
 
 // pauseArchive is the pause image's archive in the rootfs.

@@ -45,7 +45,7 @@ func TestNodeWrite(t *testing.T) {
 		t.Errorf("containerd config has no sandbox_image:\n%s", data)
 	}
 	all := strings.Join(cmds, "\n")
-	for _, want := range []string{"depmod -b \"$1\" 6.1.0-57-amd64", "enable systemd-networkd.service systemd-resolved.service gpurack-images.service gpurack-boot-report.service gpuagent.service", "dpkg-query"} {
+	for _, want := range []string{"depmod -b \"$1\" 6.1.0-57-amd64", "enable var-lib-containerd.mount systemd-networkd.service systemd-resolved.service gpurack-images.service gpurack-boot-report.service gpuagent.service", "dpkg-query"} {
 		if !strings.Contains(all, want) {
 			t.Errorf("customize commands lack %q:\n%s", want, all)
 		}

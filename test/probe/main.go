@@ -5,8 +5,15 @@
 // Services route.
 //
 //	probe [serve] [-listen :8080]   HTTP: /, /healthz, /resolve?name=N, /fetch?url=U
-//	probe resolve NAME              print NAME's addresses; exit 1 if it does not resolve
-//	probe fetch URL                 GET URL, print the status; exit 1 on no answer
+//	probe resolve NAME [WANT]       print NAME's addresses; exit 1 if it does not resolve
+//	                                (or, with WANT, if WANT is not among them)
+//	probe fetch URL...              GET each URL, print URL, status and the TCP connect
+//	                                time (the first packet's round trip); exit 1 on no
+//	                                answer. The lines also go to the pod's termination
+//	                                message (/dev/termination-log), for a test to read.
+//	probe restart UNIT...           restart the host's systemd units through the system
+//	                                bus (a pod that mounts the host's /run/dbus, as
+//	                                root), each waited for; exit 1 if one fails
 //
 // fetch trusts the pod's service-account CA for https (the apiserver through the
 // kubernetes Service) when the pod has one.
@@ -23,10 +30,15 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
 	"os"
+	"slices"
 	"sort"
+	"strings"
 	"time"
+
+	sdbus "github.com/coreos/go-systemd/v22/dbus"
 )
 
 // serviceAccountCA is where kubelet mounts the cluster CA into a pod.
@@ -35,15 +47,15 @@ const serviceAccountCA = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
 func main() {
 	args := os.Args[1:]
 	cmd := "serve"
-	if len(args) > 0 && (args[0] == "serve" || args[0] == "resolve" || args[0] == "fetch") {
+	if len(args) > 0 && (args[0] == "serve" || args[0] == "resolve" || args[0] == "fetch" || args[0] == "restart") {
 		cmd, args = args[0], args[1:]
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	switch cmd {
 	case "resolve":
-		if len(args) != 1 {
-			fail(errors.New("usage: probe resolve NAME"))
+		if len(args) != 1 && len(args) != 2 {
+			fail(errors.New("usage: probe resolve NAME [WANT]"))
 		}
 		addrs, err := resolve(ctx, args[0])
 		if err != nil {
@@ -52,15 +64,35 @@ func main() {
 		for _, a := range addrs {
 			fmt.Println(a)
 		}
-	case "fetch":
-		if len(args) != 1 {
-			fail(errors.New("usage: probe fetch URL"))
+		if len(args) == 2 && !slices.Contains(addrs, args[1]) {
+			fail(fmt.Errorf("%s resolves to %v, not %s", args[0], addrs, args[1]))
 		}
-		status, err := fetch(ctx, newClient(serviceAccountCA), args[0])
-		if err != nil {
+	case "restart":
+		if len(args) == 0 {
+			fail(errors.New("usage: probe restart UNIT [UNIT]"))
+		}
+		// A unit such as gpuagent (Type=notify) is done once it says it is ready,
+		// which on an emulated machine takes longer than the other commands' limit.
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		if err := restartUnits(ctx, args); err != nil {
 			fail(err)
 		}
-		fmt.Println(status)
+		if len(args) == 0 {
+			fail(errors.New("usage: probe fetch URL [URL]"))
+		}
+		var out strings.Builder
+		for _, u := range args {
+			// A new client each time: every URL pays its own connect.
+			status, connect, err := fetchTimed(ctx, newClient(serviceAccountCA), u)
+			if err != nil {
+				fail(err)
+			}
+			fmt.Fprintf(&out, "%s %s connect=%s\n", u, status, connect)
+		}
+		fmt.Print(out.String())
+		// The termination message is how a test reads this without pod logs.
+		os.WriteFile("/dev/termination-log", []byte(out.String()), 0o644)
 	default:
 		fs := flag.NewFlagSet("serve", flag.ExitOnError)
 		listen := fs.String("listen", ":8080", "address to serve HTTP on")
@@ -117,21 +149,38 @@ func newClient(caFile string) *http.Client {
 // fetch GETs u and returns the response's status line ("200 OK"); any answer is a
 // success, since reaching the server is what is probed.
 func fetch(ctx context.Context, c *http.Client, u string) (string, error) {
+	status, _, err := fetchTimed(ctx, c, u)
+	return status, err
+}
+
+// fetchTimed is fetch that also says how long the TCP connect took: SYN to SYN-ACK,
+// the first packet's round trip (through kube-proxy's DNAT for a ClusterIP).
+func fetchTimed(ctx context.Context, c *http.Client, u string) (string, time.Duration, error) {
+	var connectStart time.Time
+	var connect time.Duration
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		ConnectStart: func(string, string) { connectStart = time.Now() },
+		ConnectDone: func(_, _ string, err error) {
+			if err == nil {
+				connect = time.Since(connectStart)
+			}
+		},
+	})
 	pu, err := url.Parse(u)
 	if err != nil || (pu.Scheme != "http" && pu.Scheme != "https") || pu.Host == "" {
-		return "", fmt.Errorf("url %q: want an http or https URL", u)
+		return "", 0, fmt.Errorf("url %q: want an http or https URL", u)
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
-		return "", err
+		return "", 0, err
 	}
 	resp, err := c.Do(req)
 	if err != nil {
-		return "", err
+		return "", 0, err
 	}
 	defer resp.Body.Close()
 	io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
-	return resp.Status, nil
+	return resp.Status, connect, nil
 }
 
 // newHandler serves the probe's HTTP endpoints; every answer is JSON but /.
@@ -162,4 +211,30 @@ func reply(w http.ResponseWriter, v map[string]any, err error) {
 		v = map[string]any{"error": err.Error()}
 	}
 	json.NewEncoder(w).Encode(v)
+}
+
+// restartUnits restarts each unit through systemd's D-Bus API and waits for the job.
+func restartUnits(ctx context.Context, units []string) error {
+	conn, err := sdbus.NewSystemConnectionContext(ctx)
+	if err != nil {
+		return fmt.Errorf("system bus (mount the host's /run/dbus and run as root): %w", err)
+	}
+	defer conn.Close()
+	for _, u := range units {
+		done := make(chan string, 1)
+		start := time.Now()
+		if _, err := conn.RestartUnitContext(ctx, u, "replace", done); err != nil {
+			return fmt.Errorf("restart %s: %w", u, err)
+		}
+		select {
+		case r := <-done:
+			if r != "done" {
+				return fmt.Errorf("restart %s: job %s", u, r)
+			}
+		case <-ctx.Done():
+			return fmt.Errorf("restart %s: %w", u, ctx.Err())
+		}
+		fmt.Printf("restarted %s in %s\n", u, time.Since(start).Round(time.Millisecond))
+	}
+	return nil
 }

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gpurack/gpurack/imagebuilder/ociarchive"
 	"github.com/gpurack/gpurack/internal/testreq"
@@ -65,6 +66,20 @@ func TestFetchTrustsServiceAccountCA(t *testing.T) {
 	os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o644)
 	if status, err := fetch(t.Context(), newClient(ca), srv.URL); err != nil || status != "200 OK" {
 		t.Errorf("fetch with the CA: %q %v", status, err)
+	}
+}
+
+// TestFetchTimedMeasuresConnect: the connect time is the TCP handshake of this
+// request, set (non-zero) for a fresh connection and zero on an error.
+func TestFetchTimedMeasuresConnect(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer srv.Close()
+	status, connect, err := fetchTimed(t.Context(), &http.Client{Transport: &http.Transport{}}, srv.URL)
+	if err != nil || status != "200 OK" || connect <= 0 || connect > time.Minute {
+		t.Errorf("fetchTimed = %q, connect %s, %v; want 200 OK and a connect time", status, connect, err)
+	}
+	if _, connect, err := fetchTimed(t.Context(), &http.Client{}, "ftp://x"); err == nil || connect != 0 {
+		t.Errorf("fetchTimed of an ftp URL = connect %s, %v; want an error", connect, err)
 	}
 }
 

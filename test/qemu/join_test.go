@@ -23,12 +23,14 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
 	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
+	"github.com/gpurack/gpurack/controlplane-bootstrap/clusterdns"
 	"github.com/gpurack/gpurack/imagebuilder/build"
 	"github.com/gpurack/gpurack/internal/netnstest"
 	"github.com/gpurack/gpurack/internal/testreq"
@@ -44,6 +46,7 @@ const (
 	joinHTTP    = joinHost + ":8080"
 	joinTLS     = joinHost + ":8443"
 	joinMAC     = "52:54:00:e2:e0:10"
+	joinGuestIP = "10.0.2.15" // the guest's slirp address, its Node's InternalIP
 	joinSerial  = "GPR-JOIN-0001"
 	joinUUID    = "5e1f0c2a-8d4b-4f7e-9a61-0c3d2b1a0e10"
 	joinNode    = "gpu-r1-qemu"
@@ -123,6 +126,7 @@ func TestTinyNodeJoin(t *testing.T) {
 		}
 	}
 
+	env.AddAddr(netnstest.Link{Name: "lo", Netns: ns}, joinGuestIP+"/32")
 	con := startJoinQEMU(t, ns, kernel, initrd, cmdline)
 
 	// 1. The agent registers and shows the wait, and the key to approve, on the console.
@@ -181,8 +185,8 @@ func TestTinyNodeJoin(t *testing.T) {
 	if !hasAddress(node, corev1.NodeHostName, joinNode) || node.Labels[corev1.LabelHostname] != joinNode {
 		t.Errorf("Node %s: addresses %v, label %s=%q: the guest's hostname is not the node name", joinNode, node.Status.Addresses, corev1.LabelHostname, node.Labels[corev1.LabelHostname])
 	}
-	if !hasAddress(node, corev1.NodeInternalIP, "10.0.2.15") {
-		t.Errorf("Node %s addresses %v: no InternalIP 10.0.2.15 (the guest's slirp address)", joinNode, node.Status.Addresses)
+	if !hasAddress(node, corev1.NodeInternalIP, joinGuestIP) {
+		t.Errorf("Node %s addresses %v: no InternalIP %s (the guest's slirp address)", joinNode, node.Status.Addresses, joinGuestIP)
 	}
 	if !strings.Contains(node.Status.NodeInfo.ContainerRuntimeVersion, "containerd://") {
 		t.Errorf("Node %s container runtime %q, want the image's containerd", joinNode, node.Status.NodeInfo.ContainerRuntimeVersion)
@@ -216,31 +220,26 @@ func TestTinyNodeJoin(t *testing.T) {
 	if c := nodeCondition(node, "GPUHealthy"); c != nil {
 		t.Logf("Node %s: GPUHealthy=%s (%s), labels %v", joinNode, c.Status, c.Reason, node.Labels)
 	}
-	// 4. The pod network (gpuagent's agent/podnet: podCIDR, flannel, the conflist) makes
-	// kubelet report Ready; a pod from the preloaded probe image then gets an address
-	// in the Node's podCIDR and reaches the apiserver through the kubernetes Service's
-	// ClusterIP (kube-proxy, nftables mode).
-	// In CI on this tree the Node stays NotReady ("cni plugin not initialized": the
-	// conflist is not written once flannel starts), so the assertion waits behind
-	// tinyNodeGoesReady (poweron_test.go) until the pod network is proven in QEMU.
-	if !tinyNodeGoesReady {
-		r := nodeCondition(getNode(), corev1.NodeReady)
-		if r != nil {
-			t.Logf("Node %s: Ready=%s (%s: %s); tinyNodeGoesReady is false, so Ready and the probe pod are not required", joinNode, r.Status, r.Reason, r.Message)
+	// 4. The pod network (gpuagent's agent/podnet: podCIDR, flannel vxlan, the
+	// conflist) makes kubelet report Ready.
+	waitFor(t, ctx, nodeToReady, "Node Ready=True (the pod network up)", func() bool {
+		node = getNode()
+		r := nodeCondition(node, corev1.NodeReady)
+		return r != nil && r.Status == corev1.ConditionTrue
+	}, func() string {
+		if r := nodeCondition(node, corev1.NodeReady); r != nil {
+			return fmt.Sprintf("Ready=%s (%s: %s)", r.Status, r.Reason, r.Message)
 		}
-	} else {
-		waitFor(t, ctx, nodeToReady, "Node Ready=True (the pod network up)", func() bool {
-			node = getNode()
-			r := nodeCondition(node, corev1.NodeReady)
-			return r != nil && r.Status == corev1.ConditionTrue
-		}, func() string {
-			if r := nodeCondition(node, corev1.NodeReady); r != nil {
-				return fmt.Sprintf("Ready=%s (%s: %s)", r.Status, r.Reason, r.Message)
-			}
-			return "no Ready condition"
-		})
-		t.Logf("Node %s: Ready=True, podCIDR %s", joinNode, node.Spec.PodCIDR)
+		return "no Ready condition"
+	})
+	t.Logf("Node %s: Ready=True, podCIDR %s", joinNode, node.Spec.PodCIDR)
+	// 5. Pods: the probe reaches the apiserver through the kubernetes Service's
+	// ClusterIP, resolves names through CoreDNS, and still does after gpuagent and
+	// kube-proxy restart. Behind tinyNodeRunsProbePods (poweron_test.go): in QEMU the
+	// probe pod gets its address and runs, but its fetch never ends (see there).
+	if tinyNodeRunsProbePods {
 		runProbePod(t, ctx, admin, node)
+		restartNodeServices(t, ctx, admin, node, con)
 	}
 
 	log := con.text()
@@ -257,7 +256,10 @@ const probeImage = "gpurack.io/probe:v1"
 
 // runProbePod runs the preloaded probe image on node: `probe fetch` of the apiserver's
 // /version through the kubernetes Service's ClusterIP. The pod must succeed (the
-// probe exits 1 on no answer) with an address in the Node's podCIDR.
+// probe exits 1 on no answer) with an address in the Node's podCIDR. Then, once the
+// cluster DNS Deployment (CoreDNS from the preloaded archive) is available, probes
+// resolve kubernetes.default and kube-dns.kube-system.svc through it to their
+// ClusterIPs.
 func runProbePod(t *testing.T, ctx context.Context, admin kubernetes.Interface, node *corev1.Node) {
 	t.Helper()
 	svc, err := admin.CoreV1().Services(metav1.NamespaceDefault).Get(ctx, "kubernetes", metav1.GetOptions{})
@@ -265,27 +267,17 @@ func runProbePod(t *testing.T, ctx context.Context, admin kubernetes.Interface, 
 		t.Fatal(err)
 	}
 	url := fmt.Sprintf("https://%s:%d/version", svc.Spec.ClusterIP, svc.Spec.Ports[0].Port)
-	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "probe", Namespace: metav1.NamespaceDefault},
-		Spec: corev1.PodSpec{NodeName: node.Name, RestartPolicy: corev1.RestartPolicyNever,
-			Containers: []corev1.Container{{Name: "probe", Image: probeImage, ImagePullPolicy: corev1.PullNever, Args: []string{"fetch", url}}}},
+	// The peer of the ClusterIP: the apiserver's own endpoint, from the same pod, so
+	// the two connect times differ by kube-proxy's DNAT and little else.
+	eps, err := admin.DiscoveryV1().EndpointSlices(metav1.NamespaceDefault).Get(ctx, "kubernetes", metav1.GetOptions{})
+	if err != nil || len(eps.Endpoints) == 0 || len(eps.Endpoints[0].Addresses) == 0 || len(eps.Ports) == 0 || eps.Ports[0].Port == nil {
+		t.Fatalf("the kubernetes EndpointSlice: %v %v", eps, err)
 	}
+	direct := fmt.Sprintf("https://%s/version", net.JoinHostPort(eps.Endpoints[0].Addresses[0], fmt.Sprint(*eps.Ports[0].Port)))
 	t0 := time.Now()
-	if _, err := admin.CoreV1().Pods(pod.Namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	var got *corev1.Pod
-	waitFor(t, ctx, 3*time.Minute, "the probe pod to succeed (fetch "+url+")", func() bool {
-		got, err = admin.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
-		if err != nil {
-			return false
-		}
-		if got.Status.Phase == corev1.PodFailed {
-			t.Fatalf("probe pod failed: %s", podStatus(got))
-		}
-		return got.Status.Phase == corev1.PodSucceeded
-	}, func() string { return podStatus(got) })
+	got := runProbe(t, ctx, admin, node, "probe", "fetch", url, direct, url)
 	t.Logf("probe pod create -> Succeeded: %s (fetched %s through the ClusterIP)", time.Since(t0).Round(time.Second), url)
+	logNodeFigures(t, node, got)
 	cidr, err := netip.ParsePrefix(node.Spec.PodCIDR)
 	if err != nil {
 		t.Fatalf("Node podCIDR: %v", err)
@@ -294,6 +286,211 @@ func runProbePod(t *testing.T, ctx context.Context, admin kubernetes.Interface, 
 	if err != nil || !cidr.Contains(ip) {
 		t.Errorf("probe pod IP %q is not in the Node's podCIDR %s", got.Status.PodIP, cidr)
 	}
+
+	// Cluster DNS: CoreDNS runs on this node from the image's preloaded archive.
+	dnsSvc, err := admin.CoreV1().Services(clusterdns.Namespace).Get(ctx, clusterdns.ServiceName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("the cluster DNS Service: %v", err)
+	}
+	var dep *appsv1.Deployment
+	t0 = time.Now()
+	waitFor(t, ctx, 3*time.Minute, "the CoreDNS Deployment available (a replica Ready)", func() bool {
+		dep, err = admin.AppsV1().Deployments(clusterdns.Namespace).Get(ctx, clusterdns.Name, metav1.GetOptions{})
+		return err == nil && dep.Status.ReadyReplicas > 0
+	}, func() string {
+		pods, err := admin.CoreV1().Pods(clusterdns.Namespace).List(ctx, metav1.ListOptions{LabelSelector: clusterdns.AppLabel + "=" + clusterdns.AppLabelValue})
+		if err != nil {
+			return err.Error()
+		}
+		var out []string
+		for i := range pods.Items {
+			out = append(out, pods.Items[i].Name+": "+podStatus(&pods.Items[i])+podLogs(ctx, admin, &pods.Items[i]))
+		}
+		return strings.Join(out, "; ")
+	})
+	t.Logf("CoreDNS %d/%d replicas ready %s after the probe (image %s)", dep.Status.ReadyReplicas, *dep.Spec.Replicas,
+		time.Since(t0).Round(time.Second), dep.Spec.Template.Spec.Containers[0].Image)
+	for _, q := range []struct{ pod, name, want string }{
+		{"resolve-kubernetes", "kubernetes.default", svc.Spec.ClusterIP},
+		{"resolve-kube-dns", clusterdns.ServiceName + "." + clusterdns.Namespace + ".svc", dnsSvc.Spec.ClusterIP},
+	} {
+		runProbe(t, ctx, admin, node, q.pod, "resolve", q.name, q.want)
+		t.Logf("a pod resolved %s to %s through the cluster DNS (%s)", q.name, q.want, dnsSvc.Spec.ClusterIP)
+	}
+}
+
+// restartNodeServices restarts gpuagent.service (and with it the pod network and
+// the device plugin it runs) and kube-proxy.service on the node, from a pod that
+// talks to the node's systemd over the host's system bus, then checks that the pod
+// network comes back (a new "CNI conflist written" on the console), that the Node
+// stays Ready and that a new pod still reaches the apiserver through the kubernetes
+// Service and resolves it through the cluster DNS.
+func restartNodeServices(t *testing.T, ctx context.Context, admin kubernetes.Interface, node *corev1.Node, con *serialConsole) {
+	t.Helper()
+	conflistUp := regexp.MustCompile(`gpuagent: pod network: podCIDR \S+ via .*CNI conflist \S+ written`)
+	before := len(conflistUp.FindAllString(con.text(), -1))
+	if before == 0 {
+		t.Fatalf("the console never said the pod network was up (%s)", conflistUp)
+	}
+	root := int64(0)
+	dir := corev1.HostPathDirectory
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "restart-node-services", Namespace: metav1.NamespaceDefault},
+		Spec: corev1.PodSpec{NodeName: node.Name, RestartPolicy: corev1.RestartPolicyNever,
+			Volumes: []corev1.Volume{{Name: "dbus", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/run/dbus", Type: &dir}}}},
+			Containers: []corev1.Container{{Name: "probe", Image: probeImage, ImagePullPolicy: corev1.PullNever,
+				Args:                     []string{"restart", "kube-proxy.service", "gpuagent.service"},
+				SecurityContext:          &corev1.SecurityContext{RunAsUser: &root},
+				VolumeMounts:             []corev1.VolumeMount{{Name: "dbus", MountPath: "/run/dbus"}},
+				TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError}}},
+	}
+	t0 := time.Now()
+	if _, err := admin.CoreV1().Pods(pod.Namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var got *corev1.Pod
+	var err error
+	waitFor(t, ctx, 4*time.Minute, "the pod restarting kube-proxy.service and gpuagent.service to succeed", func() bool {
+		got, err = admin.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+		if err != nil {
+			return false
+		}
+		if got.Status.Phase == corev1.PodFailed {
+			t.Fatalf("restart pod failed: %s", podStatus(got))
+		}
+		return got.Status.Phase == corev1.PodSucceeded
+	}, func() string { return podStatus(got) })
+	t.Logf("kube-proxy.service and gpuagent.service restarted on the node (%s)", time.Since(t0).Round(time.Second))
+	waitFor(t, ctx, 3*time.Minute, "the restarted gpuagent to bring the pod network up again", func() bool {
+		return len(conflistUp.FindAllString(con.text(), -1)) > before
+	}, con.tail)
+	t.Logf("restart -> pod network up again: %s", time.Since(t0).Round(time.Second))
+	if r := nodeCondition(mustNode(t, ctx, admin, node.Name), corev1.NodeReady); r == nil || r.Status != corev1.ConditionTrue {
+		t.Errorf("Node %s after the restarts: Ready %v", node.Name, r)
+	}
+	svc, err := admin.CoreV1().Services(metav1.NamespaceDefault).Get(ctx, "kubernetes", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := fmt.Sprintf("https://%s:%d/version", svc.Spec.ClusterIP, svc.Spec.Ports[0].Port)
+	runProbe(t, ctx, admin, node, "probe-after-restart", "fetch", url)
+	runProbe(t, ctx, admin, node, "resolve-after-restart", "resolve", "kubernetes.default", svc.Spec.ClusterIP)
+	t.Logf("after the restarts a new pod still fetched %s through the Service and resolved kubernetes.default", url)
+}
+
+func mustNode(t *testing.T, ctx context.Context, admin kubernetes.Interface, name string) *corev1.Node {
+	t.Helper()
+	n, err := admin.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("Node %s: %v", name, err)
+	}
+	return n
+}
+
+// logNodeFigures logs what the node benchmark reads off one run (make bench-node,
+// test/bench/node.sh, docs/benchmarks.md): kubelet's Node registration to Ready, the
+// probe pod's create to its container starting (a preloaded image), and the probe's
+// TCP connect times to the apiserver through the kubernetes Service's ClusterIP (the
+// Service's first packet, through kube-proxy's nftables DNAT) and straight to its
+// endpoint (the peer), from the same pod. Logged, never asserted; with
+// GPURACK_NODE_FIGURES=FILE also appended to FILE as "name<TAB>seconds" lines.
+func logNodeFigures(t *testing.T, node *corev1.Node, probe *corev1.Pod) {
+	t.Helper()
+	var rows [][2]string
+	add := func(what string, d time.Duration) {
+		rows = append(rows, [2]string{what, fmt.Sprintf("%.6f", d.Seconds())})
+	}
+	if r := nodeCondition(node, corev1.NodeReady); r != nil && r.Status == corev1.ConditionTrue {
+		add("kubelet registers the Node -> Node Ready", r.LastTransitionTime.Sub(node.CreationTimestamp.Time))
+	}
+	for _, c := range probe.Status.ContainerStatuses {
+		term := c.State.Terminated
+		if term == nil {
+			continue
+		}
+		add("pod create -> container started (preloaded image)", term.StartedAt.Sub(probe.CreationTimestamp.Time))
+		for i, l := range strings.Split(strings.TrimSpace(term.Message), "\n") {
+			f := strings.Fields(l)
+			if len(f) < 2 || !strings.HasPrefix(f[len(f)-1], "connect=") {
+				continue
+			}
+			d, err := time.ParseDuration(strings.TrimPrefix(f[len(f)-1], "connect="))
+			if err != nil {
+				continue
+			}
+			what := "TCP connect through the ClusterIP (Service first packet)"
+			switch i {
+			case 1:
+				what = "TCP connect to the endpoint directly (peer)"
+			case 2:
+				what = "TCP connect through the ClusterIP, second connection"
+			}
+			add(what, d)
+		}
+	}
+	var b strings.Builder
+	b.WriteString("node figures (QEMU -accel tcg, this run):\n")
+	for _, r := range rows {
+		fmt.Fprintf(&b, "  %-58s %ss\n", r[0], r[1])
+	}
+	t.Log(b.String())
+	if path := os.Getenv("GPURACK_NODE_FIGURES"); path != "" {
+		f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+		if err != nil {
+			t.Errorf("GPURACK_NODE_FIGURES: %v", err)
+			return
+		}
+		defer f.Close()
+		for _, r := range rows {
+			fmt.Fprintf(f, "%s\t%s\n", r[0], r[1])
+		}
+	}
+}
+
+// runProbe runs the probe image with args in a pod named name on node and waits for
+// it to succeed; a failed pod fails the test with its last output.
+func runProbe(t *testing.T, ctx context.Context, admin kubernetes.Interface, node *corev1.Node, name string, args ...string) *corev1.Pod {
+	t.Helper()
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: metav1.NamespaceDefault},
+		Spec: corev1.PodSpec{NodeName: node.Name, RestartPolicy: corev1.RestartPolicyNever,
+			Containers: []corev1.Container{{Name: "probe", Image: probeImage, ImagePullPolicy: corev1.PullNever, Args: args,
+				TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError}}},
+	}
+	if _, err := admin.CoreV1().Pods(pod.Namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var got *corev1.Pod
+	var err error
+	waitFor(t, ctx, 3*time.Minute, "the "+name+" pod to succeed (probe "+strings.Join(args, " ")+")", func() bool {
+		got, err = admin.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+		if err != nil {
+			return false
+		}
+		if got.Status.Phase == corev1.PodFailed {
+			t.Fatalf("%s pod failed: %s%s", name, podStatus(got), podLogs(ctx, admin, got))
+		}
+		return got.Status.Phase == corev1.PodSucceeded
+	}, func() string { return podStatus(got) + podLogs(ctx, admin, got) })
+	return got
+}
+
+// podLogs is the tail of a pod's log through the apiserver (which reaches kubelet at
+// the Node's InternalIP, forwarded by QEMU), for a failure message.
+func podLogs(ctx context.Context, admin kubernetes.Interface, p *corev1.Pod) string {
+	if p == nil {
+		return ""
+	}
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	tail := int64(40)
+	// A container that restarted: the log of the run that ended.
+	previous := len(p.Status.ContainerStatuses) > 0 && p.Status.ContainerStatuses[0].RestartCount > 0
+	out, err := admin.CoreV1().Pods(p.Namespace).GetLogs(p.Name, &corev1.PodLogOptions{TailLines: &tail, Previous: previous}).DoRaw(ctx)
+	if err != nil {
+		return fmt.Sprintf("\n(no log of %s: %v)", p.Name, err)
+	}
+	return fmt.Sprintf("\nlog of %s:\n%s", p.Name, out)
 }
 
 // podStatus is a pod's phase and its containers' states, for a failure message.
@@ -358,7 +555,12 @@ func buildTinyImage(t *testing.T, root, gpuimage, k8sDir string) (string, string
 	if out, err := probe.CombinedOutput(); err != nil {
 		t.Fatalf("hack/probe-image.sh: %v\n%s", err, out)
 	}
-	tiny = append(tiny, []byte("images:\n  - path: probe.tar\n")...)
+	// CoreDNS from pinned source (images/coredns), the cluster DNS Deployment's image.
+	coredns := exec.Command(filepath.Join(root, "hack", "coredns-image.sh"), filepath.Join(tmp, "coredns.tar"))
+	if out, err := coredns.CombinedOutput(); err != nil {
+		t.Fatalf("hack/coredns-image.sh: %v\n%s", err, out)
+	}
+	tiny = append(tiny, []byte("images:\n  - path: probe.tar\n    name: "+probeImage+"\n  - path: coredns.tar\n    name: "+clusterdns.Image+"\n")...)
 	prof := filepath.Join(tmp, "tiny.yaml")
 	if err := os.WriteFile(prof, tiny, 0o644); err != nil {
 		t.Fatal(err)
@@ -416,12 +618,15 @@ func startNamespacedControlPlane(t *testing.T, env *netnstest.Env, ns, bin strin
 	// The default single-node layout, but listening on every address of the namespace
 	// and with the endpoint the guest reaches (its host is added to the serving
 	// certificate's SANs, and it is the server of enroller.kubeconfig and so the
-	// JoinBundle's).
+	// JoinBundle's). The advertise address is that host too: it is the kubernetes
+	// Service's endpoint, which pods (the probe, CoreDNS) reach through the ClusterIP;
+	// the default, loopback, leaves the Service without endpoints.
 	cfg := `apiVersion: gpurack.io/v1alpha1
 kind: ClusterConfig
 clusterName: gpurack-join
 apiServer:
   bindAddress: 0.0.0.0
+  advertiseAddress: ` + joinHost + `
   endpoint: ` + joinAPI + `
 etcd:
   extraArgs: {unsafe-no-fsync: "true"}
@@ -658,7 +863,10 @@ func startJoinQEMU(t *testing.T, ns, kernel, initrd, cmdline string) *serialCons
 		"-display", "none", "-serial", "stdio", "-monitor", "none", "-no-reboot",
 		"-smbios", "type=1,serial="+joinSerial+",uuid="+joinUUID,
 		"-kernel", kernel, "-initrd", initrd, "-append", cmdline,
-		"-netdev", "user,id=n0", "-device", "virtio-net-pci,netdev=n0,mac="+joinMAC,
+		// kubelet's port, forwarded from the guest's own address, which the caller puts
+		// on the namespace's loopback: the apiserver reaches kubelet at the Node's
+		// InternalIP for pod logs, as on a real network.
+		"-netdev", "user,id=n0,hostfwd=tcp:"+joinGuestIP+":10250-:10250", "-device", "virtio-net-pci,netdev=n0,mac="+joinMAC,
 		"-device", "virtio-rng-pci")
 	return startConsole(t, cmd)
 }

@@ -40,12 +40,14 @@ const (
 	poweronROM = "/usr/lib/ipxe/qemu/pxe-virtio.rom"
 )
 
-// tinyNodeGoesReady says whether the tiny node is expected to become Ready and run a
-// pod: that needs node networking (a CNI configuration in the image). While it is false
-// the test records Node Ready when it happens but asserts the join up to the machine
-// being ready; set it to true when the image ships node networking, and the test then
-// also requires Node Ready and a scheduled pod Running.
-const tinyNodeGoesReady = false
+// tinyNodeRunsProbePods says whether TestTinyNodeJoin requires its probe pods: the
+// apiserver through the kubernetes Service's ClusterIP, names through CoreDNS, and the
+// same after gpuagent and kube-proxy restart. It is false: on the QEMU node the probe
+// pod is scheduled, gets an address in the podCIDR and runs, but its `probe fetch`
+// never ends (Running after 3 minutes, though the probe gives up after 10 s), and
+// pod logs through the apiserver did not come back either; the cause is not found
+// yet. Node Ready and a pod Running are required (here and in TestPowerOnToNode).
+const tinyNodeRunsProbePods = false
 
 // TestPowerOnToNode powers on one diskless machine and follows it, with no shortcut,
 // until it is a joined node: QEMU (TCG) starts SeaBIOS, whose virtio-net option ROM is
@@ -192,23 +194,17 @@ tftp: {enabled: true}`, br.Name, joinHost, joinMAC, poweronNodeIP))
 		t.Errorf("the serial console never showed the boot report (%q)", "gpurack: booted image "+imageID)
 	}
 
-	// 4. Node Ready and a pod, once the image has node networking.
-	if tinyNodeGoesReady {
-		waitFor(t, ctx, nodeToReady, "Node "+joinNode+" Ready", func() bool {
-			node = getNode()
-			r := nodeCondition(node, corev1.NodeReady)
-			if node != nil && r != nil && r.Status == corev1.ConditionTrue {
-				ms.record(msNodeReady, r.LastTransitionTime.Time, "Kubernetes API: Ready=True")
-				return true
-			}
-			return false
-		})
-		runFirstPod(t, ctx, admin, ms)
-	} else if node != nil {
-		if r := nodeCondition(node, corev1.NodeReady); r != nil {
-			t.Logf("Node %s: Ready=%s (%s); tinyNodeGoesReady is false, so Ready and a pod are not required", joinNode, r.Status, r.Reason)
+	// 4. Node Ready (the pod network up) and a pod Running.
+	waitFor(t, ctx, nodeToReady, "Node "+joinNode+" Ready", func() bool {
+		node = getNode()
+		r := nodeCondition(node, corev1.NodeReady)
+		if node != nil && r != nil && r.Status == corev1.ConditionTrue {
+			ms.record(msNodeReady, r.LastTransitionTime.Time, "Kubernetes API: Ready=True")
+			return true
 		}
-	}
+		return false
+	})
+	runFirstPod(t, ctx, admin, ms)
 	t.Logf("timings: power-on -> waiting for approval %s, power-on -> machine ready %s", bootToWait.Round(time.Second), con.since().Round(time.Second))
 }
 

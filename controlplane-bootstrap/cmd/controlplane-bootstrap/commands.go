@@ -84,6 +84,9 @@ already running there, it only re-applies the join material.`,
 			}
 			out := cmd.OutOrStdout()
 			printHealth(out, cp)
+			if w := cp.Config.AdvertiseWarning(); w != "" {
+				fmt.Fprintln(errOut, "warning: "+w)
+			}
 			if cp.AlreadyRunning || !foreground {
 				return nil
 			}

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# node.sh: what a booted node costs a workload, on the QEMU node (make bench-node).
+#
+# Runs TestTinyNodeJoin (test/qemu) RUNS times; each run builds and boots the tiny
+# image under QEMU TCG, joins it to a real control plane and runs the probe pods. The
+# test appends its figures (GPURACK_NODE_FIGURES) and this script writes the "node"
+# section of docs/benchmarks.md: kubelet's Node registration to Ready, pod create to
+# container start for a preloaded image, and the TCP connect time through the
+# kubernetes Service's ClusterIP (the Service's first packet, kube-proxy nftables DNAT)
+# against the same connect straight to the endpoint, from the same pod (the peer).
+#
+#   RUNS=3 test/bench/node.sh      three boots (about 8 min each on 2 cores)
+#   OUT=FILE test/bench/node.sh    write the section to FILE instead of docs/bench/
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+. test/bench/lib.sh
+RUNS=${RUNS:-1}
+OUT=${OUT:-}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+figures=$work/figures.tsv
+for i in $(seq 1 "$RUNS"); do
+  echo "node bench: run $i of $RUNS (TestTinyNodeJoin)" >&2
+  GPURACK_NETNS_REQUIRED=1 GPURACK_NODE_FIGURES=$figures go test -count=1 -timeout 40m -run 'TestTinyNodeJoin$' ./test/qemu/ >"$work/run-$i.log" 2>&1 ||
+    { tail -50 "$work/run-$i.log" >&2; echo "node bench: run $i failed (log above)" >&2; exit 1; }
+done
+commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+git diff --quiet HEAD -- 2>/dev/null || commit="$commit + local changes"
+ms() { # NAME -> "median (min–max)" in ms
+  set -- $(awk -F'\t' -v n="$1" '$1 == n { printf "%.3f\n", $2 * 1000 }' "$figures" | bench_spread)
+  echo "$1 ($2–$3)"
+}
+median() { awk -F'\t' -v n="$1" '$1 == n { print $2 * 1000 }' "$figures" | bench_spread | cut -d' ' -f1; }
+section=$(mktemp)
+{
+  echo "## Node: Ready, pod start and the Service's first packet on the QEMU node"
+  echo
+  echo "Machine: $(bench_machine)."
+  echo "Command: \`make bench-node\` (test/bench/node.sh, RUNS=$RUNS), commit $commit: TestTinyNodeJoin"
+  echo "boots the tiny image (QEMU -accel tcg, 2 vCPUs, 2 GiB, user-mode network) against a real"
+  echo "control plane and gpuboot in a network namespace. Emulated CPUs: the figures are far"
+  echo "slower than real hardware and only compare within a run. Cells: median (min–max) over"
+  echo "the runs, milliseconds."
+  echo
+  echo "| figure | ms |"
+  echo "|---|---|"
+  for n in "kubelet registers the Node -> Node Ready" "pod create -> container started (preloaded image)" \
+    "TCP connect through the ClusterIP (Service first packet)" "TCP connect to the endpoint directly (peer)" \
+    "TCP connect through the ClusterIP, second connection"; do
+    echo "| $n | $(ms "$n") |"
+  done
+  echo "| ClusterIP first packet / endpoint directly (medians) | $(bench_ratio "$(median "TCP connect through the ClusterIP (Service first packet)")" "$(median "TCP connect to the endpoint directly (peer)")") |"
+  echo
+  echo "Node Ready is the Ready condition's transition time less the Node's creation time (the"
+  echo "apiserver's clock for both): it covers the pod network (flannel vxlan, the conflist)"
+  echo "coming up after kubelet registers. Pod start is the container's start less the pod's"
+  echo "creation (no image pull: the image is preloaded). The connects are the probe pod's"
+  echo "(\`probe fetch\`): one TCP handshake each, a new connection every time."
+} >"$section"
+if [ -n "$OUT" ]; then
+  cat "$section" >"$OUT"
+  rm -f "$section"
+else
+  bench_section node "$section"
+fi
+cat "${OUT:-docs/bench/node.md}"
