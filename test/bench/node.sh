@@ -24,6 +24,10 @@ for i in $(seq 1 "$RUNS"); do
   GPURACK_NETNS_REQUIRED=1 GPURACK_NODE_FIGURES=$figures go test -count=1 -timeout 40m -run 'TestTinyNodeJoin$' ./test/qemu/ >"$work/run-$i.log" 2>&1 ||
     { tail -50 "$work/run-$i.log" >&2; echo "node bench: run $i failed (log above)" >&2; exit 1; }
 done
+if [ ! -s "$figures" ]; then
+  echo "node bench: the runs wrote no figures: TestTinyNodeJoin measures them in its probe pods, which wait behind tinyNodeRunsProbePods (test/qemu/poweron_test.go)" >&2
+  exit 1
+fi
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 git diff --quiet HEAD -- 2>/dev/null || commit="$commit + local changes"
 ms() { # NAME -> "median (min–max)" in ms
