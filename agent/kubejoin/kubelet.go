@@ -28,6 +28,11 @@ type KubeletPaths struct {
 	BootstrapKubeconfig string // written by the agent
 	Config              string // written by the agent
 	Kubeconfig          string // written by kubelet after TLS bootstrap; read by the agent
+	// ClientCA, written by the agent, is the cluster CA kubelet checks client
+	// certificates against (authentication.x509.clientCAFile): the apiserver's
+	// kubelet client for logs, exec and port-forward. Empty: kubelet accepts no
+	// client certificate, and `kubectl logs` to the node fails.
+	ClientCA string
 }
 
 // DefaultKubeletPaths are the paths kubelet.service uses.
@@ -35,6 +40,7 @@ var DefaultKubeletPaths = KubeletPaths{
 	BootstrapKubeconfig: "/var/lib/kubelet/bootstrap-kubeconfig",
 	Config:              "/var/lib/kubelet/config.yaml",
 	Kubeconfig:          "/var/lib/kubelet/kubeconfig",
+	ClientCA:            "/var/lib/kubelet/cluster-ca.crt",
 }
 
 // ContainerdEndpoint is the CRI socket of the image's containerd.
@@ -54,6 +60,9 @@ type KubeletJoin struct {
 	// (CoreDNS) get and ClusterFirst pods' search path; empty: kubelet's default,
 	// /etc/resolv.conf (DetectResolvConf).
 	ResolvConf string
+	// ClientCAFile is kubelet's authentication.x509.clientCAFile (WriteKubeletFiles
+	// sets it to KubeletPaths.ClientCA and writes ClusterCAPEM there).
+	ClientCAFile string
 }
 
 // ResolvedUpstream is systemd-resolved's list of the machine's real resolvers.
@@ -127,6 +136,13 @@ func KubeletConfig(j KubeletJoin) ([]byte, error) {
 			taints = append(taints, t)
 		}
 	}
+	authn := map[string]any{
+		"anonymous": map[string]any{"enabled": false},
+		"webhook":   map[string]any{"enabled": true},
+	}
+	if j.ClientCAFile != "" {
+		authn["x509"] = map[string]any{"clientCAFile": j.ClientCAFile}
+	}
 	cfg := map[string]any{
 		"apiVersion":               "kubelet.config.k8s.io/v1beta1",
 		"kind":                     "KubeletConfiguration",
@@ -134,11 +150,8 @@ func KubeletConfig(j KubeletJoin) ([]byte, error) {
 		"containerRuntimeEndpoint": ContainerdEndpoint,
 		"registerWithTaints":       taints,
 		"rotateCertificates":       true,
-		"authentication": map[string]any{
-			"anonymous": map[string]any{"enabled": false},
-			"webhook":   map[string]any{"enabled": true},
-		},
-		"authorization": map[string]any{"mode": "Webhook"},
+		"authentication":           authn,
+		"authorization":            map[string]any{"mode": "Webhook"},
 	}
 	if len(j.ClusterDNS) > 0 {
 		cfg["clusterDNS"] = j.ClusterDNS
@@ -173,9 +186,17 @@ func WriteKubeletFiles(p KubeletPaths, j KubeletJoin) error {
 	if err != nil {
 		return err
 	}
+	if p.ClientCA != "" {
+		j.ClientCAFile = p.ClientCA
+	}
 	conf, err := KubeletConfig(j)
 	if err != nil {
 		return err
+	}
+	if p.ClientCA != "" {
+		if err := atomicfile.WriteMkdirAll(p.ClientCA, j.ClusterCAPEM, 0o644, 0o755); err != nil {
+			return err
+		}
 	}
 	if err := atomicfile.WriteMkdirAll(p.BootstrapKubeconfig, kc, 0o600, 0o755); err != nil {
 		return err

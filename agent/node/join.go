@@ -386,6 +386,7 @@ func kubeletPaths(dir string) kubejoin.KubeletPaths {
 		BootstrapKubeconfig: filepath.Join(dir, "bootstrap-kubeconfig"),
 		Config:              filepath.Join(dir, "config.yaml"),
 		Kubeconfig:          filepath.Join(dir, "kubeconfig"),
+		ClientCA:            filepath.Join(dir, "cluster-ca.crt"),
 	}
 }
 

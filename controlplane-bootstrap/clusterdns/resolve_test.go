@@ -223,13 +223,22 @@ func serviceAccountKubeconfig(t *testing.T, ctx context.Context, c *testcluster.
 // resolver the forward plugin sends names outside the cluster to.
 func startUpstream(t *testing.T) string {
 	t.Helper()
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", pc.LocalAddr().String())
-	if err != nil {
-		t.Fatal(err)
+	// One port for UDP and TCP: the UDP port the kernel picks may be taken for TCP
+	// by another test running in parallel, so try again with another.
+	var pc net.PacketConn
+	var ln net.Listener
+	for try := 0; ; try++ {
+		var err error
+		if pc, err = net.ListenPacket("udp", "127.0.0.1:0"); err != nil {
+			t.Fatal(err)
+		}
+		if ln, err = net.Listen("tcp", pc.LocalAddr().String()); err == nil {
+			break
+		}
+		pc.Close()
+		if try == 20 {
+			t.Fatalf("no port free for both UDP and TCP after %d tries: %v", try+1, err)
+		}
 	}
 	h := dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
 		m := new(dns.Msg)
