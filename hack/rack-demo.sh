@@ -136,10 +136,12 @@ echo "$NODES gpuagent processes started; progress (one line per state change):"
 declare -A seen
 deadline=$(( $(date +%s) + ${DEMO_TIMEOUT:-600} ))
 while :; do
+  # An empty list (gpuboot slow to answer under load) or a line with no state is
+  # skipped, not an error: under set -e a grep finding nothing would end the demo.
   list=$(gpuboot machines list "${ops[@]}" 2>/dev/null || true)
   done_count=0
   while read -r line; do
-    key=$(awk '{print $1}' <<<"$line"); state=$(grep -oE '\b(discovered|registered|approved|joining|commissioning|ready|quarantined|rejected|retired)\b' <<<"$line" | head -1)
+    key=$(awk '{print $1}' <<<"$line"); state=$(grep -oE '\b(discovered|registered|approved|joining|commissioning|ready|quarantined|rejected|retired)\b' <<<"$line" | head -1 || true)
     [ -n "$state" ] || continue
     if [ "${seen[$key]:-}" != "$state" ]; then
       seen[$key]=$state
