@@ -345,21 +345,7 @@ func restartNodeServices(t *testing.T, ctx context.Context, admin kubernetes.Int
 				TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError}}},
 	}
 	t0 := time.Now()
-	if _, err := admin.CoreV1().Pods(pod.Namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	var got *corev1.Pod
-	var err error
-	waitFor(t, ctx, 4*time.Minute, "the pod restarting kube-proxy.service and gpuagent.service to succeed", func() bool {
-		got, err = admin.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
-		if err != nil {
-			return false
-		}
-		if got.Status.Phase == corev1.PodFailed {
-			t.Fatalf("restart pod failed: %s", podStatus(got))
-		}
-		return got.Status.Phase == corev1.PodSucceeded
-	}, func() string { return podStatus(got) })
+	waitPodSucceeded(t, ctx, admin, pod, 4*time.Minute)
 	t.Logf("kube-proxy.service and gpuagent.service restarted on the node (%s)", time.Since(t0).Round(time.Second))
 	waitFor(t, ctx, 3*time.Minute, "the restarted gpuagent to bring the pod network up again", func() bool {
 		return len(conflistUp.FindAllString(con.text(), -1)) > before
@@ -457,18 +443,25 @@ func runProbe(t *testing.T, ctx context.Context, admin kubernetes.Interface, nod
 			Containers: []corev1.Container{{Name: "probe", Image: probeImage, ImagePullPolicy: corev1.PullNever, Args: args,
 				TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError}}},
 	}
+	return waitPodSucceeded(t, ctx, admin, pod, 3*time.Minute)
+}
+
+// waitPodSucceeded creates pod and waits up to limit for it to succeed; a failed pod
+// fails the test with its status and last output.
+func waitPodSucceeded(t *testing.T, ctx context.Context, admin kubernetes.Interface, pod *corev1.Pod, limit time.Duration) *corev1.Pod {
+	t.Helper()
 	if _, err := admin.CoreV1().Pods(pod.Namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	var got *corev1.Pod
 	var err error
-	waitFor(t, ctx, 3*time.Minute, "the "+name+" pod to succeed (probe "+strings.Join(args, " ")+")", func() bool {
+	waitFor(t, ctx, limit, "the "+pod.Name+" pod to succeed ("+strings.Join(pod.Spec.Containers[0].Args, " ")+")", func() bool {
 		got, err = admin.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
 		if err != nil {
 			return false
 		}
 		if got.Status.Phase == corev1.PodFailed {
-			t.Fatalf("%s pod failed: %s%s", name, podStatus(got), podLogs(ctx, admin, got))
+			t.Fatalf("%s pod failed: %s%s", pod.Name, podStatus(got), podLogs(ctx, admin, got))
 		}
 		return got.Status.Phase == corev1.PodSucceeded
 	}, func() string { return podStatus(got) + podLogs(ctx, admin, got) })
