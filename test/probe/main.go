@@ -45,9 +45,17 @@ import (
 const serviceAccountCA = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
 
 func main() {
-	args := os.Args[1:]
+	if err := run(os.Args[1:], os.Stdout, "/dev/termination-log"); err != nil {
+		fmt.Fprintln(os.Stderr, "probe:", err)
+		os.Exit(1)
+	}
+}
+
+// run carries out one command line (without the program name); termLog is where
+// fetch also writes its lines.
+func run(args []string, stdout io.Writer, termLog string) error {
 	cmd := "serve"
-	if len(args) > 0 && (args[0] == "serve" || args[0] == "resolve" || args[0] == "fetch" || args[0] == "restart") {
+	if len(args) > 0 && slices.Contains([]string{"serve", "resolve", "fetch", "restart"}, args[0]) {
 		cmd, args = args[0], args[1:]
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -55,56 +63,56 @@ func main() {
 	switch cmd {
 	case "resolve":
 		if len(args) != 1 && len(args) != 2 {
-			fail(errors.New("usage: probe resolve NAME [WANT]"))
+			return errors.New("usage: probe resolve NAME [WANT]")
 		}
 		addrs, err := resolve(ctx, args[0])
 		if err != nil {
-			fail(err)
+			return err
 		}
 		for _, a := range addrs {
-			fmt.Println(a)
+			fmt.Fprintln(stdout, a)
 		}
 		if len(args) == 2 && !slices.Contains(addrs, args[1]) {
-			fail(fmt.Errorf("%s resolves to %v, not %s", args[0], addrs, args[1]))
+			return fmt.Errorf("%s resolves to %v, not %s", args[0], addrs, args[1])
 		}
+		return nil
 	case "restart":
 		if len(args) == 0 {
-			fail(errors.New("usage: probe restart UNIT [UNIT]"))
+			return errors.New("usage: probe restart UNIT [UNIT]")
 		}
 		// A unit such as gpuagent (Type=notify) is done once it says it is ready,
 		// which on an emulated machine takes longer than the other commands' limit.
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
-		if err := restartUnits(ctx, args); err != nil {
-			fail(err)
-		}
+		return restartUnits(ctx, args, stdout)
+	case "fetch":
 		if len(args) == 0 {
-			fail(errors.New("usage: probe fetch URL [URL]"))
+			return errors.New("usage: probe fetch URL [URL]")
 		}
 		var out strings.Builder
 		for _, u := range args {
 			// A new client each time: every URL pays its own connect.
 			status, connect, err := fetchTimed(ctx, newClient(serviceAccountCA), u)
 			if err != nil {
-				fail(err)
+				return err
 			}
 			fmt.Fprintf(&out, "%s %s connect=%s\n", u, status, connect)
 		}
-		fmt.Print(out.String())
+		fmt.Fprint(stdout, out.String())
 		// The termination message is how a test reads this without pod logs.
-		os.WriteFile("/dev/termination-log", []byte(out.String()), 0o644)
+		if err := os.WriteFile(termLog, []byte(out.String()), 0o644); err != nil {
+			fmt.Fprintln(os.Stderr, "probe: termination message:", err)
+		}
+		return nil
 	default:
-		fs := flag.NewFlagSet("serve", flag.ExitOnError)
+		fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 		listen := fs.String("listen", ":8080", "address to serve HTTP on")
-		fs.Parse(args)
+		if err := fs.Parse(args); err != nil {
+			return err
+		}
 		srv := &http.Server{Addr: *listen, Handler: newHandler(hostname(), newClient(serviceAccountCA)), ReadHeaderTimeout: 10 * time.Second}
-		fail(srv.ListenAndServe())
+		return srv.ListenAndServe()
 	}
-}
-
-func fail(err error) {
-	fmt.Fprintln(os.Stderr, "probe:", err)
-	os.Exit(1)
 }
 
 func hostname() string {
@@ -214,7 +222,7 @@ func reply(w http.ResponseWriter, v map[string]any, err error) {
 }
 
 // restartUnits restarts each unit through systemd's D-Bus API and waits for the job.
-func restartUnits(ctx context.Context, units []string) error {
+func restartUnits(ctx context.Context, units []string, stdout io.Writer) error {
 	conn, err := sdbus.NewSystemConnectionContext(ctx)
 	if err != nil {
 		return fmt.Errorf("system bus (mount the host's /run/dbus and run as root): %w", err)
@@ -234,7 +242,7 @@ func restartUnits(ctx context.Context, units []string) error {
 		case <-ctx.Done():
 			return fmt.Errorf("restart %s: %w", u, ctx.Err())
 		}
-		fmt.Printf("restarted %s in %s\n", u, time.Since(start).Round(time.Millisecond))
+		fmt.Fprintf(stdout, "restarted %s in %s\n", u, time.Since(start).Round(time.Millisecond))
 	}
 	return nil
 }

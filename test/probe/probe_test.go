@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"encoding/pem"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -107,5 +108,45 @@ func TestProbeImageIsReproducible(t *testing.T) {
 	}
 	if sums[0] != sums[1] {
 		t.Errorf("two builds of the probe image differ: %s and %s", sums[0], sums[1])
+	}
+}
+
+// TestRunCommands runs each command line the node tests give the probe pod: fetch
+// prints and records a line per URL and ends (it once fell through to serve and never
+// ended), and a bad line is an error, not a server.
+func TestRunCommands(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer srv.Close()
+	termLog := filepath.Join(t.TempDir(), "termination-log")
+	var out strings.Builder
+	if err := run([]string{"fetch", srv.URL, srv.URL + "/b"}, &out, termLog); err != nil {
+		t.Fatalf("probe fetch: %v", err)
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 2 || !strings.HasPrefix(lines[0], srv.URL+" 200 OK connect=") || !strings.HasPrefix(lines[1], srv.URL+"/b 200 OK connect=") {
+		t.Errorf("probe fetch printed %q", out.String())
+	}
+	if b, err := os.ReadFile(termLog); err != nil || string(b) != out.String() {
+		t.Errorf("termination message %q (%v), want what was printed", b, err)
+	}
+
+	closed := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	closed.Close()
+	for _, args := range [][]string{
+		{"fetch"},
+		{"fetch", closed.URL},
+		{"fetch", "ftp://x"},
+		{"resolve"},
+		{"resolve", "localhost", "192.0.2.1"},
+		{"restart"},
+		{"serve", "-nosuchflag"},
+	} {
+		if err := run(args, io.Discard, termLog); err == nil {
+			t.Errorf("probe %q: no error", args)
+		}
+	}
+	out.Reset()
+	if err := run([]string{"resolve", "localhost", "127.0.0.1"}, &out, termLog); err != nil || !strings.Contains(out.String(), "127.0.0.1") {
+		t.Errorf("probe resolve localhost: %q %v", out.String(), err)
 	}
 }
