@@ -270,8 +270,14 @@ func (n *node) join(ctx context.Context, bundle *bootv1.JoinBundle, afterNode fu
 	} else {
 		if node = n.joinKubelet(ctx, bundle, labels); node != nil {
 			kubeconfig := kubeletPaths(n.cfg.KubeletDir).Kubeconfig
-			n.services.Start(n.podNetwork(kubeconfig, name))
-			n.services.Start(n.kubeProxy(kubeconfig, name, n.podSubnet()))
+			if pn, err := n.podNetworkSettings(bundle); err != nil {
+				// No pod network: the Node stays NotReady, and says why.
+				n.services.Start(&failedService{name: "pod-network", err: err})
+				consoleLine(n.cfg.Console, "gpuagent: pod network: "+err.Error())
+			} else {
+				n.services.Start(n.podNetwork(kubeconfig, name, pn))
+				n.services.Start(n.kubeProxy(kubeconfig, name, pn.PodSubnet))
+			}
 			n.services.Start(n.devicePlugin())
 		}
 	}

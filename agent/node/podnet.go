@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/gpurack/gpurack/agent/podnet"
+	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
 	"github.com/gpurack/gpurack/internal/profile"
 )
 
@@ -18,10 +19,9 @@ type podNetworkService struct {
 	console string
 }
 
-func (n *node) podNetwork(kubeconfig, nodeName string) *podNetworkService {
+func (n *node) podNetwork(kubeconfig, nodeName string, pn profile.PodNetwork) *podNetworkService {
 	s := &podNetworkService{console: n.cfg.Console}
-	pn := n.podNetworkSettings()
-	// The profile was validated when it was loaded.
+	// podNetworkSettings checked the subnet.
 	subnet, _ := netip.ParsePrefix(pn.PodSubnet)
 	s.cfg = podnet.Config{Kubeconfig: kubeconfig, NodeName: nodeName, Log: n.log.With("service", "pod-network"),
 		CNIBinDir: n.cfg.CNIBinDir, CNIConfDir: n.cfg.CNIConfDir,
@@ -67,13 +67,28 @@ func (s *podNetworkService) Run(ctx context.Context) error {
 	}
 }
 
-// podNetworkSettings are the profile's pod network settings, defaults filled in.
-func (n *node) podNetworkSettings() profile.PodNetwork {
+// podNetworkSettings are the pod network settings the node runs with: the
+// JoinBundle's (gpuboot's cluster.podNetwork) where it sets a field, else the
+// profile's, else the defaults. A bundle value that is not valid is an error: it
+// names the bundle, since the image's own setting may be what the operator expects.
+func (n *node) podNetworkSettings(bundle *bootv1.JoinBundle) (profile.PodNetwork, error) {
+	pn := profile.Kubernetes{}.PodNetworkSettings()
 	if n.cfg.Profile != nil {
-		return n.cfg.Profile.Kubernetes.PodNetworkSettings()
+		pn = n.cfg.Profile.Kubernetes.PodNetworkSettings() // validated when it was loaded
 	}
-	return profile.Kubernetes{}.PodNetworkSettings()
+	bpn := bundle.GetPodNetwork()
+	if s := bpn.GetSubnet(); s != "" {
+		if p, err := netip.ParsePrefix(s); err != nil || p != p.Masked() {
+			return pn, fmt.Errorf("the JoinBundle's pod network subnet %q is not a network in CIDR form like 10.244.0.0/16 (gpuboot's cluster.podNetwork.subnet)", s)
+		}
+		pn.PodSubnet = s
+	}
+	switch b := bpn.GetBackend(); b {
+	case "":
+	case "vxlan", "host-gw":
+		pn.Backend = b
+	default:
+		return pn, fmt.Errorf("the JoinBundle's pod network backend %q is not vxlan or host-gw (gpuboot's cluster.podNetwork.backend)", b)
+	}
+	return pn, nil
 }
-
-// podSubnet is the cluster's pod network as the profile gives it.
-func (n *node) podSubnet() string { return n.podNetworkSettings().PodSubnet }

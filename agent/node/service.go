@@ -143,3 +143,14 @@ func (s *Services) Statuses() []NamedStatus {
 func (n NamedStatus) String() string {
 	return fmt.Sprintf("%s: %s (%s)", n.Name, n.State, n.Message)
 }
+
+// failedService stands for a service that could not be set up: it fails at once with
+// err, so Status shows why it is not running.
+type failedService struct {
+	statusCell
+	name string
+	err  error
+}
+
+func (s *failedService) Name() string              { return s.name }
+func (s *failedService) Run(context.Context) error { return s.err }

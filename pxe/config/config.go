@@ -176,12 +176,24 @@ type Cluster struct {
 	Kubeconfig string   `yaml:"kubeconfig"`
 	DNS        []string `yaml:"dns"`
 	Domain     string   `yaml:"domain"`
+	// PodNetwork goes to every node in its JoinBundle and overrides the image
+	// profile's kubernetes.podNetwork: one image serves racks with either backend.
+	PodNetwork PodNetwork `yaml:"podNetwork"`
 	// UnhealthyEffect of gpurack.io/gpu-unhealthy: NoSchedule (default) or NoExecute.
 	UnhealthyEffect string `yaml:"unhealthyEffect"`
 	// ClearAfter is no longer used: the taint mirrors GPUHealthy, and the agent's
 	// --clear-after is the only hysteresis (decision 0205). It is still accepted, so
 	// that older files load; gpuboot warns when it is set.
 	ClearAfter time.Duration `yaml:"clearAfter"`
+}
+
+// PodNetwork is the cluster's pod network as nodes are told it; an empty field
+// leaves the image profile's setting.
+type PodNetwork struct {
+	// Subnet is controlplane-bootstrap's networking.podSubnet, e.g. 10.244.0.0/16.
+	Subnet string `yaml:"subnet"`
+	// Backend is flannel's: vxlan, or host-gw for a rack on one L2 segment.
+	Backend string `yaml:"backend"`
 }
 
 // Admin configures operator access.
@@ -425,6 +437,16 @@ func (c *Config) Validate() error {
 	}
 	if c.Cluster.ClearAfter < 0 {
 		bad("cluster.clearAfter", "must not be negative")
+	}
+	if pn := c.Cluster.PodNetwork; pn.Subnet != "" {
+		if p, err := netip.ParsePrefix(pn.Subnet); err != nil || p != p.Masked() {
+			bad("cluster.podNetwork.subnet", "%q is not a network in CIDR form like 10.244.0.0/16 (controlplane-bootstrap's networking.podSubnet)", pn.Subnet)
+		}
+	}
+	switch c.Cluster.PodNetwork.Backend {
+	case "", "vxlan", "host-gw":
+	default:
+		bad("cluster.podNetwork.backend", "%q is not a pod network backend; use vxlan or host-gw", c.Cluster.PodNetwork.Backend)
 	}
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":

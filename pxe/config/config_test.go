@@ -50,6 +50,8 @@ func TestErrors(t *testing.T) {
 		{minimal + "dhcp: {enabled: maybe}\n", `g.yaml:6: dhcp.enabled: expected true or false, found "maybe"`},
 		{minimal + "cluster:\n  clearAfter: soon\n", `g.yaml:7: cluster.clearAfter: expected a duration such as 30s or 5m, found "soon"`},
 		{minimal + "enrollment: {maxUnapproved: lots}\n", `g.yaml:6: enrollment.maxUnapproved: expected a whole number, found "lots"`},
+		{minimal + "cluster: {podNetwork: {backend: flannel}}\n", `g.yaml:6: cluster.podNetwork.backend: "flannel" is not a pod network backend; use vxlan or host-gw`},
+		{minimal + "cluster: {podNetwork: {subnet: 10.244.1.0/16}}\n", `g.yaml:6: cluster.podNetwork.subnet: "10.244.1.0/16" is not a network in CIDR form`},
 		{minimal + "logLevel: true\n", "g.yaml:6: logLevel: expected text, found the boolean true; quote it"},
 		{minimal + "tftp: &t {dir: x}\nadmin: *t\n", "g.yaml:7: admin: YAML aliases are not supported"},
 		{minimal + "policy: {approval: allowlist}\n", "g.yaml:6: policy.allowlist: required"},

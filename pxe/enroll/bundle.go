@@ -196,6 +196,9 @@ func (s *Service) bundle(ctx context.Context, m *inventory.Machine, cert *x509.C
 		ClusterDns:          s.cfg.ClusterDNS,
 		ClusterDomain:       s.cfg.ClusterDomain,
 	}
+	if pn := s.cfg.PodNetwork; pn.GetSubnet() != "" || pn.GetBackend() != "" {
+		b.PodNetwork = &bootv1.PodNetwork{Subnet: pn.GetSubnet(), Backend: pn.GetBackend()}
+	}
 	if sel, ok := policy.Select(s.cfg.Selectors, Labels(m)); ok {
 		b.NodeLabels = sel.NodeLabels
 		for _, raw := range sel.NodeTaints {

@@ -31,6 +31,9 @@ func TestBundleCertificateContent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if b.PodNetwork != nil {
+		t.Errorf("bundle pod network %v with no cluster.podNetwork set; want none (the profile's then)", b.PodNetwork)
+	}
 	c, err := pki.DecodeCertPEM([]byte(b.AgentCertificatePem))
 	if err != nil {
 		t.Fatal(err)

@@ -430,6 +430,7 @@ func TestAllowlistAndHoldMode(t *testing.T) {
 		c.Selectors = []policy.Selector{{Name: "h100", Match: map[string]string{"sku": "NVIDIA-H100-80GB-HBM3"},
 			Image: "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb", NodeLabels: map[string]string{"gpurack.io/pool": "train"},
 			NodeTaints: []string{"nvidia.com/gpu=present:NoSchedule"}}}
+		c.PodNetwork = &bootv1.PodNetwork{Backend: "host-gw"}
 	})
 	// Listed machine: approved at discovery, boots its image although hold mode.
 	id, _ := identity.New("52:54:00:00:00:0c", "", "SN12")
@@ -450,6 +451,10 @@ func TestAllowlistAndHoldMode(t *testing.T) {
 	// The selector matched on the sku from the facts: its image, node labels and taints.
 	if b.ImageId != strings.Repeat("b", 40) || b.NodeLabels["gpurack.io/pool"] != "train" || len(b.NodeTaints) != 1 || b.NodeTaints[0].Effect != "NoSchedule" {
 		t.Fatalf("bundle image %q labels %v taints %v", b.ImageId, b.NodeLabels, b.NodeTaints)
+	}
+	// cluster.podNetwork goes along as set: the backend, and no subnet.
+	if pn := b.GetPodNetwork(); pn.GetBackend() != "host-gw" || pn.GetSubnet() != "" {
+		t.Errorf("bundle pod network %v, want backend host-gw and no subnet", pn)
 	}
 	// Unlisted machine: held, then pending.
 	id2, _ := identity.New("52:54:00:00:00:0d", "", "SN13")

@@ -120,6 +120,9 @@ type Config struct {
 	Cluster       Cluster
 	ClusterDNS    []string
 	ClusterDomain string
+	// PodNetwork, when a field is set, goes to nodes in their bundle (gpuboot's
+	// cluster.podNetwork).
+	PodNetwork *bootv1.PodNetwork
 
 	// NodeNamePrefix starts generated node names; default "gpu".
 	NodeNamePrefix string

@@ -106,6 +106,7 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		Identity: enroll.IdentityMode(cfg.Enrollment.Identity),
 		CA:       ca, Revocations: revoked, RevocationsPath: cfg.RevocationsPath(),
 		ClusterDNS: cfg.Cluster.DNS, ClusterDomain: cfg.Cluster.Domain, NodeNamePrefix: cfg.Enrollment.NodeNamePrefix,
+		PodNetwork:    &bootv1.PodNetwork{Subnet: cfg.Cluster.PodNetwork.Subnet, Backend: cfg.Cluster.PodNetwork.Backend},
 		MaxUnapproved: cfg.Enrollment.MaxUnapproved, CreateRate: cfg.Enrollment.CreateRate, CreateBurst: cfg.Enrollment.CreateBurst,
 		AllowSimulated: cfg.Enrollment.AllowSimulated,
 		Log:            log,

@@ -808,6 +808,9 @@ type JoinBundle struct {
 	// Cluster domain for kubelet's clusterDomain, e.g. "cluster.local"; empty: kubelet's
 	// default.
 	ClusterDomain string `protobuf:"bytes,16,opt,name=cluster_domain,json=clusterDomain,proto3" json:"cluster_domain,omitempty"`
+	// The cluster's pod network, from gpuboot's cluster.podNetwork. Unset, or a field
+	// left empty: the image profile's kubernetes.podNetwork (then its defaults).
+	PodNetwork    *PodNetwork `protobuf:"bytes,17,opt,name=pod_network,json=podNetwork,proto3" json:"pod_network,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -954,6 +957,70 @@ func (x *JoinBundle) GetClusterDomain() string {
 	return ""
 }
 
+func (x *JoinBundle) GetPodNetwork() *PodNetwork {
+	if x != nil {
+		return x.PodNetwork
+	}
+	return nil
+}
+
+// PodNetwork is how a node's pod network is laid out (agent/podnet, decision 0601).
+type PodNetwork struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The cluster's networking.podSubnet, in CIDR form, e.g. "10.244.0.0/16": every
+	// Node's podCIDR lies in it, and pod traffic leaving it is masqueraded.
+	Subnet string `protobuf:"bytes,1,opt,name=subnet,proto3" json:"subnet,omitempty"`
+	// Flannel's backend: "vxlan" (works across L3) or "host-gw" (plain routes; every
+	// node on one L2 segment).
+	Backend       string `protobuf:"bytes,2,opt,name=backend,proto3" json:"backend,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PodNetwork) Reset() {
+	*x = PodNetwork{}
+	mi := &file_api_boot_v1_enroll_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PodNetwork) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PodNetwork) ProtoMessage() {}
+
+func (x *PodNetwork) ProtoReflect() protoreflect.Message {
+	mi := &file_api_boot_v1_enroll_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PodNetwork.ProtoReflect.Descriptor instead.
+func (*PodNetwork) Descriptor() ([]byte, []int) {
+	return file_api_boot_v1_enroll_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *PodNetwork) GetSubnet() string {
+	if x != nil {
+		return x.Subnet
+	}
+	return ""
+}
+
+func (x *PodNetwork) GetBackend() string {
+	if x != nil {
+		return x.Backend
+	}
+	return ""
+}
+
 // GossipConfig is one rack's memberlist configuration (port 7946, CONTRACTS §3).
 type GossipConfig struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -975,7 +1042,7 @@ type GossipConfig struct {
 
 func (x *GossipConfig) Reset() {
 	*x = GossipConfig{}
-	mi := &file_api_boot_v1_enroll_proto_msgTypes[9]
+	mi := &file_api_boot_v1_enroll_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -987,7 +1054,7 @@ func (x *GossipConfig) String() string {
 func (*GossipConfig) ProtoMessage() {}
 
 func (x *GossipConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_enroll_proto_msgTypes[9]
+	mi := &file_api_boot_v1_enroll_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1000,7 +1067,7 @@ func (x *GossipConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GossipConfig.ProtoReflect.Descriptor instead.
 func (*GossipConfig) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_enroll_proto_rawDescGZIP(), []int{9}
+	return file_api_boot_v1_enroll_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *GossipConfig) GetKey() []byte {
@@ -1046,7 +1113,7 @@ type Taint struct {
 
 func (x *Taint) Reset() {
 	*x = Taint{}
-	mi := &file_api_boot_v1_enroll_proto_msgTypes[10]
+	mi := &file_api_boot_v1_enroll_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1058,7 +1125,7 @@ func (x *Taint) String() string {
 func (*Taint) ProtoMessage() {}
 
 func (x *Taint) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_enroll_proto_msgTypes[10]
+	mi := &file_api_boot_v1_enroll_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1071,7 +1138,7 @@ func (x *Taint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Taint.ProtoReflect.Descriptor instead.
 func (*Taint) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_enroll_proto_rawDescGZIP(), []int{10}
+	return file_api_boot_v1_enroll_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Taint) GetKey() string {
@@ -1110,7 +1177,7 @@ type ReportCommissioningRequest struct {
 
 func (x *ReportCommissioningRequest) Reset() {
 	*x = ReportCommissioningRequest{}
-	mi := &file_api_boot_v1_enroll_proto_msgTypes[11]
+	mi := &file_api_boot_v1_enroll_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1122,7 +1189,7 @@ func (x *ReportCommissioningRequest) String() string {
 func (*ReportCommissioningRequest) ProtoMessage() {}
 
 func (x *ReportCommissioningRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_enroll_proto_msgTypes[11]
+	mi := &file_api_boot_v1_enroll_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1135,7 +1202,7 @@ func (x *ReportCommissioningRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportCommissioningRequest.ProtoReflect.Descriptor instead.
 func (*ReportCommissioningRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_enroll_proto_rawDescGZIP(), []int{11}
+	return file_api_boot_v1_enroll_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ReportCommissioningRequest) GetAuth() *RequestAuth {
@@ -1166,7 +1233,7 @@ type ReportCommissioningResponse struct {
 
 func (x *ReportCommissioningResponse) Reset() {
 	*x = ReportCommissioningResponse{}
-	mi := &file_api_boot_v1_enroll_proto_msgTypes[12]
+	mi := &file_api_boot_v1_enroll_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1178,7 +1245,7 @@ func (x *ReportCommissioningResponse) String() string {
 func (*ReportCommissioningResponse) ProtoMessage() {}
 
 func (x *ReportCommissioningResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_enroll_proto_msgTypes[12]
+	mi := &file_api_boot_v1_enroll_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1191,7 +1258,7 @@ func (x *ReportCommissioningResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportCommissioningResponse.ProtoReflect.Descriptor instead.
 func (*ReportCommissioningResponse) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_enroll_proto_rawDescGZIP(), []int{12}
+	return file_api_boot_v1_enroll_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ReportCommissioningResponse) GetMachineState() MachineState {
@@ -1251,7 +1318,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_api_boot_v1_enroll_proto_msgTypes[13]
+	mi := &file_api_boot_v1_enroll_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1263,7 +1330,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_enroll_proto_msgTypes[13]
+	mi := &file_api_boot_v1_enroll_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1276,7 +1343,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_enroll_proto_rawDescGZIP(), []int{13}
+	return file_api_boot_v1_enroll_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *HeartbeatRequest) GetAuth() *RequestAuth {
@@ -1386,7 +1453,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_api_boot_v1_enroll_proto_msgTypes[14]
+	mi := &file_api_boot_v1_enroll_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1398,7 +1465,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_enroll_proto_msgTypes[14]
+	mi := &file_api_boot_v1_enroll_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1411,7 +1478,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_enroll_proto_rawDescGZIP(), []int{14}
+	return file_api_boot_v1_enroll_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *HeartbeatResponse) GetMachineState() MachineState {
@@ -1461,7 +1528,7 @@ type Revocations struct {
 
 func (x *Revocations) Reset() {
 	*x = Revocations{}
-	mi := &file_api_boot_v1_enroll_proto_msgTypes[15]
+	mi := &file_api_boot_v1_enroll_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1473,7 +1540,7 @@ func (x *Revocations) String() string {
 func (*Revocations) ProtoMessage() {}
 
 func (x *Revocations) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_enroll_proto_msgTypes[15]
+	mi := &file_api_boot_v1_enroll_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1486,7 +1553,7 @@ func (x *Revocations) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Revocations.ProtoReflect.Descriptor instead.
 func (*Revocations) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_enroll_proto_rawDescGZIP(), []int{15}
+	return file_api_boot_v1_enroll_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Revocations) GetSerials() []string {
@@ -1544,7 +1611,7 @@ const file_api_boot_v1_enroll_proto_rawDesc = "" +
 	"\tsignature\x18\x02 \x01(\fR\tsignature\x120\n" +
 	"\x04auth\x18\x0f \x01(\v2\x1c.gpurack.boot.v1.RequestAuthR\x04auth\"L\n" +
 	"\x15GetJoinBundleResponse\x123\n" +
-	"\x06bundle\x18\x01 \x01(\v2\x1b.gpurack.boot.v1.JoinBundleR\x06bundle\"\xbb\x06\n" +
+	"\x06bundle\x18\x01 \x01(\v2\x1b.gpurack.boot.v1.JoinBundleR\x06bundle\"\xf9\x06\n" +
 	"\n" +
 	"JoinBundle\x12.\n" +
 	"\x13api_server_endpoint\x18\x01 \x01(\tR\x11apiServerEndpoint\x12$\n" +
@@ -1567,10 +1634,16 @@ const file_api_boot_v1_enroll_proto_rawDesc = "" +
 	"nodeTaints\x12\x1f\n" +
 	"\vcluster_dns\x18\x0f \x03(\tR\n" +
 	"clusterDns\x12%\n" +
-	"\x0ecluster_domain\x18\x10 \x01(\tR\rclusterDomain\x1a=\n" +
+	"\x0ecluster_domain\x18\x10 \x01(\tR\rclusterDomain\x12<\n" +
+	"\vpod_network\x18\x11 \x01(\v2\x1b.gpurack.boot.v1.PodNetworkR\n" +
+	"podNetwork\x1a=\n" +
 	"\x0fNodeLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"o\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\">\n" +
+	"\n" +
+	"PodNetwork\x12\x16\n" +
+	"\x06subnet\x18\x01 \x01(\tR\x06subnet\x12\x18\n" +
+	"\abackend\x18\x02 \x01(\tR\abackend\"o\n" +
 	"\fGossipConfig\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x14\n" +
 	"\x05seeds\x18\x02 \x03(\tR\x05seeds\x12\x12\n" +
@@ -1635,7 +1708,7 @@ func file_api_boot_v1_enroll_proto_rawDescGZIP() []byte {
 }
 
 var file_api_boot_v1_enroll_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_api_boot_v1_enroll_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_api_boot_v1_enroll_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_api_boot_v1_enroll_proto_goTypes = []any{
 	(RegisterStatus)(0),                 // 0: gpurack.boot.v1.RegisterStatus
 	(*RequestAuth)(nil),                 // 1: gpurack.boot.v1.RequestAuth
@@ -1647,67 +1720,69 @@ var file_api_boot_v1_enroll_proto_goTypes = []any{
 	(*GetJoinBundleRequest)(nil),        // 7: gpurack.boot.v1.GetJoinBundleRequest
 	(*GetJoinBundleResponse)(nil),       // 8: gpurack.boot.v1.GetJoinBundleResponse
 	(*JoinBundle)(nil),                  // 9: gpurack.boot.v1.JoinBundle
-	(*GossipConfig)(nil),                // 10: gpurack.boot.v1.GossipConfig
-	(*Taint)(nil),                       // 11: gpurack.boot.v1.Taint
-	(*ReportCommissioningRequest)(nil),  // 12: gpurack.boot.v1.ReportCommissioningRequest
-	(*ReportCommissioningResponse)(nil), // 13: gpurack.boot.v1.ReportCommissioningResponse
-	(*HeartbeatRequest)(nil),            // 14: gpurack.boot.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),           // 15: gpurack.boot.v1.HeartbeatResponse
-	(*Revocations)(nil),                 // 16: gpurack.boot.v1.Revocations
-	nil,                                 // 17: gpurack.boot.v1.JoinBundle.NodeLabelsEntry
-	(*v1.MachineFacts)(nil),             // 18: gpurack.machine.v1.MachineFacts
-	(*v1.Checklist)(nil),                // 19: gpurack.machine.v1.Checklist
-	(*durationpb.Duration)(nil),         // 20: google.protobuf.Duration
-	(MachineState)(0),                   // 21: gpurack.boot.v1.MachineState
-	(*timestamppb.Timestamp)(nil),       // 22: google.protobuf.Timestamp
-	(*v1.MachineIdentity)(nil),          // 23: gpurack.machine.v1.MachineIdentity
-	(*v1.HealthSummary)(nil),            // 24: gpurack.machine.v1.HealthSummary
+	(*PodNetwork)(nil),                  // 10: gpurack.boot.v1.PodNetwork
+	(*GossipConfig)(nil),                // 11: gpurack.boot.v1.GossipConfig
+	(*Taint)(nil),                       // 12: gpurack.boot.v1.Taint
+	(*ReportCommissioningRequest)(nil),  // 13: gpurack.boot.v1.ReportCommissioningRequest
+	(*ReportCommissioningResponse)(nil), // 14: gpurack.boot.v1.ReportCommissioningResponse
+	(*HeartbeatRequest)(nil),            // 15: gpurack.boot.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),           // 16: gpurack.boot.v1.HeartbeatResponse
+	(*Revocations)(nil),                 // 17: gpurack.boot.v1.Revocations
+	nil,                                 // 18: gpurack.boot.v1.JoinBundle.NodeLabelsEntry
+	(*v1.MachineFacts)(nil),             // 19: gpurack.machine.v1.MachineFacts
+	(*v1.Checklist)(nil),                // 20: gpurack.machine.v1.Checklist
+	(*durationpb.Duration)(nil),         // 21: google.protobuf.Duration
+	(MachineState)(0),                   // 22: gpurack.boot.v1.MachineState
+	(*timestamppb.Timestamp)(nil),       // 23: google.protobuf.Timestamp
+	(*v1.MachineIdentity)(nil),          // 24: gpurack.machine.v1.MachineIdentity
+	(*v1.HealthSummary)(nil),            // 25: gpurack.machine.v1.HealthSummary
 }
 var file_api_boot_v1_enroll_proto_depIdxs = []int32{
-	18, // 0: gpurack.boot.v1.RegisterRequest.facts:type_name -> gpurack.machine.v1.MachineFacts
-	19, // 1: gpurack.boot.v1.RegisterRequest.checklist:type_name -> gpurack.machine.v1.Checklist
+	19, // 0: gpurack.boot.v1.RegisterRequest.facts:type_name -> gpurack.machine.v1.MachineFacts
+	20, // 1: gpurack.boot.v1.RegisterRequest.checklist:type_name -> gpurack.machine.v1.Checklist
 	1,  // 2: gpurack.boot.v1.RegisterRequest.auth:type_name -> gpurack.boot.v1.RequestAuth
 	3,  // 3: gpurack.boot.v1.RegisterRequest.tpm:type_name -> gpurack.boot.v1.TpmAttestation
 	4,  // 4: gpurack.boot.v1.TpmAttestation.activation:type_name -> gpurack.boot.v1.TpmActivation
-	20, // 5: gpurack.boot.v1.TpmChallenge.ttl:type_name -> google.protobuf.Duration
+	21, // 5: gpurack.boot.v1.TpmChallenge.ttl:type_name -> google.protobuf.Duration
 	0,  // 6: gpurack.boot.v1.RegisterResponse.status:type_name -> gpurack.boot.v1.RegisterStatus
-	20, // 7: gpurack.boot.v1.RegisterResponse.ttl:type_name -> google.protobuf.Duration
-	20, // 8: gpurack.boot.v1.RegisterResponse.retry_after:type_name -> google.protobuf.Duration
-	21, // 9: gpurack.boot.v1.RegisterResponse.machine_state:type_name -> gpurack.boot.v1.MachineState
+	21, // 7: gpurack.boot.v1.RegisterResponse.ttl:type_name -> google.protobuf.Duration
+	21, // 8: gpurack.boot.v1.RegisterResponse.retry_after:type_name -> google.protobuf.Duration
+	22, // 9: gpurack.boot.v1.RegisterResponse.machine_state:type_name -> gpurack.boot.v1.MachineState
 	5,  // 10: gpurack.boot.v1.RegisterResponse.tpm_challenge:type_name -> gpurack.boot.v1.TpmChallenge
 	1,  // 11: gpurack.boot.v1.GetJoinBundleRequest.auth:type_name -> gpurack.boot.v1.RequestAuth
 	9,  // 12: gpurack.boot.v1.GetJoinBundleResponse.bundle:type_name -> gpurack.boot.v1.JoinBundle
-	10, // 13: gpurack.boot.v1.JoinBundle.gossip:type_name -> gpurack.boot.v1.GossipConfig
-	22, // 14: gpurack.boot.v1.JoinBundle.expires_at:type_name -> google.protobuf.Timestamp
-	22, // 15: gpurack.boot.v1.JoinBundle.issued_at:type_name -> google.protobuf.Timestamp
-	23, // 16: gpurack.boot.v1.JoinBundle.identity:type_name -> gpurack.machine.v1.MachineIdentity
-	17, // 17: gpurack.boot.v1.JoinBundle.node_labels:type_name -> gpurack.boot.v1.JoinBundle.NodeLabelsEntry
-	11, // 18: gpurack.boot.v1.JoinBundle.node_taints:type_name -> gpurack.boot.v1.Taint
-	1,  // 19: gpurack.boot.v1.ReportCommissioningRequest.auth:type_name -> gpurack.boot.v1.RequestAuth
-	19, // 20: gpurack.boot.v1.ReportCommissioningRequest.report:type_name -> gpurack.machine.v1.Checklist
-	21, // 21: gpurack.boot.v1.ReportCommissioningResponse.machine_state:type_name -> gpurack.boot.v1.MachineState
-	1,  // 22: gpurack.boot.v1.HeartbeatRequest.auth:type_name -> gpurack.boot.v1.RequestAuth
-	23, // 23: gpurack.boot.v1.HeartbeatRequest.identity:type_name -> gpurack.machine.v1.MachineIdentity
-	24, // 24: gpurack.boot.v1.HeartbeatRequest.health:type_name -> gpurack.machine.v1.HealthSummary
-	22, // 25: gpurack.boot.v1.HeartbeatRequest.sent_at:type_name -> google.protobuf.Timestamp
-	22, // 26: gpurack.boot.v1.HeartbeatRequest.agent_started_at:type_name -> google.protobuf.Timestamp
-	21, // 27: gpurack.boot.v1.HeartbeatResponse.machine_state:type_name -> gpurack.boot.v1.MachineState
-	20, // 28: gpurack.boot.v1.HeartbeatResponse.interval:type_name -> google.protobuf.Duration
-	10, // 29: gpurack.boot.v1.HeartbeatResponse.gossip:type_name -> gpurack.boot.v1.GossipConfig
-	16, // 30: gpurack.boot.v1.HeartbeatResponse.revocations:type_name -> gpurack.boot.v1.Revocations
-	2,  // 31: gpurack.boot.v1.EnrollmentService.Register:input_type -> gpurack.boot.v1.RegisterRequest
-	7,  // 32: gpurack.boot.v1.EnrollmentService.GetJoinBundle:input_type -> gpurack.boot.v1.GetJoinBundleRequest
-	12, // 33: gpurack.boot.v1.EnrollmentService.ReportCommissioning:input_type -> gpurack.boot.v1.ReportCommissioningRequest
-	14, // 34: gpurack.boot.v1.EnrollmentService.Heartbeat:input_type -> gpurack.boot.v1.HeartbeatRequest
-	6,  // 35: gpurack.boot.v1.EnrollmentService.Register:output_type -> gpurack.boot.v1.RegisterResponse
-	8,  // 36: gpurack.boot.v1.EnrollmentService.GetJoinBundle:output_type -> gpurack.boot.v1.GetJoinBundleResponse
-	13, // 37: gpurack.boot.v1.EnrollmentService.ReportCommissioning:output_type -> gpurack.boot.v1.ReportCommissioningResponse
-	15, // 38: gpurack.boot.v1.EnrollmentService.Heartbeat:output_type -> gpurack.boot.v1.HeartbeatResponse
-	35, // [35:39] is the sub-list for method output_type
-	31, // [31:35] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	11, // 13: gpurack.boot.v1.JoinBundle.gossip:type_name -> gpurack.boot.v1.GossipConfig
+	23, // 14: gpurack.boot.v1.JoinBundle.expires_at:type_name -> google.protobuf.Timestamp
+	23, // 15: gpurack.boot.v1.JoinBundle.issued_at:type_name -> google.protobuf.Timestamp
+	24, // 16: gpurack.boot.v1.JoinBundle.identity:type_name -> gpurack.machine.v1.MachineIdentity
+	18, // 17: gpurack.boot.v1.JoinBundle.node_labels:type_name -> gpurack.boot.v1.JoinBundle.NodeLabelsEntry
+	12, // 18: gpurack.boot.v1.JoinBundle.node_taints:type_name -> gpurack.boot.v1.Taint
+	10, // 19: gpurack.boot.v1.JoinBundle.pod_network:type_name -> gpurack.boot.v1.PodNetwork
+	1,  // 20: gpurack.boot.v1.ReportCommissioningRequest.auth:type_name -> gpurack.boot.v1.RequestAuth
+	20, // 21: gpurack.boot.v1.ReportCommissioningRequest.report:type_name -> gpurack.machine.v1.Checklist
+	22, // 22: gpurack.boot.v1.ReportCommissioningResponse.machine_state:type_name -> gpurack.boot.v1.MachineState
+	1,  // 23: gpurack.boot.v1.HeartbeatRequest.auth:type_name -> gpurack.boot.v1.RequestAuth
+	24, // 24: gpurack.boot.v1.HeartbeatRequest.identity:type_name -> gpurack.machine.v1.MachineIdentity
+	25, // 25: gpurack.boot.v1.HeartbeatRequest.health:type_name -> gpurack.machine.v1.HealthSummary
+	23, // 26: gpurack.boot.v1.HeartbeatRequest.sent_at:type_name -> google.protobuf.Timestamp
+	23, // 27: gpurack.boot.v1.HeartbeatRequest.agent_started_at:type_name -> google.protobuf.Timestamp
+	22, // 28: gpurack.boot.v1.HeartbeatResponse.machine_state:type_name -> gpurack.boot.v1.MachineState
+	21, // 29: gpurack.boot.v1.HeartbeatResponse.interval:type_name -> google.protobuf.Duration
+	11, // 30: gpurack.boot.v1.HeartbeatResponse.gossip:type_name -> gpurack.boot.v1.GossipConfig
+	17, // 31: gpurack.boot.v1.HeartbeatResponse.revocations:type_name -> gpurack.boot.v1.Revocations
+	2,  // 32: gpurack.boot.v1.EnrollmentService.Register:input_type -> gpurack.boot.v1.RegisterRequest
+	7,  // 33: gpurack.boot.v1.EnrollmentService.GetJoinBundle:input_type -> gpurack.boot.v1.GetJoinBundleRequest
+	13, // 34: gpurack.boot.v1.EnrollmentService.ReportCommissioning:input_type -> gpurack.boot.v1.ReportCommissioningRequest
+	15, // 35: gpurack.boot.v1.EnrollmentService.Heartbeat:input_type -> gpurack.boot.v1.HeartbeatRequest
+	6,  // 36: gpurack.boot.v1.EnrollmentService.Register:output_type -> gpurack.boot.v1.RegisterResponse
+	8,  // 37: gpurack.boot.v1.EnrollmentService.GetJoinBundle:output_type -> gpurack.boot.v1.GetJoinBundleResponse
+	14, // 38: gpurack.boot.v1.EnrollmentService.ReportCommissioning:output_type -> gpurack.boot.v1.ReportCommissioningResponse
+	16, // 39: gpurack.boot.v1.EnrollmentService.Heartbeat:output_type -> gpurack.boot.v1.HeartbeatResponse
+	36, // [36:40] is the sub-list for method output_type
+	32, // [32:36] is the sub-list for method input_type
+	32, // [32:32] is the sub-list for extension type_name
+	32, // [32:32] is the sub-list for extension extendee
+	0,  // [0:32] is the sub-list for field type_name
 }
 
 func init() { file_api_boot_v1_enroll_proto_init() }
@@ -1722,7 +1797,7 @@ func file_api_boot_v1_enroll_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_boot_v1_enroll_proto_rawDesc), len(file_api_boot_v1_enroll_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   17,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
