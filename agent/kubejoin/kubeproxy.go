@@ -4,7 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	"sigs.k8s.io/knftables"
 	"sigs.k8s.io/yaml"
 
@@ -61,6 +65,8 @@ func KubeProxyConfig(j KubeProxyJoin) ([]byte, error) {
 		"clientConnection": map[string]any{"kubeconfig": j.Kubeconfig},
 		// Local traffic is the node's podCIDR's: no cluster-wide setting needed.
 		"detectLocalMode": "NodeCIDR",
+		// Where KubeProxySynced reads whether the rules are in place.
+		"metricsBindAddress": KubeProxyMetricsAddr,
 	}
 	if j.ClusterCIDR != "" {
 		cfg["clusterCIDR"] = j.ClusterCIDR
@@ -91,4 +97,45 @@ func StartKubeProxy(ctx context.Context, h Host, path string, j KubeProxyJoin) e
 		return fmt.Errorf("start %s: %w", KubeProxyUnit, err)
 	}
 	return nil
+}
+
+// KubeProxyMetricsAddr is where kube-proxy serves its metrics on the node.
+const KubeProxyMetricsAddr = "127.0.0.1:10249"
+
+// syncedMetric is the time of kube-proxy's last successful rule sync, per IP family;
+// kube-proxy sets it only once a sync has succeeded.
+const syncedMetric = "kubeproxy_sync_proxy_rules_last_timestamp_seconds"
+
+// KubeProxySynced reports whether the kube-proxy serving metrics at url (e.g.
+// "http://127.0.0.1:10249/metrics") has put its Service rules in place: every IP
+// family it runs has synced at least once. kube-proxy's /healthz cannot say this: it
+// is healthy while it starts.
+func KubeProxySynced(ctx context.Context, c *http.Client, url string) (bool, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return false, err
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return false, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return false, fmt.Errorf("kube-proxy metrics %s: %s", url, resp.Status)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(io.LimitReader(resp.Body, 16<<20))
+	if err != nil {
+		return false, fmt.Errorf("kube-proxy metrics %s: %w", url, err)
+	}
+	f := families[syncedMetric]
+	if f == nil || len(f.GetMetric()) == 0 {
+		return false, nil
+	}
+	for _, m := range f.GetMetric() {
+		if m.GetGauge().GetValue() <= 0 {
+			return false, nil
+		}
+	}
+	return true, nil
 }

@@ -3,6 +3,9 @@ package kubejoin
 import (
 	"context"
 	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -53,5 +56,39 @@ func TestKubeProxyConfigRefuses(t *testing.T) {
 	b, err := KubeProxyConfig(KubeProxyJoin{NodeName: "n", Kubeconfig: "k", Mode: "iptables"})
 	if err != nil || !strings.Contains(string(b), "mode: iptables") {
 		t.Errorf("iptables fallback: %v\n%s", err, b)
+	}
+}
+
+// TestKubeProxySynced reads kube-proxy's metrics: synced only once every IP family it
+// runs has a last-sync time; an error for a page that is not metrics.
+func TestKubeProxySynced(t *testing.T) {
+	page := ""
+	status := http.StatusOK
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(status)
+		io.WriteString(w, page)
+	}))
+	defer srv.Close()
+	const head = "# HELP kubeproxy_sync_proxy_rules_last_timestamp_seconds [ALPHA] The last time proxy rules were successfully synced\n" +
+		"# TYPE kubeproxy_sync_proxy_rules_last_timestamp_seconds gauge\n"
+	cases := []struct {
+		page    string
+		status  int
+		want    bool
+		wantErr bool
+	}{
+		{"# HELP process_start_time_seconds x\n# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds 1.7e9\n", 200, false, false},
+		{head + `kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="IPv4"} 1.7646e+09` + "\n", 200, true, false},
+		{head + `kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="IPv4"} 1.7646e+09` + "\n" +
+			`kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="IPv6"} 0` + "\n", 200, false, false},
+		{"not metrics {\n", 200, false, true},
+		{"", 500, false, true},
+	}
+	for _, c := range cases {
+		page, status = c.page, c.status
+		got, err := KubeProxySynced(t.Context(), srv.Client(), srv.URL+"/metrics")
+		if got != c.want || (err != nil) != c.wantErr {
+			t.Errorf("page %q (%d): synced %v, err %v; want %v, error %v", c.page, c.status, got, err, c.want, c.wantErr)
+		}
 	}
 }

@@ -275,8 +275,9 @@ func (n *node) join(ctx context.Context, bundle *bootv1.JoinBundle, afterNode fu
 				n.services.Start(&failedService{name: "pod-network", err: err})
 				consoleLine(n.cfg.Console, "gpuagent: pod network: "+err.Error())
 			} else {
-				n.services.Start(n.podNetwork(kubeconfig, name, pn))
-				n.services.Start(n.kubeProxy(kubeconfig, name, pn.PodSubnet))
+				kp := n.kubeProxy(kubeconfig, name, pn.PodSubnet)
+				n.services.Start(kp)
+				n.services.Start(n.podNetwork(kubeconfig, name, pn, kp.WaitSynced))
 			}
 			n.services.Start(n.devicePlugin())
 		}

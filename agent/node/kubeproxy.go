@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"net/http"
 	"time"
 
 	"github.com/gpurack/gpurack/agent/kubejoin"
@@ -16,6 +17,10 @@ type kubeProxyService struct {
 	host kubejoin.Host
 	path string
 	j    kubejoin.KubeProxyJoin
+	// metrics is kube-proxy's metrics URL; synced closes once its rules are in place.
+	metrics string
+	synced  chan struct{}
+	console string
 }
 
 func (n *node) kubeProxy(kubeconfig, nodeName, clusterCIDR string) *kubeProxyService {
@@ -24,7 +29,20 @@ func (n *node) kubeProxy(kubeconfig, nodeName, clusterCIDR string) *kubeProxySer
 		host = kubejoin.SystemdHost{}
 	}
 	return &kubeProxyService{host: host, path: kubejoin.DefaultKubeProxyConfig,
-		j: kubejoin.KubeProxyJoin{NodeName: nodeName, Kubeconfig: kubeconfig, ClusterCIDR: clusterCIDR}}
+		j:       kubejoin.KubeProxyJoin{NodeName: nodeName, Kubeconfig: kubeconfig, ClusterCIDR: clusterCIDR},
+		metrics: "http://" + kubejoin.KubeProxyMetricsAddr + "/metrics", synced: make(chan struct{}), console: n.cfg.Console}
+}
+
+// WaitSynced returns once kube-proxy has put its Service rules in place, or with
+// ctx's error. The pod network waits for it before it lets kubelet report Ready, so
+// that a Ready node's pods reach Services from their first packet.
+func (s *kubeProxyService) WaitSynced(ctx context.Context) error {
+	select {
+	case <-s.synced:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 func (s *kubeProxyService) Name() string { return "kube-proxy" }
@@ -45,7 +63,28 @@ func (s *kubeProxyService) Run(ctx context.Context) error {
 		case <-time.After(wait):
 		}
 	}
-	s.set(Running, kubejoin.KubeProxyUnit+" started (nftables mode, "+s.path+")")
+	started := kubejoin.KubeProxyUnit + " started (nftables mode, " + s.path + ")"
+	s.set(Starting, started+"; waiting for its first rule sync")
+	client := &http.Client{Timeout: 5 * time.Second}
+	last := ""
+	for {
+		ok, err := kubejoin.KubeProxySynced(ctx, client, s.metrics)
+		if ok {
+			break
+		}
+		if err != nil && err.Error() != last { // each new reason once, not every second
+			last = err.Error()
+			s.set(Starting, started+"; waiting for its first rule sync: "+last)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(time.Second):
+		}
+	}
+	close(s.synced)
+	s.set(Running, started+"; Service rules in place")
+	consoleLine(s.console, "gpuagent: kube-proxy: Service rules in place")
 	<-ctx.Done()
 	return nil
 }

@@ -19,13 +19,13 @@ type podNetworkService struct {
 	console string
 }
 
-func (n *node) podNetwork(kubeconfig, nodeName string, pn profile.PodNetwork) *podNetworkService {
+func (n *node) podNetwork(kubeconfig, nodeName string, pn profile.PodNetwork, servicesReady func(context.Context) error) *podNetworkService {
 	s := &podNetworkService{console: n.cfg.Console}
 	// podNetworkSettings checked the subnet.
 	subnet, _ := netip.ParsePrefix(pn.PodSubnet)
 	s.cfg = podnet.Config{Kubeconfig: kubeconfig, NodeName: nodeName, Log: n.log.With("service", "pod-network"),
 		CNIBinDir: n.cfg.CNIBinDir, CNIConfDir: n.cfg.CNIConfDir,
-		Backend: pn.Backend, PodSubnet: subnet,
+		Backend: pn.Backend, PodSubnet: subnet, ServicesReady: servicesReady,
 		Progress: func(msg string, up bool) {
 			state := Starting
 			if up {

@@ -63,8 +63,18 @@ func TestRunWithNodeIdentity(t *testing.T) {
 	done := make(chan error, 1)
 	rctx, stop := context.WithCancel(ctx)
 	defer stop()
+	// kube-proxy's first sync, which the conflist waits for.
+	services := make(chan struct{})
+	servicesReady := func(ctx context.Context) error {
+		select {
+		case <-services:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 	go func() {
-		done <- Run(rctx, Config{Kubeconfig: kubeconfig, NodeName: name, CNIConfDir: confDir, Progress: rec.progress})
+		done <- Run(rctx, Config{Kubeconfig: kubeconfig, NodeName: name, CNIConfDir: confDir, Progress: rec.progress, ServicesReady: servicesReady})
 	}()
 	// The Node does not exist yet: the service says so and waits.
 	waitUntil(t, func() bool { m, _ := rec.seen(); return len(m) > 0 }, "the first progress report")
@@ -79,6 +89,14 @@ func TestRunWithNodeIdentity(t *testing.T) {
 	if _, err := kubejoin.Register(ctx, nodeClient, kubejoin.NodeSpec{Name: name}); err != nil {
 		t.Fatal(err)
 	}
+	waitUntil(t, func() bool {
+		m, _ := rec.seen()
+		return strings.Contains(m[len(m)-1], "waiting for kube-proxy's Service rules")
+	}, "the wait for kube-proxy")
+	if _, err := os.Stat(filepath.Join(confDir, ConflistName)); !os.IsNotExist(err) {
+		t.Errorf("the conflist is there before kube-proxy's rules are (%v): kubelet would report Ready too soon", err)
+	}
+	close(services)
 	waitUntil(t, func() bool { _, up := rec.seen(); return up }, "the conflist")
 	node, err := c.Clientset(t).CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 	if err != nil {

@@ -25,6 +25,10 @@ type Config struct {
 	Backend string
 	// PodSubnet is the cluster's pod network, which every Node's podCIDR lies in.
 	PodSubnet netip.Prefix
+	// ServicesReady, when set, is waited for before the conflist is written (what
+	// makes kubelet report Ready): kube-proxy's first rule sync, so that a Ready
+	// node's pods reach Services from their first packet.
+	ServicesReady func(context.Context) error
 	// RunDir holds flannel's net-conf.json; empty: DefaultRunDir.
 	RunDir string
 	Log    *slog.Logger
@@ -104,6 +108,15 @@ func Run(ctx context.Context, cfg Config) error {
 			return err
 		}
 		masq, via = false, "flannel "+cfg.Backend+" across "+cfg.PodSubnet.String()
+	}
+	if cfg.ServicesReady != nil {
+		cfg.progress(fmt.Sprintf("podCIDR %s via %s; waiting for kube-proxy's Service rules", podCIDR, via), false)
+		if err := cfg.ServicesReady(ctx); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("pod network: waiting for kube-proxy: %w", err)
+		}
 	}
 	path, err := WriteConflist(cfg.CNIConfDir, podCIDR, mtu, masq)
 	if err != nil {

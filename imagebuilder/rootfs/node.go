@@ -49,9 +49,9 @@ var NodeModules = []string{
 	"ip6_tables", "ip6table_filter", "ip6table_nat", "ip6table_mangle",
 	"xt_conntrack", "xt_MASQUERADE", "xt_addrtype", "xt_comment", "xt_mark", "xt_multiport",
 	"xt_nat", "xt_statistic", "xt_tcpudp", "ipt_REJECT", "ip6t_REJECT", "nf_tables", "nft_compat",
-	"nft_chain_nat", "nft_ct", "nft_nat", "nft_masq", "nft_numgen", "nft_reject", "nft_reject_inet", "nft_reject_ipv4",
-	"nft_fib", "nft_fib_inet", "nft_fib_ipv4", "nft_limit", "nft_hash", "nft_redir", "ip_vs", "ip_vs_rr", "ip_vs_wrr", "ip_vs_sh", "ip_set", "autofs4", "loop", "squashfs",
-	"virtio_net", "virtio_blk", "virtio_pci", "virtio_console", "tls", "configfs", "efivarfs",
+	"nft_chain_nat", "nft_ct", "nft_nat", "nft_masq", "nft_numgen", "nft_reject", "nft_reject_inet", "nft_reject_ipv4", "nft_reject_ipv6",
+	"nft_fib", "nft_fib_inet", "nft_fib_ipv4", "nft_fib_ipv6", "nft_limit", "nft_hash", "nft_redir", "ip_vs", "ip_vs_rr", "ip_vs_wrr", "ip_vs_sh", "ip_set", "autofs4", "loop", "squashfs",
+	"nf_conntrack_netlink", "virtio_net", "virtio_blk", "virtio_pci", "virtio_console", "tls", "configfs", "efivarfs",
 }
 
 // Write lays the node's files out in overlay (copied over the tree by mmdebstrap) and
@@ -83,11 +83,13 @@ func (n *Node) Write(overlay string) ([]string, error) {
 		"etc/systemd/system/var-lib-containerd.mount": containerdStateMount,
 		"etc/systemd/system/containerd.service.d/gpurack-state.conf": "# gpurack: containerd's state on its own tmpfs (var-lib-containerd.mount).\n" +
 			"[Unit]\nRequiresMountsFor=/var/lib/containerd\n",
-		"etc/systemd/system/gpurack-images.service":      imagesUnit(n.PauseTag, n.Images),
-		"etc/systemd/system/gpurack-boot-report.service": bootReportUnit,
-		"usr/lib/gpurack/boot-report":                    bootReport,
-		"etc/systemd/network/80-gpurack-dhcp.network":    networkdConfig,
-		"etc/systemd/journald.conf.d/gpurack.conf":       "[Journal]\nStorage=volatile\n",
+		"etc/systemd/system/gpurack-images.service":          imagesUnit(n.PauseTag, n.Images),
+		"etc/systemd/system/gpurack-boot-report.service":     bootReportUnit,
+		"usr/lib/gpurack/boot-report":                        bootReport,
+		"etc/systemd/network/80-gpurack-dhcp.network":        networkdConfig,
+		"etc/systemd/network/10-gpurack-pod-network.network": networkdPodLinks,
+		"etc/systemd/networkd.conf.d/gpurack.conf":           networkdForeign,
+		"etc/systemd/journald.conf.d/gpurack.conf":           "[Journal]\nStorage=volatile\n",
 	}
 	for name, content := range files {
 		mode := os.FileMode(0o644)
@@ -386,10 +388,32 @@ echo "$msg"
 
 const networkdConfig = `# gpurack: DHCP on every Ethernet NIC (gpurack-init sets the boot NIC down before
 # switch_root, so that udev can rename it); keep the address when networkd stops.
+# The pod network's links match 10-gpurack-pod-network.network first.
 [Match]
 Type=ether
 
 [Network]
 DHCP=ipv4
 KeepConfiguration=dhcp-on-stop
+`
+
+// networkdPodLinks keeps systemd-networkd away from the links the pod network makes:
+// the CNI bridge, flannel's vxlan device and the pods' veths are all Type=ether, and
+// networkd managing one takes a veth out of its bridge (KeepMaster=no) and runs DHCP
+// on it, so that pods lose the network at random.
+const networkdPodLinks = `# gpurack: the pod network's links (agent/podnet: bridge cni0, flannel's vxlan
+# device, the pods' veths) belong to the CNI plugins and flannel, not to networkd.
+[Match]
+Name=cni0 flannel.* veth*
+
+[Link]
+Unmanaged=yes
+`
+
+// networkdForeign keeps the routes flannel adds (host-gw: a route per node on the
+// managed NIC) when networkd reconfigures a link.
+const networkdForeign = `# gpurack: routes and rules that networkd did not make are flannel's; keep them.
+[Network]
+ManageForeignRoutes=no
+ManageForeignRoutingPolicyRules=no
 `

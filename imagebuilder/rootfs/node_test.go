@@ -23,14 +23,17 @@ func TestNodeWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	checks := map[string]string{
-		"etc/containerd/config.toml":                                    "SystemdCgroup = true",
-		"etc/gpurack/profile.json":                                      `{"name":"tiny"}`,
-		"etc/systemd/system/kubelet.service":                            "--bootstrap-kubeconfig=/var/lib/kubelet/bootstrap-kubeconfig --kubeconfig=/var/lib/kubelet/kubeconfig --config=/var/lib/kubelet/config.yaml",
-		"etc/sysctl.d/90-gpurack-kubernetes.conf":                       "net.bridge.bridge-nf-call-iptables = 1",
-		"etc/modules-load.d/gpurack-kubernetes.conf":                    "br_netfilter",
-		"usr/bin/kubelet":                                               "kubelet",
-		"usr/bin/gpuagent":                                              "gpuagent",
-		"etc/systemd/system/gpuagent.service":                           "gpuagent.service",
+		"etc/containerd/config.toml":              "SystemdCgroup = true",
+		"etc/gpurack/profile.json":                `{"name":"tiny"}`,
+		"etc/systemd/system/kubelet.service":      "--bootstrap-kubeconfig=/var/lib/kubelet/bootstrap-kubeconfig --kubeconfig=/var/lib/kubelet/kubeconfig --config=/var/lib/kubelet/config.yaml",
+		"etc/sysctl.d/90-gpurack-kubernetes.conf": "net.bridge.bridge-nf-call-iptables = 1",
+		// The pod network's links match before 80-gpurack-dhcp.network's Type=ether.
+		"etc/systemd/network/10-gpurack-pod-network.network": "Name=cni0 flannel.* veth*\n\n[Link]\nUnmanaged=yes",
+		"etc/systemd/networkd.conf.d/gpurack.conf":           "ManageForeignRoutes=no",
+		"etc/modules-load.d/gpurack-kubernetes.conf":         "br_netfilter",
+		"usr/bin/kubelet":                     "kubelet",
+		"usr/bin/gpuagent":                    "gpuagent",
+		"etc/systemd/system/gpuagent.service": "gpuagent.service",
 		"usr/lib/modules/6.1.0-57-amd64/kernel/fs/overlayfs/overlay.ko": "overlay.ko",
 		"usr/lib/modules/6.1.0-57-amd64/modules.builtin":                "modules.builtin",
 		"usr/lib/modules/6.1.0-57-amd64/updates/dkms/nvidia-current.ko": "nvidia.ko",

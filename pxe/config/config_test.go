@@ -18,6 +18,14 @@ func TestExampleParses(t *testing.T) {
 	if c.Listen.HTTP != ":8080" || c.Listen.TLS != ":8443" || c.DefaultRack != "r1" || len(c.Selectors) != 2 {
 		t.Fatalf("example: %+v", c)
 	}
+	if pn := c.Cluster.PodNetwork; pn.Subnet != "10.244.0.0/16" || pn.Backend != "vxlan" {
+		t.Errorf("example cluster.podNetwork %+v", pn)
+	}
+	// An empty podNetwork leaves the profile's settings (the bundle carries none).
+	c, err = Parse("g.yaml", []byte(minimal+"cluster: {podNetwork: {}}\n"))
+	if err != nil || c.Cluster.PodNetwork != (PodNetwork{}) {
+		t.Errorf("cluster: {podNetwork: {}}: %+v, %v", c.Cluster.PodNetwork, err)
+	}
 }
 
 const minimal = `stateDir: /var/lib/gpuboot

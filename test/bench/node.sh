@@ -25,7 +25,7 @@ for i in $(seq 1 "$RUNS"); do
     { tail -50 "$work/run-$i.log" >&2; echo "node bench: run $i failed (log above)" >&2; exit 1; }
 done
 if [ ! -s "$figures" ]; then
-  echo "node bench: the runs wrote no figures: TestTinyNodeJoin measures them in its probe pods, which wait behind tinyNodeRunsProbePods (test/qemu/poweron_test.go)" >&2
+  echo "node bench: the runs wrote no figures (TestTinyNodeJoin writes them once its probe pod has run)" >&2
   exit 1
 fi
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)

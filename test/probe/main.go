@@ -14,6 +14,13 @@
 //	probe restart UNIT...           restart the host's systemd units through the system
 //	                                bus (a pod that mounts the host's /run/dbus, as
 //	                                root), each waited for; exit 1 if one fails
+//	probe hold URL DURATION [EVERY] GET URL every EVERY (default 2s) for DURATION over
+//	                                one keep-alive connection; exit 1 if a request
+//	                                fails or needs a new connection (the one held was
+//	                                dropped). The summary goes to the termination message.
+//	probe chroot DIR CMD [ARG...]   run CMD with DIR as the root directory (a privileged
+//	                                pod with the host's / mounted at DIR: the node's own
+//	                                tools, for a test's diagnostics)
 //
 // fetch trusts the pod's service-account CA for https (the apiserver through the
 // kubernetes Service) when the pod has one.
@@ -33,9 +40,11 @@ import (
 	"net/http/httptrace"
 	"net/url"
 	"os"
+	"os/exec"
 	"slices"
 	"sort"
 	"strings"
+	"syscall"
 	"time"
 
 	sdbus "github.com/coreos/go-systemd/v22/dbus"
@@ -55,7 +64,7 @@ func main() {
 // fetch also writes its lines.
 func run(args []string, stdout io.Writer, termLog string) error {
 	cmd := "serve"
-	if len(args) > 0 && slices.Contains([]string{"serve", "resolve", "fetch", "restart"}, args[0]) {
+	if len(args) > 0 && slices.Contains([]string{"serve", "resolve", "fetch", "hold", "restart", "chroot"}, args[0]) {
 		cmd, args = args[0], args[1:]
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -89,12 +98,19 @@ func run(args []string, stdout io.Writer, termLog string) error {
 		if len(args) == 0 {
 			return errors.New("usage: probe fetch URL [URL]")
 		}
+		// Every URL is tried, each with its own limit, so that one failure still
+		// says how the others went.
 		var out strings.Builder
+		failed := 0
 		for _, u := range args {
 			// A new client each time: every URL pays its own connect.
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			status, connect, err := fetchTimed(ctx, newClient(serviceAccountCA), u)
+			cancel()
 			if err != nil {
-				return err
+				failed++
+				fmt.Fprintf(&out, "%s error: %v\n", u, err)
+				continue
 			}
 			fmt.Fprintf(&out, "%s %s connect=%s\n", u, status, connect)
 		}
@@ -103,7 +119,33 @@ func run(args []string, stdout io.Writer, termLog string) error {
 		if err := os.WriteFile(termLog, []byte(out.String()), 0o644); err != nil {
 			fmt.Fprintln(os.Stderr, "probe: termination message:", err)
 		}
+		if failed > 0 {
+			return fmt.Errorf("%d of %d URLs did not answer", failed, len(args))
+		}
 		return nil
+	case "hold":
+		if len(args) != 2 && len(args) != 3 {
+			return errors.New("usage: probe hold URL DURATION [EVERY]")
+		}
+		d, err := time.ParseDuration(args[1])
+		every := 2 * time.Second
+		if err == nil && len(args) == 3 {
+			every, err = time.ParseDuration(args[2])
+		}
+		if err != nil || d <= 0 || every <= 0 {
+			return fmt.Errorf("probe hold: DURATION and EVERY are durations such as 3m and 2s: %v", args[1:])
+		}
+		summary, err := hold(newClient(serviceAccountCA), args[0], d, every)
+		fmt.Fprintln(stdout, summary)
+		if werr := os.WriteFile(termLog, []byte(summary+"\n"), 0o644); werr != nil {
+			fmt.Fprintln(os.Stderr, "probe: termination message:", werr)
+		}
+		return err
+	case "chroot":
+		if len(args) < 2 {
+			return errors.New("usage: probe chroot DIR CMD [ARG...]")
+		}
+		return chrootExec(args[0], args[1:])
 	default:
 		fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 		listen := fs.String("listen", ":8080", "address to serve HTTP on")
@@ -191,6 +233,33 @@ func fetchTimed(ctx context.Context, c *http.Client, u string) (string, time.Dur
 	return resp.Status, connect, nil
 }
 
+// hold GETs u every interval for d with c, and fails at the first request that errs
+// or does not reuse the connection the first one opened. It returns a summary either
+// way.
+func hold(c *http.Client, u string, d, every time.Duration) (string, error) {
+	start := time.Now()
+	n := 0
+	for ; n == 0 || time.Since(start) < d; n++ {
+		if n > 0 {
+			time.Sleep(every)
+		}
+		reused := false
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) { reused = i.Reused }})
+		_, _, err := fetchTimed(ctx, c, u)
+		cancel()
+		at := time.Since(start).Round(time.Millisecond)
+		switch {
+		case err != nil:
+			return fmt.Sprintf("hold %s: request %d at %s failed after %d on one connection", u, n+1, at, n), err
+		case n > 0 && !reused:
+			return fmt.Sprintf("hold %s: request %d at %s needed a new connection", u, n+1, at),
+				fmt.Errorf("the connection held for %s was dropped", at)
+		}
+	}
+	return fmt.Sprintf("hold %s: %d requests over one connection for %s", u, n, time.Since(start).Round(time.Millisecond)), nil
+}
+
 // newHandler serves the probe's HTTP endpoints; every answer is JSON but /.
 func newHandler(host string, client *http.Client) http.Handler {
 	mux := http.NewServeMux()
@@ -245,4 +314,19 @@ func restartUnits(ctx context.Context, units []string, stdout io.Writer) error {
 		fmt.Fprintf(stdout, "restarted %s in %s\n", u, time.Since(start).Round(time.Millisecond))
 	}
 	return nil
+}
+
+// chrootExec replaces the probe with argv run inside root.
+func chrootExec(root string, argv []string) error {
+	if err := syscall.Chroot(root); err != nil {
+		return fmt.Errorf("chroot %s: %w", root, err)
+	}
+	if err := os.Chdir("/"); err != nil {
+		return err
+	}
+	path, err := exec.LookPath(argv[0])
+	if err != nil {
+		return err
+	}
+	return syscall.Exec(path, argv, os.Environ())
 }

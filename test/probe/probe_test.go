@@ -132,7 +132,17 @@ func TestRunCommands(t *testing.T) {
 
 	closed := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
 	closed.Close()
+	// One URL that does not answer: the others are still fetched and reported.
+	out.Reset()
+	if err := run([]string{"fetch", closed.URL, srv.URL}, &out, termLog); err == nil || !strings.Contains(err.Error(), "1 of 2 URLs") {
+		t.Errorf("probe fetch with a closed URL: %v, want 1 of 2 URLs failing", err)
+	}
+	if got := out.String(); !strings.Contains(got, closed.URL+" error: ") || !strings.Contains(got, srv.URL+" 200 OK connect=") {
+		t.Errorf("probe fetch with a closed URL printed %q", got)
+	}
 	for _, args := range [][]string{
+		{"chroot", "/"},
+		{"chroot", filepath.Join(t.TempDir(), "none"), "true"},
 		{"fetch"},
 		{"fetch", closed.URL},
 		{"fetch", "ftp://x"},
@@ -148,5 +158,31 @@ func TestRunCommands(t *testing.T) {
 	out.Reset()
 	if err := run([]string{"resolve", "localhost", "127.0.0.1"}, &out, termLog); err != nil || !strings.Contains(out.String(), "127.0.0.1") {
 		t.Errorf("probe resolve localhost: %q %v", out.String(), err)
+	}
+}
+
+// TestHold: hold passes while one connection carries every request, and fails when
+// the server drops it (here: answers "Connection: close").
+func TestHold(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer srv.Close()
+	termLog := filepath.Join(t.TempDir(), "termination-log")
+	var out strings.Builder
+	if err := run([]string{"hold", srv.URL, "300ms", "50ms"}, &out, termLog); err != nil || !strings.Contains(out.String(), "requests over one connection") {
+		t.Errorf("probe hold: %q %v", out.String(), err)
+	}
+	if b, _ := os.ReadFile(termLog); string(b) != out.String() {
+		t.Errorf("termination message %q, want %q", b, out.String())
+	}
+	closing := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Header().Set("Connection", "close") }))
+	defer closing.Close()
+	out.Reset()
+	if err := run([]string{"hold", closing.URL, "300ms", "50ms"}, &out, termLog); err == nil || !strings.Contains(out.String(), "request 2 at") {
+		t.Errorf("probe hold of a server that closes: %q %v, want request 2 to need a new connection", out.String(), err)
+	}
+	for _, args := range [][]string{{"hold", srv.URL}, {"hold", srv.URL, "soon"}, {"hold", srv.URL, "1s", "-1s"}} {
+		if err := run(args, io.Discard, termLog); err == nil {
+			t.Errorf("probe %q: no error", args)
+		}
 	}
 }

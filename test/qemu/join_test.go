@@ -26,6 +26,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -107,7 +108,8 @@ func TestTinyNodeJoin(t *testing.T) {
 		}
 	})
 
-	g := startNamespacedGpuboot(t, env, ns, bins.gpuboot, cp.enroller, filepath.Dir(imageDir), pubKey, imageID)
+	g := startNamespacedGpuboot(t, env, ns, bins.gpuboot, cp.enroller, filepath.Dir(imageDir), pubKey, imageID,
+		gpubootSettings{clusterDNS: clusterDNSAddress(t, ctx, admin)})
 
 	// What iPXE would do: fetch /boot.ipxe with the machine's identity, then the kernel
 	// and initrd it names from gpuboot's image store (served only if the signature
@@ -233,14 +235,15 @@ func TestTinyNodeJoin(t *testing.T) {
 		return "no Ready condition"
 	})
 	t.Logf("Node %s: Ready=True, podCIDR %s", joinNode, node.Spec.PodCIDR)
+	// Ready waits for kube-proxy's rules (the pod network writes the conflist after).
+	if want := "gpuagent: kube-proxy: Service rules in place"; !strings.Contains(con.text(), want) {
+		t.Errorf("the Node is Ready but the console lacks %q", want)
+	}
 	// 5. Pods: the probe reaches the apiserver through the kubernetes Service's
 	// ClusterIP, resolves names through CoreDNS, and still does after gpuagent and
-	// kube-proxy restart. Behind tinyNodeRunsProbePods (poweron_test.go): in QEMU the
-	// probe pod gets its address and runs, but its fetch never ends (see there).
-	if tinyNodeRunsProbePods {
-		runProbePod(t, ctx, admin, node)
-		restartNodeServices(t, ctx, admin, node, con)
-	}
+	// kube-proxy restart.
+	runProbePod(t, ctx, admin, node)
+	restartNodeServices(t, ctx, admin, node, con)
 
 	log := con.text()
 	bootLine := regexp.MustCompile(`gpurack: booted image ` + imageID + ` .*gpuagent\.service=active`)
@@ -275,7 +278,11 @@ func runProbePod(t *testing.T, ctx context.Context, admin kubernetes.Interface, 
 	}
 	direct := fmt.Sprintf("https://%s/version", net.JoinHostPort(eps.Endpoints[0].Addresses[0], fmt.Sprint(*eps.Ports[0].Port)))
 	t0 := time.Now()
-	got := runProbe(t, ctx, admin, node, "probe", "fetch", url, direct, url)
+	got, err := runPodToEnd(ctx, admin, probePod(node, "probe", "fetch", url, direct, url), 3*time.Minute)
+	if err != nil {
+		nodeNetworkDiagnostics(t, ctx, admin, node, url, direct)
+		t.Fatal(err)
+	}
 	t.Logf("probe pod create -> Succeeded: %s (fetched %s through the ClusterIP)", time.Since(t0).Round(time.Second), url)
 	logNodeFigures(t, node, got)
 	cidr, err := netip.ParsePrefix(node.Spec.PodCIDR)
@@ -339,20 +346,50 @@ func restartNodeServices(t *testing.T, ctx context.Context, admin kubernetes.Int
 		Spec: corev1.PodSpec{NodeName: node.Name, RestartPolicy: corev1.RestartPolicyNever,
 			Volumes: []corev1.Volume{{Name: "dbus", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/run/dbus", Type: &dir}}}},
 			Containers: []corev1.Container{{Name: "probe", Image: probeImage, ImagePullPolicy: corev1.PullNever,
-				Args:                     []string{"restart", "kube-proxy.service", "gpuagent.service"},
+				Args: []string{"restart", "kube-proxy.service", "gpuagent.service"},
+				// The image has no /var/run -> /run link, where the bus library looks.
+				Env:                      []corev1.EnvVar{{Name: "DBUS_SYSTEM_BUS_ADDRESS", Value: "unix:path=/run/dbus/system_bus_socket"}},
 				SecurityContext:          &corev1.SecurityContext{RunAsUser: &root},
 				VolumeMounts:             []corev1.VolumeMount{{Name: "dbus", MountPath: "/run/dbus"}},
 				TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError}}},
 	}
+	// A connection established before the restarts, from a pod through a ClusterIP
+	// Service to a pod, must carry requests through them: the probe holds it and asks
+	// every 2 s.
+	_, target := startProbeServer(t, ctx, admin, node, "hold-target")
+	holder := probePod(node, "hold-connection", "hold", fmt.Sprintf("http://%s/healthz", target.Spec.ClusterIP), holdFor.String())
+	if _, err := admin.CoreV1().Pods(holder.Namespace).Create(ctx, holder, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, ctx, 3*time.Minute, "the hold-connection pod running", func() bool {
+		p, err := admin.CoreV1().Pods(holder.Namespace).Get(ctx, holder.Name, metav1.GetOptions{})
+		return err == nil && p.Status.Phase == corev1.PodRunning
+	})
+	time.Sleep(5 * time.Second) // its connection is up and has carried a request or two
 	t0 := time.Now()
 	waitPodSucceeded(t, ctx, admin, pod, 4*time.Minute)
-	t.Logf("kube-proxy.service and gpuagent.service restarted on the node (%s)", time.Since(t0).Round(time.Second))
+	restarted := time.Now()
+	t.Logf("kube-proxy.service and gpuagent.service restarted on the node (%s)", restarted.Sub(t0).Round(time.Second))
 	waitFor(t, ctx, 3*time.Minute, "the restarted gpuagent to bring the pod network up again", func() bool {
 		return len(conflistUp.FindAllString(con.text(), -1)) > before
 	}, con.tail)
 	t.Logf("restart -> pod network up again: %s", time.Since(t0).Round(time.Second))
 	if r := nodeCondition(mustNode(t, ctx, admin, node.Name), corev1.NodeReady); r == nil || r.Status != corev1.ConditionTrue {
 		t.Errorf("Node %s after the restarts: Ready %v", node.Name, r)
+	}
+	var held *corev1.Pod
+	var err error
+	waitFor(t, ctx, holdFor+time.Minute, "the hold-connection pod to end", func() bool {
+		held, err = admin.CoreV1().Pods(holder.Namespace).Get(ctx, holder.Name, metav1.GetOptions{})
+		return err == nil && (held.Status.Phase == corev1.PodSucceeded || held.Status.Phase == corev1.PodFailed)
+	})
+	switch ended := podEnded(held); {
+	case held.Status.Phase != corev1.PodSucceeded:
+		t.Errorf("a pod connection through a ClusterIP Service did not survive the restarts: %s", podStatus(held))
+	case ended.Before(restarted):
+		t.Errorf("the held connection ended at %s, before the restarts were done (%s): lengthen holdFor", ended.Format(time.TimeOnly), restarted.Format(time.TimeOnly))
+	default:
+		t.Logf("a pod connection through a ClusterIP Service survived the restarts: %s", terminationMessage(held))
 	}
 	svc, err := admin.CoreV1().Services(metav1.NamespaceDefault).Get(ctx, "kubernetes", metav1.GetOptions{})
 	if err != nil {
@@ -362,6 +399,56 @@ func restartNodeServices(t *testing.T, ctx context.Context, admin kubernetes.Int
 	runProbe(t, ctx, admin, node, "probe-after-restart", "fetch", url)
 	runProbe(t, ctx, admin, node, "resolve-after-restart", "resolve", "kubernetes.default", svc.Spec.ClusterIP)
 	t.Logf("after the restarts a new pod still fetched %s through the Service and resolved kubernetes.default", url)
+}
+
+// startProbeServer runs the probe's HTTP server (:8080) in a pod named name on node,
+// behind a ClusterIP Service of the same name on port 80, and returns both once the
+// pod runs and the Service has its endpoint.
+func startProbeServer(t *testing.T, ctx context.Context, admin kubernetes.Interface, node *corev1.Node, name string) (*corev1.Pod, *corev1.Service) {
+	t.Helper()
+	labels := map[string]string{"app": name}
+	server := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: metav1.NamespaceDefault, Labels: labels},
+		Spec: corev1.PodSpec{NodeName: node.Name,
+			Containers: []corev1.Container{{Name: "probe", Image: probeImage, ImagePullPolicy: corev1.PullNever,
+				Args: []string{"serve", "-listen", ":8080"}, Ports: []corev1.ContainerPort{{ContainerPort: 8080}}}}},
+	}
+	if _, err := admin.CoreV1().Pods(server.Namespace).Create(ctx, server, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: metav1.NamespaceDefault},
+		Spec: corev1.ServiceSpec{Selector: labels,
+			Ports: []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(8080)}}},
+	}
+	svc, err := admin.CoreV1().Services(svc.Namespace).Create(ctx, svc, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got *corev1.Pod
+	waitFor(t, ctx, 3*time.Minute, "the "+name+" pod Running on "+node.Name, func() bool {
+		got, err = admin.CoreV1().Pods(server.Namespace).Get(ctx, server.Name, metav1.GetOptions{})
+		return err == nil && got.Status.Phase == corev1.PodRunning && got.Status.PodIP != ""
+	}, func() string { return podStatus(got) })
+	waitFor(t, ctx, time.Minute, "the "+name+" Service's endpoint", func() bool {
+		eps, err := admin.DiscoveryV1().EndpointSlices(svc.Namespace).List(ctx, metav1.ListOptions{LabelSelector: "kubernetes.io/service-name=" + svc.Name})
+		return err == nil && len(eps.Items) > 0 && len(eps.Items[0].Endpoints) > 0
+	})
+	return got, svc
+}
+
+// holdFor is how long the probe holds its connection across the node's service
+// restarts, which take about a minute under TCG.
+const holdFor = 3 * time.Minute
+
+// podEnded is when p's container ended (zero while it has not).
+func podEnded(p *corev1.Pod) time.Time {
+	for _, c := range p.Status.ContainerStatuses {
+		if c.State.Terminated != nil {
+			return c.State.Terminated.FinishedAt.Time
+		}
+	}
+	return time.Time{}
 }
 
 func mustNode(t *testing.T, ctx context.Context, admin kubernetes.Interface, name string) *corev1.Node {
@@ -437,35 +524,91 @@ func logNodeFigures(t *testing.T, node *corev1.Node, probe *corev1.Pod) {
 // it to succeed; a failed pod fails the test with its last output.
 func runProbe(t *testing.T, ctx context.Context, admin kubernetes.Interface, node *corev1.Node, name string, args ...string) *corev1.Pod {
 	t.Helper()
-	pod := &corev1.Pod{
+	return waitPodSucceeded(t, ctx, admin, probePod(node, name, args...), 3*time.Minute)
+}
+
+// probePod is a pod named name that runs the probe image with args on node, once.
+func probePod(node *corev1.Node, name string, args ...string) *corev1.Pod {
+	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: metav1.NamespaceDefault},
 		Spec: corev1.PodSpec{NodeName: node.Name, RestartPolicy: corev1.RestartPolicyNever,
 			Containers: []corev1.Container{{Name: "probe", Image: probeImage, ImagePullPolicy: corev1.PullNever, Args: args,
 				TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError}}},
 	}
-	return waitPodSucceeded(t, ctx, admin, pod, 3*time.Minute)
+}
+
+// nodeNetworkDiagnostics is run when a pod could not reach the apiserver: the same
+// fetches from the node's own network namespace (kube-proxy's rules without the pod
+// network), then the node's nftables ruleset, routes and conntrack table through the
+// journal (logger -t gpurack-diag), which GPURACK_JOIN_JOURNAL=1 puts on the console.
+func nodeNetworkDiagnostics(t *testing.T, ctx context.Context, admin kubernetes.Interface, node *corev1.Node, urls ...string) {
+	t.Helper()
+	host := probePod(node, "diag-host-fetch", append([]string{"fetch"}, urls...)...)
+	host.Spec.HostNetwork = true
+	p, err := runPodToEnd(ctx, admin, host, 2*time.Minute)
+	t.Logf("diagnostics: the same fetches from the node's network namespace: %v\n%s", err, terminationMessage(p))
+
+	state := probePod(node, "diag-node-state", "chroot", "/host", "/bin/sh", "-c",
+		"{ nft list ruleset; ip -4 addr; ip -4 route; sysctl net.ipv4.ip_forward net.ipv4.conf.all.rp_filter net.bridge.bridge-nf-call-iptables; "+
+			"cat /proc/net/nf_conntrack; } 2>&1 | logger -t gpurack-diag")
+	privileged, root := true, int64(0)
+	dir := corev1.HostPathDirectory
+	state.Spec.HostNetwork = true
+	state.Spec.Volumes = []corev1.Volume{{Name: "host", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/", Type: &dir}}}}
+	state.Spec.Containers[0].SecurityContext = &corev1.SecurityContext{Privileged: &privileged, RunAsUser: &root}
+	state.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "host", MountPath: "/host"}}
+	_, err = runPodToEnd(ctx, admin, state, 2*time.Minute)
+	time.Sleep(5 * time.Second) // for the journal to reach the console
+	t.Logf("diagnostics: the node's ruleset, routes and conntrack went to its journal (%v) %s", err, journalHint)
+}
+
+// terminationMessage is what a pod's containers left as their termination message.
+func terminationMessage(p *corev1.Pod) string {
+	if p == nil {
+		return ""
+	}
+	var out []string
+	for _, c := range p.Status.ContainerStatuses {
+		if c.State.Terminated != nil {
+			out = append(out, c.State.Terminated.Message)
+		}
+	}
+	return strings.Join(out, "\n")
 }
 
 // waitPodSucceeded creates pod and waits up to limit for it to succeed; a failed pod
 // fails the test with its status and last output.
 func waitPodSucceeded(t *testing.T, ctx context.Context, admin kubernetes.Interface, pod *corev1.Pod, limit time.Duration) *corev1.Pod {
 	t.Helper()
-	if _, err := admin.CoreV1().Pods(pod.Namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+	got, err := runPodToEnd(ctx, admin, pod, limit)
+	if err != nil {
 		t.Fatal(err)
 	}
-	var got *corev1.Pod
-	var err error
-	waitFor(t, ctx, limit, "the "+pod.Name+" pod to succeed ("+strings.Join(pod.Spec.Containers[0].Args, " ")+")", func() bool {
-		got, err = admin.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
-		if err != nil {
-			return false
-		}
-		if got.Status.Phase == corev1.PodFailed {
-			t.Fatalf("%s pod failed: %s%s", pod.Name, podStatus(got), podLogs(ctx, admin, got))
-		}
-		return got.Status.Phase == corev1.PodSucceeded
-	}, func() string { return podStatus(got) + podLogs(ctx, admin, got) })
 	return got
+}
+
+// runPodToEnd creates pod and waits up to limit for it to succeed. The error says how
+// it failed, or where it stood at the limit, with its last output.
+func runPodToEnd(ctx context.Context, admin kubernetes.Interface, pod *corev1.Pod, limit time.Duration) (*corev1.Pod, error) {
+	if _, err := admin.CoreV1().Pods(pod.Namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		return nil, err
+	}
+	var got *corev1.Pod
+	for deadline := time.Now().Add(limit); ; time.Sleep(2 * time.Second) {
+		if p, err := admin.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{}); err == nil {
+			got = p
+			switch p.Status.Phase {
+			case corev1.PodSucceeded:
+				return p, nil
+			case corev1.PodFailed:
+				return p, fmt.Errorf("%s pod failed: %s%s", pod.Name, podStatus(p), podLogs(ctx, admin, p))
+			}
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return got, fmt.Errorf("timed out after %s waiting for the %s pod to succeed (%s) %s\n%s%s", limit, pod.Name,
+				strings.Join(pod.Spec.Containers[0].Args, " "), journalHint, podStatus(got), podLogs(ctx, admin, got))
+		}
+	}
 }
 
 // podLogs is the tail of a pod's log through the apiserver (which reaches kubelet at
@@ -703,10 +846,33 @@ type namespacedGpuboot struct {
 	log        *syncBuffer // what gpuboot wrote to stdout and stderr
 }
 
-// startNamespacedGpuboot starts gpuboot with DHCP and TFTP off, or, when bootNet is
-// given, with those lines of its configuration replaced by bootNet (YAML: interfaces,
-// dhcp and tftp for a boot network).
-func startNamespacedGpuboot(t *testing.T, env *netnstest.Env, ns, bin, enroller, store, pubKey, imageID string, bootNet ...string) *namespacedGpuboot {
+// gpubootSettings is what a test changes in gpuboot's configuration.
+type gpubootSettings struct {
+	// bootNet replaces the lines that turn DHCP and TFTP off (YAML: interfaces, dhcp
+	// and tftp for a boot network).
+	bootNet string
+	// podNetwork is cluster.podNetwork (flow YAML, e.g. "{backend: host-gw}").
+	podNetwork string
+	// clusterDNS is cluster.dns, the cluster DNS Service's address (clusterDNSAddress),
+	// which kubelet writes into pods' resolv.conf; empty: none (pods get the node's).
+	clusterDNS string
+}
+
+// clusterDNSAddress is the ClusterIP of the cluster DNS Service that
+// `controlplane-bootstrap init` created: what an operator sets as gpuboot's
+// cluster.dns.
+func clusterDNSAddress(t *testing.T, ctx context.Context, admin kubernetes.Interface) string {
+	t.Helper()
+	svc, err := admin.CoreV1().Services(clusterdns.Namespace).Get(ctx, clusterdns.ServiceName, metav1.GetOptions{})
+	if err != nil || svc.Spec.ClusterIP == "" {
+		t.Fatalf("the cluster DNS Service %s/%s: %v", clusterdns.Namespace, clusterdns.ServiceName, err)
+	}
+	return svc.Spec.ClusterIP
+}
+
+// startNamespacedGpuboot starts gpuboot with DHCP and TFTP off, or on a boot network
+// as set says.
+func startNamespacedGpuboot(t *testing.T, env *netnstest.Env, ns, bin, enroller, store, pubKey, imageID string, set gpubootSettings) *namespacedGpuboot {
 	t.Helper()
 	dir := t.TempDir()
 	g := &namespacedGpuboot{env: env, ns: ns, bin: bin, creds: filepath.Join(dir, "state", "operators", "admin"),
@@ -732,8 +898,8 @@ racks: [{name: r1, defaultImage: %s}]
 enrollment: {unknownMachines: discover}
 policy: {approval: manual}
 logLevel: info
-cluster: {kubeconfig: %s}
-`, joinHost, store, pubKey, imageID, cmp.Or(strings.Join(bootNet, "\n"), "dhcp: {enabled: false}\ntftp: {enabled: false}"), enroller)
+cluster: {kubeconfig: %s, dns: [%s], domain: cluster.local, podNetwork: %s}
+`, joinHost, store, pubKey, imageID, cmp.Or(set.bootNet, "dhcp: {enabled: false}\ntftp: {enabled: false}"), enroller, set.clusterDNS, cmp.Or(set.podNetwork, "{}"))
 	cfgPath := filepath.Join(dir, "gpuboot.yaml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
@@ -793,10 +959,16 @@ func (g *namespacedGpuboot) machine(t *testing.T, ref string) *bootv1.Machine {
 	return &m
 }
 
-// bootScript fetches /boot.ipxe for the test machine's identity, as iPXE would, and
+// bootScript is bootScriptFor the test machine (joinMAC, joinUUID, joinSerial).
+func (g *namespacedGpuboot) bootScript(t *testing.T, ctx context.Context) (kernel, initrd, cmdline string) {
+	t.Helper()
+	return g.bootScriptFor(t, ctx, joinMAC, joinUUID, joinSerial)
+}
+
+// bootScriptFor fetches /boot.ipxe for a machine's identity, as iPXE would, and
 // downloads the kernel and initrd it names. It returns their paths and the kernel
 // arguments with iPXE's ${net0/mac:hexhyp} filled in.
-func (g *namespacedGpuboot) bootScript(t *testing.T, ctx context.Context) (kernel, initrd, cmdline string) {
+func (g *namespacedGpuboot) bootScriptFor(t *testing.T, ctx context.Context, mac, uuid, serial string) (kernel, initrd, cmdline string) {
 	t.Helper()
 	get := func(url string) []byte {
 		t.Helper()
@@ -812,7 +984,7 @@ func (g *namespacedGpuboot) bootScript(t *testing.T, ctx context.Context) (kerne
 		}
 		return body
 	}
-	script := string(get("http://" + joinHTTP + "/boot.ipxe?mac=" + joinMAC + "&uuid=" + joinUUID + "&serial=" + joinSerial))
+	script := string(get("http://" + joinHTTP + "/boot.ipxe?mac=" + mac + "&uuid=" + uuid + "&serial=" + serial))
 	var kernelURL, initrdURL string
 	for _, line := range strings.Split(script, "\n") {
 		line, _, _ = strings.Cut(strings.TrimSpace(line), " || ")
@@ -827,7 +999,7 @@ func (g *namespacedGpuboot) bootScript(t *testing.T, ctx context.Context) (kerne
 	if kernelURL == "" || initrdURL == "" {
 		t.Fatalf("/boot.ipxe is not a boot script:\n%s", script)
 	}
-	cmdline = strings.ReplaceAll(cmdline, "${net0/mac:hexhyp}", strings.ReplaceAll(joinMAC, ":", "-"))
+	cmdline = strings.ReplaceAll(cmdline, "${net0/mac:hexhyp}", strings.ReplaceAll(mac, ":", "-"))
 	dir := t.TempDir()
 	kernel, initrd = filepath.Join(dir, "vmlinuz"), filepath.Join(dir, "initrd.img")
 	if err := os.WriteFile(kernel, get(kernelURL), 0o644); err != nil {
@@ -868,6 +1040,16 @@ func startJoinQEMU(t *testing.T, ns, kernel, initrd, cmdline string) *serialCons
 // console. t.Cleanup kills QEMU and waits for its console reader.
 func startConsole(t *testing.T, cmd *exec.Cmd) *serialConsole {
 	t.Helper()
+	return startNamedConsole(t, cmd, "")
+}
+
+// startNamedConsole is startConsole for one of several machines: the lines it logs
+// start with name.
+func startNamedConsole(t *testing.T, cmd *exec.Cmd, name string) *serialConsole {
+	t.Helper()
+	if name != "" {
+		name += ": "
+	}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -891,8 +1073,8 @@ func startConsole(t *testing.T, cmd *exec.Cmd) *serialConsole {
 			c.mu.Lock()
 			c.lines = append(c.lines, line)
 			c.mu.Unlock()
-			if strings.Contains(line, "gpurack") || strings.Contains(line, "gpuagent") || strings.Contains(line, "kubelet") {
-				t.Logf("%6.1fs %s", time.Since(c.start).Seconds(), line)
+			if strings.Contains(line, "gpurack") || strings.Contains(line, "gpuagent") || strings.Contains(line, "kubelet") || strings.Contains(line, "kube-proxy") {
+				t.Logf("%6.1fs %s%s", time.Since(c.start).Seconds(), name, line)
 			}
 		}
 	}()

@@ -40,15 +40,6 @@ const (
 	poweronROM = "/usr/lib/ipxe/qemu/pxe-virtio.rom"
 )
 
-// tinyNodeRunsProbePods says whether TestTinyNodeJoin requires its probe pods: the
-// apiserver through the kubernetes Service's ClusterIP, names through CoreDNS, and the
-// same after gpuagent and kube-proxy restart. It is false: on the QEMU node the probe
-// pod is scheduled, gets an address in the podCIDR and runs, but its `probe fetch`
-// never ends (Running after 3 minutes, though the probe gives up after 10 s), and
-// pod logs through the apiserver did not come back either; the cause is not found
-// yet. Node Ready and a pod Running are required (here and in TestPowerOnToNode).
-const tinyNodeRunsProbePods = false
-
 // TestPowerOnToNode powers on one diskless machine and follows it, with no shortcut,
 // until it is a joined node: QEMU (TCG) starts SeaBIOS, whose virtio-net option ROM is
 // iPXE; iPXE takes its address and boot script URL from the real `gpuboot serve` (full
@@ -92,12 +83,12 @@ func TestPowerOnToNode(t *testing.T) {
 		}
 	})
 
-	g := startNamespacedGpuboot(t, env, ns, bins.gpuboot, cp.enroller, filepath.Dir(imageDir), pubKey, imageID, fmt.Sprintf(`interfaces: [{name: %s}]
+	g := startNamespacedGpuboot(t, env, ns, bins.gpuboot, cp.enroller, filepath.Dir(imageDir), pubKey, imageID, gpubootSettings{bootNet: fmt.Sprintf(`interfaces: [{name: %s}]
 dhcp:
   mode: full
   pool: {start: 10.0.2.100, end: 10.0.2.199, netmask: 255.255.255.0, routers: [%s], leaseTime: 1h}
   reservations: [{mac: "%s", ip: %s}]
-tftp: {enabled: true}`, br.Name, joinHost, joinMAC, poweronNodeIP))
+tftp: {enabled: true}`, br.Name, joinHost, joinMAC, poweronNodeIP), clusterDNS: clusterDNSAddress(t, ctx, admin)})
 
 	ra := env.Command(ns, "dnsmasq", "--no-daemon", "--conf-file=/dev/null", "--user=root", "--port=0",
 		"--bind-interfaces", "--interface="+br.Name, "--log-facility=-", "--no-resolv", "--no-hosts",
