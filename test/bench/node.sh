@@ -30,9 +30,12 @@ if [ ! -s "$figures" ]; then
 fi
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 git diff --quiet HEAD -- 2>/dev/null || commit="$commit + local changes"
-ms() { # NAME -> "median (min–max)" in ms
-  set -- $(awk -F'\t' -v n="$1" '$1 == n { printf "%.3f\n", $2 * 1000 }' "$figures" | bench_spread)
-  echo "$1 ($2–$3)"
+ms() { # NAME -> "median (min–max)" in ms, or in s when the median is a second or more
+  set -- $(awk -F'\t' -v n="$1" '$1 == n { printf "%.6f\n", $2 }' "$figures" | bench_spread)
+  awk -v m="$1" -v lo="$2" -v hi="$3" 'BEGIN {
+    if (m == "n/a") { print "n/a"; exit }
+    if (m >= 1) printf "%.1f s (%.1f–%.1f)\n", m, lo, hi
+    else printf "%.2f ms (%.2f–%.2f)\n", m * 1000, lo * 1000, hi * 1000 }'
 }
 median() { awk -F'\t' -v n="$1" '$1 == n { print $2 * 1000 }' "$figures" | bench_spread | cut -d' ' -f1; }
 section=$(mktemp)
@@ -44,9 +47,9 @@ section=$(mktemp)
   echo "boots the tiny image (QEMU -accel tcg, 2 vCPUs, 2 GiB, user-mode network) against a real"
   echo "control plane and gpuboot in a network namespace. Emulated CPUs: the figures are far"
   echo "slower than real hardware and only compare within a run. Cells: median (min–max) over"
-  echo "the runs, milliseconds."
+  echo "the runs."
   echo
-  echo "| figure | ms |"
+  echo "| figure | time |"
   echo "|---|---|"
   for n in "kubelet registers the Node -> Node Ready" "pod create -> container started (preloaded image)" \
     "TCP connect through the ClusterIP (Service first packet)" "TCP connect to the endpoint directly (peer)" \
