@@ -78,17 +78,16 @@ func (n *node) podNetworkSettings(bundle *bootv1.JoinBundle) (profile.PodNetwork
 	}
 	bpn := bundle.GetPodNetwork()
 	if s := bpn.GetSubnet(); s != "" {
-		if p, err := netip.ParsePrefix(s); err != nil || p != p.Masked() {
+		if !profile.ValidPodSubnet(s) {
 			return pn, fmt.Errorf("the JoinBundle's pod network subnet %q is not a network in CIDR form like 10.244.0.0/16 (gpuboot's cluster.podNetwork.subnet)", s)
 		}
 		pn.PodSubnet = s
 	}
-	switch b := bpn.GetBackend(); b {
-	case "":
-	case "vxlan", "host-gw":
+	if b := bpn.GetBackend(); b != "" {
+		if !profile.ValidPodNetworkBackend(b) {
+			return pn, fmt.Errorf("the JoinBundle's pod network backend %q is not vxlan or host-gw (gpuboot's cluster.podNetwork.backend)", b)
+		}
 		pn.Backend = b
-	default:
-		return pn, fmt.Errorf("the JoinBundle's pod network backend %q is not vxlan or host-gw (gpuboot's cluster.podNetwork.backend)", b)
 	}
 	return pn, nil
 }

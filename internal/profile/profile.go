@@ -15,6 +15,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"net/netip"
 	"path/filepath"
 
 	"github.com/gpurack/gpurack/internal/xidclass"
@@ -145,6 +146,17 @@ type PodNetwork struct {
 	// which pod traffic is masqueraded); default 10.244.0.0/16, controlplane-bootstrap's
 	// default. The agent refuses a node whose podCIDR lies outside it.
 	PodSubnet string `yaml:"podSubnet,omitempty" json:"podSubnet,omitempty"`
+}
+
+// ValidPodNetworkBackend reports whether b names a pod network backend gpurack runs
+// (flannel's vxlan or host-gw), or is empty (the default).
+func ValidPodNetworkBackend(b string) bool { return b == "" || b == "vxlan" || b == "host-gw" }
+
+// ValidPodSubnet reports whether s is a network in CIDR form (no host bits set), as a
+// cluster's networking.podSubnet is.
+func ValidPodSubnet(s string) bool {
+	p, err := netip.ParsePrefix(s)
+	return err == nil && p == p.Masked()
 }
 
 // Pod network defaults.

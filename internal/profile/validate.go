@@ -3,7 +3,6 @@ package profile
 import (
 	"fmt"
 	"maps"
-	"net/netip"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -225,13 +224,11 @@ func (v *validator) kubernetes(k *Kubernetes) {
 		v.fail("kubernetes.containerRuntime", "%q is not supported; use containerd", k.ContainerRuntime)
 	}
 	if pn := k.PodNetwork; pn != nil {
-		if pn.Backend != "" && pn.Backend != "vxlan" && pn.Backend != "host-gw" {
+		if !ValidPodNetworkBackend(pn.Backend) {
 			v.fail("kubernetes.podNetwork.backend", "%q is not a pod network backend; use vxlan or host-gw", pn.Backend)
 		}
-		if pn.PodSubnet != "" {
-			if p, err := netip.ParsePrefix(pn.PodSubnet); err != nil || p != p.Masked() {
-				v.fail("kubernetes.podNetwork.podSubnet", "%q is not a network in CIDR form like 10.244.0.0/16 (the cluster's networking.podSubnet)", pn.PodSubnet)
-			}
+		if pn.PodSubnet != "" && !ValidPodSubnet(pn.PodSubnet) {
+			v.fail("kubernetes.podNetwork.podSubnet", "%q is not a network in CIDR form like 10.244.0.0/16 (the cluster's networking.podSubnet)", pn.PodSubnet)
 		}
 	}
 }

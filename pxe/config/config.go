@@ -17,6 +17,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gpurack/gpurack/internal/profile"
 	"github.com/gpurack/gpurack/internal/strictyaml"
 	"github.com/gpurack/gpurack/pxe/policy"
 )
@@ -438,15 +439,11 @@ func (c *Config) Validate() error {
 	if c.Cluster.ClearAfter < 0 {
 		bad("cluster.clearAfter", "must not be negative")
 	}
-	if pn := c.Cluster.PodNetwork; pn.Subnet != "" {
-		if p, err := netip.ParsePrefix(pn.Subnet); err != nil || p != p.Masked() {
-			bad("cluster.podNetwork.subnet", "%q is not a network in CIDR form like 10.244.0.0/16 (controlplane-bootstrap's networking.podSubnet)", pn.Subnet)
-		}
+	if pn := c.Cluster.PodNetwork; pn.Subnet != "" && !profile.ValidPodSubnet(pn.Subnet) {
+		bad("cluster.podNetwork.subnet", "%q is not a network in CIDR form like 10.244.0.0/16 (controlplane-bootstrap's networking.podSubnet)", pn.Subnet)
 	}
-	switch c.Cluster.PodNetwork.Backend {
-	case "", "vxlan", "host-gw":
-	default:
-		bad("cluster.podNetwork.backend", "%q is not a pod network backend; use vxlan or host-gw", c.Cluster.PodNetwork.Backend)
+	if b := c.Cluster.PodNetwork.Backend; !profile.ValidPodNetworkBackend(b) {
+		bad("cluster.podNetwork.backend", "%q is not a pod network backend; use vxlan or host-gw", b)
 	}
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":

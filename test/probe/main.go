@@ -67,13 +67,13 @@ func run(args []string, stdout io.Writer, termLog string) error {
 	if len(args) > 0 && slices.Contains([]string{"serve", "resolve", "fetch", "hold", "restart", "chroot"}, args[0]) {
 		cmd, args = args[0], args[1:]
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
 	switch cmd {
 	case "resolve":
 		if len(args) != 1 && len(args) != 2 {
 			return errors.New("usage: probe resolve NAME [WANT]")
 		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
 		addrs, err := resolve(ctx, args[0])
 		if err != nil {
 			return err
@@ -114,11 +114,7 @@ func run(args []string, stdout io.Writer, termLog string) error {
 			}
 			fmt.Fprintf(&out, "%s %s connect=%s\n", u, status, connect)
 		}
-		fmt.Fprint(stdout, out.String())
-		// The termination message is how a test reads this without pod logs.
-		if err := os.WriteFile(termLog, []byte(out.String()), 0o644); err != nil {
-			fmt.Fprintln(os.Stderr, "probe: termination message:", err)
-		}
+		report(stdout, termLog, out.String())
 		if failed > 0 {
 			return fmt.Errorf("%d of %d URLs did not answer", failed, len(args))
 		}
@@ -136,10 +132,7 @@ func run(args []string, stdout io.Writer, termLog string) error {
 			return fmt.Errorf("probe hold: DURATION and EVERY are durations such as 3m and 2s: %v", args[1:])
 		}
 		summary, err := hold(newClient(serviceAccountCA), args[0], d, every)
-		fmt.Fprintln(stdout, summary)
-		if werr := os.WriteFile(termLog, []byte(summary+"\n"), 0o644); werr != nil {
-			fmt.Fprintln(os.Stderr, "probe: termination message:", werr)
-		}
+		report(stdout, termLog, summary+"\n")
 		return err
 	case "chroot":
 		if len(args) < 2 {
@@ -154,6 +147,15 @@ func run(args []string, stdout io.Writer, termLog string) error {
 		}
 		srv := &http.Server{Addr: *listen, Handler: newHandler(hostname(), newClient(serviceAccountCA)), ReadHeaderTimeout: 10 * time.Second}
 		return srv.ListenAndServe()
+	}
+}
+
+// report prints text and leaves it as the termination message at termLog, which is
+// how a test reads a result without pod logs.
+func report(stdout io.Writer, termLog, text string) {
+	fmt.Fprint(stdout, text)
+	if err := os.WriteFile(termLog, []byte(text), 0o644); err != nil {
+		fmt.Fprintln(os.Stderr, "probe: termination message:", err)
 	}
 }
 

@@ -265,11 +265,7 @@ const probeImage = "gpurack.io/probe:v1"
 // ClusterIPs.
 func runProbePod(t *testing.T, ctx context.Context, admin kubernetes.Interface, node *corev1.Node) {
 	t.Helper()
-	svc, err := admin.CoreV1().Services(metav1.NamespaceDefault).Get(ctx, "kubernetes", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	url := fmt.Sprintf("https://%s:%d/version", svc.Spec.ClusterIP, svc.Spec.Ports[0].Port)
+	svc, url := kubernetesService(t, ctx, admin)
 	// The peer of the ClusterIP: the apiserver's own endpoint, from the same pod, so
 	// the two connect times differ by kube-proxy's DNAT and little else.
 	eps, err := admin.DiscoveryV1().EndpointSlices(metav1.NamespaceDefault).Get(ctx, "kubernetes", metav1.GetOptions{})
@@ -361,10 +357,7 @@ func restartNodeServices(t *testing.T, ctx context.Context, admin kubernetes.Int
 	if _, err := admin.CoreV1().Pods(holder.Namespace).Create(ctx, holder, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, ctx, 3*time.Minute, "the hold-connection pod running", func() bool {
-		p, err := admin.CoreV1().Pods(holder.Namespace).Get(ctx, holder.Name, metav1.GetOptions{})
-		return err == nil && p.Status.Phase == corev1.PodRunning
-	})
+	waitPodRunning(t, ctx, admin, holder)
 	time.Sleep(5 * time.Second) // its connection is up and has carried a request or two
 	t0 := time.Now()
 	waitPodSucceeded(t, ctx, admin, pod, 4*time.Minute)
@@ -391,11 +384,7 @@ func restartNodeServices(t *testing.T, ctx context.Context, admin kubernetes.Int
 	default:
 		t.Logf("a pod connection through a ClusterIP Service survived the restarts: %s", terminationMessage(held))
 	}
-	svc, err := admin.CoreV1().Services(metav1.NamespaceDefault).Get(ctx, "kubernetes", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	url := fmt.Sprintf("https://%s:%d/version", svc.Spec.ClusterIP, svc.Spec.Ports[0].Port)
+	svc, url := kubernetesService(t, ctx, admin)
 	runProbe(t, ctx, admin, node, "probe-after-restart", "fetch", url)
 	runProbe(t, ctx, admin, node, "resolve-after-restart", "resolve", "kubernetes.default", svc.Spec.ClusterIP)
 	t.Logf("after the restarts a new pod still fetched %s through the Service and resolved kubernetes.default", url)
@@ -425,11 +414,7 @@ func startProbeServer(t *testing.T, ctx context.Context, admin kubernetes.Interf
 	if err != nil {
 		t.Fatal(err)
 	}
-	var got *corev1.Pod
-	waitFor(t, ctx, 3*time.Minute, "the "+name+" pod Running on "+node.Name, func() bool {
-		got, err = admin.CoreV1().Pods(server.Namespace).Get(ctx, server.Name, metav1.GetOptions{})
-		return err == nil && got.Status.Phase == corev1.PodRunning && got.Status.PodIP != ""
-	}, func() string { return podStatus(got) })
+	got := waitPodRunning(t, ctx, admin, server)
 	waitFor(t, ctx, time.Minute, "the "+name+" Service's endpoint", func() bool {
 		eps, err := admin.DiscoveryV1().EndpointSlices(svc.Namespace).List(ctx, metav1.ListOptions{LabelSelector: "kubernetes.io/service-name=" + svc.Name})
 		return err == nil && len(eps.Items) > 0 && len(eps.Items[0].Endpoints) > 0
@@ -449,6 +434,29 @@ func podEnded(p *corev1.Pod) time.Time {
 		}
 	}
 	return time.Time{}
+}
+
+// kubernetesService is the default/kubernetes Service and the URL of the apiserver's
+// /version through its ClusterIP.
+func kubernetesService(t *testing.T, ctx context.Context, admin kubernetes.Interface) (*corev1.Service, string) {
+	t.Helper()
+	svc, err := admin.CoreV1().Services(metav1.NamespaceDefault).Get(ctx, "kubernetes", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return svc, fmt.Sprintf("https://%s:%d/version", svc.Spec.ClusterIP, svc.Spec.Ports[0].Port)
+}
+
+// waitPodRunning waits up to 3 minutes for pod to run with an address.
+func waitPodRunning(t *testing.T, ctx context.Context, admin kubernetes.Interface, pod *corev1.Pod) *corev1.Pod {
+	t.Helper()
+	var got *corev1.Pod
+	waitFor(t, ctx, 3*time.Minute, "the "+pod.Name+" pod Running on "+pod.Spec.NodeName, func() bool {
+		p, err := admin.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+		got = p
+		return err == nil && p.Status.Phase == corev1.PodRunning && p.Status.PodIP != ""
+	}, func() string { return podStatus(got) })
+	return got
 }
 
 func mustNode(t *testing.T, ctx context.Context, admin kubernetes.Interface, name string) *corev1.Node {
