@@ -24,6 +24,15 @@ type GPU struct {
 	NUMANode int
 }
 
+// CDIGPUs are gpus as agent/cdi names them, for the node's CDI spec.
+func CDIGPUs(gpus []GPU) []cdi.GPU {
+	out := make([]cdi.GPU, len(gpus))
+	for i, g := range gpus {
+		out[i] = cdi.GPU{UUID: g.UUID, Index: g.Index}
+	}
+	return out
+}
+
 // Device is one device as kubelet gets it, with why it is unhealthy.
 type Device struct {
 	GPU
@@ -121,28 +130,36 @@ func Healthy(devs []Device) int {
 	return n
 }
 
-// toAPI is the ListAndWatch form of devs.
-func toAPI(devs []Device) []*pluginapi.Device {
-	out := make([]*pluginapi.Device, 0, len(devs))
+// toAPI is the ListAndWatch form of devs with replicas devices per GPU (DeviceIDs):
+// every replica has its GPU's health and NUMA node, so a withdrawn GPU withdraws all
+// its replicas.
+func toAPI(devs []Device, replicas int) []*pluginapi.Device {
+	out := make([]*pluginapi.Device, 0, len(devs)*max(replicas, 1))
 	for _, d := range devs {
-		pd := &pluginapi.Device{ID: d.UUID, Health: pluginapi.Healthy}
-		if !d.Healthy {
-			pd.Health = pluginapi.Unhealthy
+		for _, id := range DeviceIDs(d.GPU, replicas) {
+			pd := &pluginapi.Device{ID: id, Health: pluginapi.Healthy}
+			if !d.Healthy {
+				pd.Health = pluginapi.Unhealthy
+			}
+			if d.NUMANode >= 0 {
+				pd.Topology = &pluginapi.TopologyInfo{Nodes: []*pluginapi.NUMANode{{ID: int64(d.NUMANode)}}}
+			}
+			out = append(out, pd)
 		}
-		if d.NUMANode >= 0 {
-			pd.Topology = &pluginapi.TopologyInfo{Nodes: []*pluginapi.NUMANode{{ID: int64(d.NUMANode)}}}
-		}
-		out = append(out, pd)
 	}
 	return out
 }
 
-// Preferred picks size devices from available, keeping mustInclude, preferring GPUs on
-// one NUMA node: the node of the first must-include GPU if any, else the smallest node
-// group that holds all that is still needed, else the largest groups first. Ties and
-// GPUs of unknown NUMA node go in index order, so the answer is stable. The result is
-// in index order. IDs the plugin does not know are left out.
-func Preferred(devs []Device, available, mustInclude []string, size int) []string {
+// Preferred picks size devices from available, keeping mustInclude. With replicas > 1
+// (time-slicing) the IDs are replicas and preferredReplicas picks them. Otherwise it
+// prefers GPUs on one NUMA node: the node of the first must-include GPU if any, else
+// the smallest node group that holds all that is still needed, else the largest groups
+// first. Ties and GPUs of unknown NUMA node go in index order, so the answer is stable.
+// The result is in index order. IDs the plugin does not know are left out.
+func Preferred(devs []Device, replicas int, available, mustInclude []string, size int) []string {
+	if replicas > 1 {
+		return preferredReplicas(devs, replicas, available, mustInclude, size)
+	}
 	byID := map[string]Device{}
 	for _, d := range devs {
 		byID[d.UUID] = d
@@ -220,12 +237,15 @@ const CDIPluginName = "gpurack.nvidia-gpu"
 // answer is always the same. The node's CDI spec (agent/cdi) says what each device is:
 // no device nodes or NVIDIA_VISIBLE_DEVICES come from here.
 //
+// With replicas > 1 (time-slicing) the IDs are replicas, <UUID>::<r>, and the container
+// gets each of their GPUs once: two replicas of one GPU are that GPU, not two.
+//
 // On the simulator the devices resolve to the simulated spec's null-device nodes, and
 // the container also gets GPURACK_SIMULATED_GPUS=true and the annotation
 // gpurack.io/simulated=true, so nothing passes for real GPUs.
 //
-// An ID the plugin does not know is an error.
-func Allocate(devs []Device, ids []string, simulated bool) (Allocation, error) {
+// An ID the plugin does not know, or not of the form replicas gives, is an error.
+func Allocate(devs []Device, replicas int, ids []string, simulated bool) (Allocation, error) {
 	known := map[string]bool{}
 	for _, d := range devs {
 		known[d.UUID] = true
@@ -233,10 +253,20 @@ func Allocate(devs []Device, ids []string, simulated bool) (Allocation, error) {
 	a := Allocation{}
 	var names []string
 	for _, id := range ids {
-		if !known[id] {
+		uuid, _, err := parseID(id, replicas)
+		if err != nil {
+			return Allocation{}, err
+		}
+		if !known[uuid] {
+			if uuid != id {
+				return Allocation{}, fmt.Errorf("device %q is a replica of %s, which is not a GPU of this node (known: %d GPUs by UUID)", id, uuid, len(devs))
+			}
 			return Allocation{}, fmt.Errorf("device %q is not a GPU of this node (known: %d GPUs by UUID)", id, len(devs))
 		}
-		n := cdi.QualifiedName(id)
+		n := cdi.QualifiedName(uuid)
+		if slices.Contains(names, n) {
+			continue
+		}
 		names = append(names, n)
 		a.CDIDevices = append(a.CDIDevices, &pluginapi.CDIDevice{Name: n})
 	}

@@ -139,7 +139,7 @@ func TestPreferred(t *testing.T) {
 		{"all eight", devs, ids, nil, 8, ids},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			if got := Preferred(c.devs, c.available, c.must, c.size); !slices.Equal(got, c.want) {
+			if got := Preferred(c.devs, 1, c.available, c.must, c.size); !slices.Equal(got, c.want) {
 				t.Errorf("Preferred = %v, want %v", got, c.want)
 			}
 		})
@@ -151,7 +151,7 @@ func TestPreferred(t *testing.T) {
 // request gets the same annotation key; the simulator's answer is labelled simulation.
 func TestAllocate(t *testing.T) {
 	devs := []Device{{GPU: GPU{UUID: "GPU-a", Index: 0}}, {GPU: GPU{UUID: "GPU-b", Index: 5}}}
-	a, err := Allocate(devs, []string{"GPU-b", "GPU-a"}, false)
+	a, err := Allocate(devs, 1, []string{"GPU-b", "GPU-a"}, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -173,19 +173,19 @@ func TestAllocate(t *testing.T) {
 	if len(a.Annotations) != 1 || len(a.Envs) != 0 {
 		t.Errorf("NVML allocation envs %v annotations %v: want only the CDI annotation", a.Envs, a.Annotations)
 	}
-	again, _ := Allocate(devs, []string{"GPU-b", "GPU-a"}, false)
-	other, _ := Allocate(devs, []string{"GPU-a"}, false)
+	again, _ := Allocate(devs, 1, []string{"GPU-b", "GPU-a"}, false)
+	other, _ := Allocate(devs, 1, []string{"GPU-a"}, false)
 	if !maps.Equal(again.Annotations, a.Annotations) || maps.Equal(other.Annotations, a.Annotations) {
 		t.Errorf("annotation keys: same request %v then %v, other request %v", a.Annotations, again.Annotations, other.Annotations)
 	}
-	s, err := Allocate(devs, []string{"GPU-a"}, true)
+	s, err := Allocate(devs, 1, []string{"GPU-a"}, true)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(s.CDIDevices) != 1 || s.CDIDevices[0].Name != "nvidia.com/gpu=GPU-a" || s.Envs["GPURACK_SIMULATED_GPUS"] != "true" || s.Annotations["gpurack.io/simulated"] != "true" {
 		t.Errorf("simulated allocation %+v: want the CDI device and simulation labels", s)
 	}
-	if _, err := Allocate(devs, []string{"GPU-zzz"}, false); err == nil {
+	if _, err := Allocate(devs, 1, []string{"GPU-zzz"}, false); err == nil {
 		t.Error("an unknown device ID was allocated")
 	}
 }

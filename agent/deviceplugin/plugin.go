@@ -9,8 +9,13 @@
 // registers again when kubelet restarts (kubelet.sock recreated).
 //
 // Allocate names the GPUs as CDI devices (nvidia.com/gpu=UUID); the spec that defines
-// them is agent/cdi's, written through Config.CDI before the plugin registers. It is
-// not time-slicing, and not the node taint: whole-node problems stay agent/kubejoin's.
+// them is agent/cdi's, written through Config.CDI before the plugin registers.
+//
+// With time-slicing (Config.Replicas, the profile's gpu.sharing.timeSlicing.replicas)
+// every GPU is advertised as that many devices, <UUID>::0 to <UUID>::<N-1>, each with
+// its GPU's health; containers given replicas of one GPU share it with no memory or
+// fault isolation. The node taint is not the plugin's: whole-node problems stay
+// agent/kubejoin's.
 package deviceplugin
 
 import (
@@ -49,6 +54,9 @@ type Config struct {
 	Dir string
 	// Simulated selects the simulator's Allocate answer (see Allocate).
 	Simulated bool
+	// Replicas is how many devices each GPU is advertised as (time-slicing, the
+	// profile's gpu.sharing.timeSlicing.replicas); 0 or 1: one per GPU, by UUID.
+	Replicas int
 	// NUMANode maps an NVML PCI bus id to its NUMA node (-1 unknown); nil: SysfsNUMANode
 	// on real GPUs, unknown on the simulator.
 	NUMANode func(busID string) int
@@ -104,6 +112,14 @@ func (p *Plugin) State() (registered bool, msg string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.regs > 0, p.state
+}
+
+// Registrations is how many times the plugin has registered with kubelet (once per
+// kubelet start it saw).
+func (p *Plugin) Registrations() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.regs
 }
 
 func (p *Plugin) setState(format string, args ...any) {
@@ -241,8 +257,11 @@ func (p *Plugin) serveOnce(ctx context.Context) error {
 	p.regs++
 	n, healthy := len(p.devs), Healthy(p.devs)
 	p.state = fmt.Sprintf("registered %s with kubelet (%s): %d GPUs, %d healthy", nodecontract.ResourceGPU, kubeletSock, n, healthy)
+	if p.cfg.Replicas > 1 {
+		p.state += fmt.Sprintf(", each time-sliced as %d devices", p.cfg.Replicas)
+	}
 	p.mu.Unlock()
-	p.cfg.Log.Info("device plugin registered with kubelet", "resource", nodecontract.ResourceGPU, "socket", sock, "gpus", n, "healthy", healthy)
+	p.cfg.Log.Info("device plugin registered with kubelet", "resource", nodecontract.ResourceGPU, "socket", sock, "gpus", n, "healthy", healthy, "replicas", max(p.cfg.Replicas, 1))
 	t := time.NewTicker(p.cfg.Poll)
 	defer t.Stop()
 	for {
@@ -327,7 +346,7 @@ func (p *Plugin) ListAndWatch(_ *pluginapi.Empty, stream grpc.ServerStreamingSer
 		p.mu.Lock()
 		devs, changed := p.devs, p.changed
 		p.mu.Unlock()
-		if err := stream.Send(&pluginapi.ListAndWatchResponse{Devices: toAPI(devs)}); err != nil {
+		if err := stream.Send(&pluginapi.ListAndWatchResponse{Devices: toAPI(devs, p.cfg.Replicas)}); err != nil {
 			return err
 		}
 		select {
@@ -344,7 +363,7 @@ func (p *Plugin) GetPreferredAllocation(_ context.Context, req *pluginapi.Prefer
 	resp := &pluginapi.PreferredAllocationResponse{}
 	for _, cr := range req.GetContainerRequests() {
 		resp.ContainerResponses = append(resp.ContainerResponses, &pluginapi.ContainerPreferredAllocationResponse{
-			DeviceIDs: Preferred(devs, cr.GetAvailableDeviceIDs(), cr.GetMustIncludeDeviceIDs(), int(cr.GetAllocationSize()))})
+			DeviceIDs: Preferred(devs, p.cfg.Replicas, cr.GetAvailableDeviceIDs(), cr.GetMustIncludeDeviceIDs(), int(cr.GetAllocationSize()))})
 	}
 	return resp, nil
 }
@@ -354,7 +373,7 @@ func (p *Plugin) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*p
 	devs := p.Devices()
 	resp := &pluginapi.AllocateResponse{}
 	for _, cr := range req.GetContainerRequests() {
-		a, err := Allocate(devs, cr.GetDevicesIds(), p.cfg.Simulated)
+		a, err := Allocate(devs, p.cfg.Replicas, cr.GetDevicesIds(), p.cfg.Simulated)
 		if err != nil {
 			return nil, status.Error(codes.InvalidArgument, err.Error())
 		}

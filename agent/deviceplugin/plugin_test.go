@@ -3,6 +3,8 @@ package deviceplugin
 import (
 	"context"
 	"errors"
+	"fmt"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -12,7 +14,9 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 
@@ -115,50 +119,11 @@ func TestPluginRegistersAndFollowsHealth(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// await reads lists until want(healthy, list) holds.
 	await := func(what string, want func(healthy map[string]bool) bool) map[string]bool {
 		t.Helper()
-		wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
-		defer wcancel()
-		got := make(chan map[string]bool, 1)
-		go func() {
-			for {
-				r, err := stream.Recv()
-				if err != nil {
-					close(got)
-					return
-				}
-				h := map[string]bool{}
-				for _, d := range r.Devices {
-					h[d.ID] = d.Health == pluginapi.Healthy
-				}
-				if want(h) {
-					got <- h
-					return
-				}
-			}
-		}()
-		select {
-		case h, ok := <-got:
-			if !ok {
-				t.Fatalf("%s: ListAndWatch stream ended", what)
-			}
-			return h
-		case <-wctx.Done():
-			t.Fatalf("%s: not seen within 30 s; devices now %+v", what, plugin.Devices())
-			return nil
-		}
+		return awaitList(ctx, t, stream, plugin, what, want)
 	}
-	count := func(h map[string]bool) int {
-		n := 0
-		for _, ok := range h {
-			if ok {
-				n++
-			}
-		}
-		return n
-	}
-	h := await("8 healthy GPUs", func(h map[string]bool) bool { return len(h) == 8 && count(h) == 8 })
+	h := await("8 healthy GPUs", func(h map[string]bool) bool { return len(h) == 8 && countHealthy(h) == 8 })
 	uuid3 := mon.Last().Snapshot.ByIndex(3).UUID
 	if _, ok := h[uuid3]; !ok {
 		t.Fatalf("device IDs %v lack gpu3's UUID %s", h, uuid3)
@@ -167,7 +132,7 @@ func TestPluginRegistersAndFollowsHealth(t *testing.T) {
 	if _, err := s.Inject(sim.Fault{Kind: sim.KindXID, GPU: 3, Value: 79}, 0); err != nil {
 		t.Fatal(err)
 	}
-	await("gpu3 Unhealthy after XID 79", func(h map[string]bool) bool { return len(h) == 8 && count(h) == 7 && !h[uuid3] })
+	await("gpu3 Unhealthy after XID 79", func(h map[string]bool) bool { return len(h) == 8 && countHealthy(h) == 7 && !h[uuid3] })
 
 	// Allocate on the simulator: the GPU as a CDI device (CRI field and annotation),
 	// simulation-labelled.
@@ -189,7 +154,7 @@ func TestPluginRegistersAndFollowsHealth(t *testing.T) {
 	// hysteresis, without a restart of the plugin.
 	s.Clear()
 	mon.GPUsReset([]int{3})
-	await("gpu3 Healthy again", func(h map[string]bool) bool { return len(h) == 8 && count(h) == 8 })
+	await("gpu3 Healthy again", func(h map[string]bool) bool { return len(h) == 8 && countHealthy(h) == 8 })
 
 	// kubelet restarts: its device manager removes the sockets and serves a new
 	// kubelet.sock; the plugin registers again on a fresh socket.
@@ -207,13 +172,13 @@ func TestPluginRegistersAndFollowsHealth(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	await("8 healthy GPUs after kubelet restarted", func(h map[string]bool) bool { return len(h) == 8 && count(h) == 8 })
+	await("8 healthy GPUs after kubelet restarted", func(h map[string]bool) bool { return len(h) == 8 && countHealthy(h) == 8 })
 	// NVML lost mid-run: every GPU Unhealthy, the reason naming NVML.
 	if _, err := s.Inject(sim.Fault{Kind: sim.KindDriverUnloaded, GPU: -1}, 0); err != nil {
 		t.Fatal(err)
 	}
 	mon.Kick()
-	await("every GPU Unhealthy with NVML lost", func(h map[string]bool) bool { return len(h) == 8 && count(h) == 0 })
+	await("every GPU Unhealthy with NVML lost", func(h map[string]bool) bool { return len(h) == 8 && countHealthy(h) == 0 })
 	if d := plugin.Devices()[0]; !strings.Contains(d.Reason, "NVML") {
 		t.Errorf("reason %q does not name NVML", d.Reason)
 	}
@@ -224,6 +189,152 @@ func TestPluginRegistersAndFollowsHealth(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Errorf("Run = %v", err)
 	}
+}
+
+// Time-slicing over the same gRPC: with 4 replicas a simulated DGX H100 is 32 devices
+// <UUID>::0..3; GetPreferredAllocation for two gives replicas of two GPUs; Allocate of
+// two replicas of one GPU gives that GPU once as a CDI device; XID 79 on gpu3 takes
+// all four of its replicas out, and only those.
+func TestPluginTimeSlicing(t *testing.T) {
+	p, err := profile.Load("../../profiles/debian12-nvidia535.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := sim.New("dgxh100", sim.Options{DriverVersion: p.GPU.Driver.Version})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mon := monitor.New(monitor.Config{Backend: s, Profile: p, Interval: 100 * time.Millisecond})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go mon.Run(ctx)
+	dir, err := os.MkdirTemp("", "gpr-dp-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	kubelet := startKubelet(t, dir)
+	plugin := New(Config{Monitor: mon, Dir: dir, Simulated: true, Replicas: 4, Poll: 100 * time.Millisecond})
+	go plugin.Run(ctx)
+	reg := kubelet.waitRegistration(t)
+	if reg.ResourceName != nodecontract.ResourceGPU {
+		t.Fatalf("registration %+v", reg)
+	}
+	conn, err := grpc.NewClient("unix://"+filepath.Join(dir, reg.Endpoint), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	client := pluginapi.NewDevicePluginClient(conn)
+	stream, err := client.ListAndWatch(ctx, &pluginapi.Empty{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := awaitList(ctx, t, stream, plugin, "32 healthy replicas", func(h map[string]bool) bool { return len(h) == 32 && countHealthy(h) == 32 })
+	// The state is set just after kubelet's Register returns.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		ok, msg := plugin.State()
+		if ok && strings.Contains(msg, "8 GPUs, 8 healthy, each time-sliced as 4 devices") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("state registered=%v %q, want 8 GPUs each time-sliced as 4 devices", ok, msg)
+		}
+	}
+	snap := mon.Last().Snapshot
+	uuid0, uuid3 := snap.ByIndex(0).UUID, snap.ByIndex(3).UUID
+	for _, g := range snap.GPUs {
+		for r := range 4 {
+			if id := fmt.Sprintf("%s::%d", g.UUID, r); !h[id] {
+				t.Errorf("device %s missing or unhealthy in %v", id, h)
+			}
+		}
+	}
+
+	pr, err := client.GetPreferredAllocation(ctx, &pluginapi.PreferredAllocationRequest{ContainerRequests: []*pluginapi.ContainerPreferredAllocationRequest{{
+		AvailableDeviceIDs: slices.Sorted(maps.Keys(h)), AllocationSize: 2}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gpuOf := func(id string) string { uuid, _, _ := strings.Cut(id, "::"); return uuid }
+	if got := pr.ContainerResponses[0].DeviceIDs; len(got) != 2 || gpuOf(got[0]) == gpuOf(got[1]) {
+		t.Errorf("preferred %v, want replicas of two GPUs", got)
+	}
+
+	ar, err := client.Allocate(ctx, &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{
+		{DevicesIds: []string{uuid3 + "::1", uuid3 + "::2"}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cr := ar.ContainerResponses[0]
+	_, annotated, err := cdiapi.ParseAnnotations(cr.Annotations)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "nvidia.com/gpu=" + uuid3
+	if len(cr.CdiDevices) != 1 || cr.CdiDevices[0].Name != want || !slices.Equal(annotated, []string{want}) {
+		t.Errorf("Allocate of two replicas of gpu3 = %+v, want the one CDI device %s", cr, want)
+	}
+	if _, err := client.Allocate(ctx, &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{
+		{DevicesIds: []string{uuid0}}}}); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "not a time-slicing replica ID") {
+		t.Errorf("Allocate of a plain UUID under time-slicing = %v, want InvalidArgument naming the ID form", err)
+	}
+
+	if _, err := s.Inject(sim.Fault{Kind: sim.KindXID, GPU: 3, Value: 79}, 0); err != nil {
+		t.Fatal(err)
+	}
+	h = awaitList(ctx, t, stream, plugin, "gpu3's replicas Unhealthy after XID 79", func(h map[string]bool) bool { return len(h) == 32 && countHealthy(h) == 28 })
+	for id, ok := range h {
+		if gpu3 := strings.HasPrefix(id, uuid3+"::"); ok == gpu3 {
+			t.Errorf("device %s healthy=%v after XID 79 on gpu3", id, ok)
+		}
+	}
+}
+
+// awaitList reads ListAndWatch lists from stream until want(health by device ID) holds.
+func awaitList(ctx context.Context, t *testing.T, stream grpc.ServerStreamingClient[pluginapi.ListAndWatchResponse], plugin *Plugin, what string, want func(healthy map[string]bool) bool) map[string]bool {
+	t.Helper()
+	wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
+	defer wcancel()
+	got := make(chan map[string]bool, 1)
+	go func() {
+		for {
+			r, err := stream.Recv()
+			if err != nil {
+				close(got)
+				return
+			}
+			h := map[string]bool{}
+			for _, d := range r.Devices {
+				h[d.ID] = d.Health == pluginapi.Healthy
+			}
+			if want(h) {
+				got <- h
+				return
+			}
+		}
+	}()
+	select {
+	case h, ok := <-got:
+		if !ok {
+			t.Fatalf("%s: ListAndWatch stream ended", what)
+		}
+		return h
+	case <-wctx.Done():
+		t.Fatalf("%s: not seen within 30 s; devices now %+v", what, plugin.Devices())
+		return nil
+	}
+}
+
+// countHealthy is the number of healthy devices in h.
+func countHealthy(h map[string]bool) int {
+	n := 0
+	for _, ok := range h {
+		if ok {
+			n++
+		}
+	}
+	return n
 }
 
 // A CDI spec that cannot be written keeps the plugin from registering: Run returns the

@@ -35,13 +35,13 @@ func conditionOf(s health.Summary) (corev1.ConditionStatus, string, string) {
 // leaseEvery (kubelet: 10 s; zero: kubelet runs and keeps the Lease itself), until ctx
 // ends. On a simulated Node (registered with GPUs) it keeps the allocatable
 // nvidia.com/gpu too, which kubelet computes from the device plugin on a real one: a
-// withdrawn GPU costs one (AllocatableGPUs).
+// withdrawn GPU costs one, or its replicas under time-slicing (AllocatableGPUs).
 func Follow(ctx context.Context, n *Node, src HealthSource, leaseEvery time.Duration, log *slog.Logger) {
 	write := func(s health.Summary) {
 		// Allocatable first: a GPU is out of the scheduler's count before anything
 		// else says so.
 		if n.simGPUs > 0 {
-			want := AllocatableGPUs(n.simGPUs, s)
+			want := AllocatableGPUs(n.simGPUs, n.replicas, s)
 			n.mu.Lock()
 			have := n.allocatable
 			n.mu.Unlock()
@@ -51,7 +51,7 @@ func Follow(ctx context.Context, n *Node, src HealthSource, leaseEvery time.Dura
 						log.Warn("allocatable GPUs not written", "error", err)
 					}
 				} else {
-					log.Info("allocatable GPUs written", "node", n.Name, "allocatable", want, "capacity", n.simGPUs, "withdrawn", s.WithdrawnGPUs())
+					log.Info("allocatable GPUs written", "node", n.Name, "allocatable", want, "capacity", n.simGPUs*n.replicas, "withdrawn", s.WithdrawnGPUs())
 				}
 			}
 		}

@@ -105,12 +105,18 @@ type NodeSpec struct {
 	Labels map[string]string
 	// Taints are the profile's; nodecontract.TaintUnvalidated is added.
 	Taints []corev1.Taint
-	// GPUs is the nvidia.com/gpu capacity to advertise (simulation mode).
+	// GPUs is the number of GPUs to advertise as nvidia.com/gpu (simulation mode).
 	GPUs int
+	// Replicas is how many devices each GPU is (time-slicing, the profile's
+	// gpu.sharing.timeSlicing.replicas); 0 or 1: one. The capacity is GPUs × Replicas.
+	Replicas int
 }
 
-// AgentLabels are the labels the agent owns (CONTRACTS §5).
-func AgentLabels(imageID, driver, product string, count int, simulated bool) map[string]string {
+// AgentLabels are the labels the agent owns (CONTRACTS §5). A node with GPUs also gets
+// GPU feature discovery's sharing labels: nvidia.com/gpu.replicas (the devices per GPU,
+// replicas; 1 when 0 or 1) and nvidia.com/gpu.sharing-strategy (time-slicing with
+// more than one, else none), as NVIDIA's plugin and GFD label a node.
+func AgentLabels(imageID, driver, product string, count, replicas int, simulated bool) map[string]string {
 	l := map[string]string{
 		nodecontract.LabelDriverVersion: SanitizeLabel(driver),
 		nodecontract.LabelGPUProduct:    SanitizeLabel(product),
@@ -118,6 +124,13 @@ func AgentLabels(imageID, driver, product string, count int, simulated bool) map
 	}
 	if imageID != "" {
 		l[nodecontract.LabelImage] = SanitizeLabel(imageID)
+	}
+	if count > 0 {
+		l[nodecontract.LabelGPUReplicas] = fmt.Sprint(max(replicas, 1))
+		l[nodecontract.LabelGPUSharingStrategy] = nodecontract.SharingNone
+		if replicas > 1 {
+			l[nodecontract.LabelGPUSharingStrategy] = nodecontract.SharingTimeSlicing
+		}
 	}
 	if simulated {
 		l[nodecontract.LabelSimulated] = "true"
@@ -134,10 +147,10 @@ type Node struct {
 	// gpuHealthy is the GPUHealthy status this Node last wrote; "" until it wrote
 	// one (SetGPUHealthy then reads the Node's).
 	gpuHealthy corev1.ConditionStatus
-	// simGPUs is the nvidia.com/gpu capacity the agent registered in simulation mode;
-	// the agent then keeps the allocatable count too (Follow). 0: kubelet and the
-	// device plugin own both.
-	simGPUs int
+	// simGPUs is the number of GPUs the agent registered as nvidia.com/gpu in
+	// simulation mode, each as replicas devices; the agent then keeps the allocatable
+	// count too (Follow). 0: kubelet and the device plugin own both.
+	simGPUs, replicas int
 	// allocatable is the nvidia.com/gpu allocatable this Node last wrote; -1: none.
 	allocatable int
 }
@@ -153,8 +166,9 @@ func Register(ctx context.Context, client kubernetes.Interface, spec NodeSpec) (
 		corev1.ResourceMemory: resource.MustParse("64Gi"),
 		corev1.ResourcePods:   resource.MustParse("110"),
 	}
+	replicas := max(spec.Replicas, 1)
 	if spec.GPUs > 0 {
-		capacity[nodecontract.ResourceGPU] = *resource.NewQuantity(int64(spec.GPUs), resource.DecimalSI)
+		capacity[nodecontract.ResourceGPU] = *resource.NewQuantity(int64(spec.GPUs*replicas), resource.DecimalSI)
 	}
 	node := &corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: spec.Name, Labels: spec.Labels},
@@ -183,25 +197,28 @@ func Register(ctx context.Context, client kubernetes.Interface, spec NodeSpec) (
 	if _, err := client.CoreV1().Nodes().Patch(ctx, created.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil {
 		return nil, fmt.Errorf("register node %s: status: %w", spec.Name, err)
 	}
-	return &Node{Client: client, Name: spec.Name, gpuHealthy: corev1.ConditionUnknown, simGPUs: spec.GPUs, allocatable: spec.GPUs}, nil
+	return &Node{Client: client, Name: spec.Name, gpuHealthy: corev1.ConditionUnknown, simGPUs: spec.GPUs, replicas: replicas,
+		allocatable: spec.GPUs * replicas}, nil
 }
 
-// AllocatableGPUs is the nvidia.com/gpu allocatable of a simulated node with capacity
-// GPUs under health s: what kubelet would count from the device plugin's ListAndWatch
-// (agent/deviceplugin.Decide), one less for every GPU among s.UnhealthyGPUs, withdrawn
-// alone or not (decision 0630), none while the backend cannot be read. Before the
-// first checklist it is the capacity (the node is still tainted unvalidated).
-func AllocatableGPUs(capacity int, s health.Summary) int {
+// AllocatableGPUs is the nvidia.com/gpu allocatable of a simulated node with gpus GPUs
+// of replicas devices each (time-slicing; 0 or 1: one) under health s: what kubelet
+// would count from the device plugin's ListAndWatch (agent/deviceplugin.Decide),
+// replicas less for every GPU among s.UnhealthyGPUs, withdrawn alone or not (decision
+// 0630), none while the backend cannot be read. Before the first checklist it is the
+// capacity, gpus × replicas (the node is still tainted unvalidated).
+func AllocatableGPUs(gpus, replicas int, s health.Summary) int {
+	replicas = max(replicas, 1)
 	if s.State == health.Unknown && s.GPUCount == 0 {
-		return capacity
+		return gpus * replicas
 	}
-	n := min(capacity, s.GPUCount)
+	n := min(gpus, s.GPUCount)
 	for _, g := range s.UnhealthyGPUs {
 		if g >= 0 && g < n {
 			n--
 		}
 	}
-	return max(n, 0)
+	return max(n, 0) * replicas
 }
 
 // SetAllocatableGPUs patches the Node's allocatable nvidia.com/gpu (simulation mode:

@@ -2,6 +2,7 @@ package kubejoin
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"os"
 	"strings"
@@ -80,7 +81,7 @@ func TestSimulatedJoin(t *testing.T) {
 	s, _ := sim.New("dgxh100", sim.Options{DriverVersion: p.GPU.Driver.Version, Seed: "gpu-node-1"})
 	mon := monitor.New(monitor.Config{Backend: s, Profile: p, Interval: time.Second, ClearAfter: time.Second})
 	node, err := Register(ctx, nodeClient, NodeSpec{Name: "gpu-node-1", GPUs: s.GPUCount(),
-		Labels: AgentLabels("", p.GPU.Driver.Version, p.GPU.Expect.Product, s.GPUCount(), true)})
+		Labels: AgentLabels("", p.GPU.Driver.Version, p.GPU.Expect.Product, s.GPUCount(), p.GPU.TimeSlicingReplicas(), true)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +93,8 @@ func TestSimulatedJoin(t *testing.T) {
 	if q := n.Status.Capacity["nvidia.com/gpu"]; q.Value() != 8 {
 		t.Errorf("nvidia.com/gpu capacity %v, want 8", q.String())
 	}
-	if n.Labels["gpurack.io/gpu.product"] != "NVIDIA-H100-80GB-HBM3" || n.Labels["gpurack.io/gpu.count"] != "8" || n.Labels["gpurack.io/simulated"] != "true" {
+	if n.Labels["gpurack.io/gpu.product"] != "NVIDIA-H100-80GB-HBM3" || n.Labels["gpurack.io/gpu.count"] != "8" || n.Labels["gpurack.io/simulated"] != "true" ||
+		n.Labels["nvidia.com/gpu.replicas"] != "1" || n.Labels["nvidia.com/gpu.sharing-strategy"] != "none" {
 		t.Errorf("labels %v", n.Labels)
 	}
 	if len(n.Spec.Taints) == 0 || n.Spec.Taints[0].Key != "gpurack.io/unvalidated" {
@@ -198,20 +200,119 @@ func TestAllocatableGPUs(t *testing.T) {
 		return checks.Result{ID: id, Status: checks.Fail, GPU: gpu}
 	}
 	for _, c := range []struct {
-		name string
-		s    health.Summary
-		want int
+		name                string
+		s                   health.Summary
+		want, wantReplicas4 int
 	}{
-		{"before the first checklist: as registered", health.NotRun(at), 8},
-		{"all healthy", health.Summarize(nil, 8, at), 8},
-		{"one GPU withdrawn", health.Summarize([]checks.Result{fail(checkid.ECCUncorrected, 5)}, 8, at), 7},
-		{"a tainted node's bad GPU is out too", health.Summarize([]checks.Result{fail(checkid.PCIeLinkWidth, 2), fail(checkid.XIDFatal, 4)}, 8, at), 6},
-		{"a GPU missing from NVML", health.Summarize(nil, 7, at), 7},
-		{"backend unreadable", health.Summary{State: health.Unhealthy, Reason: "BackendUnavailable"}, 0},
+		{"before the first checklist: as registered", health.NotRun(at), 8, 32},
+		{"all healthy", health.Summarize(nil, 8, at), 8, 32},
+		{"one GPU withdrawn", health.Summarize([]checks.Result{fail(checkid.ECCUncorrected, 5)}, 8, at), 7, 28},
+		{"a tainted node's bad GPU is out too", health.Summarize([]checks.Result{fail(checkid.PCIeLinkWidth, 2), fail(checkid.XIDFatal, 4)}, 8, at), 6, 24},
+		{"a GPU missing from NVML", health.Summarize(nil, 7, at), 7, 28},
+		{"backend unreadable", health.Summary{State: health.Unhealthy, Reason: "BackendUnavailable"}, 0, 0},
 	} {
-		if got := AllocatableGPUs(8, c.s); got != c.want {
-			t.Errorf("%s: %d, want %d", c.name, got, c.want)
+		for _, replicas := range []int{0, 1} {
+			if got := AllocatableGPUs(8, replicas, c.s); got != c.want {
+				t.Errorf("%s, replicas %d: %d, want %d", c.name, replicas, got, c.want)
+			}
 		}
+		// Time-slicing: each GPU is 4 devices, and a withdrawn GPU takes all 4.
+		if got := AllocatableGPUs(8, 4, c.s); got != c.wantReplicas4 {
+			t.Errorf("%s, 4 replicas: %d, want %d", c.name, got, c.wantReplicas4)
+		}
+	}
+}
+
+// TestAgentLabels: a node with GPUs says how they are shared, under GPU feature
+// discovery's names; a node without GPUs carries no nvidia.com/ label.
+func TestAgentLabels(t *testing.T) {
+	for _, c := range []struct {
+		count, replicas    int
+		replicasL, sharing string
+	}{
+		{8, 0, "1", "none"},
+		{8, 1, "1", "none"},
+		{8, 4, "4", "time-slicing"},
+		{0, 4, "", ""},
+	} {
+		l := AgentLabels("img-1", "535.261.03", "NVIDIA H100 80GB HBM3", c.count, c.replicas, false)
+		if l["nvidia.com/gpu.replicas"] != c.replicasL || l["nvidia.com/gpu.sharing-strategy"] != c.sharing || l["gpurack.io/gpu.count"] != fmt.Sprint(c.count) {
+			t.Errorf("%d GPUs, %d replicas: labels %v", c.count, c.replicas, l)
+		}
+		if c.count == 0 && len(l) != 4 {
+			t.Errorf("a node without GPUs: labels %v, want only gpurack.io/ ones", l)
+		}
+	}
+}
+
+// TestSimulatedJoinTimeSlicing: against a real kube-apiserver, a simulated node whose
+// profile time-slices 4 ways registers nvidia.com/gpu 32 with the sharing labels; a
+// lost GPU takes its 4 replicas out of the allocatable (28), and they come back after
+// the reset, the capacity staying 32.
+func TestSimulatedJoinTimeSlicing(t *testing.T) {
+	c := testcluster.Shared(t)
+	admin := c.Clientset(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	p, err := profile.Load("../../profiles/debian12-nvidia535.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.GPU.Sharing = &profile.Sharing{TimeSlicing: &profile.TimeSlicing{Replicas: 4}}
+	s, _ := sim.New("dgxh100", sim.Options{DriverVersion: p.GPU.Driver.Version, Seed: "gpu-node-ts"})
+	mon := monitor.New(monitor.Config{Backend: s, Profile: p, Interval: time.Second, ClearAfter: time.Second})
+	const name = "gpu-node-ts"
+	replicas := p.GPU.TimeSlicingReplicas()
+	node, err := Register(ctx, admin, NodeSpec{Name: name, GPUs: s.GPUCount(), Replicas: replicas,
+		Labels: AgentLabels("", p.GPU.Driver.Version, p.GPU.Expect.Product, s.GPUCount(), replicas, true)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { admin.CoreV1().Nodes().Delete(context.Background(), name, metav1.DeleteOptions{}) })
+	get := func() *corev1.Node {
+		t.Helper()
+		n, err := admin.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	n := get()
+	if q := n.Status.Capacity["nvidia.com/gpu"]; q.Value() != 32 {
+		t.Errorf("nvidia.com/gpu capacity %s, want 8 GPUs × 4 replicas = 32", q.String())
+	}
+	if n.Labels["nvidia.com/gpu.replicas"] != "4" || n.Labels["nvidia.com/gpu.sharing-strategy"] != "time-slicing" || n.Labels["gpurack.io/gpu.count"] != "8" {
+		t.Errorf("labels %v", n.Labels)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	go mon.Run(runCtx)
+	go Follow(runCtx, node, mon, 0, slog.New(slog.DiscardHandler))
+	waitAllocatable := func(want int64, what string) {
+		t.Helper()
+		for {
+			q := get().Status.Allocatable["nvidia.com/gpu"]
+			if q.Value() == want {
+				return
+			}
+			if ctx.Err() != nil {
+				t.Fatalf("%s: allocatable nvidia.com/gpu %s, never %d", what, q.String(), want)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	waitAllocatable(32, "as registered")
+	f, _ := sim.ParseFault("gpu-lost@gpu3")
+	if _, err := s.Inject(f, 0); err != nil {
+		t.Fatal(err)
+	}
+	mon.Kick()
+	waitAllocatable(28, "after XID 79 on GPU 3")
+	s.Clear()
+	mon.GPUsReset([]int{3})
+	waitAllocatable(32, "after the reset")
+	if q := get().Status.Capacity["nvidia.com/gpu"]; q.Value() != 32 {
+		t.Errorf("capacity changed to %s; only allocatable follows health", q.String())
 	}
 }
 

@@ -18,7 +18,7 @@ type devicePluginService struct {
 
 func (n *node) devicePlugin() *devicePluginService {
 	return &devicePluginService{p: deviceplugin.New(deviceplugin.Config{Monitor: n.mon, Dir: n.cfg.DevicePluginDir,
-		Simulated: n.cfg.Backend.Simulated(), CDI: n.writeCDISpec, Log: n.log})}
+		Simulated: n.cfg.Backend.Simulated(), Replicas: n.cfg.Profile.GPU.TimeSlicingReplicas(), CDI: n.writeCDISpec, Log: n.log})}
 }
 
 // writeCDISpec writes the CDI spec that defines the devices Allocate names
@@ -26,10 +26,7 @@ func (n *node) devicePlugin() *devicePluginService {
 // null-device nodes on the simulator.
 func (n *node) writeCDISpec(ctx context.Context, gpus []deviceplugin.GPU) error {
 	if n.cfg.Backend.Simulated() {
-		var sg []cdi.GPU
-		for _, g := range gpus {
-			sg = append(sg, cdi.GPU{UUID: g.UUID, Index: g.Index})
-		}
+		sg := deviceplugin.CDIGPUs(gpus)
 		path, err := cdi.WriteSimulated(ctx, cdi.SimOptions{GPUs: sg})
 		if err != nil {
 			return err

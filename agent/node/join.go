@@ -260,7 +260,7 @@ func (n *node) join(ctx context.Context, bundle *bootv1.JoinBundle, afterNode fu
 		gpus = n.cfg.Sim.GPUCount()
 	}
 	simulated := n.cfg.Backend.Simulated()
-	for k, v := range kubejoin.AgentLabels(n.imageID, driver, product, gpus, simulated) {
+	for k, v := range kubejoin.AgentLabels(n.imageID, driver, product, gpus, n.cfg.Profile.GPU.TimeSlicingReplicas(), simulated) {
 		labels[k] = v
 	}
 	var node *kubejoin.Node
@@ -314,7 +314,8 @@ func (n *node) joinSimulated(ctx context.Context, bundle *bootv1.JoinBundle, lab
 			var client *kubernetes.Clientset
 			if client, err = kubernetes.NewForConfig(cfg); err == nil {
 				var node *kubejoin.Node
-				node, err = kubejoin.Register(ctx, client, kubejoin.NodeSpec{Name: name, Labels: labels, Taints: taints(bundle), GPUs: n.cfg.Sim.GPUCount()})
+				node, err = kubejoin.Register(ctx, client, kubejoin.NodeSpec{Name: name, Labels: labels, Taints: taints(bundle),
+					GPUs: n.cfg.Sim.GPUCount(), Replicas: n.cfg.Profile.GPU.TimeSlicingReplicas()})
 				if err == nil {
 					n.log.Info("joined Kubernetes as a simulated node", "node", name, "took", time.Since(t0).Round(time.Millisecond))
 					n.enrollment.set(agentv1.EnrollmentState_ENROLLMENT_STATE_JOINED,

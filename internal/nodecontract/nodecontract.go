@@ -1,9 +1,9 @@
 // Package nodecontract names, once, what gpurack writes on a Kubernetes Node (CONTRACTS
 // §5): the taints gpuboot's node controller sets and removes, the GPUHealthy condition
-// the agent owns, the gpurack.io/* labels the agent sets, and the GPU resource it
-// advertises. The agent (agent/kubejoin), gpuboot's node controller (pxe/nodecontrol)
-// and the profile validation use these constants; tests keep the literal strings, so a
-// renamed constant value fails them.
+// the agent owns, the gpurack.io/* labels and GPU feature discovery's sharing labels
+// the agent sets, and the GPU resource it advertises. The agent (agent/kubejoin),
+// gpuboot's node controller (pxe/nodecontrol) and the profile validation use these
+// constants; tests keep the literal strings, so a renamed constant value fails them.
 //
 // It holds names only: who writes what, and when, is in the packages that do it.
 package nodecontract
@@ -34,6 +34,18 @@ const (
 	LabelGPUCount      = LabelPrefix + "gpu.count"
 	// LabelSimulated is "true" on a Node whose GPUs are the simulator's.
 	LabelSimulated = LabelPrefix + "simulated"
+)
+
+// GPU sharing labels, under GPU feature discovery's names so that workloads written
+// for NVIDIA's plugin select nodes the same way. The agent sets both on a node with
+// GPUs (decision 0632).
+const (
+	// LabelGPUReplicas is the devices each GPU is advertised as: 1 without sharing.
+	LabelGPUReplicas = "nvidia.com/gpu.replicas"
+	// LabelGPUSharingStrategy is SharingTimeSlicing or SharingNone.
+	LabelGPUSharingStrategy = "nvidia.com/gpu.sharing-strategy"
+	SharingTimeSlicing      = "time-slicing"
+	SharingNone             = "none"
 )
 
 // ResourceGPU is the extended resource a GPU node advertises (NVIDIA's device-plugin

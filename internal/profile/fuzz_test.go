@@ -20,6 +20,7 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte(nvidia))
 	f.Add([]byte(tiny))
 	f.Add([]byte(strings.Replace(nvidia, "    nvlinkLinks: 18", "    nvlinkLinks: 18\n  xid:\n    withdraw: [48, 79, 92]", 1)))
+	f.Add([]byte(strings.Replace(nvidia, "    nvlinkLinks: 18", "    nvlinkLinks: 18\n  sharing:\n    timeSlicing:\n      replicas: 4", 1)))
 	f.Add([]byte(strings.Replace(tiny, "kubernetes:", "images:\n  - path: images/probe.tar\n    name: gpurack.io/probe:v1\nkubernetes:", 1)))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		p, err := Parse("f.yaml", data)

@@ -78,6 +78,36 @@ type GPU struct {
 	Expect Expect `yaml:"expect" json:"expect"`
 	// XID is the XID policy; nil: the documented classification (internal/xidclass).
 	XID *XIDPolicy `yaml:"xid,omitempty" json:"xid,omitempty"`
+	// Sharing is how containers share the GPUs; nil: every container gets whole GPUs.
+	Sharing *Sharing `yaml:"sharing,omitempty" json:"sharing,omitempty"`
+}
+
+// Sharing says how containers share a node's GPUs (decision 0632). Time-slicing is the
+// only way for now; the section leaves room for others (MPS) beside it.
+type Sharing struct {
+	TimeSlicing *TimeSlicing `yaml:"timeSlicing" json:"timeSlicing,omitempty"`
+}
+
+// TimeSlicing advertises every GPU as Replicas devices of nvidia.com/gpu, so that up to
+// Replicas containers share it by the driver's time-slicing, as NVIDIA's device plugin
+// does. There is no memory or fault isolation between them.
+type TimeSlicing struct {
+	// Replicas is the number of devices per GPU, from 2 to MaxTimeSlicingReplicas.
+	Replicas int `yaml:"replicas" json:"replicas"`
+}
+
+// MaxTimeSlicingReplicas bounds gpu.sharing.timeSlicing.replicas: past it each
+// container's share of a GPU is too small to be worth a device, and 64 GPUs of 64
+// replicas is already 4096 devices in every ListAndWatch.
+const MaxTimeSlicingReplicas = 64
+
+// TimeSlicingReplicas is the number of devices each GPU is advertised as under g:
+// gpu.sharing.timeSlicing.replicas, or 1 (no sharing) when g or the setting is absent.
+func (g *GPU) TimeSlicingReplicas() int {
+	if g == nil || g.Sharing == nil || g.Sharing.TimeSlicing == nil {
+		return 1
+	}
+	return g.Sharing.TimeSlicing.Replicas
 }
 
 // XIDPolicy says what XIDs do to a GPU.

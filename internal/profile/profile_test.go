@@ -2,6 +2,7 @@ package profile
 
 import (
 	"errors"
+	"fmt"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -93,6 +94,44 @@ func TestXIDWithdraw(t *testing.T) {
 	}
 }
 
+// TestTimeSlicing: gpu.sharing.timeSlicing.replicas is the devices per GPU, 1 when
+// the setting (or the gpu section) is left out; it survives the canonical form and
+// changes the digest, while a profile without it keeps the digest it had.
+func TestTimeSlicing(t *testing.T) {
+	def, err := Parse("nv.yaml", []byte(nvidia))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := def.GPU.TimeSlicingReplicas(); got != 1 {
+		t.Errorf("no sharing: %d replicas, want 1", got)
+	}
+	if got := (*GPU)(nil).TimeSlicingReplicas(); got != 1 {
+		t.Errorf("no gpu section: %d replicas, want 1", got)
+	}
+	if strings.Contains(string(def.Canonical()), "sharing") {
+		t.Errorf("canonical form of a profile without sharing names it: %s", def.Canonical())
+	}
+	set, err := Parse("nv.yaml", []byte(strings.Replace(nvidia, "    nvlinkLinks: 18", "    nvlinkLinks: 18\n  sharing:\n    timeSlicing:\n      replicas: 4", 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := set.GPU.TimeSlicingReplicas(); got != 4 {
+		t.Errorf("%d replicas, want 4", got)
+	}
+	again, err := Parse("nv.json", set.Canonical())
+	if err != nil || again.GPU.TimeSlicingReplicas() != 4 || again.Digest() != set.Digest() {
+		t.Fatalf("canonical form lost gpu.sharing: %v %s", err, set.Canonical())
+	}
+	if set.Digest() == def.Digest() {
+		t.Error("gpu.sharing did not change the digest")
+	}
+	for _, n := range []int{2, MaxTimeSlicingReplicas} {
+		if _, err := Parse("nv.yaml", []byte(strings.Replace(nvidia, "    nvlinkLinks: 18", fmt.Sprintf("    nvlinkLinks: 18\n  sharing: {timeSlicing: {replicas: %d}}", n), 1))); err != nil {
+			t.Errorf("replicas %d: %v", n, err)
+		}
+	}
+}
+
 func TestDefaultsAndCanonicalForm(t *testing.T) {
 	p, err := Parse("tiny.yaml", []byte(tiny))
 	if err != nil {
@@ -162,6 +201,13 @@ func TestProfileErrors(t *testing.T) {
 		{"withdraw not a number", nvidia, "    nvlinkLinks: 18", "    nvlinkLinks: 18\n  xid:\n    withdraw: [xid79]", "gpu.xid.withdraw[0]", 20, "whole number"},
 		{"pod network backend", tiny, "  version: v1.34.2", "  version: v1.34.2\n  podNetwork:\n    backend: udp", "kubernetes.podNetwork.backend", 10, "use vxlan or host-gw"},
 		{"pod subnet", tiny, "  version: v1.34.2", "  version: v1.34.2\n  podNetwork:\n    podSubnet: 10.244.1.0/16", "kubernetes.podNetwork.podSubnet", 10, "networking.podSubnet"},
+		{"one replica is no sharing", nvidia, "    nvlinkLinks: 18", "    nvlinkLinks: 18\n  sharing:\n    timeSlicing:\n      replicas: 1", "gpu.sharing.timeSlicing.replicas", 21, "must be from 2 to 64 devices per GPU, got 1"},
+		{"too many replicas", nvidia, "    nvlinkLinks: 18", "    nvlinkLinks: 18\n  sharing:\n    timeSlicing:\n      replicas: 65", "gpu.sharing.timeSlicing.replicas", 21, "got 65"},
+		{"replicas not whole", nvidia, "    nvlinkLinks: 18", "    nvlinkLinks: 18\n  sharing:\n    timeSlicing:\n      replicas: 2.5", "gpu.sharing.timeSlicing.replicas", 21, "whole number"},
+		{"replicas left out", nvidia, "    nvlinkLinks: 18", "    nvlinkLinks: 18\n  sharing:\n    timeSlicing: {}", "gpu.sharing.timeSlicing.replicas", 20, "got 0"},
+		{"sharing without a way", nvidia, "    nvlinkLinks: 18", "    nvlinkLinks: 18\n  sharing: {}", "gpu.sharing", 19, "set timeSlicing: {replicas: N}"},
+		{"unknown sharing strategy", nvidia, "    nvlinkLinks: 18", "    nvlinkLinks: 18\n  sharing:\n    mps: {replicas: 2}", "gpu.sharing.mps", 20, `unknown field "mps"`},
+		{"sharing without GPUs", tiny, "kubernetes:", "gpu:\n  sharing:\n    timeSlicing:\n      replicas: 4\nkubernetes:", "gpu.sharing", 8, "the profile expects none"},
 		{"bad mirror", tiny, "  suite: bookworm", "  suite: bookworm\n  mirror: ftp:/x", "base.mirror", 5, "not an http"},
 	}
 	for _, c := range cases {

@@ -174,6 +174,9 @@ func (v *validator) gpu(g *GPU) {
 	if g.XID != nil {
 		v.xidPolicy(g.XID)
 	}
+	if g.Sharing != nil {
+		v.sharing(g)
+	}
 	if e.PCIe.Gen < 1 || e.PCIe.Gen > 6 {
 		v.fail("gpu.expect.pcie.gen", "must be a PCIe generation from 1 to 6, got %d", e.PCIe.Gen)
 	}
@@ -205,6 +208,22 @@ func (v *validator) xidPolicy(x *XIDPolicy) {
 			v.fail(f, "XID %d is listed twice", code)
 		}
 		seen[code] = true
+	}
+}
+
+// sharing checks gpu.sharing: a way to share that is set, a replica count from 2 to
+// MaxTimeSlicingReplicas, and GPUs to share.
+func (v *validator) sharing(g *GPU) {
+	if g.Expect.Count < 1 {
+		v.fail("gpu.sharing", "shares GPUs, but the profile expects none; set gpu.expect (count, product, memoryMiB, pcie) for the node's GPUs, or remove gpu.sharing")
+	}
+	ts := g.Sharing.TimeSlicing
+	if ts == nil {
+		v.fail("gpu.sharing", "names no way to share GPUs; set timeSlicing: {replicas: N} (N from 2 to %d), or leave gpu.sharing out so that every container gets whole GPUs", MaxTimeSlicingReplicas)
+		return
+	}
+	if ts.Replicas < 2 || ts.Replicas > MaxTimeSlicingReplicas {
+		v.fail("gpu.sharing.timeSlicing.replicas", "must be from 2 to %d devices per GPU, got %d; for one device per GPU (no sharing) leave gpu.sharing out", MaxTimeSlicingReplicas, ts.Replicas)
 	}
 }
 

@@ -313,6 +313,11 @@ func (w *walker) walk(n *yaml.Node, t reflect.Type, path string) {
 			w.fail(n, path, "expected text, found the boolean %s; quote it", n.Value)
 			return
 		}
+		if wholeNumber(t) && n.Tag == "!!float" {
+			// yaml.v3 would truncate 2.5 to 2 silently.
+			w.fail(n, path, "expected %s, found %q", scalarName(t), n.Value)
+			return
+		}
 		if err := n.Decode(reflect.New(t).Interface()); err != nil {
 			w.fail(n, path, "expected %s, found %q", scalarName(t), n.Value)
 		}
@@ -360,18 +365,28 @@ func scalarName(t reflect.Type) string {
 	if t == durationType {
 		return "a duration such as 30s or 5m"
 	}
+	if wholeNumber(t) {
+		return "a whole number"
+	}
 	switch t.Kind() {
 	case reflect.String:
 		return "text"
 	case reflect.Bool:
 		return "true or false"
-	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
-		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
-		return "a whole number"
 	case reflect.Float32, reflect.Float64:
 		return "a number"
 	}
 	return "a " + t.String()
+}
+
+// wholeNumber reports whether t is an integer type.
+func wholeNumber(t reflect.Type) bool {
+	switch t.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return true
+	}
+	return false
 }
 
 // Suggest names the choice closest to a misspelt word (case aside, at most two edits

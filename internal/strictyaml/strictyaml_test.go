@@ -136,6 +136,8 @@ func TestDecodeShapes(t *testing.T) {
 		{"unexported field", "hidden: x\n", `r.yaml:1: hidden: unknown field "hidden"`},
 		{"yaml:\"-\" field", "skipped: x\n", `r.yaml:1: skipped: unknown field "skipped"`},
 		{"complex key", "? [a]\n: 1\n", "r.yaml:1: a field name must be a plain word"},
+		{"fraction for a whole number", "slots: 2.5\n", `r.yaml:1: slots: expected a whole number, found "2.5"`},
+		{"float for a whole number", "slots: 1e1\n", `r.yaml:1: slots: expected a whole number, found "1e1"`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var r rack
