@@ -85,6 +85,7 @@ func TestStartKubelet(t *testing.T) {
 	}
 	var cfg struct {
 		APIVersion, Kind, CgroupDriver, ContainerRuntimeEndpoint, ClusterDomain string
+		NodeStatusUpdateFrequency                                               string
 		RegisterWithTaints                                                      []TaintSpec
 		ClusterDNS                                                              []string
 		RotateCertificates                                                      bool
@@ -95,7 +96,8 @@ func TestStartKubelet(t *testing.T) {
 	wantTaints := []TaintSpec{{Key: "gpurack.io/unvalidated", Effect: "NoSchedule"}, {Key: "gpurack.example/dedicated", Value: "ml", Effect: "NoSchedule"}}
 	if cfg.Kind != "KubeletConfiguration" || cfg.APIVersion != "kubelet.config.k8s.io/v1beta1" || cfg.CgroupDriver != "systemd" ||
 		cfg.ContainerRuntimeEndpoint != ContainerdEndpoint || !reflect.DeepEqual(cfg.RegisterWithTaints, wantTaints) ||
-		!reflect.DeepEqual(cfg.ClusterDNS, []string{"10.96.0.10"}) || cfg.ClusterDomain != "cluster.local" || !cfg.RotateCertificates {
+		!reflect.DeepEqual(cfg.ClusterDNS, []string{"10.96.0.10"}) || cfg.ClusterDomain != "cluster.local" || !cfg.RotateCertificates ||
+		cfg.NodeStatusUpdateFrequency != NodeStatusUpdateFrequency {
 		t.Errorf("config.yaml:\n%s", data)
 	}
 	if fi, err := os.Stat(p.BootstrapKubeconfig); err != nil || fi.Mode().Perm() != 0o600 {

@@ -41,9 +41,21 @@ const (
 	CDIHookPath          = "/usr/bin/nvidia-cdi-hook"
 	NvidiaRuntimePath    = "/usr/bin/nvidia-container-runtime"
 	NvidiaRuntimeConfig  = "/etc/nvidia-container-runtime/config.toml"
-	cdiSpecDirsTOML      = `["/etc/cdi", "/var/run/cdi"]`
 	cdiAnnotationPattern = "cdi.k8s.io/*"
 )
+
+// CDISpecDirs are where containerd and nvidia-container-runtime look for CDI specs in
+// the images; agent/cdi writes to the second.
+var CDISpecDirs = []string{"/etc/cdi", "/var/run/cdi"}
+
+// tomlStrings renders ss as a TOML array of strings.
+func tomlStrings(ss []string) string {
+	q := make([]string, len(ss))
+	for i, s := range ss {
+		q[i] = strconv.Quote(s)
+	}
+	return "[" + strings.Join(q, ", ") + "]"
+}
 
 // GPURuntimeFor picks the GPU container runtime for a profile with or without a GPU,
 // from the locked containerd package's Debian version (for example 1.6.20~ds1-1+deb12u3
@@ -83,7 +95,7 @@ func (n *Node) gpuRuntimeFiles() (map[string]string, map[string]string, error) {
 			return nil, nil, fmt.Errorf("node files: no nvidia-container-runtime binary given; containerd 1.6 images with a GPU need it (%s)", n.GPURuntime)
 		}
 		bins[strings.TrimPrefix(NvidiaRuntimePath, "/")] = n.NvidiaRuntime
-		files[strings.TrimPrefix(NvidiaRuntimeConfig, "/")] = nvidiaRuntimeConfig
+		files[strings.TrimPrefix(NvidiaRuntimeConfig, "/")] = NvidiaRuntimeConfigFor(CDISpecDirs)
 	}
 	if n.CDIHook == "" {
 		return nil, nil, fmt.Errorf("node files: no nvidia-cdi-hook binary given; images with a GPU need it (%s)", n.GPURuntime)
@@ -111,12 +123,14 @@ func (n *Node) writeGPURuntime(overlay string) error {
 	return nil
 }
 
-// nvidiaRuntimeConfig is nvidia-container-runtime's config on containerd 1.6 images:
-// CDI mode only (there is no libnvidia-container), devices from the cdi.k8s.io/
-// annotations the device plugin sets; NVIDIA_VISIBLE_DEVICES in an unprivileged
-// container's image asks for nothing, so a CUDA image cannot take GPUs it was not
-// allocated.
-const nvidiaRuntimeConfig = `# gpurack: nvidia-container-runtime in CDI mode (containerd 1.6 has no CDI of its
+// NvidiaRuntimeConfigFor is nvidia-container-runtime's config on containerd 1.6
+// images, reading CDI specs from specDirs (CDISpecDirs in the images): CDI mode only
+// (there is no libnvidia-container), devices from the cdi.k8s.io/ annotations the
+// device plugin sets; NVIDIA_VISIBLE_DEVICES in an unprivileged container's image asks
+// for nothing, so a CUDA image cannot take GPUs it was not allocated. Tests run the
+// same config against a spec directory of their own.
+func NvidiaRuntimeConfigFor(specDirs []string) string {
+	return `# gpurack: nvidia-container-runtime in CDI mode (containerd 1.6 has no CDI of its
 # own). The device plugin allocates GPUs as nvidia.com/gpu=UUID in cdi.k8s.io/
 # annotations; gpuagent writes the CDI specs in /var/run/cdi.
 accept-nvidia-visible-devices-envvar-when-unprivileged = false
@@ -130,19 +144,41 @@ runtimes = ["runc"]
 [nvidia-container-runtime.modes.cdi]
 annotation-prefixes = ["cdi.k8s.io/"]
 default-kind = "nvidia.com/gpu"
-spec-dirs = ` + cdiSpecDirsTOML + `
+spec-dirs = ` + tomlStrings(specDirs) + `
 `
+}
 
-// containerdGPU is the CRI plugin's GPU part of containerd's config for g.
-func containerdGPU(g GPURuntime) string {
+// ContainerdGPU says how a containerd config reaches the GPU container runtime; the
+// images use ImageContainerdGPU.
+type ContainerdGPU struct {
+	// SpecDirs are the CDI spec directories (containerd 1.7's own CDI).
+	SpecDirs []string
+	// RuntimeBinary is nvidia-container-runtime (containerd 1.6).
+	RuntimeBinary string
+	// SystemdCgroup: cgroups through systemd (the images) or cgroupfs.
+	SystemdCgroup bool
+	// RuncRoot, if set, is runc's state directory for the nvidia runtime.
+	RuncRoot string
+}
+
+// ImageContainerdGPU is the images' ContainerdGPU.
+var ImageContainerdGPU = ContainerdGPU{SpecDirs: CDISpecDirs, RuntimeBinary: NvidiaRuntimePath, SystemdCgroup: true}
+
+// CRIConfig is the CRI plugin's GPU part of containerd's config for g, the lines that
+// go inside [plugins."io.containerd.grpc.v1.cri"]; empty for GPURuntimeNone.
+func (c ContainerdGPU) CRIConfig(g GPURuntime) string {
 	switch g {
 	case GPURuntimeNativeCDI:
 		return `
   # GPUs: containerd resolves the device plugin's CDI devices from these specs.
   enable_cdi = true
-  cdi_spec_dirs = ` + cdiSpecDirsTOML + `
+  cdi_spec_dirs = ` + tomlStrings(c.SpecDirs) + `
 `
 	case GPURuntimeNvidiaCDI:
+		root := ""
+		if c.RuncRoot != "" {
+			root = "      Root = " + strconv.Quote(c.RuncRoot) + "\n"
+		}
 		return `
   # GPUs: containerd 1.6 has no CDI; nvidia-container-runtime (CDI mode) is the default
   # runtime and gets the device plugin's cdi.k8s.io/ annotations.
@@ -154,9 +190,9 @@ func containerdGPU(g GPURuntime) string {
     container_annotations = ["` + cdiAnnotationPattern + `"]
 
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia.options]
-      BinaryName = "` + NvidiaRuntimePath + `"
-      SystemdCgroup = true
-`
+      BinaryName = ` + strconv.Quote(c.RuntimeBinary) + `
+      SystemdCgroup = ` + strconv.FormatBool(c.SystemdCgroup) + `
+` + root
 	}
 	return ""
 }

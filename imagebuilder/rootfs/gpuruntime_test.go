@@ -121,7 +121,7 @@ func toStrings(v any) []string {
 // devices from cdi.k8s.io/ annotations only, and the spec directories agent/cdi writes.
 func TestNvidiaRuntimeConfigLoadsInCDIMode(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "config.toml")
-	if err := os.WriteFile(path, []byte(nvidiaRuntimeConfig), 0o644); err != nil {
+	if err := os.WriteFile(path, []byte(NvidiaRuntimeConfigFor(CDISpecDirs)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	tc, err := ctkconfig.New(ctkconfig.WithConfigFile(path), ctkconfig.WithRequired(true))

@@ -235,14 +235,14 @@ func copyFile(src, dst string, mode os.FileMode) error {
 }
 
 // containerdConfig is containerd's config: the CRI plugin for kubelet, and the GPU
-// container runtime's part (containerdGPU) where the image has one.
+// container runtime's part (ImageContainerdGPU) where the image has one.
 func containerdConfig(pause string, gpu GPURuntime) string {
 	return fmt.Sprintf(`# gpurack: containerd for kubelet (CONTRACTS §6). Guests run cgroup v2 under systemd.
 version = 2
 
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = %q
-`+containerdGPU(gpu)+`
+`+ImageContainerdGPU.CRIConfig(gpu)+`
   [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
     runtime_type = "io.containerd.runc.v2"
 

@@ -4,7 +4,8 @@
 // pod shows that the node runs preloaded images, that cluster DNS answers and that
 // Services route.
 //
-//	probe [serve] [-listen :8080]   HTTP: /, /healthz, /resolve?name=N, /fetch?url=U
+//	probe [serve] [-listen :8080]   HTTP: /, /healthz, /resolve?name=N, /fetch?url=U,
+//	                                /devices (probe devices' list)
 //	probe resolve NAME [WANT]       print NAME's addresses; exit 1 if it does not resolve
 //	                                (or, with WANT, if WANT is not among them)
 //	probe fetch URL...              GET each URL, print URL, status and the TCP connect
@@ -21,6 +22,9 @@
 //	probe chroot DIR CMD [ARG...]   run CMD with DIR as the root directory (a privileged
 //	                                pod with the host's / mounted at DIR: the node's own
 //	                                tools, for a test's diagnostics)
+//	probe devices                   list the container's /dev/nvidia* nodes (type and
+//	                                major:minor) and its NVIDIA_ and GPURACK_ variables:
+//	                                what it got of GPUs. Also the termination message.
 //
 // fetch trusts the pod's service-account CA for https (the apiserver through the
 // kubernetes Service) when the pod has one.
@@ -48,6 +52,7 @@ import (
 	"time"
 
 	sdbus "github.com/coreos/go-systemd/v22/dbus"
+	"golang.org/x/sys/unix"
 )
 
 // serviceAccountCA is where kubelet mounts the cluster CA into a pod.
@@ -64,7 +69,7 @@ func main() {
 // fetch also writes its lines.
 func run(args []string, stdout io.Writer, termLog string) error {
 	cmd := "serve"
-	if len(args) > 0 && slices.Contains([]string{"serve", "resolve", "fetch", "hold", "restart", "chroot"}, args[0]) {
+	if len(args) > 0 && slices.Contains([]string{"serve", "resolve", "fetch", "hold", "restart", "chroot", "devices"}, args[0]) {
 		cmd, args = args[0], args[1:]
 	}
 	switch cmd {
@@ -134,6 +139,16 @@ func run(args []string, stdout io.Writer, termLog string) error {
 		summary, err := hold(newClient(serviceAccountCA), args[0], d, every)
 		report(stdout, termLog, summary+"\n")
 		return err
+	case "devices":
+		if len(args) != 0 {
+			return errors.New("usage: probe devices")
+		}
+		text, err := devices("/dev", os.Environ())
+		if err != nil {
+			return err
+		}
+		report(stdout, termLog, text)
+		return nil
 	case "chroot":
 		if len(args) < 2 {
 			return errors.New("usage: probe chroot DIR CMD [ARG...]")
@@ -279,6 +294,14 @@ func newHandler(host string, client *http.Client) http.Handler {
 		status, err := fetch(r.Context(), client, r.URL.Query().Get("url"))
 		reply(w, map[string]any{"url": r.URL.Query().Get("url"), "status": status}, err)
 	})
+	mux.HandleFunc("GET /devices", func(w http.ResponseWriter, r *http.Request) {
+		text, err := devices("/dev", os.Environ())
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		io.WriteString(w, text)
+	})
 	return mux
 }
 
@@ -331,4 +354,37 @@ func chrootExec(root string, argv []string) error {
 		return err
 	}
 	return syscall.Exec(path, argv, os.Environ())
+}
+
+// devices lists what a container got of GPUs: each device node in dir whose name
+// starts with nvidia, as "PATH c MAJOR:MINOR" (or the file type), then the NVIDIA_ and
+// GPURACK_ variables of env, sorted.
+func devices(dir string, env []string) (string, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return "", err
+	}
+	var lines []string
+	for _, e := range entries {
+		if !strings.HasPrefix(e.Name(), "nvidia") {
+			continue
+		}
+		p := dir + "/" + e.Name()
+		var st syscall.Stat_t
+		if err := syscall.Lstat(p, &st); err != nil {
+			return "", err
+		}
+		kind := e.Type().String()
+		if st.Mode&syscall.S_IFMT == syscall.S_IFCHR {
+			kind = fmt.Sprintf("c %d:%d", unix.Major(st.Rdev), unix.Minor(st.Rdev))
+		}
+		lines = append(lines, p+" "+kind)
+	}
+	for _, kv := range env {
+		if strings.HasPrefix(kv, "NVIDIA_") || strings.HasPrefix(kv, "GPURACK_") {
+			lines = append(lines, kv)
+		}
+	}
+	sort.Strings(lines)
+	return strings.Join(lines, "\n") + "\n", nil
 }

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/gpurack/gpurack/imagebuilder/ociarchive"
 	"github.com/gpurack/gpurack/internal/testreq"
 )
@@ -150,6 +152,7 @@ func TestRunCommands(t *testing.T) {
 		{"resolve", "localhost", "192.0.2.1"},
 		{"restart"},
 		{"serve", "-nosuchflag"},
+		{"devices", "extra"},
 	} {
 		if err := run(args, io.Discard, termLog); err == nil {
 			t.Errorf("probe %q: no error", args)
@@ -184,5 +187,30 @@ func TestHold(t *testing.T) {
 		if err := run(args, io.Discard, termLog); err == nil {
 			t.Errorf("probe %q: no error", args)
 		}
+	}
+}
+
+// devices lists the nvidia* nodes with their numbers and only the NVIDIA_ and
+// GPURACK_ variables, sorted.
+func TestDevices(t *testing.T) {
+	dir := t.TempDir()
+	if err := unix.Mknod(filepath.Join(dir, "nvidia1"), unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3))); err != nil {
+		testreq.Missing(t, "mknod: "+err.Error(), "run the tests as root")
+	}
+	for _, name := range []string{"nvidiactl", "null"} {
+		if err := os.WriteFile(filepath.Join(dir, name), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := devices(dir, []string{"PATH=/bin", "NVIDIA_VISIBLE_DEVICES=void", "GPURACK_SIMULATED_GPUS=true"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := dir + "/nvidia1 c 1:3\n" + dir + "/nvidiactl ----------\nGPURACK_SIMULATED_GPUS=true\nNVIDIA_VISIBLE_DEVICES=void\n"
+	if got != want {
+		t.Errorf("devices:\n%s\nwant:\n%s", got, want)
+	}
+	if _, err := devices(filepath.Join(dir, "none"), nil); err == nil {
+		t.Error("devices of a missing directory: no error")
 	}
 }
