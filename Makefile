@@ -85,7 +85,7 @@ e2e-slow: deps ## build the NVIDIA images with their kernel modules (about 20 mi
 	PATH="$(TOOLS):$$PATH" GPURACK_E2E_SLOW=1 $(GO) test $(TEST_FLAGS) -v -run 'TestNvidiaImages' ./imagebuilder/cmd/gpuimage/
 
 .PHONY: bench
-bench: bench-go bench-pxe bench-image bench-node bench-doc ## every benchmark; writes docs/benchmarks.md, one section per target
+bench: bench-go bench-pxe bench-image bench-node bench-gpu bench-doc ## every benchmark; writes docs/benchmarks.md, one section per target
 
 .PHONY: bench-doc
 bench-doc: ## reassemble docs/benchmarks.md from the sections in docs/bench/ (each bench-* target does this too)
@@ -103,6 +103,10 @@ bench-image-nvidia: ## the same for debian13-nvidia550: module build chroot and 
 bench-node: deps ## the QEMU node: Node Ready, pod start, the Service's first packet against the endpoint (about 8 min a run; RUNS=3)
 	PATH="$(TOOLS):$$PATH" test/bench/node.sh
 
+.PHONY: bench-gpu
+bench-gpu: deps ## a withdrawn GPU in the apiserver (kubelet status 1 s against 10 s) and Allocate p99, on a real kubelet (about 3 min)
+	PATH="$(TOOLS):$$PATH" GO=$(GO) test/bench/gpu.sh
+
 .PHONY: bench-go
 bench-go: ## Go benchmarks; writes the "go" section of docs/benchmarks.md
 	PATH="$(TOOLS):$$PATH" GO=$(GO) test/bench/go.sh
@@ -112,6 +116,10 @@ bench-pxe: ## gpuboot serve against nginx, tftpd-hpa and dnsmasq (perfdhcp); wri
 	@for p in nginx tftpd-hpa dnsmasq-base kea-admin ipxe; do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$p; done
 	test/bench/pxe.sh
+
+.PHONY: gpu-check-bundle
+gpu-check-bundle: ## build, gzipped into bin/gpu-check/, what hack/gpu-check.sh runs on a machine with an NVIDIA GPU (no Go needed there)
+	hack/gpu-check-bundle.sh
 
 .PHONY: clean
 clean: ## remove ./bin (the cache outside the repository stays)

@@ -107,6 +107,24 @@ func Validate(data []byte) (*specs.Spec, error) {
 	return s.Spec, nil
 }
 
+// DeviceNames reads the spec at path, validates it (Validate) and returns its devices'
+// fully qualified names (nvidia.com/gpu=NAME), in the spec's order.
+func DeviceNames(path string) ([]string, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	spec, err := Validate(data)
+	if err != nil {
+		return nil, fmt.Errorf("CDI spec %s: %w", path, err)
+	}
+	names := make([]string, len(spec.Devices))
+	for i, d := range spec.Devices {
+		names[i] = spec.Kind + "=" + d.Name
+	}
+	return names, nil
+}
+
 // write validates spec and writes it to path atomically (mode 0644, parents 0755).
 func write(path string, spec *specs.Spec) ([]byte, error) {
 	data, err := Marshal(spec)

@@ -34,9 +34,32 @@ type fakeKubelet struct {
 	gs   *grpc.Server
 }
 
+// simRig is what the plugin tests start from: a simulated DGX H100 under the agent's
+// monitor (checks every 100 ms, the hysteresis clearAfter; 0: the monitor's default),
+// a device-plugins directory and a fake kubelet serving Registration in it.
+func simRig(tb testing.TB, ctx context.Context, clearAfter time.Duration) (*sim.Sim, *monitor.Monitor, string, *fakeKubelet) {
+	tb.Helper()
+	p, err := profile.Load("../../profiles/debian12-nvidia535.yaml")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	s, err := sim.New("dgxh100", sim.Options{DriverVersion: p.GPU.Driver.Version})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	mon := monitor.New(monitor.Config{Backend: s, Profile: p, Interval: 100 * time.Millisecond, ClearAfter: clearAfter})
+	go mon.Run(ctx)
+	dir, err := os.MkdirTemp("", "gpr-dp-") // short: unix socket paths are limited to 108 bytes
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { os.RemoveAll(dir) })
+	return s, mon, dir, startKubelet(tb, dir)
+}
+
 // startKubelet serves Registration on dir/kubelet.sock, first removing every socket
 // in dir as kubelet's device manager does when it starts.
-func startKubelet(t *testing.T, dir string) *fakeKubelet {
+func startKubelet(t testing.TB, dir string) *fakeKubelet {
 	t.Helper()
 	entries, _ := os.ReadDir(dir)
 	for _, e := range entries {
@@ -58,7 +81,7 @@ func (k *fakeKubelet) Register(_ context.Context, r *pluginapi.RegisterRequest) 
 	return &pluginapi.Empty{}, nil
 }
 
-func (k *fakeKubelet) waitRegistration(t *testing.T) *pluginapi.RegisterRequest {
+func (k *fakeKubelet) waitRegistration(t testing.TB) *pluginapi.RegisterRequest {
 	t.Helper()
 	select {
 	case r := <-k.regs:
@@ -75,26 +98,9 @@ func (k *fakeKubelet) waitRegistration(t *testing.T) *pluginapi.RegisterRequest 
 // no restart; it registers again when kubelet restarts (kubelet.sock recreated); and
 // with NVML lost every GPU goes Unhealthy.
 func TestPluginRegistersAndFollowsHealth(t *testing.T) {
-	p, err := profile.Load("../../profiles/debian12-nvidia535.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := sim.New("dgxh100", sim.Options{DriverVersion: p.GPU.Driver.Version})
-	if err != nil {
-		t.Fatal(err)
-	}
-	const clearAfter = 2 * time.Second
-	mon := monitor.New(monitor.Config{Backend: s, Profile: p, Interval: 100 * time.Millisecond, ClearAfter: clearAfter})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	go mon.Run(ctx)
-
-	dir, err := os.MkdirTemp("", "gpr-dp-") // short: unix socket paths are limited to 108 bytes
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	kubelet := startKubelet(t, dir)
+	s, mon, dir, kubelet := simRig(t, ctx, 2*time.Second)
 	cdiGPUs := make(chan []GPU, 1)
 	plugin := New(Config{Monitor: mon, Dir: dir, Simulated: true, Poll: 100 * time.Millisecond,
 		CDI: func(_ context.Context, gpus []GPU) error { cdiGPUs <- gpus; return nil }})
@@ -196,24 +202,9 @@ func TestPluginRegistersAndFollowsHealth(t *testing.T) {
 // two replicas of one GPU gives that GPU once as a CDI device; XID 79 on gpu3 takes
 // all four of its replicas out, and only those.
 func TestPluginTimeSlicing(t *testing.T) {
-	p, err := profile.Load("../../profiles/debian12-nvidia535.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := sim.New("dgxh100", sim.Options{DriverVersion: p.GPU.Driver.Version})
-	if err != nil {
-		t.Fatal(err)
-	}
-	mon := monitor.New(monitor.Config{Backend: s, Profile: p, Interval: 100 * time.Millisecond})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	go mon.Run(ctx)
-	dir, err := os.MkdirTemp("", "gpr-dp-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	kubelet := startKubelet(t, dir)
+	s, mon, dir, kubelet := simRig(t, ctx, 0)
 	plugin := New(Config{Monitor: mon, Dir: dir, Simulated: true, Replicas: 4, Poll: 100 * time.Millisecond})
 	go plugin.Run(ctx)
 	reg := kubelet.waitRegistration(t)
@@ -340,29 +331,14 @@ func countHealthy(h map[string]bool) int {
 // A CDI spec that cannot be written keeps the plugin from registering: Run returns the
 // error, State says why, and kubelet never sees a registration.
 func TestPluginDoesNotRegisterWithoutCDISpec(t *testing.T) {
-	p, err := profile.Load("../../profiles/debian12-nvidia535.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := sim.New("dgxh100", sim.Options{DriverVersion: p.GPU.Driver.Version})
-	if err != nil {
-		t.Fatal(err)
-	}
-	mon := monitor.New(monitor.Config{Backend: s, Profile: p, Interval: 100 * time.Millisecond})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	go mon.Run(ctx)
-	dir, err := os.MkdirTemp("", "gpr-dp-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	kubelet := startKubelet(t, dir)
+	_, mon, dir, kubelet := simRig(t, ctx, 0)
 	plugin := New(Config{Monitor: mon, Dir: dir, Simulated: true, Poll: 100 * time.Millisecond,
 		CDI: func(context.Context, []GPU) error {
 			return errors.New("write /var/run/cdi/gpurack-simulated.yaml: read-only file system")
 		}})
-	err = plugin.Run(ctx)
+	err := plugin.Run(ctx)
 	if err == nil || !strings.Contains(err.Error(), "CDI spec") || !strings.Contains(err.Error(), "read-only file system") {
 		t.Fatalf("Run = %v, want the CDI error", err)
 	}

@@ -12,11 +12,9 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -33,18 +31,12 @@ import (
 	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
 
 	"github.com/gpurack/gpurack/agent/cdi"
-	"github.com/gpurack/gpurack/agent/deviceplugin"
 	"github.com/gpurack/gpurack/agent/gpu/sim"
 	"github.com/gpurack/gpurack/agent/kubejoin"
-	"github.com/gpurack/gpurack/agent/monitor"
 	"github.com/gpurack/gpurack/controlplane-bootstrap/testcluster"
 	"github.com/gpurack/gpurack/controlplane-bootstrap/testcluster/hostnode"
-	"github.com/gpurack/gpurack/imagebuilder/build"
-	"github.com/gpurack/gpurack/imagebuilder/rootfs"
 	"github.com/gpurack/gpurack/internal/netnstest"
 	"github.com/gpurack/gpurack/internal/nodecontract"
-	"github.com/gpurack/gpurack/internal/profile"
-	"github.com/gpurack/gpurack/internal/testreq"
 )
 
 // TestMain stops the shared control plane after the package's tests.
@@ -67,74 +59,11 @@ const probeImage = "gpurack.io/probe:v1"
 //   - time-sliced as 2 replicas per GPU, kubelet counts 16, and pods get replicas of
 //     distinct GPUs first.
 func TestGPUPodsOnRealKubelet(t *testing.T) {
-	hostnode.Require(t)
-	testreq.Tool(t, "go", "install Go (the version go.mod names)")
-	root, err := filepath.Abs("../..")
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	tmp, err := os.MkdirTemp("", "gpr-gpupods-") // short: the CDI and runtime paths stay readable
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(tmp) })
-
-	// The GPU container runtime as gpuimage builds it for containerd 1.6 images, with
-	// the images' config pointed at this test's CDI directory.
-	runtime := filepath.Join(tmp, "nvidia-container-runtime")
-	if err := build.GoBuild(ctx, root, "github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-container-runtime", runtime, true, "test"); err != nil {
-		t.Fatal(err)
-	}
-	cdiDir, devDir := filepath.Join(tmp, "cdi"), filepath.Join(tmp, "sim-dev")
-	runtimeConfig := filepath.Join(tmp, "nvidia-container-runtime.toml")
-	if err := os.WriteFile(runtimeConfig, []byte(rootfs.NvidiaRuntimeConfigFor([]string{cdiDir})), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	probeTar := filepath.Join(tmp, "probe.tar")
-	if out, err := exec.CommandContext(ctx, filepath.Join(root, "hack", "probe-image.sh"), probeTar).CombinedOutput(); err != nil {
-		t.Fatalf("hack/probe-image.sh: %v\n%s", err, out)
-	}
-
-	c := testcluster.Shared(t)
-	cs := c.Clientset(t)
-	hn := hostnode.Start(t, c, hostnode.Options{
-		Name:   "gpu-node-1",
-		Images: []string{probeTar},
-		CRIConfig: func(n *hostnode.Node) string {
-			return rootfs.ContainerdGPU{RuntimeBinary: runtime, RuncRoot: n.RuncRoot()}.CRIConfig(rootfs.GPURuntimeNvidiaCDI)
-		},
-		Env:           []string{"NVIDIA_CTK_CONFIG_FILE_PATH=" + runtimeConfig},
-		KubeletConfig: "nodeStatusUpdateFrequency: " + kubejoin.NodeStatusUpdateFrequency, // as gpuagent configures kubelet
-	})
-
-	// The agent's GPU side: the simulator, the check loop, the device plugin.
-	p, err := profile.Load(filepath.Join(root, "profiles", "debian12-nvidia535.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := sim.New("dgxh100", sim.Options{DriverVersion: p.GPU.Driver.Version})
-	if err != nil {
-		t.Fatal(err)
-	}
-	mon := monitor.New(monitor.Config{Backend: s, Profile: p, Interval: 100 * time.Millisecond, ClearAfter: 2 * time.Second})
-	go mon.Run(ctx)
-	// startPlugin runs the device plugin as gpuagent does, each GPU advertised as
-	// replicas devices; stop ends it.
-	startPlugin := func(replicas int) (plugin *deviceplugin.Plugin, stop func()) {
-		pctx, cancel := context.WithCancel(ctx)
-		plugin = deviceplugin.New(deviceplugin.Config{Monitor: mon, Dir: hn.DevicePluginDir(), Simulated: true, Replicas: replicas,
-			Poll: 100 * time.Millisecond, Log: slog.New(slog.NewTextHandler(testLog{t}, nil)),
-			CDI: func(ctx context.Context, gpus []deviceplugin.GPU) error {
-				_, err := cdi.WriteSimulated(ctx, cdi.SimOptions{Dir: cdiDir, DevDir: devDir, GPUs: deviceplugin.CDIGPUs(gpus)})
-				return err
-			}})
-		done := make(chan struct{})
-		go func() { plugin.Run(pctx); close(done) }()
-		return plugin, func() { cancel(); <-done }
-	}
-	plugin, stopPlugin := startPlugin(1)
+	g := newGPUNode(t, ctx, gpuNodeOptions{name: "gpu-node-1", pods: true, statusEvery: kubejoin.NodeStatusUpdateFrequency})
+	hn, cs, s, mon := g.hn, g.cs, g.sim, g.mon
+	plugin, stopPlugin := g.startPlugin(1)
 
 	start := time.Now()
 	hn.WaitReady(t, ctx)
@@ -249,7 +178,7 @@ func TestGPUPodsOnRealKubelet(t *testing.T) {
 	// replicas of 3 different GPUs (GetPreferredAllocation spreads them), and one
 	// asking for the other 13 gets all 8 GPUs, sharing 3 with the first.
 	stopPlugin()
-	_, stopPlugin = startPlugin(2)
+	_, stopPlugin = g.startPlugin(2)
 	defer stopPlugin()
 	awaitAllocatable(t, ctx, cs, hn, 16, "8 GPUs time-sliced as 2 devices each")
 	createPod(t, ctx, cs, gpuPod(hn.Name, "sliced-3", 3, nil))
@@ -275,14 +204,6 @@ func deletePods(t *testing.T, ctx context.Context, cs kubernetes.Interface) {
 	for _, p := range pods.Items {
 		deletePod(t, ctx, cs, p.Name)
 	}
-}
-
-// testLog writes the plugin's log lines to the test's log.
-type testLog struct{ t *testing.T }
-
-func (w testLog) Write(b []byte) (int, error) {
-	w.t.Log(strings.TrimSuffix(string(b), "\n"))
-	return len(b), nil
 }
 
 // gpuPod is a probe pod (serving HTTP, /devices) asking for gpus nvidia.com/gpu,
@@ -386,7 +307,7 @@ func awaitUnschedulable(t *testing.T, ctx context.Context, cs kubernetes.Interfa
 }
 
 // awaitAllocatable waits until the Node's allocatable nvidia.com/gpu is want.
-func awaitAllocatable(t *testing.T, ctx context.Context, cs kubernetes.Interface, hn *hostnode.Node, want int64, what string) {
+func awaitAllocatable(t testing.TB, ctx context.Context, cs kubernetes.Interface, hn *hostnode.Node, want int64, what string) {
 	t.Helper()
 	var got int64 = -1
 	for {

@@ -751,3 +751,33 @@ func TestRunJoinsKubernetes(t *testing.T) {
 	}
 	d.stop(t)
 }
+
+// `gpuagent cdi generate` on the simulator writes the simulated spec over null-device
+// nodes and lists its devices; without an NVIDIA driver the nvml backend cannot, and
+// says why with exit 2.
+func TestCDIGenerate(t *testing.T) {
+	dir := t.TempDir()
+	out, stderr, code := runAgent(t, "cdi", "generate", "--gpu-backend", "sim:dgxh100", "--profile", h100Profile,
+		"--output", filepath.Join(dir, "cdi"), "--sim-dev-dir", filepath.Join(dir, "dev"))
+	if code != 0 {
+		t.Fatalf("exit %d\n%s%s", code, out, stderr)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 1+17 || lines[0] != filepath.Join(dir, "cdi", "gpurack-simulated.yaml") ||
+		!slices.Contains(lines, "  nvidia.com/gpu=7") || !slices.Contains(lines, "  nvidia.com/gpu=all") {
+		t.Errorf("cdi generate printed:\n%s", out)
+	}
+	if fi, err := os.Stat(filepath.Join(dir, "dev", "nvidia7")); err != nil || fi.Mode()&os.ModeCharDevice == 0 {
+		t.Errorf("simulated device node nvidia7: %v %v", fi, err)
+	}
+	if _, err := os.Stat("/dev/nvidiactl"); err == nil {
+		return // a driver: the nvml case below is for machines without one
+	}
+	out, stderr, code = runAgent(t, "cdi", "generate", "--profile", h100Profile, "--output", filepath.Join(dir, "real"))
+	if code != 2 || !strings.Contains(stderr, "NVML not available") {
+		t.Errorf("cdi generate on nvml without a driver: exit %d\n%s%s", code, out, stderr)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "real", "nvidia.yaml")); err == nil {
+		t.Error("a spec was written without NVML")
+	}
+}

@@ -93,7 +93,7 @@ func Require(t testing.TB) {
 // Start starts containerd and kubelet for c (Require first) and stops them, removes
 // everything they made and deletes the Node object when t ends. It returns once
 // kubelet has started; WaitReady waits for the Node.
-func Start(t *testing.T, c *testcluster.Cluster, o Options) *Node {
+func Start(t testing.TB, c *testcluster.Cluster, o Options) *Node {
 	t.Helper()
 	Require(t)
 	if o.Name == "" {

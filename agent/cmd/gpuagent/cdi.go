@@ -1,0 +1,88 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/spf13/cobra"
+
+	"github.com/gpurack/gpurack/agent/cdi"
+	"github.com/gpurack/gpurack/agent/gpu"
+)
+
+func newCDICommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "cdi",
+		Short: "The node's CDI spec (the GPUs as containers get them)",
+	}
+	cmd.AddCommand(newCDIGenerateCommand())
+	return cmd
+}
+
+func newCDIGenerateCommand() *cobra.Command {
+	var (
+		bf          backendFlags
+		dir, devDir string
+	)
+	cmd := &cobra.Command{
+		Use:   "generate",
+		Short: "Write the CDI spec the agent writes before its device plugin registers, and list its devices",
+		Long: `generate writes the node's CDI spec into --output, as the agent's device plugin does
+before it first registers with kubelet, and prints the spec's path and its device names.
+
+With --gpu-backend nvml the spec is nvidia-container-toolkit's (pkg/nvcdi, the pinned
+version), generated over the node's NVML library and validated by the CDI library:
+nvidia.yaml, with a device per GPU by UUID and by index and "all". With
+--gpu-backend sim:MODEL it is the simulation's, gpurack-simulated.yaml, over null-device
+nodes it makes (as root) under --sim-dev-dir, labelled simulated throughout.
+
+It exits 0 when the spec was written, and 2 when it cannot be: no NVML, a profile or
+directory it cannot use, or a spec the CDI library refuses.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log, err := bf.logger()
+			if err != nil {
+				return &exitError{2, err}
+			}
+			p, err := bf.loadProfile()
+			if err != nil {
+				return &exitError{2, err}
+			}
+			b, _, err := bf.openBackend(p)
+			if err != nil {
+				return &exitError{2, err}
+			}
+			defer b.Close()
+			var path string
+			if b.Simulated() {
+				snap := gpu.Read(b)
+				var gpus []cdi.GPU
+				for _, g := range snap.GPUs {
+					gpus = append(gpus, cdi.GPU{UUID: g.UUID, Index: g.Index})
+				}
+				path, err = cdi.WriteSimulated(cmd.Context(), cdi.SimOptions{Dir: dir, DevDir: devDir, GPUs: gpus})
+			} else {
+				lib, lerr := b.Library()
+				if lerr != nil {
+					return &exitError{2, lerr}
+				}
+				path, err = cdi.WriteNVML(cmd.Context(), cdi.NVMLOptions{NVML: lib, Dir: dir, Log: log})
+			}
+			if err != nil {
+				return &exitError{2, fmt.Errorf("CDI spec not written: %w", err)}
+			}
+			names, err := cdi.DeviceNames(path)
+			if err != nil {
+				return &exitError{2, err}
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), path)
+			for _, n := range names {
+				fmt.Fprintln(cmd.OutOrStdout(), "  "+n)
+			}
+			return nil
+		},
+	}
+	bf.register(cmd.Flags())
+	cmd.Flags().StringVar(&dir, "output", cdi.Dir, "directory to write the spec into (containerd and nvidia-container-runtime read "+cdi.Dir+")")
+	cmd.Flags().StringVar(&devDir, "sim-dev-dir", cdi.SimDevDir, "where the simulation's device nodes go (sim:MODEL only)")
+	return cmd
+}
