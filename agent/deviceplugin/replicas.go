@@ -29,6 +29,13 @@ func DeviceIDs(g GPU, replicas int) []string {
 	return ids
 }
 
+// GPUOfDevice is the UUID of the GPU that device ID id (a UUID, or a time-slicing
+// replica <UUID>::<r>) names, for readers of kubelet's allocations.
+func GPUOfDevice(id string) string {
+	uuid, _, _ := strings.Cut(id, replicaSep)
+	return uuid
+}
+
 // parseID returns the UUID of the GPU that device ID id names and its replica. With
 // replicas <= 1 the ID is the UUID itself (replica 0); with more it must be
 // <UUID>::<r>, r written as DeviceIDs writes it and below replicas. Whether the GPU is

@@ -31,6 +31,7 @@ import (
 	"github.com/gpurack/gpurack/agent/joinbundle"
 	"github.com/gpurack/gpurack/agent/kubejoin"
 	"github.com/gpurack/gpurack/agent/monitor"
+	"github.com/gpurack/gpurack/agent/podres"
 	"github.com/gpurack/gpurack/agent/server"
 	"github.com/gpurack/gpurack/agent/xid"
 	agentv1 "github.com/gpurack/gpurack/api/agent/v1"
@@ -225,7 +226,8 @@ func newNode(ctx context.Context, cfg Config) (*node, error) {
 		if err != nil {
 			return fail(fmt.Errorf("--metrics-listen: %w", err))
 		}
-		col := &server.Collector{Monitor: n.mon, Hostname: facts.Hostname(), Version: buildinfo.String(),
+		pods := &podres.Cache{Socket: podres.Socket(n.cfg.KubeletDir)}
+		col := &server.Collector{Monitor: n.mon, Hostname: facts.Hostname(), Version: buildinfo.String(), Holders: pods.Holders,
 			Rack: func() map[string]int {
 				if r := n.rack.Load(); r != nil {
 					return r.counts()

@@ -1,6 +1,8 @@
 package server
 
 import (
+	"context"
+	"errors"
 	"net/http"
 	"strconv"
 
@@ -10,6 +12,7 @@ import (
 
 	"github.com/gpurack/gpurack/agent/gpu"
 	"github.com/gpurack/gpurack/agent/health"
+	"github.com/gpurack/gpurack/agent/podres"
 	"github.com/gpurack/gpurack/agent/xid"
 )
 
@@ -33,6 +36,9 @@ type Collector struct {
 	Version  string
 	// Rack returns gossip member counts by state; nil without gossip.
 	Rack func() map[string]int
+	// Holders says which containers hold each GPU (kubelet's pod-resources API,
+	// agent/podres); nil, or podres.ErrNoKubelet, where no kubelet runs.
+	Holders func(context.Context) (podres.Holders, error)
 }
 
 var (
@@ -56,6 +62,7 @@ var (
 	mHealthyGPU  = desc("gpu_healthy", "1 when no GPU-level check fails on the GPU.")
 	mLost        = desc("gpu_lost", "1 when NVML answers ERROR_GPU_IS_LOST for the GPU.")
 	mXID         = desc("xid_errors_total", "XID errors seen since the agent started.", "xid", "class")
+	mAllocated   = desc("gpu_allocated", "1 for each container kubelet allocated the GPU to (pod-resources API; several under time-slicing).", "namespace", "pod", "container")
 	mCheck       = nodeDesc("check_status", "1 for the current status of each check (and GPU, \"\" for node-level).", "check", "gpu_index", "status")
 	mHealth      = nodeDesc("node_health_state", "1 for the node's current health state.", "state")
 	mGPUHealthy  = nodeDesc("node_gpu_healthy", "The GPUHealthy condition: 1 True, 0 False.", "reason")
@@ -66,13 +73,14 @@ var (
 	mLastRun     = nodeDesc("checklist_last_run_timestamp_seconds", "When the latest checklist finished.")
 	mInfo        = nodeDesc("agent_info", "Agent build and configuration.", "version", "backend", "driver_version", "profile", "simulated")
 	mRack        = nodeDesc("rack_members", "Gossip members by state, as this agent sees them.", "state")
+	mPodRes      = nodeDesc("pod_resources_up", "1 when kubelet's pod-resources API answered (gpu_allocated is current), 0 when it failed.")
 )
 
 // Describe sends every descriptor.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{mTemp, mSlowdown, mPower, mMemUsed, mMemTotal, mUtil, mECCUnc, mECCCorr, mRemapPend,
 		mRemapFail, mRemapUnc, mReplays, mPCIeGen, mPCIeWidth, mNVLinkUp, mNVLinkErr, mClockEvents, mHealthyGPU, mLost, mXID,
-		mCheck, mHealth, mGPUHealthy, mGPUs, mHealthyGPUs, mDriver, mChecklist, mLastRun, mInfo, mRack} {
+		mCheck, mHealth, mGPUHealthy, mGPUs, mHealthyGPUs, mDriver, mChecklist, mLastRun, mInfo, mRack, mAllocated, mPodRes} {
 		ch <- d
 	}
 }
@@ -99,6 +107,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		profile = p.Name
 	}
 	byIndex := map[int][]string{}
+	byUUID := map[string][]string{}
 	if last != nil {
 		s := &last.Snapshot
 		drv = s.Driver.Version
@@ -113,7 +122,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		for i := range s.GPUs {
 			g := &s.GPUs[i]
 			l := []string{strconv.Itoa(g.Index), g.UUID, g.PCIBusID, g.Name.V, h}
-			byIndex[g.Index] = l
+			byIndex[g.Index], byUUID[g.UUID] = l, l
 			c.gpu(gauge, counter, g, l)
 			gauge(mHealthyGPU, b2f(!unhealthy[g.Index]), l...)
 		}
@@ -134,9 +143,32 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		counter(mXID, float64(n), append(append([]string{}, l...), code, string(xid.ClassOf(k.Code)))...)
 	}
 	gauge(mInfo, 1, h, c.Version, b.Name(), drv, profile, strconv.FormatBool(b.Simulated()))
+	c.allocations(gauge, h, byUUID)
 	if c.Rack != nil {
 		for st, n := range c.Rack() {
 			gauge(mRack, float64(n), h, st)
+		}
+	}
+}
+
+// allocations exports which containers hold the GPUs of this snapshot (byUUID: their
+// labels), from kubelet's pod-resources API through c.Holders.
+func (c *Collector) allocations(gauge func(*prometheus.Desc, float64, ...string), h string, byUUID map[string][]string) {
+	if c.Holders == nil {
+		return
+	}
+	holders, err := c.Holders(context.Background())
+	if errors.Is(err, podres.ErrNoKubelet) {
+		return
+	}
+	gauge(mPodRes, b2f(err == nil), h)
+	for uuid, hs := range holders {
+		l, ok := byUUID[uuid]
+		if !ok {
+			continue // a GPU the agent does not see now; its health metrics say so
+		}
+		for _, x := range hs {
+			gauge(mAllocated, 1, append(append([]string{}, l...), x.Namespace, x.Pod, x.Container)...)
 		}
 	}
 }

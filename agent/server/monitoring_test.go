@@ -33,23 +33,27 @@ func exportedNames(t *testing.T) map[string]bool {
 	return names
 }
 
-// TestMonitoringAssetsUseExportedMetrics: every gpurack_* name in the alert rules and
-// the dashboard is one the agent exports, so a renamed metric breaks this test, not a
-// dashboard in production.
+// TestMonitoringAssetsUseExportedMetrics: every gpurack_* name in the alert and
+// recording rules and the dashboard is one the agent exports, so a renamed metric
+// breaks this test, not a dashboard in production. gpurack_tenant_* series come from
+// controlplane-bootstrap (tenants.Registry), whose tests check them.
 func TestMonitoringAssetsUseExportedMetrics(t *testing.T) {
 	names := exportedNames(t)
-	re := regexp.MustCompile(`gpurack_[a-z_]+`)
-	for _, f := range []string{"gpurack-alerts.yaml", "gpurack-dashboard.json"} {
+	re := regexp.MustCompile(`(?:^|[^:a-z_])(gpurack_[a-z_]+)`)
+	for _, f := range []string{"gpurack-alerts.yaml", "gpurack-tenants.yaml", "gpurack-dashboard.json"} {
 		data, err := os.ReadFile(filepath.Join(monitoringDir, f))
 		if err != nil {
 			t.Fatal(err)
 		}
-		used := re.FindAllString(string(data), -1)
+		var used []string
+		for _, m := range re.FindAllStringSubmatch(string(data), -1) {
+			used = append(used, m[1])
+		}
 		if len(used) == 0 {
 			t.Errorf("%s uses no gpurack metric", f)
 		}
 		for _, n := range used {
-			if !names[n] && !strings.HasPrefix(n, "gpurack_io") {
+			if !names[n] && !strings.HasPrefix(n, "gpurack_io") && !strings.HasPrefix(n, "gpurack_tenant_") {
 				t.Errorf("%s uses %s, which the agent does not export", f, n)
 			}
 		}
@@ -77,13 +81,15 @@ func TestMonitoringAssetsUseExportedMetrics(t *testing.T) {
 	}
 }
 
-// TestAlertRulesWithPromtool runs `promtool check rules` and `promtool test rules`.
+// TestAlertRulesWithPromtool runs `promtool check rules` and `promtool test rules` on
+// the alert and the tenant recording rules.
 func TestAlertRulesWithPromtool(t *testing.T) {
 	promtool := findTool("promtool")
 	if promtool == "" {
 		testreq.Missing(t, "promtool is neither in the k8s-bins cache nor in PATH, so the alert rules cannot be checked", "run make k8s-bins")
 	}
-	for _, args := range [][]string{{"check", "rules", "gpurack-alerts.yaml"}, {"test", "rules", "gpurack-alerts.test.yaml"}} {
+	for _, args := range [][]string{{"check", "rules", "gpurack-alerts.yaml"}, {"test", "rules", "gpurack-alerts.test.yaml"},
+		{"check", "rules", "gpurack-tenants.yaml"}, {"test", "rules", "gpurack-tenants.test.yaml"}} {
 		cmd := exec.Command(promtool, args...)
 		cmd.Dir = monitoringDir
 		out, err := cmd.CombinedOutput()

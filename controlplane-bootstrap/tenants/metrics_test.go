@@ -1,6 +1,8 @@
 package tenants
 
 import (
+	"os"
+	"regexp"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -9,10 +11,11 @@ import (
 
 func TestRegistryGauges(t *testing.T) {
 	us := []Usage{{
-		Tenant:   "vision",
-		Hard:     corev1.ResourceList{QuotaGPU: resource.MustParse("8"), corev1.ResourceRequestsMemory: resource.MustParse("1Gi")},
-		Used:     corev1.ResourceList{QuotaGPU: resource.MustParse("3")},
-		TierGPUs: map[string][2]resource.Quantity{"training": {resource.MustParse("2"), resource.MustParse("4")}},
+		Tenant:     "vision",
+		Namespaces: []string{"vision", "vision-dev"},
+		Hard:       corev1.ResourceList{QuotaGPU: resource.MustParse("8"), corev1.ResourceRequestsMemory: resource.MustParse("1Gi")},
+		Used:       corev1.ResourceList{QuotaGPU: resource.MustParse("3")},
+		TierGPUs:   map[string][2]resource.Quantity{"training": {resource.MustParse("2"), resource.MustParse("4")}},
 	}}
 	mfs, err := Registry(us).Gather()
 	if err != nil {
@@ -34,6 +37,8 @@ func TestRegistryGauges(t *testing.T) {
 		"gpurack_tenant_quota_used resource=requests.nvidia.com/gpu tenant=vision": 3,
 		"gpurack_tenant_quota_used resource=requests.memory tenant=vision":         0,
 		"gpurack_tenant_tier_gpus_used tenant=vision tier=training":                2,
+		"gpurack_tenant_namespace namespace=vision tenant=vision":                  1,
+		"gpurack_tenant_namespace namespace=vision-dev tenant=vision":              1,
 	}
 	if len(got) != len(want) {
 		t.Errorf("gauges %v; want %v", got, want)
@@ -41,6 +46,33 @@ func TestRegistryGauges(t *testing.T) {
 	for k, v := range want {
 		if g, ok := got[k]; !ok || g != v {
 			t.Errorf("%s = %v (present %v); want %v", k, g, ok, v)
+		}
+	}
+}
+
+// Every gpurack_tenant_* series the tenant recording rules read is one Registry
+// exports (promtool runs the rules in agent/server's tests).
+func TestTenantRulesUseRegistry(t *testing.T) {
+	data, err := os.ReadFile("../../docs/monitoring/gpurack-tenants.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mfs, err := Registry([]Usage{{Tenant: "t", Namespaces: []string{"t"}, Hard: corev1.ResourceList{QuotaGPU: resource.MustParse("1")},
+		TierGPUs: map[string][2]resource.Quantity{"training": {}}}}).Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	exported := map[string]bool{}
+	for _, mf := range mfs {
+		exported[mf.GetName()] = true
+	}
+	used := regexp.MustCompile(`gpurack_tenant_[a-z_]+`).FindAllString(string(data), -1)
+	if len(used) == 0 {
+		t.Fatal("the tenant rules read no gpurack_tenant_ series")
+	}
+	for _, n := range used {
+		if !exported[n] {
+			t.Errorf("gpurack-tenants.yaml reads %s, which tenants.Registry does not export", n)
 		}
 	}
 }

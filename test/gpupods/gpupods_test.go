@@ -15,7 +15,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -33,6 +32,7 @@ import (
 	"github.com/gpurack/gpurack/agent/cdi"
 	"github.com/gpurack/gpurack/agent/gpu/sim"
 	"github.com/gpurack/gpurack/agent/kubejoin"
+	"github.com/gpurack/gpurack/agent/podres"
 	"github.com/gpurack/gpurack/controlplane-bootstrap/testcluster"
 	"github.com/gpurack/gpurack/controlplane-bootstrap/testcluster/hostnode"
 	"github.com/gpurack/gpurack/internal/netnstest"
@@ -89,16 +89,25 @@ func TestGPUPodsOnRealKubelet(t *testing.T) {
 	if slices.ContainsFunc(seen["gpu-a"], func(i int) bool { return slices.Contains(seen["gpu-b"], i) }) {
 		t.Errorf("gpu-a has GPUs %v and gpu-b %v: they share a GPU", seen["gpu-a"], seen["gpu-b"])
 	}
-	// kubelet's own record of the allocation says the same.
-	allocated := podResources(t, ctx, pr)
-	for name, idx := range seen {
-		var fromKubelet []int
-		for _, id := range allocated[name] {
-			fromKubelet = append(fromKubelet, indexOf[id])
+	// kubelet's own record of the allocation, as the agent's metrics read it
+	// (agent/podres: gpurack_gpu_allocated), says the same.
+	holders, err := podres.List(ctx, podres.Socket(hn.KubeletDir()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fromKubelet := map[string][]int{}
+	for uuid, hs := range holders {
+		for _, h := range hs {
+			if h.Namespace != "default" || h.Container != "probe" {
+				t.Errorf("GPU %s held by %+v", uuid, h)
+			}
+			fromKubelet[h.Pod] = append(fromKubelet[h.Pod], indexOf[uuid])
 		}
-		slices.Sort(fromKubelet)
-		if !slices.Equal(fromKubelet, idx) {
-			t.Errorf("%s: kubelet's pod-resources says GPUs %v (%v), the container sees %v", name, fromKubelet, allocated[name], idx)
+	}
+	for name, idx := range seen {
+		slices.Sort(fromKubelet[name])
+		if !slices.Equal(fromKubelet[name], idx) {
+			t.Errorf("%s: kubelet's pod-resources says GPUs %v, the container sees %v", name, fromKubelet[name], idx)
 		}
 	}
 	// No GPU asked for: none given, whatever the image's environment says.
@@ -396,7 +405,7 @@ func checkSimulatedDevices(t *testing.T, pod, got string, n int) []int {
 // podResourcesClient dials kubelet's pod-resources API.
 func podResourcesClient(t *testing.T, hn *hostnode.Node) podresourcesapi.PodResourcesListerClient {
 	t.Helper()
-	sock := filepath.Join(hn.Dir, "root", "pod-resources", "kubelet.sock")
+	sock := podres.Socket(hn.KubeletDir())
 	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)

@@ -241,12 +241,12 @@ containerd --config %[1]s/containerd.toml >%[1]s/containerd.log 2>&1 &
 for i in $(seq 100); do [ -S %[2]s ] && break; sleep 0.1; done
 %[3]swhile :; do
   %[4]s --config=%[1]s/kubelet.yaml --bootstrap-kubeconfig=%[1]s/bootstrap.kubeconfig \
-    --kubeconfig=%[1]s/kubelet.kubeconfig --cert-dir=%[1]s/pki --root-dir=%[1]s/root \
+    --kubeconfig=%[1]s/kubelet.kubeconfig --cert-dir=%[1]s/pki --root-dir=%[6]s \
     --hostname-override=%[5]s --node-ip=127.0.0.1 >>%[1]s/kubelet.log 2>&1 || true
   [ -e %[1]s/kubelet.restart ] || exit 1
   rm %[1]s/kubelet.restart
 done
-`, dir, sock, imports.String(), kubelet, o.Name),
+`, dir, sock, imports.String(), kubelet, o.Name, n.KubeletDir()),
 	}
 	for name, content := range files {
 		p := filepath.Join(dir, name)
@@ -266,6 +266,9 @@ done
 	go func() { n.exited <- cmd.Wait() }()
 	return n
 }
+
+// KubeletDir is kubelet's root directory (--root-dir).
+func (n *Node) KubeletDir() string { return filepath.Join(n.Dir, "root") }
 
 // RuncRoot is runc's state directory for the node's containers.
 func (n *Node) RuncRoot() string { return filepath.Join(n.Dir, "runc") }
