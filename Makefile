@@ -85,7 +85,7 @@ e2e-slow: deps ## build the NVIDIA images with their kernel modules (about 20 mi
 	PATH="$(TOOLS):$$PATH" GPURACK_E2E_SLOW=1 $(GO) test $(TEST_FLAGS) -v -run 'TestNvidiaImages' ./imagebuilder/cmd/gpuimage/
 
 .PHONY: bench
-bench: bench-go bench-pxe bench-image bench-node bench-gpu bench-doc ## every benchmark; writes docs/benchmarks.md, one section per target
+bench: bench-go bench-pxe bench-image bench-node bench-gpu bench-rack bench-doc ## every benchmark; writes docs/benchmarks.md, one section per target
 
 .PHONY: bench-doc
 bench-doc: ## reassemble docs/benchmarks.md from the sections in docs/bench/ (each bench-* target does this too)
@@ -106,6 +106,10 @@ bench-node: deps ## the QEMU node: Node Ready, pod start, the Service's first pa
 .PHONY: bench-gpu
 bench-gpu: deps ## a withdrawn GPU in the apiserver (kubelet status 1 s against 10 s) and Allocate p99, on a real kubelet (about 3 min)
 	PATH="$(TOOLS):$$PATH" GO=$(GO) test/bench/gpu.sh
+
+.PHONY: bench-rack
+bench-rack: deps build ## the simulated rack (make demo) at 20 and 100 nodes: power-on to commissioned, gpuboot CPU and memory (RACKS="20 100")
+	PATH="$(TOOLS):$$PATH" test/bench/rack.sh
 
 .PHONY: bench-go
 bench-go: ## Go benchmarks; writes the "go" section of docs/benchmarks.md

@@ -115,6 +115,11 @@ taken $boot_tls || die "gpuboot did not listen on $boot_tls (log: $work/gpuboot.
 ops=(--server "127.0.0.1:$boot_tls" --credentials "$work/gpuboot/state/operators/admin")
 
 step "3. Power on $NODES servers × 8 simulated GPUs (slot $QUARANTINE_SLOT has an XID 79 on GPU 3)"
+poweron=$(now)
+# gpuboot's CPU time (utime + stime, clock ticks) before the storm, for the figure after it.
+cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat" 2>/dev/null || echo 0; }
+boot_pid=$(cat "$work/pids/gpuboot")
+boot_cpu0=$(cpu_ticks "$boot_pid")
 for i in $(seq 1 "$NODES"); do
   n="$work/nodes/$(printf 'slot%02d' "$i")"
   mkdir -p "$n/root/sys/class/dmi/id" "$n/root/proc" "$n/run"
@@ -153,7 +158,10 @@ while :; do
   [ "$(date +%s)" -lt "$deadline" ] || die "after ${DEMO_TIMEOUT:-600} s only $done_count of $NODES machines are ready or quarantined (logs: $work)"
   sleep 1
 done
-echo "all $NODES machines commissioned in $(since "$start") from the start of the demo"
+echo "all $NODES machines commissioned in $(since "$poweron") from power-on ($(since "$start") from the start of the demo)"
+boot_cpu=$(( $(cpu_ticks "$boot_pid") - boot_cpu0 ))
+boot_hwm=$(awk '/^VmHWM:/ { printf "%.0f", $2 / 1024 }' "/proc/$boot_pid/status" 2>/dev/null || echo '?')
+echo "gpuboot during the enrollment storm: $(awk -v t="$boot_cpu" 'BEGIN { printf "%.1f", t / 100 }') s of CPU, peak RSS ${boot_hwm} MiB"
 
 step "4. After the rack is ready: an uncorrectable ECC error on slot $ECC_SLOT, GPU 5 (withdrawn alone, the node keeps 7)"
 ecc_node="$work/nodes/$(printf 'slot%02d' "$ECC_SLOT")"

@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 )
 
@@ -24,12 +22,7 @@ func BenchmarkAllocate(b *testing.B) {
 	plugin := New(Config{Monitor: mon, Dir: dir, Simulated: true, Poll: 100 * time.Millisecond})
 	go plugin.Run(ctx)
 	reg := kubelet.waitRegistration(b)
-	conn, err := grpc.NewClient("unix://"+filepath.Join(dir, reg.Endpoint), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer conn.Close()
-	client := pluginapi.NewDevicePluginClient(conn)
+	client := dialPlugin(b, filepath.Join(dir, reg.Endpoint))
 	var ids []string
 	for _, d := range plugin.Devices() {
 		ids = append(ids, d.UUID)

@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/gpurack/gpurack/agent/cdi"
@@ -85,12 +83,7 @@ func TestPluginOnNVML(t *testing.T) {
 		}
 	}
 
-	conn, err := grpc.NewClient("unix://"+filepath.Join(dir, reg.Endpoint), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	client := pluginapi.NewDevicePluginClient(conn)
+	client := dialPlugin(t, filepath.Join(dir, reg.Endpoint))
 	stream, err := client.ListAndWatch(ctx, &pluginapi.Empty{})
 	if err != nil {
 		t.Fatal(err)

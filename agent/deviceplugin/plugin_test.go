@@ -57,6 +57,17 @@ func simRig(tb testing.TB, ctx context.Context, clearAfter time.Duration) (*sim.
 	return s, mon, dir, startKubelet(tb, dir)
 }
 
+// dialPlugin is kubelet's client of the plugin's socket, closed when tb ends.
+func dialPlugin(tb testing.TB, socket string) pluginapi.DevicePluginClient {
+	tb.Helper()
+	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { conn.Close() })
+	return pluginapi.NewDevicePluginClient(conn)
+}
+
 // startKubelet serves Registration on dir/kubelet.sock, first removing every socket
 // in dir as kubelet's device manager does when it starts.
 func startKubelet(t testing.TB, dir string) *fakeKubelet {
@@ -115,12 +126,7 @@ func TestPluginRegistersAndFollowsHealth(t *testing.T) {
 		t.Fatalf("registration %+v", reg)
 	}
 
-	conn, err := grpc.NewClient("unix://"+filepath.Join(dir, reg.Endpoint), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	client := pluginapi.NewDevicePluginClient(conn)
+	client := dialPlugin(t, filepath.Join(dir, reg.Endpoint))
 	stream, err := client.ListAndWatch(ctx, &pluginapi.Empty{})
 	if err != nil {
 		t.Fatal(err)
@@ -211,12 +217,7 @@ func TestPluginTimeSlicing(t *testing.T) {
 	if reg.ResourceName != nodecontract.ResourceGPU {
 		t.Fatalf("registration %+v", reg)
 	}
-	conn, err := grpc.NewClient("unix://"+filepath.Join(dir, reg.Endpoint), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	client := pluginapi.NewDevicePluginClient(conn)
+	client := dialPlugin(t, filepath.Join(dir, reg.Endpoint))
 	stream, err := client.ListAndWatch(ctx, &pluginapi.Empty{})
 	if err != nil {
 		t.Fatal(err)

@@ -15,6 +15,12 @@ import (
 	"github.com/gpurack/gpurack/internal/pki"
 )
 
+// MaxOperatorReplyBytes is the largest answer the operator CLI takes, instead of gRPC's
+// 4 MiB: a rack report in JSON carries every machine's whole checklist, about 99 KB a
+// machine (9.9 MB for the 100-node simulated rack, make bench-rack), so this covers
+// racks of some 2500 machines.
+const MaxOperatorReplyBytes = 256 << 20
+
 // DialAdmin connects to AdminService at addr (HOST:PORT) with the operator credentials
 // in dir (ca.crt, operator.crt, operator.key). The server certificate must name HOST,
 // chain to ca.crt and carry gpuboot's role (CONTRACTS §4): an agent certificate is
@@ -38,7 +44,8 @@ func DialAdmin(addr, dir string) (bootv1.AdminServiceClient, func() error, error
 	}
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool, ServerName: host, Certificates: []tls.Certificate{kp.TLSCertificate()},
 		VerifyConnection: requireGpubootRole}
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(cfg)),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxOperatorReplyBytes)))
 	if err != nil {
 		return nil, nil, err
 	}

@@ -20,7 +20,9 @@ import (
 
 // TestDialAdminChecksGpubootRole: the operator CLI's connection refuses a server whose
 // certificate chains to the gpurack CA and names the host but is an agent's (issued
-// with an IP the machine claimed), and accepts gpuboot's own. Real TLS on loopback.
+// with an IP the machine claimed), and accepts gpuboot's own, from which it takes a
+// rack report larger than gRPC's default 4 MiB (the 100-node rack's JSON is 9.9 MB).
+// Real TLS on loopback.
 func TestDialAdminChecksGpubootRole(t *testing.T) {
 	ca, err := pki.NewCA(pki.CARequest{CommonName: "test CA"})
 	if err != nil {
@@ -43,7 +45,7 @@ func TestDialAdminChecksGpubootRole(t *testing.T) {
 			t.Fatal(err)
 		}
 		gs := grpc.NewServer(grpc.Creds(credentials.NewServerTLSFromCert(ptr(kp.TLSCertificate()))))
-		bootv1.RegisterAdminServiceServer(gs, bootv1.UnimplementedAdminServiceServer{})
+		bootv1.RegisterAdminServiceServer(gs, bigReport{})
 		go gs.Serve(lis)
 		t.Cleanup(gs.Stop)
 		return lis.Addr().String()
@@ -70,9 +72,30 @@ func TestDialAdminChecksGpubootRole(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := call(serve(srv)); status.Code(err) != codes.Unimplemented {
+	addr := serve(srv)
+	if err := call(addr); status.Code(err) != codes.Unimplemented {
 		t.Errorf("the CLI against gpuboot's certificate: %v; want the call to reach the server (Unimplemented here)", err)
 	}
+	c, closeFn, err := DialAdmin(addr, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeFn()
+	rep, err := c.RackReport(context.Background(), &bootv1.RackReportRequest{Rack: "r1"})
+	if err != nil || len(rep.GetContent()) != bigReportBytes {
+		t.Errorf("a %d-byte rack report: %d bytes, %v", bigReportBytes, len(rep.GetContent()), err)
+	}
+}
+
+// bigReport answers RackReport with bigReportBytes, more than gRPC's default limit.
+type bigReport struct {
+	bootv1.UnimplementedAdminServiceServer
+}
+
+const bigReportBytes = 10 << 20
+
+func (bigReport) RackReport(context.Context, *bootv1.RackReportRequest) (*bootv1.RackReportResponse, error) {
+	return &bootv1.RackReportResponse{Content: make([]byte, bigReportBytes)}, nil
 }
 
 func ptr[T any](v T) *T { return &v }

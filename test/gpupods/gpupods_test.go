@@ -15,6 +15,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -30,6 +31,7 @@ import (
 	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
 
 	"github.com/gpurack/gpurack/agent/cdi"
+	"github.com/gpurack/gpurack/agent/deviceplugin"
 	"github.com/gpurack/gpurack/agent/gpu/sim"
 	"github.com/gpurack/gpurack/agent/kubejoin"
 	"github.com/gpurack/gpurack/agent/podres"
@@ -70,55 +72,8 @@ func TestGPUPodsOnRealKubelet(t *testing.T) {
 	awaitAllocatable(t, ctx, cs, hn, 8, "the device plugin's 8 GPUs")
 	t.Logf("node Ready with 8 nvidia.com/gpu allocatable %.1fs after kubelet started", time.Since(start).Seconds())
 	pr := podResourcesClient(t, hn)
-	indexOf := map[string]int{}
-	for _, d := range plugin.Devices() {
-		indexOf[d.UUID] = d.Index
-	}
-
-	// Two pods of 2 GPUs at once.
+	checkGPUPods(t, ctx, g, plugin)
 	ns := hn.Netns
-	seen := map[string][]int{}
-	for _, name := range []string{"gpu-a", "gpu-b"} {
-		createPod(t, ctx, cs, gpuPod(hn.Name, name, 2, nil))
-	}
-	for _, name := range []string{"gpu-a", "gpu-b"} {
-		pod := awaitPod(t, ctx, cs, hn, name)
-		got := podDevices(t, ctx, ns, pod.Status.PodIP)
-		seen[name] = checkSimulatedDevices(t, name, got, 2)
-	}
-	if slices.ContainsFunc(seen["gpu-a"], func(i int) bool { return slices.Contains(seen["gpu-b"], i) }) {
-		t.Errorf("gpu-a has GPUs %v and gpu-b %v: they share a GPU", seen["gpu-a"], seen["gpu-b"])
-	}
-	// kubelet's own record of the allocation, as the agent's metrics read it
-	// (agent/podres: gpurack_gpu_allocated), says the same.
-	holders, err := podres.List(ctx, podres.Socket(hn.KubeletDir()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	fromKubelet := map[string][]int{}
-	for uuid, hs := range holders {
-		for _, h := range hs {
-			if h.Namespace != "default" || h.Container != "probe" {
-				t.Errorf("GPU %s held by %+v", uuid, h)
-			}
-			fromKubelet[h.Pod] = append(fromKubelet[h.Pod], indexOf[uuid])
-		}
-	}
-	for name, idx := range seen {
-		slices.Sort(fromKubelet[name])
-		if !slices.Equal(fromKubelet[name], idx) {
-			t.Errorf("%s: kubelet's pod-resources says GPUs %v, the container sees %v", name, fromKubelet[name], idx)
-		}
-	}
-	// No GPU asked for: none given, whatever the image's environment says.
-	createPod(t, ctx, cs, gpuPod(hn.Name, "no-gpu", 0, []corev1.EnvVar{{Name: "NVIDIA_VISIBLE_DEVICES", Value: "all"}}))
-	pod := awaitPod(t, ctx, cs, hn, "no-gpu")
-	if got := podDevices(t, ctx, ns, pod.Status.PodIP); strings.Contains(got, "/dev/") {
-		t.Errorf("a pod without nvidia.com/gpu (NVIDIA_VISIBLE_DEVICES=all) got device nodes:\n%s", got)
-	}
-	for _, name := range []string{"gpu-a", "gpu-b", "no-gpu"} {
-		deletePod(t, ctx, cs, name)
-	}
 
 	// A fatal XID on gpu3 costs that GPU alone.
 	t0 := time.Now()
@@ -132,7 +87,7 @@ func TestGPUPodsOnRealKubelet(t *testing.T) {
 	s.Clear()
 	mon.GPUsReset([]int{3})
 	awaitAllocatable(t, ctx, cs, hn, 8, "gpu3 back after the fault cleared")
-	pod = awaitPod(t, ctx, cs, hn, "gpu-all")
+	pod := awaitPod(t, ctx, cs, hn, "gpu-all")
 	checkSimulatedDevices(t, "gpu-all", podDevices(t, ctx, ns, pod.Status.PodIP), 8)
 	deletePod(t, ctx, cs, "gpu-all")
 
@@ -212,6 +167,76 @@ func deletePods(t *testing.T, ctx context.Context, cs kubernetes.Interface) {
 	}
 	for _, p := range pods.Items {
 		deletePod(t, ctx, cs, p.Name)
+	}
+}
+
+// The trixie images' path: containerd 1.7 resolves the device plugin's CDI devices
+// itself (enable_cdi, the CRI field kubelet passes from Allocate), no GPU runtime in
+// between. The same pods as on containerd 1.6 get exactly their GPUs.
+func TestGPUPodsNativeCDI(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	g := newGPUNode(t, ctx, gpuNodeOptions{name: "gpu-node-cdi", pods: true, nativeCDI: true, statusEvery: kubejoin.NodeStatusUpdateFrequency})
+	plugin, stop := g.startPlugin(1)
+	defer stop()
+	g.hn.WaitReady(t, ctx)
+	root, _ := filepath.Abs("../..")
+	want, _ := containerd17Version(t, root)
+	if log, err := os.ReadFile(filepath.Join(g.hn.Dir, "containerd.log")); err != nil || !strings.Contains(string(log), "version="+want+"\n") {
+		t.Fatalf("the node's containerd is not %s (%v):\n%s", want, err, g.hn.Logs())
+	}
+	awaitAllocatable(t, ctx, g.cs, g.hn, 8, "the device plugin's 8 GPUs")
+	checkGPUPods(t, ctx, g, plugin)
+}
+
+// checkGPUPods runs two pods of 2 GPUs at once and checks that each container has
+// exactly its GPUs' device nodes, never the other's, as kubelet's pod-resources API
+// (read by agent/podres, as the agent's metrics read it) also says; and that a pod
+// without GPUs gets none, even with NVIDIA_VISIBLE_DEVICES=all. It deletes the pods.
+func checkGPUPods(t *testing.T, ctx context.Context, g *gpuNode, plugin *deviceplugin.Plugin) {
+	t.Helper()
+	hn, cs, ns := g.hn, g.cs, g.hn.Netns
+	indexOf := map[string]int{}
+	for _, d := range plugin.Devices() {
+		indexOf[d.UUID] = d.Index
+	}
+	seen := map[string][]int{}
+	for _, name := range []string{"gpu-a", "gpu-b"} {
+		createPod(t, ctx, cs, gpuPod(hn.Name, name, 2, nil))
+	}
+	for _, name := range []string{"gpu-a", "gpu-b"} {
+		pod := awaitPod(t, ctx, cs, hn, name)
+		seen[name] = checkSimulatedDevices(t, name, podDevices(t, ctx, ns, pod.Status.PodIP), 2)
+	}
+	if slices.ContainsFunc(seen["gpu-a"], func(i int) bool { return slices.Contains(seen["gpu-b"], i) }) {
+		t.Errorf("gpu-a has GPUs %v and gpu-b %v: they share a GPU", seen["gpu-a"], seen["gpu-b"])
+	}
+	holders, err := podres.List(ctx, podres.Socket(hn.KubeletDir()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fromKubelet := map[string][]int{}
+	for uuid, hs := range holders {
+		for _, h := range hs {
+			if h.Namespace != "default" || h.Container != "probe" {
+				t.Errorf("GPU %s held by %+v", uuid, h)
+			}
+			fromKubelet[h.Pod] = append(fromKubelet[h.Pod], indexOf[uuid])
+		}
+	}
+	for name, idx := range seen {
+		slices.Sort(fromKubelet[name])
+		if !slices.Equal(fromKubelet[name], idx) {
+			t.Errorf("%s: kubelet's pod-resources says GPUs %v, the container sees %v", name, fromKubelet[name], idx)
+		}
+	}
+	createPod(t, ctx, cs, gpuPod(hn.Name, "no-gpu", 0, []corev1.EnvVar{{Name: "NVIDIA_VISIBLE_DEVICES", Value: "all"}}))
+	pod := awaitPod(t, ctx, cs, hn, "no-gpu")
+	if got := podDevices(t, ctx, ns, pod.Status.PodIP); strings.Contains(got, "/dev/") {
+		t.Errorf("a pod without nvidia.com/gpu (NVIDIA_VISIBLE_DEVICES=all) got device nodes:\n%s", got)
+	}
+	for _, name := range []string{"gpu-a", "gpu-b", "no-gpu"} {
+		deletePod(t, ctx, cs, name)
 	}
 }
 

@@ -39,17 +39,9 @@ It exits 0 when the spec was written, and 2 when it cannot be: no NVML, a profil
 directory it cannot use, or a spec the CDI library refuses.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			log, err := bf.logger()
+			log, _, b, _, err := bf.open()
 			if err != nil {
-				return &exitError{2, err}
-			}
-			p, err := bf.loadProfile()
-			if err != nil {
-				return &exitError{2, err}
-			}
-			b, _, err := bf.openBackend(p)
-			if err != nil {
-				return &exitError{2, err}
+				return err
 			}
 			defer b.Close()
 			var path string

@@ -66,6 +66,25 @@ func (f *backendFlags) loadProfile() (*profile.Profile, error) {
 	return p, nil
 }
 
+// open is what every command starts with: the logger, the profile and the backend
+// (with the simulator, nil for NVML). Each error is one the operator fixes (exit 2).
+// The caller closes the backend.
+func (f *backendFlags) open() (*slog.Logger, *profile.Profile, closableBackend, *sim.Sim, error) {
+	log, err := f.logger()
+	if err != nil {
+		return nil, nil, nil, nil, &exitError{2, err}
+	}
+	p, err := f.loadProfile()
+	if err != nil {
+		return nil, nil, nil, nil, &exitError{2, err}
+	}
+	b, s, err := f.openBackend(p)
+	if err != nil {
+		return nil, nil, nil, nil, &exitError{2, err}
+	}
+	return log, p, b, s, nil
+}
+
 // closer is what backends have besides gpu.Backend.
 type closableBackend interface {
 	gpu.Backend

@@ -93,17 +93,9 @@ func registerGossipFlags(fs *pflag.FlagSet, g *node.GossipConfig) {
 // run turns the flags into a node.Config and runs the node until SIGINT or SIGTERM.
 // Every error is a configuration the operator must fix: exit 2.
 func run(ctx context.Context, f *runFlags) error {
-	log, err := f.logger()
+	log, p, b, s, err := f.open()
 	if err != nil {
-		return &exitError{2, err}
-	}
-	p, err := f.loadProfile()
-	if err != nil {
-		return &exitError{2, err}
-	}
-	b, s, err := f.openBackend(p)
-	if err != nil {
-		return &exitError{2, err}
+		return err
 	}
 	defer b.Close() // after node.Run: its NVML event watch has returned
 	cfg := node.Config{Backend: b, Sim: s, Profile: p, Log: log, BundleFile: f.joinBundle,

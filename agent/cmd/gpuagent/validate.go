@@ -34,17 +34,9 @@ profile expects GPUs.`,
 			if !slices.Contains(report.Formats, format) {
 				return &exitError{2, fmt.Errorf("--format %q: use %s", format, strings.Join(report.Formats, ", "))}
 			}
-			log, err := bf.logger()
+			log, p, b, s, err := bf.open()
 			if err != nil {
-				return &exitError{2, err}
-			}
-			p, err := bf.loadProfile()
-			if err != nil {
-				return &exitError{2, err}
-			}
-			b, s, err := bf.openBackend(p)
-			if err != nil {
-				return &exitError{2, err}
+				return err
 			}
 			defer b.Close()
 			m := monitor.New(monitor.Config{Backend: b, Profile: p, Log: log})
