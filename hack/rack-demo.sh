@@ -103,11 +103,15 @@ racks: [{name: r1, defaultImage: 0123456789abcdef0123456789abcdef01234567}]
 dhcp: {enabled: false}
 tftp: {enabled: false}
 policy: {approval: allowlist, allowlist: rack-r1.csv}
-enrollment: {allowSimulated: true}
+# Every simulated machine calls from 127.0.0.1, one source to gpuboot's per-source limit
+# on Register and Heartbeat (5 a second, burst 50, per machine address in a real rack):
+# the one address gets the whole rack's share.
+enrollment: {allowSimulated: true, sourceRate: $((NODES * 5)), sourceBurst: $((NODES * 50))}
 cluster: {kubeconfig: $work/join/enroller.kubeconfig}
 logLevel: info
 EOF
 echo "policy: approval allowlist (rack-r1.csv); the nodes are the GPU simulator, labelled gpurack.io/simulated; enrollment.allowSimulated: true lets them be ready (gpuboot warns at start)"
+echo "all $NODES machines call from 127.0.0.1, so that one address gets the rack's share of the per-source limit (enrollment.sourceRate $((NODES * 5))/s, sourceBurst $((NODES * 50)))"
 gpuboot serve --config "$work/gpuboot/gpuboot.yaml" >"$work/gpuboot.log" 2>&1 &
 echo $! >"$work/pids/gpuboot"
 for _ in $(seq 1 60); do taken $boot_tls && break; sleep 0.5; done
