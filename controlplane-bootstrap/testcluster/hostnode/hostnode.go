@@ -433,8 +433,10 @@ func cleanupNode(t testing.TB, dir, cgroupRoot string) {
 		t.Logf("remove %s: %v", dir, err)
 	}
 	// Directories the kubelet, containerd and libcni create on first use; removed
-	// only if nothing else is in them.
-	for _, d := range []string{"/var/lib/kubelet/device-plugins", "/var/lib/kubelet", "/var/log/containers", "/run/containerd/s", "/run/containerd", "/var/lib/cni/results", "/var/lib/cni"} {
+	// only if nothing else is in them. /var/lib/kubelet/device-plugins stays: it is
+	// the mount point of every running node's own directory, and removing it here
+	// would unmount it under another test's kubelet.
+	for _, d := range []string{"/var/log/containers", "/run/containerd/s", "/run/containerd", "/var/lib/cni/results", "/var/lib/cni"} {
 		os.Remove(d)
 	}
 }
