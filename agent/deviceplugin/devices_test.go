@@ -156,10 +156,7 @@ func TestAllocate(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []string{"nvidia.com/gpu=GPU-b", "nvidia.com/gpu=GPU-a"}
-	var names []string
-	for _, d := range a.CDIDevices {
-		names = append(names, d.Name)
-	}
+	names := cdiNames(a)
 	if !slices.Equal(names, want) {
 		t.Errorf("CDI devices %v, want %v", names, want)
 	}
@@ -188,4 +185,13 @@ func TestAllocate(t *testing.T) {
 	if _, err := Allocate(devs, 1, []string{"GPU-zzz"}, false); err == nil {
 		t.Error("an unknown device ID was allocated")
 	}
+}
+
+// cdiNames are the names of the CDI devices an Allocation gives, in its order.
+func cdiNames(a Allocation) []string {
+	var names []string
+	for _, d := range a.CDIDevices {
+		names = append(names, d.Name)
+	}
+	return names
 }

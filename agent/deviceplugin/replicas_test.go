@@ -137,10 +137,7 @@ func TestAllocateReplicas(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []string{"nvidia.com/gpu=GPU-b", "nvidia.com/gpu=GPU-a"}
-	var names []string
-	for _, d := range a.CDIDevices {
-		names = append(names, d.Name)
-	}
+	names := cdiNames(a)
 	if !slices.Equal(names, want) {
 		t.Errorf("CDI devices %v, want %v (each GPU once)", names, want)
 	}
