@@ -279,6 +279,7 @@ func (n *node) join(ctx context.Context, bundle *bootv1.JoinBundle, afterNode fu
 				n.services.Start(kp)
 				n.services.Start(n.podNetwork(kubeconfig, name, pn, kp.WaitSynced))
 			}
+			n.services.Start(n.networkPolicy(kubeconfig, name))
 			n.services.Start(n.devicePlugin())
 		}
 	}

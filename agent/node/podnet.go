@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"time"
 
@@ -39,28 +40,35 @@ func (n *node) podNetwork(kubeconfig, nodeName string, pn profile.PodNetwork, se
 
 func (s *podNetworkService) Name() string { return "pod-network" }
 
-// podNetworkRetry bounds the wait between attempts to bring the pod network up.
+// podNetworkRetry bounds the wait between attempts to bring the pod network (or the
+// NetworkPolicy enforcement) up.
 var podNetworkRetry = struct{ first, max time.Duration }{5 * time.Second, time.Minute}
 
-// Run brings the pod network up and keeps it up. A failed attempt (an apiserver not
-// answering, a kernel module still loading, a named error an operator must fix) is
-// said on the console and in Status, and tried again with backoff: a node whose pod
+// Run brings the pod network up and keeps it up (retrying, below): a node whose pod
 // network is down stays NotReady, so giving up would only hide it.
 func (s *podNetworkService) Run(ctx context.Context) error {
-	s.set(Starting, "starting")
+	retrying(ctx, &s.statusCell, s.cfg.Log, s.console, "pod network", func(ctx context.Context) error { return podnet.Run(ctx, s.cfg) })
+	return nil
+}
+
+// retrying runs run until ctx ends. A failed attempt (an apiserver not answering, a
+// kernel module still loading, a named error an operator must fix) is said on the
+// console and in the service's status, and tried again with backoff.
+func retrying(ctx context.Context, cell *statusCell, log *slog.Logger, console, what string, run func(context.Context) error) {
+	cell.set(Starting, "starting")
 	wait := podNetworkRetry.first
 	for {
-		err := podnet.Run(ctx, s.cfg)
+		err := run(ctx)
 		if err == nil || ctx.Err() != nil {
-			return nil
+			return
 		}
 		msg := fmt.Sprintf("failed: %v (trying again in %s)", err, wait)
-		s.set(Failed, msg)
-		s.cfg.Log.Error("pod network", "error", err, "retry", wait)
-		consoleLine(s.console, "gpuagent: pod network "+msg)
+		cell.set(Failed, msg)
+		log.Error(what, "error", err, "retry", wait)
+		consoleLine(console, "gpuagent: "+what+" "+msg)
 		select {
 		case <-ctx.Done():
-			return nil
+			return
 		case <-time.After(wait):
 		}
 		wait = min(2*wait, podNetworkRetry.max)

@@ -7,6 +7,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -18,7 +19,8 @@ import (
 // TestNodeIdentityReadsWhatNodeServicesNeed checks, against the real apiserver, the
 // rule in docs/controlplane.md: a node's own identity (system:node:NAME in
 // system:nodes, the kubelet's client certificate) may list and watch Nodes and
-// EndpointSlices, which the pod network and kube-proxy need, and gains no write:
+// EndpointSlices, which the pod network and kube-proxy need, and pods, namespaces and
+// NetworkPolicies, which the NetworkPolicy enforcement needs, and gains no write:
 // it cannot patch another node nor read a Secret.
 func TestNodeIdentityReadsWhatNodeServicesNeed(t *testing.T) {
 	c := testcluster.Shared(t)
@@ -85,6 +87,22 @@ func TestNodeIdentityReadsWhatNodeServicesNeed(t *testing.T) {
 		s, ok := ev.Object.(*discoveryv1.EndpointSlice)
 		return ok && ev.Type == watch.Added && s.Name == "rbac-test"
 	}, "node a's watch to see the new EndpointSlice")
+
+	// list pods, namespaces and NetworkPolicies everywhere (gpurack:node-policy-reader),
+	// for the NetworkPolicy enforcement; but not write one.
+	if _, err := nodeA.CoreV1().Pods("").List(ctx, metav1.ListOptions{}); err != nil {
+		t.Errorf("node a listing pods: %v", err)
+	}
+	if _, err := nodeA.CoreV1().Namespaces().List(ctx, metav1.ListOptions{}); err != nil {
+		t.Errorf("node a listing namespaces: %v", err)
+	}
+	if _, err := nodeA.NetworkingV1().NetworkPolicies("").List(ctx, metav1.ListOptions{}); err != nil {
+		t.Errorf("node a listing networkpolicies: %v", err)
+	}
+	np := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: "rbac-test", Namespace: "default"}}
+	if _, err := nodeA.NetworkingV1().NetworkPolicies("default").Create(ctx, np, metav1.CreateOptions{}); !apierrors.IsForbidden(err) {
+		t.Errorf("node a creating a NetworkPolicy: %v, want Forbidden", err)
+	}
 
 	// No write beyond itself: NodeRestriction still refuses another node...
 	_, err = nodeA.CoreV1().Nodes().Patch(ctx, "rbac-node-b", types.StrategicMergePatchType, label, metav1.PatchOptions{})

@@ -81,6 +81,8 @@ func TestObjects(t *testing.T) {
 		"clusterroles " + NodeReaderRole,
 		"clusterrolebindings " + NodeReaderRole,
 		"clusterrolebindings " + NodeProxierBinding,
+		"clusterroles " + NodePolicyReaderRole,
+		"clusterrolebindings " + NodePolicyReaderRole,
 	} {
 		if !slices.Contains(names, want) {
 			t.Errorf("no %s in %v", want, names)

@@ -181,9 +181,14 @@ const (
 	// NodeProxierBinding binds Kubernetes' system:node-proxier (read Services,
 	// EndpointSlices and Nodes, write Events) to the nodes, for kube-proxy.
 	NodeProxierBinding = "gpurack:node-proxier"
+	// NodePolicyReaderRole lets a node list and watch pods, namespaces and
+	// NetworkPolicies: the node's NetworkPolicy enforcement (agent/netpol) matches
+	// the peers of its own pods, which run anywhere in the cluster.
+	NodePolicyReaderRole = "gpurack:node-policy-reader"
 )
 
-// nodeServiceRBAC lets the node-side cluster services (pod network, kube-proxy) run
+// nodeServiceRBAC lets the node-side cluster services (pod network, kube-proxy,
+// NetworkPolicy enforcement) run
 // with the node's own identity, the kubelet's client certificate system:node:NAME in
 // the group system:nodes. The Node authorizer gives a node only what its own pods
 // need (and, since Kubernetes 1.32, only its own Node object to read); these grants add
@@ -195,6 +200,10 @@ func nodeServiceRBAC() []Object {
 			rbacv1.PolicyRule{Verbs: []string{"get", "list", "watch"}, APIGroups: []string{""}, Resources: []string{"nodes"}}),
 		clusterRoleBinding(NodeReaderRole, NodeReaderRole, group(NodesGroup)),
 		clusterRoleBinding(NodeProxierBinding, "system:node-proxier", group(NodesGroup)),
+		clusterRole(NodePolicyReaderRole,
+			rbacv1.PolicyRule{Verbs: []string{"get", "list", "watch"}, APIGroups: []string{""}, Resources: []string{"pods", "namespaces"}},
+			rbacv1.PolicyRule{Verbs: []string{"get", "list", "watch"}, APIGroups: []string{"networking.k8s.io"}, Resources: []string{"networkpolicies"}}),
+		clusterRoleBinding(NodePolicyReaderRole, NodePolicyReaderRole, group(NodesGroup)),
 	}
 }
 

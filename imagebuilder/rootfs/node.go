@@ -42,7 +42,8 @@ type ImageArchive struct {
 }
 
 // NodeModules are the kernel modules every node loads or may load: what kubelet,
-// containerd, the CNI plugins and kube-proxy need (with their dependencies).
+// containerd, the CNI plugins, kube-proxy and the NetworkPolicy enforcement need
+// (with their dependencies).
 var NodeModules = []string{
 	"overlay", "br_netfilter", "bridge", "veth", "vxlan", "nf_conntrack", "nf_nat",
 	"ip_tables", "iptable_filter", "iptable_nat", "iptable_mangle", "iptable_raw",
@@ -51,7 +52,7 @@ var NodeModules = []string{
 	"xt_nat", "xt_statistic", "xt_tcpudp", "ipt_REJECT", "ip6t_REJECT", "nf_tables", "nft_compat",
 	"nft_chain_nat", "nft_ct", "nft_nat", "nft_masq", "nft_numgen", "nft_reject", "nft_reject_inet", "nft_reject_ipv4", "nft_reject_ipv6",
 	"nft_fib", "nft_fib_inet", "nft_fib_ipv4", "nft_fib_ipv6", "nft_limit", "nft_hash", "nft_redir", "ip_vs", "ip_vs_rr", "ip_vs_wrr", "ip_vs_sh", "ip_set", "autofs4", "loop", "squashfs",
-	"nf_conntrack_netlink", "virtio_net", "virtio_blk", "virtio_pci", "virtio_console", "tls", "configfs", "efivarfs",
+	"nf_conntrack_netlink", "nfnetlink_queue", "nft_queue", "virtio_net", "virtio_blk", "virtio_pci", "virtio_console", "tls", "configfs", "efivarfs",
 }
 
 // Write lays the node's files out in overlay (copied over the tree by mmdebstrap) and
@@ -77,7 +78,7 @@ func (n *Node) Write(overlay string) ([]string, error) {
 		"etc/gpurack/image-id":                        n.ImageID + "\n",
 		"etc/containerd/config.toml":                  containerdConfig(n.PauseTag, n.GPURuntime),
 		"etc/sysctl.d/90-gpurack-kubernetes.conf":     sysctls,
-		"etc/modules-load.d/gpurack-kubernetes.conf":  "overlay\nbr_netfilter\nnf_conntrack\n",
+		"etc/modules-load.d/gpurack-kubernetes.conf":  "overlay\nbr_netfilter\nnf_conntrack\nnfnetlink_queue\n",
 		"etc/systemd/system/kubelet.service":          kubeletUnit,
 		"etc/systemd/system/kube-proxy.service":       kubeProxyUnit,
 		"etc/systemd/system/var-lib-containerd.mount": containerdStateMount,

@@ -7,7 +7,9 @@
 # section of docs/benchmarks.md: kubelet's Node registration to Ready, pod create to
 # container start for a preloaded image, and the TCP connect time through the
 # kubernetes Service's ClusterIP (the Service's first packet, kube-proxy nftables DNAT)
-# against the same connect straight to the endpoint, from the same pod (the peer).
+# against the same connect straight to the endpoint, from the same pod (the peer); and
+# NetworkPolicy enforcement: the connect time to a policy-selected pod against one no
+# policy selects, and how long a policy change takes to be enforced.
 #
 #   RUNS=3 test/bench/node.sh      three boots (about 8 min each on 2 cores)
 #   OUT=FILE test/bench/node.sh    write the section to FILE instead of docs/bench/
@@ -63,6 +65,25 @@ section=$(mktemp)
   echo "coming up after kubelet registers. Pod start is the container's start less the pod's"
   echo "creation (no image pull: the image is preloaded). The connects are the probe pod's"
   echo "(\`probe fetch\`): one TCP handshake each, a new connection every time."
+  echo
+  echo "### NetworkPolicy enforcement (gpuagent, kube-network-policies)"
+  echo
+  echo "| figure | time |"
+  echo "|---|---|"
+  for n in "TCP connect to a policy-selected pod (judged in user space)" "TCP connect to a pod no policy selects (peer)" \
+    "NetworkPolicy deleted -> new connections pass" "NetworkPolicy created -> new connections dropped"; do
+    echo "| $n | $(ms "$n") |"
+  done
+  echo "| policy-selected / no policy (medians) | $(bench_ratio "$(median "TCP connect to a policy-selected pod (judged in user space)")" "$(median "TCP connect to a pod no policy selects (peer)")") |"
+  echo
+  echo "From one pod in a namespace no policy selects, 10 new connections each, alternately, to"
+  echo "a pod a tenant's policy selects and lets it in (its first packet goes to gpuagent's"
+  echo "queue) and to a pod no policy selects (the peer: never queued). The first connection to"
+  echo "the selected pod can take a second: the client's address is not in the apiserver yet,"
+  echo "its SYN is dropped and TCP retries (docs/tenants.md). The policy changes are \`probe"
+  echo "flip\`'s, 5 per run: a pod deletes and recreates the policy through the apiserver and"
+  echo "connects in between, in its one clock; each figure is an upper bound within one try"
+  echo "(up to 250 ms)."
 } >"$section"
 if [ -n "$OUT" ]; then
   cat "$section" >"$OUT"

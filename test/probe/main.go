@@ -4,8 +4,9 @@
 // pod shows that the node runs preloaded images, that cluster DNS answers and that
 // Services route.
 //
-//	probe [serve] [-listen :8080]   HTTP: /, /healthz, /resolve?name=N, /fetch?url=U,
-//	                                /devices (probe devices' list)
+//	probe [serve] [-listen :8080]   HTTP: /, /healthz, /resolve?name=N, /devices (probe
+//	                                devices' list), /fetch?url=U (over a new connection;
+//	                                the answer has the status and connectMicros)
 //	probe resolve NAME [WANT]       print NAME's addresses; exit 1 if it does not resolve
 //	                                (or, with WANT, if WANT is not among them)
 //	probe fetch URL...              GET each URL, print URL, status and the TCP connect
@@ -22,6 +23,12 @@
 //	probe chroot DIR CMD [ARG...]   run CMD with DIR as the root directory (a privileged
 //	                                pod with the host's / mounted at DIR: the node's own
 //	                                tools, for a test's diagnostics)
+//	probe flip HOST:PORT NS POLICY [N]
+//	                                N times (default 5): delete NetworkPolicy NS/POLICY
+//	                                through the apiserver (as the pod's service account)
+//	                                and connect to HOST:PORT until a connection passes,
+//	                                then create it again and connect until one is
+//	                                dropped; report each time. Also the termination message.
 //	probe devices                   list the container's /dev/nvidia* nodes (type and
 //	                                major:minor) and its NVIDIA_ and GPURACK_ variables:
 //	                                what it got of GPUs. Also the termination message.
@@ -47,6 +54,7 @@ import (
 	"os/exec"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -69,7 +77,7 @@ func main() {
 // fetch also writes its lines.
 func run(args []string, stdout io.Writer, termLog string) error {
 	cmd := "serve"
-	if len(args) > 0 && slices.Contains([]string{"serve", "resolve", "fetch", "hold", "restart", "chroot", "devices"}, args[0]) {
+	if len(args) > 0 && slices.Contains([]string{"serve", "resolve", "fetch", "hold", "restart", "chroot", "devices", "flip"}, args[0]) {
 		cmd, args = args[0], args[1:]
 	}
 	switch cmd {
@@ -138,6 +146,26 @@ func run(args []string, stdout io.Writer, termLog string) error {
 		}
 		summary, err := hold(newClient(serviceAccountCA), args[0], d, every)
 		report(stdout, termLog, summary+"\n")
+		return err
+	case "flip":
+		if len(args) != 3 && len(args) != 4 {
+			return errors.New("usage: probe flip HOST:PORT NAMESPACE POLICY [N]")
+		}
+		n := 5
+		if len(args) == 4 {
+			var err error
+			if n, err = strconv.Atoi(args[3]); err != nil || n < 1 || n > 100 {
+				return fmt.Errorf("probe flip: N %q: want a count from 1 to 100", args[3])
+			}
+		}
+		api, err := inClusterAPI()
+		if err != nil {
+			return err
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		text, err := flip(ctx, api, args[0], args[1], args[2], n)
+		report(stdout, termLog, text)
 		return err
 	case "devices":
 		if len(args) != 0 {
@@ -290,9 +318,17 @@ func newHandler(host string, client *http.Client) http.Handler {
 		addrs, err := resolve(r.Context(), r.URL.Query().Get("name"))
 		reply(w, map[string]any{"name": r.URL.Query().Get("name"), "addresses": addrs}, err)
 	})
+	// /fetch opens a new connection each time: its first packet is what a
+	// NetworkPolicy judges, and connectMicros is that packet's round trip.
+	fresh := &http.Client{Timeout: client.Timeout, Transport: client.Transport}
+	if tr, ok := client.Transport.(*http.Transport); ok {
+		tr = tr.Clone()
+		tr.DisableKeepAlives = true
+		fresh.Transport = tr
+	}
 	mux.HandleFunc("GET /fetch", func(w http.ResponseWriter, r *http.Request) {
-		status, err := fetch(r.Context(), client, r.URL.Query().Get("url"))
-		reply(w, map[string]any{"url": r.URL.Query().Get("url"), "status": status}, err)
+		status, connect, err := fetchTimed(r.Context(), fresh, r.URL.Query().Get("url"))
+		reply(w, map[string]any{"url": r.URL.Query().Get("url"), "status": status, "connectMicros": connect.Microseconds()}, err)
 	})
 	mux.HandleFunc("GET /devices", func(w http.ResponseWriter, r *http.Request) {
 		text, err := devices("/dev", os.Environ())

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -11,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -30,7 +32,14 @@ func get(t *testing.T, h http.Handler, target string) (int, map[string]any) {
 }
 
 func TestHandler(t *testing.T) {
-	target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusTeapot) }))
+	target := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusTeapot) }))
+	var conns atomic.Int32
+	target.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	target.Start()
 	defer target.Close()
 	h := newHandler("node-a", newClient(filepath.Join(t.TempDir(), "no-ca.crt")))
 
@@ -49,8 +58,13 @@ func TestHandler(t *testing.T) {
 	if code, body := get(t, h, "/resolve?name="+strings.Repeat("a", 300)); code != http.StatusBadGateway || body["error"] == nil {
 		t.Errorf("/resolve with a long name = %d %v", code, body)
 	}
-	if code, body := get(t, h, "/fetch?url="+target.URL); code != 200 || body["status"] != "418 I'm a teapot" {
-		t.Errorf("/fetch = %d %v", code, body)
+	for range 2 {
+		if code, body := get(t, h, "/fetch?url="+target.URL); code != 200 || body["status"] != "418 I'm a teapot" || body["connectMicros"] == nil {
+			t.Errorf("/fetch = %d %v", code, body)
+		}
+	}
+	if n := conns.Load(); n != 2 {
+		t.Errorf("two /fetch made %d connections, want a new one each", n)
 	}
 	if code, body := get(t, h, "/fetch?url=file:///etc/passwd"); code != http.StatusBadGateway || !strings.Contains(body["error"].(string), "http or https") {
 		t.Errorf("/fetch of a file URL = %d %v", code, body)

@@ -244,6 +244,8 @@ func TestTinyNodeJoin(t *testing.T) {
 	// kube-proxy restart.
 	runProbePod(t, ctx, admin, node)
 	restartNodeServices(t, ctx, admin, node, con)
+	// 6. Tenants: their NetworkPolicies are enforced on the node.
+	tenantIsolation(t, ctx, env, ns, bins.controlplane, cp, admin, node, con)
 
 	log := con.text()
 	bootLine := regexp.MustCompile(`gpurack: booted image ` + imageID + ` .*gpuagent\.service=active`)
@@ -352,7 +354,7 @@ func restartNodeServices(t *testing.T, ctx context.Context, admin kubernetes.Int
 	// A connection established before the restarts, from a pod through a ClusterIP
 	// Service to a pod, must carry requests through them: the probe holds it and asks
 	// every 2 s.
-	_, target := startProbeServer(t, ctx, admin, node, "hold-target")
+	_, target := startProbeServer(t, ctx, admin, node, metav1.NamespaceDefault, "hold-target")
 	holder := probePod(node, "hold-connection", "hold", fmt.Sprintf("http://%s/healthz", target.Spec.ClusterIP), holdFor.String())
 	if _, err := admin.CoreV1().Pods(holder.Namespace).Create(ctx, holder, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -393,11 +395,11 @@ func restartNodeServices(t *testing.T, ctx context.Context, admin kubernetes.Int
 // startProbeServer runs the probe's HTTP server (:8080) in a pod named name on node,
 // behind a ClusterIP Service of the same name on port 80, and returns both once the
 // pod runs and the Service has its endpoint.
-func startProbeServer(t *testing.T, ctx context.Context, admin kubernetes.Interface, node *corev1.Node, name string) (*corev1.Pod, *corev1.Service) {
+func startProbeServer(t *testing.T, ctx context.Context, admin kubernetes.Interface, node *corev1.Node, ns, name string) (*corev1.Pod, *corev1.Service) {
 	t.Helper()
 	labels := map[string]string{"app": name}
 	server := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: metav1.NamespaceDefault, Labels: labels},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: labels},
 		Spec: corev1.PodSpec{NodeName: node.Name,
 			Containers: []corev1.Container{{Name: "probe", Image: probeImage, ImagePullPolicy: corev1.PullNever,
 				Args: []string{"serve", "-listen", ":8080"}, Ports: []corev1.ContainerPort{{ContainerPort: 8080}}}}},
@@ -406,7 +408,7 @@ func startProbeServer(t *testing.T, ctx context.Context, admin kubernetes.Interf
 		t.Fatal(err)
 	}
 	svc := &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: metav1.NamespaceDefault},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
 		Spec: corev1.ServiceSpec{Selector: labels,
 			Ports: []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(8080)}}},
 	}
@@ -509,6 +511,13 @@ func logNodeFigures(t *testing.T, node *corev1.Node, probe *corev1.Pod) {
 			add(what, d)
 		}
 	}
+	logFigures(t, rows)
+}
+
+// logFigures logs rows (name, seconds) and appends them to the file
+// GPURACK_NODE_FIGURES names, for test/bench/node.sh.
+func logFigures(t *testing.T, rows [][2]string) {
+	t.Helper()
 	var b strings.Builder
 	b.WriteString("node figures (QEMU -accel tcg, this run):\n")
 	for _, r := range rows {
@@ -537,8 +546,13 @@ func runProbe(t *testing.T, ctx context.Context, admin kubernetes.Interface, nod
 
 // probePod is a pod named name that runs the probe image with args on node, once.
 func probePod(node *corev1.Node, name string, args ...string) *corev1.Pod {
+	return probePodIn(metav1.NamespaceDefault, node, name, args...)
+}
+
+// probePodIn is probePod in namespace ns.
+func probePodIn(ns string, node *corev1.Node, name string, args ...string) *corev1.Pod {
 	return &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: metav1.NamespaceDefault},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
 		Spec: corev1.PodSpec{NodeName: node.Name, RestartPolicy: corev1.RestartPolicyNever,
 			Containers: []corev1.Container{{Name: "probe", Image: probeImage, ImagePullPolicy: corev1.PullNever, Args: args,
 				TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError}}},
@@ -753,6 +767,8 @@ func nsCommand(ns, name string, arg ...string) *exec.Cmd {
 // namespacedControlPlane is `controlplane-bootstrap init --foreground` in a namespace.
 type namespacedControlPlane struct {
 	adminKubeconfig, enroller string
+	// dir is the cluster directory (--dir of the other subcommands).
+	dir string
 }
 
 func startNamespacedControlPlane(t *testing.T, env *netnstest.Env, ns, bin string) *namespacedControlPlane {
@@ -827,7 +843,7 @@ etcd:
 	if _, err := env.Run(ns, bin, "join-config", "--dir", clusterDir, "--out", enrollerDir); err != nil {
 		t.Fatal(err)
 	}
-	return &namespacedControlPlane{adminKubeconfig: admin, enroller: filepath.Join(enrollerDir, "enroller.kubeconfig")}
+	return &namespacedControlPlane{adminKubeconfig: admin, enroller: filepath.Join(enrollerDir, "enroller.kubeconfig"), dir: clusterDir}
 }
 
 // clientset is an admin client whose connections are made inside ns.

@@ -146,7 +146,7 @@ func twoNodeQEMU(ns, tap string, m twoNodeMachine, kernel, initrd, cmdline strin
 // so the client pod is tried up to three times; every attempt is logged.
 func crossNodeFetch(t *testing.T, ctx context.Context, admin kubernetes.Interface, a, b *corev1.Node, backend string) {
 	t.Helper()
-	got, svc := startProbeServer(t, ctx, admin, b, "probe-server")
+	got, svc := startProbeServer(t, ctx, admin, b, metav1.NamespaceDefault, "probe-server")
 	byIP := fmt.Sprintf("http://%s:8080/", got.Status.PodIP)
 	bySvc := fmt.Sprintf("http://%s/", svc.Spec.ClusterIP)
 	var lastErr error

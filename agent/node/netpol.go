@@ -1,0 +1,39 @@
+package node
+
+import (
+	"context"
+
+	"github.com/gpurack/gpurack/agent/netpol"
+)
+
+// networkPolicyService enforces NetworkPolicy on the node (agent/netpol, with
+// kube-network-policies embedded) with kubelet's node kubeconfig, once kubelet has
+// joined. Simulation mode has no kubelet and no pods.
+type networkPolicyService struct {
+	statusCell
+	cfg     netpol.Config
+	console string
+}
+
+func (n *node) networkPolicy(kubeconfig, nodeName string) *networkPolicyService {
+	s := &networkPolicyService{console: n.cfg.Console}
+	s.cfg = netpol.Config{Kubeconfig: kubeconfig, NodeName: nodeName, Log: n.log.With("service", "network-policy"),
+		Progress: func(msg string, up bool) {
+			state := Starting
+			if up {
+				state = Running
+			}
+			s.set(state, msg)
+			consoleLine(n.cfg.Console, "gpuagent: network policy: "+msg)
+		}}
+	return s
+}
+
+func (s *networkPolicyService) Name() string { return "network-policy" }
+
+// Run enforces NetworkPolicy until ctx ends, retrying a failed start: a node that does
+// not enforce them must say so, in its status, until it does.
+func (s *networkPolicyService) Run(ctx context.Context) error {
+	retrying(ctx, &s.statusCell, s.cfg.Log, s.console, "network policy", func(ctx context.Context) error { return netpol.Run(ctx, s.cfg) })
+	return nil
+}
