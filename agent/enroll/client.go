@@ -314,6 +314,8 @@ type HeartbeatFields struct {
 	GossipKeyring string
 	// RevocationsDigest is the digest of the revocation list held (pki.RevocationList.Digest).
 	RevocationsDigest string
+	// GPUAllocation is which pods hold the GPUs; nil where the agent cannot tell.
+	GPUAllocation *machinev1.GPUAllocation
 }
 
 // Heartbeat sends one heartbeat. The answer's interval (when set) is the time to the
@@ -324,7 +326,8 @@ func (c *Client) Heartbeat(ctx context.Context, f HeartbeatFields) (*bootv1.Hear
 	seq := c.seq
 	c.mu.Unlock()
 	req := &bootv1.HeartbeatRequest{Identity: f.Identity, NodeName: f.NodeName, Health: f.Health, ImageId: f.ImageID,
-		DriverVersion: f.DriverVersion, BootId: f.BootID, Sequence: seq, SentAt: timestamppb.New(c.now()), GossipKeyring: f.GossipKeyring, RevocationsDigest: f.RevocationsDigest}
+		DriverVersion: f.DriverVersion, BootId: f.BootID, Sequence: seq, SentAt: timestamppb.New(c.now()), GossipKeyring: f.GossipKeyring, RevocationsDigest: f.RevocationsDigest,
+		GpuAllocation: f.GPUAllocation}
 	if !f.AgentStartedAt.IsZero() {
 		req.AgentStartedAt = timestamppb.New(f.AgentStartedAt)
 	}

@@ -27,6 +27,7 @@ import (
 	"github.com/gpurack/gpurack/agent/joinbundle"
 	"github.com/gpurack/gpurack/agent/kubejoin"
 	"github.com/gpurack/gpurack/agent/monitor"
+	"github.com/gpurack/gpurack/agent/podres"
 	"github.com/gpurack/gpurack/agent/protoconv"
 	agentv1 "github.com/gpurack/gpurack/api/agent/v1"
 	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
@@ -116,6 +117,7 @@ func (n *node) enrollAndJoin(ctx context.Context, target enroll.Target) {
 			if last := n.mon.Last(); last != nil {
 				hf.DriverVersion = last.Snapshot.Driver.Version
 			}
+			hf.GPUAllocation = n.gpuAllocation(ctx)
 			return hf
 		}, kick, func(r *bootv1.HeartbeatResponse) {
 			n.enrollment.update(enroll.MachineStateWord(r.GetMachineState()), "")
@@ -420,4 +422,14 @@ func consoleLine(path, line string) {
 	}
 	defer f.Close()
 	fmt.Fprintf(f, "\r%s\r\n", line)
+}
+
+// gpuAllocation is which pods hold the GPUs, with their tenants, for the heartbeat; nil
+// where no kubelet answers (simulation mode, before the join).
+func (n *node) gpuAllocation(ctx context.Context) *machinev1.GPUAllocation {
+	h, err := n.pods.Holders(ctx)
+	if err != nil {
+		return nil
+	}
+	return podres.Allocation(ctx, h, n.tenants.Of)
 }

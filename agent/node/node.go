@@ -137,6 +137,10 @@ type node struct {
 	// revoked is gpuboot's certificate revocation list as the last heartbeat answer
 	// brought it, kept in the key directory; the mutual-TLS API refuses what is on it.
 	revoked *pki.RevocationList
+	// pods says which containers hold the GPUs (kubelet's pod-resources API), for the
+	// metrics and the heartbeat; tenants names their namespaces' tenants.
+	pods    *podres.Cache
+	tenants *podres.Tenants
 }
 
 // newNode builds the monitor and the API and starts the services the configuration
@@ -149,6 +153,8 @@ func newNode(ctx context.Context, cfg Config) (*node, error) {
 	n := &node{cfg: cfg, log: log, services: NewServices(ctx, log), started: time.Now(),
 		identity: cfg.FactsRoot.ReadIdentity(), imageID: cfg.FactsRoot.ImageID()}
 	n.revoked = loadRevocations(cfg.KeyDir, log)
+	n.pods = &podres.Cache{Socket: podres.Socket(cfg.KubeletDir)}
+	n.tenants = &podres.Tenants{Kubeconfig: kubeletPaths(cfg.KubeletDir).Kubeconfig}
 	n.name.set(cfg.NodeName)
 	if cfg.Bundle != nil {
 		n.name.set(cfg.Bundle.GetNodeName())
@@ -226,8 +232,7 @@ func newNode(ctx context.Context, cfg Config) (*node, error) {
 		if err != nil {
 			return fail(fmt.Errorf("--metrics-listen: %w", err))
 		}
-		pods := &podres.Cache{Socket: podres.Socket(n.cfg.KubeletDir)}
-		col := &server.Collector{Monitor: n.mon, Hostname: facts.Hostname(), Version: buildinfo.String(), Holders: pods.Holders,
+		col := &server.Collector{Monitor: n.mon, Hostname: facts.Hostname(), Version: buildinfo.String(), Holders: n.pods.Holders,
 			Rack: func() map[string]int {
 				if r := n.rack.Load(); r != nil {
 					return r.counts()

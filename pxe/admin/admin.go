@@ -191,6 +191,10 @@ func ToProto(m *inventory.Machine, history []inventory.Transition) *bootv1.Machi
 		p.Health = new(machinev1.HealthSummary)
 		_ = proto.Unmarshal(m.Health, p.Health)
 	}
+	if !m.GPUAllocationAt.IsZero() {
+		p.GpuAllocation = new(machinev1.GPUAllocation)
+		_ = proto.Unmarshal(m.GPUAllocation, p.GpuAllocation)
+	}
 	for _, k := range m.Keys {
 		p.Keys = append(p.Keys, &bootv1.RegisteredKey{Fingerprint: k.Fingerprint, PublicKey: k.PublicKey, Bound: k.Fingerprint == m.BoundKey,
 			RegisteredAt: ts(k.RegisteredAt), LastSeenAt: ts(k.LastSeen), BootId: k.BootID, RemoteAddress: k.Remote, EkHash: k.EKHash})

@@ -73,7 +73,8 @@ func (s *Service) DecideBoot(ctx context.Context, id identity.Identity, remote n
 		m.LastBootAt = now.UTC()
 		if m.State == inventory.Decommissioned {
 			m.Keys, m.BoundKey, m.Approval, m.NodeName = nil, "", nil, ""
-			m.Facts, m.Checklist, m.CommissioningReport, m.Health = nil, nil, nil, nil
+			m.Facts, m.Checklist, m.CommissioningReport, m.Health, m.GPUAllocation = nil, nil, nil, nil, nil
+			m.GPUAllocationAt = time.Time{}
 			t, err := inventory.Move(m, inventory.Discovered, "gpuboot", fmt.Sprintf("decommissioned machine booted again (from %s)", remote), now)
 			if err != nil {
 				return nil, err

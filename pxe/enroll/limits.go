@@ -31,6 +31,10 @@ const (
 	MaxChecklistResults = 1024
 	// MaxHealthBytes bounds the HealthSummary (encoded) of a Heartbeat.
 	MaxHealthBytes = 16 << 10
+	// MaxAllocationBytes and MaxAllocationHolders bound the GPUAllocation of a
+	// Heartbeat: 64 GPUs shared 64 ways by pods with the longest names fit.
+	MaxAllocationBytes   = 128 << 10
+	MaxAllocationHolders = 4096
 	// MaxMessageBytes is the largest gRPC message gpuboot's server decodes: above
 	// MaxFactsBytes + MaxChecklistBytes plus signatures, far below gRPC's default 4 MiB.
 	MaxMessageBytes = 512 << 10
@@ -82,10 +86,16 @@ func checkChecklistLimits(call string, cl *machinev1.Checklist) error {
 	return nil
 }
 
-// checkHeartbeatLimits bounds the health summary of a Heartbeat.
+// checkHeartbeatLimits bounds the health summary and the GPU allocation of a Heartbeat.
 func checkHeartbeatLimits(req *bootv1.HeartbeatRequest) error {
 	if n := proto.Size(req.GetHealth()); n > MaxHealthBytes {
 		return limitError("heartbeat", "health (bytes)", n, MaxHealthBytes, "MaxHealthBytes")
+	}
+	if n := proto.Size(req.GetGpuAllocation()); n > MaxAllocationBytes {
+		return limitError("heartbeat", "gpu_allocation (bytes)", n, MaxAllocationBytes, "MaxAllocationBytes")
+	}
+	if n := len(req.GetGpuAllocation().GetHolders()); n > MaxAllocationHolders {
+		return limitError("heartbeat", "gpu_allocation.holders (count)", n, MaxAllocationHolders, "MaxAllocationHolders")
 	}
 	return nil
 }

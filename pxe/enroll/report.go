@@ -237,6 +237,10 @@ func (s *Service) Heartbeat(ctx context.Context, req *bootv1.HeartbeatRequest) (
 		return nil, status.Error(codes.PermissionDenied, errRejected)
 	}
 	health, _ := proto.Marshal(req.GetHealth())
+	var allocation []byte
+	if a := req.GetGpuAllocation(); a != nil {
+		allocation, _ = proto.MarshalOptions{Deterministic: true}.Marshal(a)
+	}
 	remote := remoteOf(ctx)
 	ringChanged := false
 	m, err := s.update(ctx, c.m.ID, func(m *inventory.Machine) ([]inventory.Transition, error) {
@@ -264,6 +268,9 @@ func (s *Service) Heartbeat(ctx context.Context, req *bootv1.HeartbeatRequest) (
 		if !stale && (m.BoundKey == c.fp || c.viaCert || m.BoundKey == "") {
 			if req.GetHealth() != nil {
 				m.Health = health
+			}
+			if req.GetGpuAllocation() != nil {
+				m.GPUAllocation, m.GPUAllocationAt = allocation, now.UTC()
 			}
 			m.LastHeartbeat = now.UTC()
 			if c.viaCert {

@@ -40,8 +40,13 @@ type Machine struct {
 	// joining, kept so the move to commissioning can apply it at once.
 	CommissioningReport []byte `json:"commissioningReport,omitempty"`
 	// Health is the latest gpurack.machine.v1.HealthSummary from Heartbeat.
-	Health        []byte    `json:"health,omitempty"`
-	LastHeartbeat time.Time `json:"lastHeartbeat,omitzero"`
+	Health []byte `json:"health,omitempty"`
+	// GPUAllocation is the latest gpurack.machine.v1.GPUAllocation from Heartbeat:
+	// which pods hold the machine's GPUs, reported at GPUAllocationAt (zero: never;
+	// an allocation of no holders encodes to no bytes).
+	GPUAllocation   []byte    `json:"gpuAllocation,omitempty"`
+	GPUAllocationAt time.Time `json:"gpuAllocationAt,omitzero"`
+	LastHeartbeat   time.Time `json:"lastHeartbeat,omitzero"`
 	// GossipKeyring is the gossip key ring digest the agent's last heartbeat over
 	// mutual TLS reported (bootv1.GossipKeyringDigest); a key rotation waits for it.
 	GossipKeyring string `json:"gossipKeyring,omitempty"`

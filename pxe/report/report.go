@@ -32,7 +32,7 @@ func Build(rack string, machines []*bootv1.Machine, now time.Time) *bootv1.RackR
 			MachineId: m.GetId(), NodeName: m.GetNodeName(), Slot: m.GetSlot(), Identity: m.GetIdentity(),
 			State: m.GetState(), Checklist: m.GetChecklist(), Health: m.GetHealth(),
 			ImageId: m.GetChecklist().GetImageId(), DriverVersion: m.GetChecklist().GetDriverVersion(),
-			Simulated: m.GetChecklist().GetSimulated(),
+			Simulated: m.GetChecklist().GetSimulated(), GpuAllocation: m.GetGpuAllocation(),
 		}
 		if row.ImageId == "" {
 			row.ImageId = m.GetImageId()
@@ -109,7 +109,47 @@ func Build(rack string, machines []*bootv1.Machine, now time.Time) *bootv1.RackR
 		d.Checks = append(d.Checks, t)
 	}
 	sort.Slice(d.Checks, func(i, j int) bool { return d.Checks[i].Id < d.Checks[j].Id })
+	d.Tenants = Tenants(d.Machines)
 	return d
+}
+
+// Tenants sums the machines' GPU allocations per tenant: distinct GPUs (a GPU shared
+// by time-slicing counts once per tenant holding it), pods and namespaces. Tenants
+// come sorted by name, pods of no tenant ("") last.
+func Tenants(machines []*bootv1.RackReportMachine) []*bootv1.RackReportTenant {
+	type acc struct {
+		gpus, pods, namespaces map[string]bool
+	}
+	by := map[string]*acc{}
+	for _, m := range machines {
+		for _, h := range m.GetGpuAllocation().GetHolders() {
+			a := by[h.GetTenant()]
+			if a == nil {
+				a = &acc{gpus: map[string]bool{}, pods: map[string]bool{}, namespaces: map[string]bool{}}
+				by[h.GetTenant()] = a
+			}
+			a.gpus[m.GetMachineId()+"/"+h.GetGpuUuid()] = true
+			a.pods[h.GetNamespace()+"/"+h.GetPod()] = true
+			a.namespaces[h.GetNamespace()] = true
+		}
+	}
+	var out []*bootv1.RackReportTenant
+	for name, a := range by {
+		t := &bootv1.RackReportTenant{Tenant: name, GpusAllocated: uint32(len(a.gpus)), Pods: uint32(len(a.pods))}
+		for ns := range a.namespaces {
+			t.Namespaces = append(t.Namespaces, ns)
+		}
+		sort.Strings(t.Namespaces)
+		out = append(out, t)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		a, b := out[i].GetTenant(), out[j].GetTenant()
+		if (a == "") != (b == "") {
+			return b == ""
+		}
+		return a < b
+	})
+	return out
 }
 
 // Reason says in one line why m is in its state, or "" for a ready machine with every
@@ -402,6 +442,12 @@ func markdown(d *bootv1.RackReportData) []byte {
 		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
 			mdEscape(r.Slot), mdEscape(r.Node), mdEscape(r.ID), mdEscape(r.MAC), mdEscape(r.Serial), state,
 			mdEscape(r.Overall), mdEscape(r.Failing), mdEscape(r.Warning), mdEscape(r.Health), mdEscape(r.Image), mdEscape(r.Driver))
+	}
+	if ts := tenantRows(d); len(ts) > 0 {
+		b.WriteString("\n## GPUs by tenant\n\n| tenant | GPUs allocated | pods | namespaces |\n|---|---|---|---|\n")
+		for _, t := range ts {
+			fmt.Fprintf(&b, "| %s | %d | %d | %s |\n", mdEscape(t.Tenant), t.GPUs, t.Pods, mdEscape(t.Namespaces))
+		}
 	}
 	if len(p.Checks) > 0 {
 		b.WriteString("\n## Checks\n\n| check | pass | warn | fail | unknown | n/a |\n|---|---|---|---|---|---|\n")

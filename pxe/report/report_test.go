@@ -2,6 +2,8 @@ package report
 
 import (
 	"encoding/json"
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -113,5 +115,49 @@ func TestSimulatedMachinesShown(t *testing.T) {
 	h, _, _, _ := Render(d, bootv1.ReportFormat_REPORT_FORMAT_HTML)
 	if !strings.Contains(string(h), `<td class="ready">ready <b class="simulated">(simulated)</b></td>`) || strings.Count(string(h), "simulated GPUs</b>") != 2 {
 		t.Errorf("html does not mark the simulated machines:\n%s", h)
+	}
+}
+
+// TestTenantsInReport: the machines' GPU allocations sum per tenant (a GPU shared by
+// time-slicing counts once per tenant; pods of no tenant last), in the data and in
+// every rendering; machines of another rack do not count.
+func TestTenantsInReport(t *testing.T) {
+	ms := machines()
+	holder := func(gpu, ns, pod, tenant string) *machinev1.GPUHolder {
+		return &machinev1.GPUHolder{GpuUuid: gpu, Namespace: ns, Pod: pod, Container: "main", Tenant: tenant}
+	}
+	ms[1].GpuAllocation = &machinev1.GPUAllocation{Holders: []*machinev1.GPUHolder{ // m1, r1
+		holder("GPU-a", "vision", "train-0", "alpha"), holder("GPU-b", "vision", "train-0", "alpha"),
+		holder("GPU-c", "vision-dev", "nb", "alpha"), holder("GPU-c", "speech", "infer", "beta"), // time-sliced GPU-c
+		holder("GPU-d", "default", "stray", ""),
+	}}
+	ms[0].GpuAllocation = &machinev1.GPUAllocation{Holders: []*machinev1.GPUHolder{holder("GPU-a", "speech", "infer-2", "beta")}} // m2, r1: same UUID, other machine
+	ms[2].GpuAllocation = &machinev1.GPUAllocation{Holders: []*machinev1.GPUHolder{holder("GPU-z", "vision", "x", "alpha")}}      // m3, r2
+	d := Build("r1", ms, time.Unix(1764400000, 0))
+	var got []string
+	for _, tn := range d.Tenants {
+		got = append(got, fmt.Sprintf("%s:%d gpus:%d pods:%v", tn.Tenant, tn.GpusAllocated, tn.Pods, tn.Namespaces))
+	}
+	want := []string{"alpha:3 gpus:2 pods:[vision vision-dev]", "beta:2 gpus:2 pods:[speech]", ":1 gpus:1 pods:[default]"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("tenants\n got %q\nwant %q", got, want)
+	}
+	md, _, _, _ := Render(d, bootv1.ReportFormat_REPORT_FORMAT_MARKDOWN)
+	js, _, _, _ := Render(d, bootv1.ReportFormat_REPORT_FORMAT_JSON)
+	h, _, _, _ := Render(d, bootv1.ReportFormat_REPORT_FORMAT_HTML)
+	for what, doc := range map[string]string{"markdown": string(md), "json": string(js), "html": string(h)} {
+		for _, w := range map[string][]string{
+			"markdown": {"## GPUs by tenant", "| alpha | 3 | 2 | vision, vision-dev |", "| (no tenant) | 1 | 1 | default |"},
+			"json":     {`"tenants"`, `"gpusAllocated": 3`},
+			"html":     {`<table id="tenants">`, "<td>alpha</td><td>3</td><td>2</td><td>vision, vision-dev</td>", "(no tenant)"},
+		}[what] {
+			if !strings.Contains(doc, w) {
+				t.Errorf("%s lacks %q", what, w)
+			}
+		}
+	}
+	// No allocation reported: no section.
+	if md, _, _, _ := Render(Build("r1", machines(), time.Unix(1764400000, 0)), bootv1.ReportFormat_REPORT_FORMAT_MARKDOWN); strings.Contains(string(md), "by tenant") {
+		t.Error("a report without allocations shows a tenants section")
 	}
 }

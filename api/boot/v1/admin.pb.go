@@ -580,7 +580,9 @@ type Machine struct {
 	History []*Transition `protobuf:"bytes,18,rep,name=history,proto3" json:"history,omitempty"`
 	// The TPM Endorsement Key the identity is bound to, "sha256:HEX" over the EK's DER
 	// SubjectPublicKeyInfo (decision 0651); empty when not bound to one.
-	EkHash        string `protobuf:"bytes,19,opt,name=ek_hash,json=ekHash,proto3" json:"ek_hash,omitempty"`
+	EkHash string `protobuf:"bytes,19,opt,name=ek_hash,json=ekHash,proto3" json:"ek_hash,omitempty"`
+	// Which pods hold its GPUs, from the latest Heartbeat that said; absent when none did.
+	GpuAllocation *v1.GPUAllocation `protobuf:"bytes,20,opt,name=gpu_allocation,json=gpuAllocation,proto3" json:"gpu_allocation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -746,6 +748,13 @@ func (x *Machine) GetEkHash() string {
 		return x.EkHash
 	}
 	return ""
+}
+
+func (x *Machine) GetGpuAllocation() *v1.GPUAllocation {
+	if x != nil {
+		return x.GpuAllocation
+	}
+	return nil
 }
 
 // RegisteredKey is one agent key registered for a machine's identity.
@@ -1653,7 +1662,11 @@ type RackReportData struct {
 	// Number of those GPUs with no failing GPU-level check.
 	HealthyGpuCount uint32 `protobuf:"varint,7,opt,name=healthy_gpu_count,json=healthyGpuCount,proto3" json:"healthy_gpu_count,omitempty"`
 	// The checklist's bottom line: what the rack gives the cluster.
-	Totals        *RackReportTotals `protobuf:"bytes,8,opt,name=totals,proto3" json:"totals,omitempty"`
+	Totals *RackReportTotals `protobuf:"bytes,8,opt,name=totals,proto3" json:"totals,omitempty"`
+	// GPUs held by pods, per tenant, from the machines' latest heartbeats; ordered by
+	// tenant, the namespaces of no tenant last (tenant ""). Empty when no machine
+	// reported an allocation.
+	Tenants       []*RackReportTenant `protobuf:"bytes,9,rep,name=tenants,proto3" json:"tenants,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1744,6 +1757,86 @@ func (x *RackReportData) GetTotals() *RackReportTotals {
 	return nil
 }
 
+func (x *RackReportData) GetTenants() []*RackReportTenant {
+	if x != nil {
+		return x.Tenants
+	}
+	return nil
+}
+
+// RackReportTenant is one tenant's share of a rack's GPUs.
+type RackReportTenant struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Tenant name; empty for pods in namespaces of no tenant.
+	Tenant string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// Distinct GPUs its pods hold on the rack's machines.
+	GpusAllocated uint32 `protobuf:"varint,2,opt,name=gpus_allocated,json=gpusAllocated,proto3" json:"gpus_allocated,omitempty"`
+	// Its pods that hold GPUs there.
+	Pods uint32 `protobuf:"varint,3,opt,name=pods,proto3" json:"pods,omitempty"`
+	// Its namespaces among those pods', sorted.
+	Namespaces    []string `protobuf:"bytes,4,rep,name=namespaces,proto3" json:"namespaces,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RackReportTenant) Reset() {
+	*x = RackReportTenant{}
+	mi := &file_api_boot_v1_admin_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RackReportTenant) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RackReportTenant) ProtoMessage() {}
+
+func (x *RackReportTenant) ProtoReflect() protoreflect.Message {
+	mi := &file_api_boot_v1_admin_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RackReportTenant.ProtoReflect.Descriptor instead.
+func (*RackReportTenant) Descriptor() ([]byte, []int) {
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *RackReportTenant) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *RackReportTenant) GetGpusAllocated() uint32 {
+	if x != nil {
+		return x.GpusAllocated
+	}
+	return 0
+}
+
+func (x *RackReportTenant) GetPods() uint32 {
+	if x != nil {
+		return x.Pods
+	}
+	return 0
+}
+
+func (x *RackReportTenant) GetNamespaces() []string {
+	if x != nil {
+		return x.Namespaces
+	}
+	return nil
+}
+
 // RackReportTotals sums a rack report. Its fields have explicit presence, so the JSON
 // form always carries them, zero included.
 type RackReportTotals struct {
@@ -1760,7 +1853,7 @@ type RackReportTotals struct {
 
 func (x *RackReportTotals) Reset() {
 	*x = RackReportTotals{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[20]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1772,7 +1865,7 @@ func (x *RackReportTotals) String() string {
 func (*RackReportTotals) ProtoMessage() {}
 
 func (x *RackReportTotals) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[20]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1785,7 +1878,7 @@ func (x *RackReportTotals) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RackReportTotals.ProtoReflect.Descriptor instead.
 func (*RackReportTotals) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{20}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *RackReportTotals) GetNodesReady() uint32 {
@@ -1841,14 +1934,16 @@ type RackReportMachine struct {
 	AllocatableGpuCount uint32 `protobuf:"varint,11,opt,name=allocatable_gpu_count,json=allocatableGpuCount,proto3" json:"allocatable_gpu_count,omitempty"`
 	// True when the machine's latest checklist is simulated (Checklist.simulated): its
 	// agent runs the simulator GPU backend, so its GPUs are not real (CONTRACTS §11).
-	Simulated     bool `protobuf:"varint,12,opt,name=simulated,proto3" json:"simulated,omitempty"`
+	Simulated bool `protobuf:"varint,12,opt,name=simulated,proto3" json:"simulated,omitempty"`
+	// Which pods hold its GPUs, from its latest heartbeat; absent when it reported none.
+	GpuAllocation *v1.GPUAllocation `protobuf:"bytes,13,opt,name=gpu_allocation,json=gpuAllocation,proto3" json:"gpu_allocation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RackReportMachine) Reset() {
 	*x = RackReportMachine{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[21]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1860,7 +1955,7 @@ func (x *RackReportMachine) String() string {
 func (*RackReportMachine) ProtoMessage() {}
 
 func (x *RackReportMachine) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[21]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1873,7 +1968,7 @@ func (x *RackReportMachine) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RackReportMachine.ProtoReflect.Descriptor instead.
 func (*RackReportMachine) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{21}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *RackReportMachine) GetMachineId() string {
@@ -1960,6 +2055,13 @@ func (x *RackReportMachine) GetSimulated() bool {
 	return false
 }
 
+func (x *RackReportMachine) GetGpuAllocation() *v1.GPUAllocation {
+	if x != nil {
+		return x.GpuAllocation
+	}
+	return nil
+}
+
 // CheckTally counts one check's latest statuses across a rack (GPU-level results count
 // once per GPU).
 type CheckTally struct {
@@ -1982,7 +2084,7 @@ type CheckTally struct {
 
 func (x *CheckTally) Reset() {
 	*x = CheckTally{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[22]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1994,7 +2096,7 @@ func (x *CheckTally) String() string {
 func (*CheckTally) ProtoMessage() {}
 
 func (x *CheckTally) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[22]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2007,7 +2109,7 @@ func (x *CheckTally) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckTally.ProtoReflect.Descriptor instead.
 func (*CheckTally) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{22}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *CheckTally) GetId() string {
@@ -2075,7 +2177,7 @@ const file_api_boot_v1_admin_proto_rawDesc = "" +
 	"\x15accepted_fingerprints\x18\x04 \x03(\tR\x14acceptedFingerprints\x12\x16\n" +
 	"\x06behind\x18\x05 \x03(\tR\x06behind\x12;\n" +
 	"\vphase_since\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"phaseSince\"\x9d\a\n" +
+	"phaseSince\"\xe7\a\n" +
 	"\aMachine\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12?\n" +
 	"\bidentity\x18\x02 \x01(\v2#.gpurack.machine.v1.MachineIdentityR\bidentity\x123\n" +
@@ -2098,7 +2200,8 @@ const file_api_boot_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"updated_at\x18\x11 \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x125\n" +
 	"\ahistory\x18\x12 \x03(\v2\x1b.gpurack.boot.v1.TransitionR\ahistory\x12\x17\n" +
-	"\aek_hash\x18\x13 \x01(\tR\x06ekHash\x1a9\n" +
+	"\aek_hash\x18\x13 \x01(\tR\x06ekHash\x12H\n" +
+	"\x0egpu_allocation\x18\x14 \x01(\v2!.gpurack.machine.v1.GPUAllocationR\rgpuAllocation\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xbe\x02\n" +
@@ -2163,7 +2266,7 @@ const file_api_boot_v1_admin_proto_rawDesc = "" +
 	"\acontent\x18\x01 \x01(\fR\acontent\x12!\n" +
 	"\fcontent_type\x18\x02 \x01(\tR\vcontentType\x12\x1a\n" +
 	"\bfilename\x18\x03 \x01(\tR\bfilename\x123\n" +
-	"\x04data\x18\x04 \x01(\v2\x1f.gpurack.boot.v1.RackReportDataR\x04data\"\x82\x04\n" +
+	"\x04data\x18\x04 \x01(\v2\x1f.gpurack.boot.v1.RackReportDataR\x04data\"\xbf\x04\n" +
 	"\x0eRackReportData\x12\x12\n" +
 	"\x04rack\x18\x01 \x01(\tR\x04rack\x12=\n" +
 	"\fgenerated_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\vgeneratedAt\x12>\n" +
@@ -2172,10 +2275,18 @@ const file_api_boot_v1_admin_proto_rawDesc = "" +
 	"\x11machines_by_state\x18\x05 \x03(\v24.gpurack.boot.v1.RackReportData.MachinesByStateEntryR\x0fmachinesByState\x12\x1b\n" +
 	"\tgpu_count\x18\x06 \x01(\rR\bgpuCount\x12*\n" +
 	"\x11healthy_gpu_count\x18\a \x01(\rR\x0fhealthyGpuCount\x129\n" +
-	"\x06totals\x18\b \x01(\v2!.gpurack.boot.v1.RackReportTotalsR\x06totals\x1aB\n" +
+	"\x06totals\x18\b \x01(\v2!.gpurack.boot.v1.RackReportTotalsR\x06totals\x12;\n" +
+	"\atenants\x18\t \x03(\v2!.gpurack.boot.v1.RackReportTenantR\atenants\x1aB\n" +
 	"\x14MachinesByStateEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"\xd5\x01\n" +
+	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"\x85\x01\n" +
+	"\x10RackReportTenant\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12%\n" +
+	"\x0egpus_allocated\x18\x02 \x01(\rR\rgpusAllocated\x12\x12\n" +
+	"\x04pods\x18\x03 \x01(\rR\x04pods\x12\x1e\n" +
+	"\n" +
+	"namespaces\x18\x04 \x03(\tR\n" +
+	"namespaces\"\xd5\x01\n" +
 	"\x10RackReportTotals\x12$\n" +
 	"\vnodes_ready\x18\x01 \x01(\rH\x00R\n" +
 	"nodesReady\x88\x01\x01\x120\n" +
@@ -2183,7 +2294,7 @@ const file_api_boot_v1_admin_proto_rawDesc = "" +
 	"\x10gpus_allocatable\x18\x03 \x01(\rH\x02R\x0fgpusAllocatable\x88\x01\x01B\x0e\n" +
 	"\f_nodes_readyB\x14\n" +
 	"\x12_nodes_quarantinedB\x13\n" +
-	"\x11_gpus_allocatable\"\xfd\x03\n" +
+	"\x11_gpus_allocatable\"\xc7\x04\n" +
 	"\x11RackReportMachine\x12\x1d\n" +
 	"\n" +
 	"machine_id\x18\x01 \x01(\tR\tmachineId\x12\x1b\n" +
@@ -2198,7 +2309,8 @@ const file_api_boot_v1_admin_proto_rawDesc = "" +
 	"\x06reason\x18\n" +
 	" \x01(\tR\x06reason\x122\n" +
 	"\x15allocatable_gpu_count\x18\v \x01(\rR\x13allocatableGpuCount\x12\x1c\n" +
-	"\tsimulated\x18\f \x01(\bR\tsimulated\"\x99\x01\n" +
+	"\tsimulated\x18\f \x01(\bR\tsimulated\x12H\n" +
+	"\x0egpu_allocation\x18\r \x01(\v2!.gpurack.machine.v1.GPUAllocationR\rgpuAllocation\"\x99\x01\n" +
 	"\n" +
 	"CheckTally\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
@@ -2258,7 +2370,7 @@ func file_api_boot_v1_admin_proto_rawDescGZIP() []byte {
 }
 
 var file_api_boot_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_api_boot_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_api_boot_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
 var file_api_boot_v1_admin_proto_goTypes = []any{
 	(GossipRotationPhase)(0),          // 0: gpurack.boot.v1.GossipRotationPhase
 	(MachineState)(0),                 // 1: gpurack.boot.v1.MachineState
@@ -2283,78 +2395,83 @@ var file_api_boot_v1_admin_proto_goTypes = []any{
 	(*RackReportRequest)(nil),         // 20: gpurack.boot.v1.RackReportRequest
 	(*RackReportResponse)(nil),        // 21: gpurack.boot.v1.RackReportResponse
 	(*RackReportData)(nil),            // 22: gpurack.boot.v1.RackReportData
-	(*RackReportTotals)(nil),          // 23: gpurack.boot.v1.RackReportTotals
-	(*RackReportMachine)(nil),         // 24: gpurack.boot.v1.RackReportMachine
-	(*CheckTally)(nil),                // 25: gpurack.boot.v1.CheckTally
-	nil,                               // 26: gpurack.boot.v1.Machine.LabelsEntry
-	nil,                               // 27: gpurack.boot.v1.RackReportData.MachinesByStateEntry
-	(*timestamppb.Timestamp)(nil),     // 28: google.protobuf.Timestamp
-	(*v1.MachineIdentity)(nil),        // 29: gpurack.machine.v1.MachineIdentity
-	(*v1.MachineFacts)(nil),           // 30: gpurack.machine.v1.MachineFacts
-	(*v1.Checklist)(nil),              // 31: gpurack.machine.v1.Checklist
-	(*v1.HealthSummary)(nil),          // 32: gpurack.machine.v1.HealthSummary
+	(*RackReportTenant)(nil),          // 23: gpurack.boot.v1.RackReportTenant
+	(*RackReportTotals)(nil),          // 24: gpurack.boot.v1.RackReportTotals
+	(*RackReportMachine)(nil),         // 25: gpurack.boot.v1.RackReportMachine
+	(*CheckTally)(nil),                // 26: gpurack.boot.v1.CheckTally
+	nil,                               // 27: gpurack.boot.v1.Machine.LabelsEntry
+	nil,                               // 28: gpurack.boot.v1.RackReportData.MachinesByStateEntry
+	(*timestamppb.Timestamp)(nil),     // 29: google.protobuf.Timestamp
+	(*v1.MachineIdentity)(nil),        // 30: gpurack.machine.v1.MachineIdentity
+	(*v1.MachineFacts)(nil),           // 31: gpurack.machine.v1.MachineFacts
+	(*v1.Checklist)(nil),              // 32: gpurack.machine.v1.Checklist
+	(*v1.HealthSummary)(nil),          // 33: gpurack.machine.v1.HealthSummary
+	(*v1.GPUAllocation)(nil),          // 34: gpurack.machine.v1.GPUAllocation
 }
 var file_api_boot_v1_admin_proto_depIdxs = []int32{
 	0,  // 0: gpurack.boot.v1.GossipKeyStatus.phase:type_name -> gpurack.boot.v1.GossipRotationPhase
-	28, // 1: gpurack.boot.v1.GossipKeyStatus.phase_since:type_name -> google.protobuf.Timestamp
-	29, // 2: gpurack.boot.v1.Machine.identity:type_name -> gpurack.machine.v1.MachineIdentity
+	29, // 1: gpurack.boot.v1.GossipKeyStatus.phase_since:type_name -> google.protobuf.Timestamp
+	30, // 2: gpurack.boot.v1.Machine.identity:type_name -> gpurack.machine.v1.MachineIdentity
 	1,  // 3: gpurack.boot.v1.Machine.state:type_name -> gpurack.boot.v1.MachineState
-	26, // 4: gpurack.boot.v1.Machine.labels:type_name -> gpurack.boot.v1.Machine.LabelsEntry
-	30, // 5: gpurack.boot.v1.Machine.facts:type_name -> gpurack.machine.v1.MachineFacts
-	31, // 6: gpurack.boot.v1.Machine.checklist:type_name -> gpurack.machine.v1.Checklist
+	27, // 4: gpurack.boot.v1.Machine.labels:type_name -> gpurack.boot.v1.Machine.LabelsEntry
+	31, // 5: gpurack.boot.v1.Machine.facts:type_name -> gpurack.machine.v1.MachineFacts
+	32, // 6: gpurack.boot.v1.Machine.checklist:type_name -> gpurack.machine.v1.Checklist
 	9,  // 7: gpurack.boot.v1.Machine.keys:type_name -> gpurack.boot.v1.RegisteredKey
-	32, // 8: gpurack.boot.v1.Machine.health:type_name -> gpurack.machine.v1.HealthSummary
-	28, // 9: gpurack.boot.v1.Machine.last_heartbeat_at:type_name -> google.protobuf.Timestamp
-	28, // 10: gpurack.boot.v1.Machine.created_at:type_name -> google.protobuf.Timestamp
-	28, // 11: gpurack.boot.v1.Machine.updated_at:type_name -> google.protobuf.Timestamp
+	33, // 8: gpurack.boot.v1.Machine.health:type_name -> gpurack.machine.v1.HealthSummary
+	29, // 9: gpurack.boot.v1.Machine.last_heartbeat_at:type_name -> google.protobuf.Timestamp
+	29, // 10: gpurack.boot.v1.Machine.created_at:type_name -> google.protobuf.Timestamp
+	29, // 11: gpurack.boot.v1.Machine.updated_at:type_name -> google.protobuf.Timestamp
 	10, // 12: gpurack.boot.v1.Machine.history:type_name -> gpurack.boot.v1.Transition
-	28, // 13: gpurack.boot.v1.RegisteredKey.registered_at:type_name -> google.protobuf.Timestamp
-	28, // 14: gpurack.boot.v1.RegisteredKey.last_seen_at:type_name -> google.protobuf.Timestamp
-	1,  // 15: gpurack.boot.v1.Transition.from:type_name -> gpurack.boot.v1.MachineState
-	1,  // 16: gpurack.boot.v1.Transition.to:type_name -> gpurack.boot.v1.MachineState
-	28, // 17: gpurack.boot.v1.Transition.time:type_name -> google.protobuf.Timestamp
-	1,  // 18: gpurack.boot.v1.ListMachinesRequest.states:type_name -> gpurack.boot.v1.MachineState
-	8,  // 19: gpurack.boot.v1.ListMachinesResponse.machines:type_name -> gpurack.boot.v1.Machine
-	28, // 20: gpurack.boot.v1.HistoryRequest.since:type_name -> google.protobuf.Timestamp
-	10, // 21: gpurack.boot.v1.HistoryResponse.transitions:type_name -> gpurack.boot.v1.Transition
-	2,  // 22: gpurack.boot.v1.RackReportRequest.format:type_name -> gpurack.boot.v1.ReportFormat
-	22, // 23: gpurack.boot.v1.RackReportResponse.data:type_name -> gpurack.boot.v1.RackReportData
-	28, // 24: gpurack.boot.v1.RackReportData.generated_at:type_name -> google.protobuf.Timestamp
-	24, // 25: gpurack.boot.v1.RackReportData.machines:type_name -> gpurack.boot.v1.RackReportMachine
-	25, // 26: gpurack.boot.v1.RackReportData.checks:type_name -> gpurack.boot.v1.CheckTally
-	27, // 27: gpurack.boot.v1.RackReportData.machines_by_state:type_name -> gpurack.boot.v1.RackReportData.MachinesByStateEntry
-	23, // 28: gpurack.boot.v1.RackReportData.totals:type_name -> gpurack.boot.v1.RackReportTotals
-	29, // 29: gpurack.boot.v1.RackReportMachine.identity:type_name -> gpurack.machine.v1.MachineIdentity
-	1,  // 30: gpurack.boot.v1.RackReportMachine.state:type_name -> gpurack.boot.v1.MachineState
-	31, // 31: gpurack.boot.v1.RackReportMachine.checklist:type_name -> gpurack.machine.v1.Checklist
-	32, // 32: gpurack.boot.v1.RackReportMachine.health:type_name -> gpurack.machine.v1.HealthSummary
-	11, // 33: gpurack.boot.v1.AdminService.ListMachines:input_type -> gpurack.boot.v1.ListMachinesRequest
-	13, // 34: gpurack.boot.v1.AdminService.GetMachine:input_type -> gpurack.boot.v1.GetMachineRequest
-	14, // 35: gpurack.boot.v1.AdminService.Approve:input_type -> gpurack.boot.v1.ApproveRequest
-	15, // 36: gpurack.boot.v1.AdminService.Reject:input_type -> gpurack.boot.v1.RejectRequest
-	16, // 37: gpurack.boot.v1.AdminService.Decommission:input_type -> gpurack.boot.v1.DecommissionRequest
-	17, // 38: gpurack.boot.v1.AdminService.History:input_type -> gpurack.boot.v1.HistoryRequest
-	19, // 39: gpurack.boot.v1.AdminService.ResolveConflict:input_type -> gpurack.boot.v1.ResolveConflictRequest
-	20, // 40: gpurack.boot.v1.AdminService.RackReport:input_type -> gpurack.boot.v1.RackReportRequest
-	5,  // 41: gpurack.boot.v1.AdminService.RotateGossipKey:input_type -> gpurack.boot.v1.RotateGossipKeyRequest
-	6,  // 42: gpurack.boot.v1.AdminService.GetGossipKeyStatus:input_type -> gpurack.boot.v1.GetGossipKeyStatusRequest
-	3,  // 43: gpurack.boot.v1.AdminService.RevokeOperator:input_type -> gpurack.boot.v1.RevokeOperatorRequest
-	12, // 44: gpurack.boot.v1.AdminService.ListMachines:output_type -> gpurack.boot.v1.ListMachinesResponse
-	8,  // 45: gpurack.boot.v1.AdminService.GetMachine:output_type -> gpurack.boot.v1.Machine
-	8,  // 46: gpurack.boot.v1.AdminService.Approve:output_type -> gpurack.boot.v1.Machine
-	8,  // 47: gpurack.boot.v1.AdminService.Reject:output_type -> gpurack.boot.v1.Machine
-	8,  // 48: gpurack.boot.v1.AdminService.Decommission:output_type -> gpurack.boot.v1.Machine
-	18, // 49: gpurack.boot.v1.AdminService.History:output_type -> gpurack.boot.v1.HistoryResponse
-	8,  // 50: gpurack.boot.v1.AdminService.ResolveConflict:output_type -> gpurack.boot.v1.Machine
-	21, // 51: gpurack.boot.v1.AdminService.RackReport:output_type -> gpurack.boot.v1.RackReportResponse
-	7,  // 52: gpurack.boot.v1.AdminService.RotateGossipKey:output_type -> gpurack.boot.v1.GossipKeyStatus
-	7,  // 53: gpurack.boot.v1.AdminService.GetGossipKeyStatus:output_type -> gpurack.boot.v1.GossipKeyStatus
-	4,  // 54: gpurack.boot.v1.AdminService.RevokeOperator:output_type -> gpurack.boot.v1.RevokeOperatorResponse
-	44, // [44:55] is the sub-list for method output_type
-	33, // [33:44] is the sub-list for method input_type
-	33, // [33:33] is the sub-list for extension type_name
-	33, // [33:33] is the sub-list for extension extendee
-	0,  // [0:33] is the sub-list for field type_name
+	34, // 13: gpurack.boot.v1.Machine.gpu_allocation:type_name -> gpurack.machine.v1.GPUAllocation
+	29, // 14: gpurack.boot.v1.RegisteredKey.registered_at:type_name -> google.protobuf.Timestamp
+	29, // 15: gpurack.boot.v1.RegisteredKey.last_seen_at:type_name -> google.protobuf.Timestamp
+	1,  // 16: gpurack.boot.v1.Transition.from:type_name -> gpurack.boot.v1.MachineState
+	1,  // 17: gpurack.boot.v1.Transition.to:type_name -> gpurack.boot.v1.MachineState
+	29, // 18: gpurack.boot.v1.Transition.time:type_name -> google.protobuf.Timestamp
+	1,  // 19: gpurack.boot.v1.ListMachinesRequest.states:type_name -> gpurack.boot.v1.MachineState
+	8,  // 20: gpurack.boot.v1.ListMachinesResponse.machines:type_name -> gpurack.boot.v1.Machine
+	29, // 21: gpurack.boot.v1.HistoryRequest.since:type_name -> google.protobuf.Timestamp
+	10, // 22: gpurack.boot.v1.HistoryResponse.transitions:type_name -> gpurack.boot.v1.Transition
+	2,  // 23: gpurack.boot.v1.RackReportRequest.format:type_name -> gpurack.boot.v1.ReportFormat
+	22, // 24: gpurack.boot.v1.RackReportResponse.data:type_name -> gpurack.boot.v1.RackReportData
+	29, // 25: gpurack.boot.v1.RackReportData.generated_at:type_name -> google.protobuf.Timestamp
+	25, // 26: gpurack.boot.v1.RackReportData.machines:type_name -> gpurack.boot.v1.RackReportMachine
+	26, // 27: gpurack.boot.v1.RackReportData.checks:type_name -> gpurack.boot.v1.CheckTally
+	28, // 28: gpurack.boot.v1.RackReportData.machines_by_state:type_name -> gpurack.boot.v1.RackReportData.MachinesByStateEntry
+	24, // 29: gpurack.boot.v1.RackReportData.totals:type_name -> gpurack.boot.v1.RackReportTotals
+	23, // 30: gpurack.boot.v1.RackReportData.tenants:type_name -> gpurack.boot.v1.RackReportTenant
+	30, // 31: gpurack.boot.v1.RackReportMachine.identity:type_name -> gpurack.machine.v1.MachineIdentity
+	1,  // 32: gpurack.boot.v1.RackReportMachine.state:type_name -> gpurack.boot.v1.MachineState
+	32, // 33: gpurack.boot.v1.RackReportMachine.checklist:type_name -> gpurack.machine.v1.Checklist
+	33, // 34: gpurack.boot.v1.RackReportMachine.health:type_name -> gpurack.machine.v1.HealthSummary
+	34, // 35: gpurack.boot.v1.RackReportMachine.gpu_allocation:type_name -> gpurack.machine.v1.GPUAllocation
+	11, // 36: gpurack.boot.v1.AdminService.ListMachines:input_type -> gpurack.boot.v1.ListMachinesRequest
+	13, // 37: gpurack.boot.v1.AdminService.GetMachine:input_type -> gpurack.boot.v1.GetMachineRequest
+	14, // 38: gpurack.boot.v1.AdminService.Approve:input_type -> gpurack.boot.v1.ApproveRequest
+	15, // 39: gpurack.boot.v1.AdminService.Reject:input_type -> gpurack.boot.v1.RejectRequest
+	16, // 40: gpurack.boot.v1.AdminService.Decommission:input_type -> gpurack.boot.v1.DecommissionRequest
+	17, // 41: gpurack.boot.v1.AdminService.History:input_type -> gpurack.boot.v1.HistoryRequest
+	19, // 42: gpurack.boot.v1.AdminService.ResolveConflict:input_type -> gpurack.boot.v1.ResolveConflictRequest
+	20, // 43: gpurack.boot.v1.AdminService.RackReport:input_type -> gpurack.boot.v1.RackReportRequest
+	5,  // 44: gpurack.boot.v1.AdminService.RotateGossipKey:input_type -> gpurack.boot.v1.RotateGossipKeyRequest
+	6,  // 45: gpurack.boot.v1.AdminService.GetGossipKeyStatus:input_type -> gpurack.boot.v1.GetGossipKeyStatusRequest
+	3,  // 46: gpurack.boot.v1.AdminService.RevokeOperator:input_type -> gpurack.boot.v1.RevokeOperatorRequest
+	12, // 47: gpurack.boot.v1.AdminService.ListMachines:output_type -> gpurack.boot.v1.ListMachinesResponse
+	8,  // 48: gpurack.boot.v1.AdminService.GetMachine:output_type -> gpurack.boot.v1.Machine
+	8,  // 49: gpurack.boot.v1.AdminService.Approve:output_type -> gpurack.boot.v1.Machine
+	8,  // 50: gpurack.boot.v1.AdminService.Reject:output_type -> gpurack.boot.v1.Machine
+	8,  // 51: gpurack.boot.v1.AdminService.Decommission:output_type -> gpurack.boot.v1.Machine
+	18, // 52: gpurack.boot.v1.AdminService.History:output_type -> gpurack.boot.v1.HistoryResponse
+	8,  // 53: gpurack.boot.v1.AdminService.ResolveConflict:output_type -> gpurack.boot.v1.Machine
+	21, // 54: gpurack.boot.v1.AdminService.RackReport:output_type -> gpurack.boot.v1.RackReportResponse
+	7,  // 55: gpurack.boot.v1.AdminService.RotateGossipKey:output_type -> gpurack.boot.v1.GossipKeyStatus
+	7,  // 56: gpurack.boot.v1.AdminService.GetGossipKeyStatus:output_type -> gpurack.boot.v1.GossipKeyStatus
+	4,  // 57: gpurack.boot.v1.AdminService.RevokeOperator:output_type -> gpurack.boot.v1.RevokeOperatorResponse
+	47, // [47:58] is the sub-list for method output_type
+	36, // [36:47] is the sub-list for method input_type
+	36, // [36:36] is the sub-list for extension type_name
+	36, // [36:36] is the sub-list for extension extendee
+	0,  // [0:36] is the sub-list for field type_name
 }
 
 func init() { file_api_boot_v1_admin_proto_init() }
@@ -2362,14 +2479,14 @@ func file_api_boot_v1_admin_proto_init() {
 	if File_api_boot_v1_admin_proto != nil {
 		return
 	}
-	file_api_boot_v1_admin_proto_msgTypes[20].OneofWrappers = []any{}
+	file_api_boot_v1_admin_proto_msgTypes[21].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_boot_v1_admin_proto_rawDesc), len(file_api_boot_v1_admin_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   25,
+			NumMessages:   26,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1312,8 +1312,11 @@ type HeartbeatRequest struct {
 	// Digest of the certificate revocation list the agent holds
 	// (pki.RevocationList.Digest); gpuboot answers with its list when it differs.
 	RevocationsDigest string `protobuf:"bytes,11,opt,name=revocations_digest,json=revocationsDigest,proto3" json:"revocations_digest,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// Which pods hold the machine's GPUs; absent when the agent cannot tell (no kubelet,
+	// or its pod-resources API not answering). gpuboot keeps the latest.
+	GpuAllocation *v1.GPUAllocation `protobuf:"bytes,12,opt,name=gpu_allocation,json=gpuAllocation,proto3" json:"gpu_allocation,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *HeartbeatRequest) Reset() {
@@ -1428,6 +1431,13 @@ func (x *HeartbeatRequest) GetRevocationsDigest() string {
 		return x.RevocationsDigest
 	}
 	return ""
+}
+
+func (x *HeartbeatRequest) GetGpuAllocation() *v1.GPUAllocation {
+	if x != nil {
+		return x.GpuAllocation
+	}
+	return nil
 }
 
 // HeartbeatResponse acknowledges a heartbeat.
@@ -1658,7 +1668,7 @@ const file_api_boot_v1_enroll_proto_rawDesc = "" +
 	"\x06report\x18\x01 \x01(\v2\x1d.gpurack.machine.v1.ChecklistR\x06report\"{\n" +
 	"\x1bReportCommissioningResponse\x12B\n" +
 	"\rmachine_state\x18\x01 \x01(\x0e2\x1d.gpurack.boot.v1.MachineStateR\fmachineState\x12\x18\n" +
-	"\amessage\x18\x02 \x01(\tR\amessage\"\xa5\x04\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\"\xef\x04\n" +
 	"\x10HeartbeatRequest\x120\n" +
 	"\x04auth\x18\x0f \x01(\v2\x1c.gpurack.boot.v1.RequestAuthR\x04auth\x12?\n" +
 	"\bidentity\x18\x01 \x01(\v2#.gpurack.machine.v1.MachineIdentityR\bidentity\x12\x1b\n" +
@@ -1672,7 +1682,8 @@ const file_api_boot_v1_enroll_proto_rawDesc = "" +
 	"\x10agent_started_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\x0eagentStartedAt\x12%\n" +
 	"\x0egossip_keyring\x18\n" +
 	" \x01(\tR\rgossipKeyring\x12-\n" +
-	"\x12revocations_digest\x18\v \x01(\tR\x11revocationsDigest\"\x9f\x02\n" +
+	"\x12revocations_digest\x18\v \x01(\tR\x11revocationsDigest\x12H\n" +
+	"\x0egpu_allocation\x18\f \x01(\v2!.gpurack.machine.v1.GPUAllocationR\rgpuAllocation\"\x9f\x02\n" +
 	"\x11HeartbeatResponse\x12B\n" +
 	"\rmachine_state\x18\x01 \x01(\x0e2\x1d.gpurack.boot.v1.MachineStateR\fmachineState\x125\n" +
 	"\binterval\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\binterval\x12\x18\n" +
@@ -1736,6 +1747,7 @@ var file_api_boot_v1_enroll_proto_goTypes = []any{
 	(*timestamppb.Timestamp)(nil),       // 23: google.protobuf.Timestamp
 	(*v1.MachineIdentity)(nil),          // 24: gpurack.machine.v1.MachineIdentity
 	(*v1.HealthSummary)(nil),            // 25: gpurack.machine.v1.HealthSummary
+	(*v1.GPUAllocation)(nil),            // 26: gpurack.machine.v1.GPUAllocation
 }
 var file_api_boot_v1_enroll_proto_depIdxs = []int32{
 	19, // 0: gpurack.boot.v1.RegisterRequest.facts:type_name -> gpurack.machine.v1.MachineFacts
@@ -1766,23 +1778,24 @@ var file_api_boot_v1_enroll_proto_depIdxs = []int32{
 	25, // 25: gpurack.boot.v1.HeartbeatRequest.health:type_name -> gpurack.machine.v1.HealthSummary
 	23, // 26: gpurack.boot.v1.HeartbeatRequest.sent_at:type_name -> google.protobuf.Timestamp
 	23, // 27: gpurack.boot.v1.HeartbeatRequest.agent_started_at:type_name -> google.protobuf.Timestamp
-	22, // 28: gpurack.boot.v1.HeartbeatResponse.machine_state:type_name -> gpurack.boot.v1.MachineState
-	21, // 29: gpurack.boot.v1.HeartbeatResponse.interval:type_name -> google.protobuf.Duration
-	11, // 30: gpurack.boot.v1.HeartbeatResponse.gossip:type_name -> gpurack.boot.v1.GossipConfig
-	17, // 31: gpurack.boot.v1.HeartbeatResponse.revocations:type_name -> gpurack.boot.v1.Revocations
-	2,  // 32: gpurack.boot.v1.EnrollmentService.Register:input_type -> gpurack.boot.v1.RegisterRequest
-	7,  // 33: gpurack.boot.v1.EnrollmentService.GetJoinBundle:input_type -> gpurack.boot.v1.GetJoinBundleRequest
-	13, // 34: gpurack.boot.v1.EnrollmentService.ReportCommissioning:input_type -> gpurack.boot.v1.ReportCommissioningRequest
-	15, // 35: gpurack.boot.v1.EnrollmentService.Heartbeat:input_type -> gpurack.boot.v1.HeartbeatRequest
-	6,  // 36: gpurack.boot.v1.EnrollmentService.Register:output_type -> gpurack.boot.v1.RegisterResponse
-	8,  // 37: gpurack.boot.v1.EnrollmentService.GetJoinBundle:output_type -> gpurack.boot.v1.GetJoinBundleResponse
-	14, // 38: gpurack.boot.v1.EnrollmentService.ReportCommissioning:output_type -> gpurack.boot.v1.ReportCommissioningResponse
-	16, // 39: gpurack.boot.v1.EnrollmentService.Heartbeat:output_type -> gpurack.boot.v1.HeartbeatResponse
-	36, // [36:40] is the sub-list for method output_type
-	32, // [32:36] is the sub-list for method input_type
-	32, // [32:32] is the sub-list for extension type_name
-	32, // [32:32] is the sub-list for extension extendee
-	0,  // [0:32] is the sub-list for field type_name
+	26, // 28: gpurack.boot.v1.HeartbeatRequest.gpu_allocation:type_name -> gpurack.machine.v1.GPUAllocation
+	22, // 29: gpurack.boot.v1.HeartbeatResponse.machine_state:type_name -> gpurack.boot.v1.MachineState
+	21, // 30: gpurack.boot.v1.HeartbeatResponse.interval:type_name -> google.protobuf.Duration
+	11, // 31: gpurack.boot.v1.HeartbeatResponse.gossip:type_name -> gpurack.boot.v1.GossipConfig
+	17, // 32: gpurack.boot.v1.HeartbeatResponse.revocations:type_name -> gpurack.boot.v1.Revocations
+	2,  // 33: gpurack.boot.v1.EnrollmentService.Register:input_type -> gpurack.boot.v1.RegisterRequest
+	7,  // 34: gpurack.boot.v1.EnrollmentService.GetJoinBundle:input_type -> gpurack.boot.v1.GetJoinBundleRequest
+	13, // 35: gpurack.boot.v1.EnrollmentService.ReportCommissioning:input_type -> gpurack.boot.v1.ReportCommissioningRequest
+	15, // 36: gpurack.boot.v1.EnrollmentService.Heartbeat:input_type -> gpurack.boot.v1.HeartbeatRequest
+	6,  // 37: gpurack.boot.v1.EnrollmentService.Register:output_type -> gpurack.boot.v1.RegisterResponse
+	8,  // 38: gpurack.boot.v1.EnrollmentService.GetJoinBundle:output_type -> gpurack.boot.v1.GetJoinBundleResponse
+	14, // 39: gpurack.boot.v1.EnrollmentService.ReportCommissioning:output_type -> gpurack.boot.v1.ReportCommissioningResponse
+	16, // 40: gpurack.boot.v1.EnrollmentService.Heartbeat:output_type -> gpurack.boot.v1.HeartbeatResponse
+	37, // [37:41] is the sub-list for method output_type
+	33, // [33:37] is the sub-list for method input_type
+	33, // [33:33] is the sub-list for extension type_name
+	33, // [33:33] is the sub-list for extension extendee
+	0,  // [0:33] is the sub-list for field type_name
 }
 
 func init() { file_api_boot_v1_enroll_proto_init() }

@@ -1177,6 +1177,134 @@ func (x *HealthSummary) GetUpdatedAt() *timestamppb.Timestamp {
 	return nil
 }
 
+// GPUAllocation is which containers hold a machine's GPUs, as kubelet's pod-resources
+// API lists them. The agent sends it in Heartbeat; gpuboot keeps the latest per machine
+// for the rack report's GPUs per tenant.
+type GPUAllocation struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One per container and GPU; several containers share a GPU under time-slicing.
+	Holders       []*GPUHolder `protobuf:"bytes,1,rep,name=holders,proto3" json:"holders,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GPUAllocation) Reset() {
+	*x = GPUAllocation{}
+	mi := &file_api_machine_v1_machine_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GPUAllocation) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GPUAllocation) ProtoMessage() {}
+
+func (x *GPUAllocation) ProtoReflect() protoreflect.Message {
+	mi := &file_api_machine_v1_machine_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GPUAllocation.ProtoReflect.Descriptor instead.
+func (*GPUAllocation) Descriptor() ([]byte, []int) {
+	return file_api_machine_v1_machine_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *GPUAllocation) GetHolders() []*GPUHolder {
+	if x != nil {
+		return x.Holders
+	}
+	return nil
+}
+
+// GPUHolder is one container holding one GPU.
+type GPUHolder struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The GPU's UUID (a time-slicing replica's "::N" suffix removed).
+	GpuUuid string `protobuf:"bytes,1,opt,name=gpu_uuid,json=gpuUuid,proto3" json:"gpu_uuid,omitempty"`
+	// The pod's namespace, name and the container.
+	Namespace string `protobuf:"bytes,2,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Pod       string `protobuf:"bytes,3,opt,name=pod,proto3" json:"pod,omitempty"`
+	Container string `protobuf:"bytes,4,opt,name=container,proto3" json:"container,omitempty"`
+	// The tenant owning the namespace (its gpurack.io/tenant label); empty when none.
+	Tenant        string `protobuf:"bytes,5,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GPUHolder) Reset() {
+	*x = GPUHolder{}
+	mi := &file_api_machine_v1_machine_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GPUHolder) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GPUHolder) ProtoMessage() {}
+
+func (x *GPUHolder) ProtoReflect() protoreflect.Message {
+	mi := &file_api_machine_v1_machine_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GPUHolder.ProtoReflect.Descriptor instead.
+func (*GPUHolder) Descriptor() ([]byte, []int) {
+	return file_api_machine_v1_machine_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *GPUHolder) GetGpuUuid() string {
+	if x != nil {
+		return x.GpuUuid
+	}
+	return ""
+}
+
+func (x *GPUHolder) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *GPUHolder) GetPod() string {
+	if x != nil {
+		return x.Pod
+	}
+	return ""
+}
+
+func (x *GPUHolder) GetContainer() string {
+	if x != nil {
+		return x.Container
+	}
+	return ""
+}
+
+func (x *GPUHolder) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
 var File_api_machine_v1_machine_proto protoreflect.FileDescriptor
 
 const file_api_machine_v1_machine_proto_rawDesc = "" +
@@ -1274,7 +1402,15 @@ const file_api_machine_v1_machine_proto_rawDesc = "" +
 	"\x13gpu_healthy_message\x18\t \x01(\tR\x11gpuHealthyMessage\x129\n" +
 	"\n" +
 	"updated_at\x18\n" +
-	" \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt*\xab\x01\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\"H\n" +
+	"\rGPUAllocation\x127\n" +
+	"\aholders\x18\x01 \x03(\v2\x1d.gpurack.machine.v1.GPUHolderR\aholders\"\x8c\x01\n" +
+	"\tGPUHolder\x12\x19\n" +
+	"\bgpu_uuid\x18\x01 \x01(\tR\agpuUuid\x12\x1c\n" +
+	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x10\n" +
+	"\x03pod\x18\x03 \x01(\tR\x03pod\x12\x1c\n" +
+	"\tcontainer\x18\x04 \x01(\tR\tcontainer\x12\x16\n" +
+	"\x06tenant\x18\x05 \x01(\tR\x06tenant*\xab\x01\n" +
 	"\vCheckStatus\x12\x1c\n" +
 	"\x18CHECK_STATUS_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11CHECK_STATUS_PASS\x10\x01\x12\x15\n" +
@@ -1308,7 +1444,7 @@ func file_api_machine_v1_machine_proto_rawDescGZIP() []byte {
 }
 
 var file_api_machine_v1_machine_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_api_machine_v1_machine_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_api_machine_v1_machine_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_api_machine_v1_machine_proto_goTypes = []any{
 	(CheckStatus)(0),              // 0: gpurack.machine.v1.CheckStatus
 	(CheckPhase)(0),               // 1: gpurack.machine.v1.CheckPhase
@@ -1320,28 +1456,31 @@ var file_api_machine_v1_machine_proto_goTypes = []any{
 	(*CheckResult)(nil),           // 7: gpurack.machine.v1.CheckResult
 	(*Checklist)(nil),             // 8: gpurack.machine.v1.Checklist
 	(*HealthSummary)(nil),         // 9: gpurack.machine.v1.HealthSummary
-	(*timestamppb.Timestamp)(nil), // 10: google.protobuf.Timestamp
+	(*GPUAllocation)(nil),         // 10: gpurack.machine.v1.GPUAllocation
+	(*GPUHolder)(nil),             // 11: gpurack.machine.v1.GPUHolder
+	(*timestamppb.Timestamp)(nil), // 12: google.protobuf.Timestamp
 }
 var file_api_machine_v1_machine_proto_depIdxs = []int32{
 	3,  // 0: gpurack.machine.v1.MachineFacts.identity:type_name -> gpurack.machine.v1.MachineIdentity
 	5,  // 1: gpurack.machine.v1.MachineFacts.gpus:type_name -> gpurack.machine.v1.GPU
 	6,  // 2: gpurack.machine.v1.MachineFacts.nics:type_name -> gpurack.machine.v1.NIC
-	10, // 3: gpurack.machine.v1.MachineFacts.collected_at:type_name -> google.protobuf.Timestamp
+	12, // 3: gpurack.machine.v1.MachineFacts.collected_at:type_name -> google.protobuf.Timestamp
 	0,  // 4: gpurack.machine.v1.CheckResult.status:type_name -> gpurack.machine.v1.CheckStatus
-	10, // 5: gpurack.machine.v1.CheckResult.observed_at:type_name -> google.protobuf.Timestamp
+	12, // 5: gpurack.machine.v1.CheckResult.observed_at:type_name -> google.protobuf.Timestamp
 	3,  // 6: gpurack.machine.v1.Checklist.identity:type_name -> gpurack.machine.v1.MachineIdentity
 	1,  // 7: gpurack.machine.v1.Checklist.phase:type_name -> gpurack.machine.v1.CheckPhase
-	10, // 8: gpurack.machine.v1.Checklist.started_at:type_name -> google.protobuf.Timestamp
-	10, // 9: gpurack.machine.v1.Checklist.finished_at:type_name -> google.protobuf.Timestamp
+	12, // 8: gpurack.machine.v1.Checklist.started_at:type_name -> google.protobuf.Timestamp
+	12, // 9: gpurack.machine.v1.Checklist.finished_at:type_name -> google.protobuf.Timestamp
 	7,  // 10: gpurack.machine.v1.Checklist.results:type_name -> gpurack.machine.v1.CheckResult
 	0,  // 11: gpurack.machine.v1.Checklist.overall:type_name -> gpurack.machine.v1.CheckStatus
 	2,  // 12: gpurack.machine.v1.HealthSummary.state:type_name -> gpurack.machine.v1.HealthState
-	10, // 13: gpurack.machine.v1.HealthSummary.updated_at:type_name -> google.protobuf.Timestamp
-	14, // [14:14] is the sub-list for method output_type
-	14, // [14:14] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	12, // 13: gpurack.machine.v1.HealthSummary.updated_at:type_name -> google.protobuf.Timestamp
+	11, // 14: gpurack.machine.v1.GPUAllocation.holders:type_name -> gpurack.machine.v1.GPUHolder
+	15, // [15:15] is the sub-list for method output_type
+	15, // [15:15] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_api_machine_v1_machine_proto_init() }
@@ -1356,7 +1495,7 @@ func file_api_machine_v1_machine_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_machine_v1_machine_proto_rawDesc), len(file_api_machine_v1_machine_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   7,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
