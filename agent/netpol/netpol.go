@@ -119,13 +119,7 @@ func Run(ctx context.Context, cfg Config) error {
 		select {
 		case err := <-done:
 			tick.Stop()
-			if ctx.Err() != nil {
-				return nil
-			}
-			if err == nil {
-				err = errors.New("stopped")
-			}
-			return fmt.Errorf("network policy: kube-network-policies: %w", err)
+			return ended(ctx, err)
 		case <-ctx.Done():
 			tick.Stop()
 			<-done
@@ -140,17 +134,23 @@ func Run(ctx context.Context, cfg Config) error {
 	cfg.progress(fmt.Sprintf("enforcing NetworkPolicy (nftables table inet %s, queue %d)", Table, cfg.Queue), true)
 	select {
 	case err := <-done:
-		if ctx.Err() != nil {
-			return nil
-		}
-		if err == nil {
-			err = errors.New("stopped")
-		}
-		return fmt.Errorf("network policy: kube-network-policies: %w", err)
+		return ended(ctx, err)
 	case <-ctx.Done():
 		<-done // it removes its table on the way out
 		return nil
 	}
+}
+
+// ended is Run's answer when the controller returned err: nil when ctx ended (a
+// stop), else why it stopped early.
+func ended(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return nil
+	}
+	if err == nil {
+		err = errors.New("stopped")
+	}
+	return fmt.Errorf("network policy: kube-network-policies: %w", err)
 }
 
 // tableExists says whether the enforcement's table is in this network namespace.

@@ -18,14 +18,7 @@ type networkPolicyService struct {
 func (n *node) networkPolicy(kubeconfig, nodeName string) *networkPolicyService {
 	s := &networkPolicyService{console: n.cfg.Console}
 	s.cfg = netpol.Config{Kubeconfig: kubeconfig, NodeName: nodeName, Log: n.log.With("service", "network-policy"),
-		Progress: func(msg string, up bool) {
-			state := Starting
-			if up {
-				state = Running
-			}
-			s.set(state, msg)
-			consoleLine(n.cfg.Console, "gpuagent: network policy: "+msg)
-		}}
+		Progress: s.progress(n.cfg.Console, "network policy")}
 	return s
 }
 

@@ -2,7 +2,8 @@
 // loop, the gRPC API on the local socket and over mutual TLS, metrics, gossip, the
 // systemd watchdog) behind one small interface, Service, and takes the node through
 // enrollment with gpuboot, the Kubernetes join and commissioning (CONTRACTS §2, §5,
-// §6). Later node services (the pod network, kube-proxy, the device plugin) plug in as
+// §6). The Kubernetes node services (the pod network, kube-proxy, NetworkPolicy
+// enforcement, the device plugin) plug in as
 // one more Service.
 //
 // It is not the command line: agent/cmd/gpuagent parses flags, loads the profile and

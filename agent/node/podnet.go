@@ -27,15 +27,21 @@ func (n *node) podNetwork(kubeconfig, nodeName string, pn profile.PodNetwork, se
 	s.cfg = podnet.Config{Kubeconfig: kubeconfig, NodeName: nodeName, Log: n.log.With("service", "pod-network"),
 		CNIBinDir: n.cfg.CNIBinDir, CNIConfDir: n.cfg.CNIConfDir,
 		Backend: pn.Backend, PodSubnet: subnet, ServicesReady: servicesReady,
-		Progress: func(msg string, up bool) {
-			state := Starting
-			if up {
-				state = Running
-			}
-			s.set(state, msg)
-			consoleLine(n.cfg.Console, "gpuagent: pod network: "+msg)
-		}}
+		Progress: s.progress(n.cfg.Console, "pod network")}
 	return s
+}
+
+// progress is a Progress callback for a node service: what it says becomes its status
+// (running once up) and a console line "gpuagent: WHAT: MSG".
+func (c *statusCell) progress(console, what string) func(msg string, up bool) {
+	return func(msg string, up bool) {
+		state := Starting
+		if up {
+			state = Running
+		}
+		c.set(state, msg)
+		consoleLine(console, "gpuagent: "+what+": "+msg)
+	}
 }
 
 func (s *podNetworkService) Name() string { return "pod-network" }
