@@ -84,6 +84,14 @@ func TestEnrollerIdentityPermissions(t *testing.T) {
 	if _, err := enroller.CoreV1().Pods(metav1.NamespaceDefault).Create(ctx, pod, metav1.CreateOptions{}); !apierrors.IsForbidden(err) {
 		t.Errorf("enroller creating a Pod: %v, want Forbidden", err)
 	}
+	// ResourceQuotas: list only (the rack report's tenant GPU quotas).
+	if _, err := enroller.CoreV1().ResourceQuotas(metav1.NamespaceAll).List(ctx, metav1.ListOptions{}); err != nil {
+		t.Errorf("enroller listing ResourceQuotas: %v", err)
+	}
+	rq := &corev1.ResourceQuota{ObjectMeta: metav1.ObjectMeta{Name: "enroller-quota"}}
+	if _, err := enroller.CoreV1().ResourceQuotas(metav1.NamespaceDefault).Create(ctx, rq, metav1.CreateOptions{}); !apierrors.IsForbidden(err) {
+		t.Errorf("enroller creating a ResourceQuota: %v, want Forbidden", err)
+	}
 
 	// Allowed: Nodes get, list, watch, patch (taints), delete.
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "enroller-target"}}

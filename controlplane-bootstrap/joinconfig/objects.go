@@ -216,7 +216,9 @@ func enrollerObjects() []Object {
 			rbacv1.PolicyRule{Verbs: []string{"create", "delete"}, APIGroups: []string{""}, Resources: []string{"secrets"}}),
 		roleBinding(metav1.NamespaceSystem, "gpurack:enroller", user(EnrollerUser)),
 		clusterRole("gpurack:enroller",
-			rbacv1.PolicyRule{Verbs: []string{"get", "list", "watch", "patch", "delete"}, APIGroups: []string{""}, Resources: []string{"nodes"}}),
+			rbacv1.PolicyRule{Verbs: []string{"get", "list", "watch", "patch", "delete"}, APIGroups: []string{""}, Resources: []string{"nodes"}},
+			// The tenants' GPU quotas, for the rack report (read only).
+			rbacv1.PolicyRule{Verbs: []string{"list"}, APIGroups: []string{""}, Resources: []string{"resourcequotas"}}),
 		clusterRoleBinding("gpurack:enroller", "gpurack:enroller", user(EnrollerUser)),
 		{gvrVAP, &admissionv1.ValidatingAdmissionPolicy{
 			TypeMeta:   metav1.TypeMeta{APIVersion: "admissionregistration.k8s.io/v1", Kind: "ValidatingAdmissionPolicy"},

@@ -87,6 +87,9 @@ type Config struct {
 	Gossip GossipKeys
 	// Operators revokes operator credentials; nil: RevokeOperator answers UNIMPLEMENTED.
 	Operators OperatorCredentials
+	// Quotas reads the tenants' GPU quotas for the rack report; nil: the report shows
+	// none (gpuboot has no cluster credential).
+	Quotas func(context.Context) (map[string]report.Quota, error)
 }
 
 // Server implements AdminService and the HTTP handlers.
@@ -100,6 +103,7 @@ type Server struct {
 	tokens  *Tokens
 	gossip  GossipKeys
 	ops     OperatorCredentials
+	quotas  func(context.Context) (map[string]report.Quota, error)
 	now     func() time.Time
 }
 
@@ -116,7 +120,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, errors.New("admin: no revocation check")
 	}
 	return &Server{life: cfg.Lifecycle, inv: cfg.Inventory, ca: cfg.CA, revoked: cfg.Revoked,
-		known: append([]string(nil), cfg.Racks...), tokens: cfg.Tokens, gossip: cfg.Gossip, ops: cfg.Operators, now: time.Now}, nil
+		known: append([]string(nil), cfg.Racks...), tokens: cfg.Tokens, gossip: cfg.Gossip, ops: cfg.Operators, quotas: cfg.Quotas, now: time.Now}, nil
 }
 
 // OperatorFromCert returns the operator name of a verified client certificate chain's
@@ -491,6 +495,16 @@ func (s *Server) rackReport(ctx context.Context, rack string, f bootv1.ReportFor
 		ms = append(ms, ToProto(m, nil))
 	}
 	d := report.Build(rack, ms, s.now())
+	if s.quotas != nil {
+		qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		q, err := s.quotas(qctx)
+		cancel()
+		if err != nil {
+			d.QuotaError = err.Error()
+		} else {
+			report.AddQuotas(d, q)
+		}
+	}
 	content, ct, name, err := report.Render(d, f)
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "render report: %v", err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"net/http/httptest"
 	"net/netip"
 	"path/filepath"
@@ -21,6 +22,7 @@ import (
 	"github.com/gpurack/gpurack/pxe/identity"
 	"github.com/gpurack/gpurack/pxe/inventory"
 	"github.com/gpurack/gpurack/pxe/policy"
+	"github.com/gpurack/gpurack/pxe/report"
 )
 
 // asPeer returns ctx as a gRPC call over TLS with the client certificate cert.
@@ -110,5 +112,19 @@ func TestServerOverEnrollment(t *testing.T) {
 	if h := rec.Header(); rec.Code != 200 || h.Get("Content-Type") != "text/html; charset=utf-8" ||
 		!strings.HasPrefix(h.Get("Content-Security-Policy"), "default-src 'none'; style-src 'sha256-") || !strings.Contains(rec.Body.String(), "gpu-r1-u01") {
 		t.Errorf("GET report?format=html: %d %v\n%s", rec.Code, h, rec.Body)
+	}
+
+	// The tenants' GPU quotas join the report when gpuboot can read them; when it
+	// cannot, the report still comes, and says why.
+	srv.quotas = func(context.Context) (map[string]report.Quota, error) {
+		return map[string]report.Quota{"vision": {Hard: 8, Used: 3}}, nil
+	}
+	r, err := srv.RackReport(alice, &bootv1.RackReportRequest{Rack: "r1"})
+	if err != nil || len(r.GetData().GetTenants()) != 1 || r.GetData().GetTenants()[0].GetGpuQuota() != 8 || !strings.Contains(string(r.GetContent()), "3 / 8") {
+		t.Errorf("report with quotas: %v %v", r.GetData().GetTenants(), err)
+	}
+	srv.quotas = func(context.Context) (map[string]report.Quota, error) { return nil, errors.New("forbidden") }
+	if r, err := srv.RackReport(alice, &bootv1.RackReportRequest{Rack: "r1"}); err != nil || r.GetData().GetQuotaError() != "forbidden" {
+		t.Errorf("report when quotas cannot be read: %v %v", r.GetData().GetQuotaError(), err)
 	}
 }

@@ -147,3 +147,42 @@ func (c *Cluster) DeleteNode(ctx context.Context, name string) error {
 	}
 	return nil
 }
+
+// Names of what `controlplane-bootstrap tenants apply` writes that gpuboot reads
+// (controlplane-bootstrap/tenants; a test there keeps them equal).
+const (
+	// TenantLabel names a tenant object's tenant.
+	TenantLabel = "gpurack.io/tenant"
+	// TenantQuotaName is the name of a tenant namespace's ResourceQuota.
+	TenantQuotaName = "gpurack-quota"
+	// QuotaGPU is the quota's GPU resource.
+	QuotaGPU corev1.ResourceName = "requests.nvidia.com/gpu"
+)
+
+// GPUQuota is a tenant's GPU quota summed over its namespaces: the quota's hard limit
+// and what the quota controller last counted as used.
+type GPUQuota struct{ Hard, Used int64 }
+
+// TenantGPUQuotas reads every tenant's GPU quota from the ResourceQuotas `tenants
+// apply` writes (the enroller's read grant on ResourceQuotas). Tenants whose quotas
+// set no GPU limit are left out.
+func (c *Cluster) TenantGPUQuotas(ctx context.Context) (map[string]GPUQuota, error) {
+	list, err := c.client.CoreV1().ResourceQuotas(metav1.NamespaceAll).List(ctx, metav1.ListOptions{LabelSelector: TenantLabel})
+	if err != nil {
+		return nil, fmt.Errorf("list the tenants' ResourceQuotas: %w", err)
+	}
+	out := map[string]GPUQuota{}
+	for _, q := range list.Items {
+		hard, ok := q.Spec.Hard[QuotaGPU]
+		if q.Name != TenantQuotaName || !ok {
+			continue
+		}
+		t := out[q.Labels[TenantLabel]]
+		t.Hard += hard.Value()
+		if used, ok := q.Status.Used[QuotaGPU]; ok {
+			t.Used += used.Value()
+		}
+		out[q.Labels[TenantLabel]] = t
+	}
+	return out, nil
+}

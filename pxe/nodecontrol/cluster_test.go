@@ -14,6 +14,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
@@ -329,4 +330,65 @@ func BenchmarkConditionToTaint(b *testing.B) {
 		b.StartTimer()
 	}
 	b.ReportMetric(float64(total.Milliseconds())/float64(b.N), "ms/condition-to-taint")
+}
+
+// TestTenantGPUQuotas: with the enroller credential, gpuboot reads each tenant's GPU
+// quota summed over its namespaces (hard, and used as the quota controller counts it),
+// leaving out quotas of another name, without a GPU limit or without a tenant.
+func TestTenantGPUQuotas(t *testing.T) {
+	r := newRig(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	quota := func(ns, name, tenant string, gpus string) {
+		t.Helper()
+		if _, err := r.admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { r.admin.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{}) })
+		q := &corev1.ResourceQuota{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}}
+		if tenant != "" {
+			q.Labels = map[string]string{nodecontrol.TenantLabel: tenant}
+		}
+		q.Spec.Hard = corev1.ResourceList{corev1.ResourcePods: resource.MustParse("10")}
+		if gpus != "" {
+			q.Spec.Hard[nodecontrol.QuotaGPU] = resource.MustParse(gpus)
+		}
+		if _, err := r.admin.CoreV1().ResourceQuotas(ns).Create(ctx, q, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	quota("quota-vision", nodecontrol.TenantQuotaName, "vision", "8")
+	quota("quota-vision-dev", nodecontrol.TenantQuotaName, "vision", "2")
+	quota("quota-vision-dev", "gpurack-tier-training", "vision", "1") // a tier's quota: not the tenant's
+	quota("quota-speech", nodecontrol.TenantQuotaName, "speech", "")  // no GPU limit
+	quota("quota-other", nodecontrol.TenantQuotaName, "", "4")        // no tenant
+	// A pod asking for 3 GPUs in vision's first namespace: quota admission counts it as
+	// used (once the quota controller has recorded the quota's status, it admits pods).
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "trainer", Namespace: "quota-vision"},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "none",
+			Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("3")}}}}}}
+	for {
+		_, err := r.admin.CoreV1().Pods("quota-vision").Create(ctx, pod, metav1.CreateOptions{})
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("create a pod under the quota: %v", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	var got map[string]nodecontrol.GPUQuota
+	for {
+		var err error
+		if got, err = r.cluster.TenantGPUQuotas(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if got["vision"].Used == 3 || ctx.Err() != nil {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if got["vision"] != (nodecontrol.GPUQuota{Hard: 10, Used: 3}) || len(got) != 1 {
+		t.Fatalf("quotas %v, want vision only, 3 of 10 GPUs used", got)
+	}
 }

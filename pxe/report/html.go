@@ -79,12 +79,13 @@ type htmlPage struct {
 	Nodes                                     []nodeSection
 	Checks                                    []*bootv1.CheckTally
 	Tenants                                   []tenantRow
+	QuotaError                                string
 }
 
 // tenantRow is one tenant's share of the rack's GPUs as the renderings show it.
 type tenantRow struct {
-	Tenant, Namespaces string
-	GPUs, Pods         uint32
+	Tenant, Namespaces, Quota string
+	GPUs, Pods                uint32
 }
 
 // tenantRows is d's tenants for the renderings; pods of no tenant show as "(no tenant)".
@@ -95,7 +96,11 @@ func tenantRows(d *bootv1.RackReportData) []tenantRow {
 		if name == "" {
 			name = "(no tenant)"
 		}
-		out = append(out, tenantRow{Tenant: name, Namespaces: strings.Join(t.GetNamespaces(), ", "), GPUs: t.GetGpusAllocated(), Pods: t.GetPods()})
+		quota := ""
+		if t.GpuQuota != nil {
+			quota = fmt.Sprintf("%d / %d", t.GetGpuQuotaUsed(), t.GetGpuQuota())
+		}
+		out = append(out, tenantRow{Tenant: name, Namespaces: strings.Join(t.GetNamespaces(), ", "), Quota: quota, GPUs: t.GetGpusAllocated(), Pods: t.GetPods()})
 	}
 	return out
 }
@@ -134,7 +139,7 @@ func htmlView(d *bootv1.RackReportData) htmlPage {
 		Rack: d.GetRack(), Generated: d.GetGeneratedAt().AsTime().UTC().Format(time.RFC3339),
 		NodesReady: t.GetNodesReady(), NodesQuarantined: t.GetNodesQuarantined(), Allocatable: t.GetGpusAllocatable(),
 		Machines: len(d.GetMachines()), GPUs: int(d.GetGpuCount()),
-		Rows: view(d).Rows, Checks: d.GetChecks(), Tenants: tenantRows(d), InnerWidth: rackWidth - 2*rackPad, TextRight: rackWidth - 2*rackPad - 8,
+		Rows: view(d).Rows, Checks: d.GetChecks(), Tenants: tenantRows(d), QuotaError: d.GetQuotaError(), InnerWidth: rackWidth - 2*rackPad, TextRight: rackWidth - 2*rackPad - 8,
 	}
 	for _, st := range diagramStates {
 		p.Legend = append(p.Legend, legendEntry{State: StateName(st), Count: d.GetMachinesByState()[StateName(st)]})
@@ -238,9 +243,9 @@ var htmlTemplate = template.Must(template.New("report").Parse(`<!doctype html>
 <table><tr><th>slot</th><th>node</th><th>machine</th><th>MAC</th><th>serial</th><th>state</th><th>checks</th><th>failing</th><th>warning</th><th>health</th><th>image</th><th>driver</th></tr>
 {{range .Rows}}<tr><td>{{.Slot}}</td><td>{{.Node}}</td><td><code>{{.ID}}</code></td><td><code>{{.MAC}}</code></td><td>{{.Serial}}</td><td class="{{.State}}">{{.State}}{{if .Simulated}} <b class="simulated">(simulated)</b>{{end}}</td><td class="{{.Overall}}">{{.Overall}}</td><td>{{.Failing}}</td><td>{{.Warning}}</td><td>{{.Health}}</td><td><code>{{.Image}}</code></td><td>{{.Driver}}</td></tr>
 {{end}}</table>
-{{if .Tenants}}<h2>GPUs by tenant</h2><table id="tenants"><tr><th>tenant</th><th>GPUs allocated</th><th>pods</th><th>namespaces</th></tr>
-{{range .Tenants}}<tr><td>{{.Tenant}}</td><td>{{.GPUs}}</td><td>{{.Pods}}</td><td>{{.Namespaces}}</td></tr>
-{{end}}</table>{{end}}
+{{if .Tenants}}<h2>GPUs by tenant</h2><table id="tenants"><tr><th>tenant</th><th>GPUs allocated here</th><th>pods</th><th>namespaces</th><th>GPU quota used / hard (cluster)</th></tr>
+{{range .Tenants}}<tr><td>{{.Tenant}}</td><td>{{.GPUs}}</td><td>{{.Pods}}</td><td>{{.Namespaces}}</td><td>{{.Quota}}</td></tr>
+{{end}}</table>{{end}}{{if .QuotaError}}<p class="reason">Tenants' GPU quotas not shown: {{.QuotaError}}</p>{{end}}
 {{if .Checks}}<h2>Checks across the rack</h2><table><tr><th>check</th><th>pass</th><th>warn</th><th>fail</th><th>unknown</th><th>n/a</th></tr>
 {{range .Checks}}<tr><td><code>{{.Id}}</code></td><td>{{.Pass}}</td><td>{{.Warn}}</td><td{{if .Fail}} class="fail"{{end}}>{{.Fail}}</td><td>{{.Unknown}}</td><td>{{.NotApplicable}}</td></tr>
 {{end}}</table>{{end}}

@@ -113,6 +113,27 @@ func Build(rack string, machines []*bootv1.Machine, now time.Time) *bootv1.RackR
 	return d
 }
 
+// Quota is a tenant's GPU quota across the cluster: hard limit and used.
+type Quota struct{ Hard, Used int64 }
+
+// AddQuotas puts each tenant's GPU quota into d's tenants, adding the tenants that
+// hold no GPU on the rack.
+func AddQuotas(d *bootv1.RackReportData, quotas map[string]Quota) {
+	have := map[string]*bootv1.RackReportTenant{}
+	for _, t := range d.Tenants {
+		have[t.GetTenant()] = t
+	}
+	for name, q := range quotas {
+		t := have[name]
+		if t == nil {
+			t = &bootv1.RackReportTenant{Tenant: name}
+			d.Tenants = append(d.Tenants, t)
+		}
+		t.GpuQuota, t.GpuQuotaUsed = &q.Hard, &q.Used
+	}
+	sortTenants(d.Tenants)
+}
+
 // Tenants sums the machines' GPU allocations per tenant: distinct GPUs (a GPU shared
 // by time-slicing counts once per tenant holding it), pods and namespaces. Tenants
 // come sorted by name, pods of no tenant ("") last.
@@ -142,14 +163,19 @@ func Tenants(machines []*bootv1.RackReportMachine) []*bootv1.RackReportTenant {
 		sort.Strings(t.Namespaces)
 		out = append(out, t)
 	}
-	sort.Slice(out, func(i, j int) bool {
-		a, b := out[i].GetTenant(), out[j].GetTenant()
+	sortTenants(out)
+	return out
+}
+
+// sortTenants orders tenants by name, the namespaces of no tenant ("") last.
+func sortTenants(ts []*bootv1.RackReportTenant) {
+	sort.Slice(ts, func(i, j int) bool {
+		a, b := ts[i].GetTenant(), ts[j].GetTenant()
 		if (a == "") != (b == "") {
 			return b == ""
 		}
 		return a < b
 	})
-	return out
 }
 
 // Reason says in one line why m is in its state, or "" for a ready machine with every
@@ -444,10 +470,13 @@ func markdown(d *bootv1.RackReportData) []byte {
 			mdEscape(r.Overall), mdEscape(r.Failing), mdEscape(r.Warning), mdEscape(r.Health), mdEscape(r.Image), mdEscape(r.Driver))
 	}
 	if ts := tenantRows(d); len(ts) > 0 {
-		b.WriteString("\n## GPUs by tenant\n\n| tenant | GPUs allocated | pods | namespaces |\n|---|---|---|---|\n")
+		b.WriteString("\n## GPUs by tenant\n\n| tenant | GPUs allocated here | pods | namespaces | GPU quota used / hard (cluster) |\n|---|---|---|---|---|\n")
 		for _, t := range ts {
-			fmt.Fprintf(&b, "| %s | %d | %d | %s |\n", mdEscape(t.Tenant), t.GPUs, t.Pods, mdEscape(t.Namespaces))
+			fmt.Fprintf(&b, "| %s | %d | %d | %s | %s |\n", mdEscape(t.Tenant), t.GPUs, t.Pods, mdEscape(t.Namespaces), mdEscape(t.Quota))
 		}
+	}
+	if e := d.GetQuotaError(); e != "" {
+		fmt.Fprintf(&b, "\nTenants' GPU quotas not shown: %s\n", mdEscape(e))
 	}
 	if len(p.Checks) > 0 {
 		b.WriteString("\n## Checks\n\n| check | pass | warn | fail | unknown | n/a |\n|---|---|---|---|---|---|\n")

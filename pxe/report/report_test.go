@@ -147,7 +147,7 @@ func TestTenantsInReport(t *testing.T) {
 	h, _, _, _ := Render(d, bootv1.ReportFormat_REPORT_FORMAT_HTML)
 	for what, doc := range map[string]string{"markdown": string(md), "json": string(js), "html": string(h)} {
 		for _, w := range map[string][]string{
-			"markdown": {"## GPUs by tenant", "| alpha | 3 | 2 | vision, vision-dev |", "| (no tenant) | 1 | 1 | default |"},
+			"markdown": {"## GPUs by tenant", "| alpha | 3 | 2 | vision, vision-dev | – |", "| (no tenant) | 1 | 1 | default | – |"},
 			"json":     {`"tenants"`, `"gpusAllocated": 3`},
 			"html":     {`<table id="tenants">`, "<td>alpha</td><td>3</td><td>2</td><td>vision, vision-dev</td>", "(no tenant)"},
 		}[what] {
@@ -156,6 +156,28 @@ func TestTenantsInReport(t *testing.T) {
 			}
 		}
 	}
+	// Quotas (cluster-wide) join the tenants, and add one that holds no GPU here.
+	AddQuotas(d, map[string]Quota{"alpha": {Hard: 8, Used: 5}, "gamma": {Hard: 4, Used: 0}})
+	if len(d.Tenants) != 4 || d.Tenants[0].GetGpuQuota() != 8 || d.Tenants[0].GetGpuQuotaUsed() != 5 ||
+		d.Tenants[1].GpuQuota != nil || d.Tenants[2].GetTenant() != "gamma" || d.Tenants[2].GetGpuQuota() != 4 || d.Tenants[3].GetTenant() != "" {
+		t.Fatalf("tenants with quotas: %v", d.Tenants)
+	}
+	md, _, _, _ = Render(d, bootv1.ReportFormat_REPORT_FORMAT_MARKDOWN)
+	h, _, _, _ = Render(d, bootv1.ReportFormat_REPORT_FORMAT_HTML)
+	for _, w := range []string{"| alpha | 3 | 2 | vision, vision-dev | 5 / 8 |", "| gamma | 0 | 0 | – | 0 / 4 |"} {
+		if !strings.Contains(string(md), w) {
+			t.Errorf("markdown lacks %q:\n%s", w, md)
+		}
+	}
+	if !strings.Contains(string(h), "<td>5 / 8</td>") {
+		t.Error("html lacks alpha's quota")
+	}
+	d.QuotaError = "list the tenants' ResourceQuotas: forbidden"
+	md, _, _, _ = Render(d, bootv1.ReportFormat_REPORT_FORMAT_MARKDOWN)
+	if !strings.Contains(string(md), "GPU quotas not shown: list the tenants' ResourceQuotas: forbidden") {
+		t.Error("markdown does not say why quotas are missing")
+	}
+
 	// No allocation reported: no section.
 	if md, _, _, _ := Render(Build("r1", machines(), time.Unix(1764400000, 0)), bootv1.ReportFormat_REPORT_FORMAT_MARKDOWN); strings.Contains(string(md), "by tenant") {
 		t.Error("a report without allocations shows a tenants section")

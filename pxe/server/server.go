@@ -40,6 +40,7 @@ import (
 	"github.com/gpurack/gpurack/pxe/inventory"
 	"github.com/gpurack/gpurack/pxe/nodecontrol"
 	"github.com/gpurack/gpurack/pxe/policy"
+	"github.com/gpurack/gpurack/pxe/report"
 	"github.com/gpurack/gpurack/pxe/tftp"
 )
 
@@ -206,7 +207,8 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	}
 	adm, err := admin.New(admin.Config{Lifecycle: svc, Inventory: store, CA: ca.Cert, Revoked: svc.Revoked,
 		Racks: rackNames, Tokens: mustTokens(cfg, log), Gossip: svc,
-		Operators: &operatorCreds{stateDir: cfg.StateDir, tokensFile: cfg.Admin.TokensFile, svc: svc, log: log}})
+		Operators: &operatorCreds{stateDir: cfg.StateDir, tokensFile: cfg.Admin.TokensFile, svc: svc, log: log},
+		Quotas:    tenantQuotas(cluster)})
 	if err != nil {
 		return err
 	}
@@ -373,4 +375,23 @@ func interfaceIPv4(advertise, iface string) (netip.Addr, error) {
 		}
 	}
 	return netip.Addr{}, errors.New("interface " + iface + " has no IPv4 address: set advertise to gpuboot's IPv4 address")
+}
+
+// tenantQuotas reads the tenants' GPU quotas for the rack report with the enroller
+// credential; nil without a cluster.
+func tenantQuotas(c *nodecontrol.Cluster) func(context.Context) (map[string]report.Quota, error) {
+	if c == nil {
+		return nil
+	}
+	return func(ctx context.Context) (map[string]report.Quota, error) {
+		qs, err := c.TenantGPUQuotas(ctx)
+		if err != nil {
+			return nil, err
+		}
+		out := make(map[string]report.Quota, len(qs))
+		for t, q := range qs {
+			out[t] = report.Quota{Hard: q.Hard, Used: q.Used}
+		}
+		return out, nil
+	}
 }

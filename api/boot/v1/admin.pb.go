@@ -1663,10 +1663,12 @@ type RackReportData struct {
 	HealthyGpuCount uint32 `protobuf:"varint,7,opt,name=healthy_gpu_count,json=healthyGpuCount,proto3" json:"healthy_gpu_count,omitempty"`
 	// The checklist's bottom line: what the rack gives the cluster.
 	Totals *RackReportTotals `protobuf:"bytes,8,opt,name=totals,proto3" json:"totals,omitempty"`
-	// GPUs held by pods, per tenant, from the machines' latest heartbeats; ordered by
-	// tenant, the namespaces of no tenant last (tenant ""). Empty when no machine
-	// reported an allocation.
-	Tenants       []*RackReportTenant `protobuf:"bytes,9,rep,name=tenants,proto3" json:"tenants,omitempty"`
+	// GPUs held by pods, per tenant, from the machines' latest heartbeats, with each
+	// tenant's GPU quota; ordered by tenant, the namespaces of no tenant last (tenant
+	// ""). Empty when no machine reported an allocation and no quota was read.
+	Tenants []*RackReportTenant `protobuf:"bytes,9,rep,name=tenants,proto3" json:"tenants,omitempty"`
+	// Why the tenants' GPU quotas are missing, when gpuboot could not read them.
+	QuotaError    string `protobuf:"bytes,10,opt,name=quota_error,json=quotaError,proto3" json:"quota_error,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1764,6 +1766,13 @@ func (x *RackReportData) GetTenants() []*RackReportTenant {
 	return nil
 }
 
+func (x *RackReportData) GetQuotaError() string {
+	if x != nil {
+		return x.QuotaError
+	}
+	return ""
+}
+
 // RackReportTenant is one tenant's share of a rack's GPUs.
 type RackReportTenant struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1774,7 +1783,13 @@ type RackReportTenant struct {
 	// Its pods that hold GPUs there.
 	Pods uint32 `protobuf:"varint,3,opt,name=pods,proto3" json:"pods,omitempty"`
 	// Its namespaces among those pods', sorted.
-	Namespaces    []string `protobuf:"bytes,4,rep,name=namespaces,proto3" json:"namespaces,omitempty"`
+	Namespaces []string `protobuf:"bytes,4,rep,name=namespaces,proto3" json:"namespaces,omitempty"`
+	// Its GPU quota across the cluster (not this rack): the hard limit and what the
+	// quota controller last counted as used, summed over its namespaces' ResourceQuotas.
+	// Absent when gpuboot has no cluster credential, could not read them, or the tenant
+	// sets no GPU quota.
+	GpuQuota      *int64 `protobuf:"varint,5,opt,name=gpu_quota,json=gpuQuota,proto3,oneof" json:"gpu_quota,omitempty"`
+	GpuQuotaUsed  *int64 `protobuf:"varint,6,opt,name=gpu_quota_used,json=gpuQuotaUsed,proto3,oneof" json:"gpu_quota_used,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1835,6 +1850,20 @@ func (x *RackReportTenant) GetNamespaces() []string {
 		return x.Namespaces
 	}
 	return nil
+}
+
+func (x *RackReportTenant) GetGpuQuota() int64 {
+	if x != nil && x.GpuQuota != nil {
+		return *x.GpuQuota
+	}
+	return 0
+}
+
+func (x *RackReportTenant) GetGpuQuotaUsed() int64 {
+	if x != nil && x.GpuQuotaUsed != nil {
+		return *x.GpuQuotaUsed
+	}
+	return 0
 }
 
 // RackReportTotals sums a rack report. Its fields have explicit presence, so the JSON
@@ -2266,7 +2295,7 @@ const file_api_boot_v1_admin_proto_rawDesc = "" +
 	"\acontent\x18\x01 \x01(\fR\acontent\x12!\n" +
 	"\fcontent_type\x18\x02 \x01(\tR\vcontentType\x12\x1a\n" +
 	"\bfilename\x18\x03 \x01(\tR\bfilename\x123\n" +
-	"\x04data\x18\x04 \x01(\v2\x1f.gpurack.boot.v1.RackReportDataR\x04data\"\xbf\x04\n" +
+	"\x04data\x18\x04 \x01(\v2\x1f.gpurack.boot.v1.RackReportDataR\x04data\"\xe0\x04\n" +
 	"\x0eRackReportData\x12\x12\n" +
 	"\x04rack\x18\x01 \x01(\tR\x04rack\x12=\n" +
 	"\fgenerated_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\vgeneratedAt\x12>\n" +
@@ -2276,17 +2305,25 @@ const file_api_boot_v1_admin_proto_rawDesc = "" +
 	"\tgpu_count\x18\x06 \x01(\rR\bgpuCount\x12*\n" +
 	"\x11healthy_gpu_count\x18\a \x01(\rR\x0fhealthyGpuCount\x129\n" +
 	"\x06totals\x18\b \x01(\v2!.gpurack.boot.v1.RackReportTotalsR\x06totals\x12;\n" +
-	"\atenants\x18\t \x03(\v2!.gpurack.boot.v1.RackReportTenantR\atenants\x1aB\n" +
+	"\atenants\x18\t \x03(\v2!.gpurack.boot.v1.RackReportTenantR\atenants\x12\x1f\n" +
+	"\vquota_error\x18\n" +
+	" \x01(\tR\n" +
+	"quotaError\x1aB\n" +
 	"\x14MachinesByStateEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"\x85\x01\n" +
+	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"\xf3\x01\n" +
 	"\x10RackReportTenant\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12%\n" +
 	"\x0egpus_allocated\x18\x02 \x01(\rR\rgpusAllocated\x12\x12\n" +
 	"\x04pods\x18\x03 \x01(\rR\x04pods\x12\x1e\n" +
 	"\n" +
 	"namespaces\x18\x04 \x03(\tR\n" +
-	"namespaces\"\xd5\x01\n" +
+	"namespaces\x12 \n" +
+	"\tgpu_quota\x18\x05 \x01(\x03H\x00R\bgpuQuota\x88\x01\x01\x12)\n" +
+	"\x0egpu_quota_used\x18\x06 \x01(\x03H\x01R\fgpuQuotaUsed\x88\x01\x01B\f\n" +
+	"\n" +
+	"_gpu_quotaB\x11\n" +
+	"\x0f_gpu_quota_used\"\xd5\x01\n" +
 	"\x10RackReportTotals\x12$\n" +
 	"\vnodes_ready\x18\x01 \x01(\rH\x00R\n" +
 	"nodesReady\x88\x01\x01\x120\n" +
@@ -2479,6 +2516,7 @@ func file_api_boot_v1_admin_proto_init() {
 	if File_api_boot_v1_admin_proto != nil {
 		return
 	}
+	file_api_boot_v1_admin_proto_msgTypes[20].OneofWrappers = []any{}
 	file_api_boot_v1_admin_proto_msgTypes[21].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
