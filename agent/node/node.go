@@ -3,8 +3,7 @@
 // systemd watchdog) behind one small interface, Service, and takes the node through
 // enrollment with gpuboot, the Kubernetes join and commissioning (CONTRACTS §2, §5,
 // §6). The Kubernetes node services (the pod network, kube-proxy, NetworkPolicy
-// enforcement, the device plugin) plug in as
-// one more Service.
+// enforcement, the device plugin) plug in as one more Service each.
 //
 // It is not the command line: agent/cmd/gpuagent parses flags, loads the profile and
 // the JoinBundle, opens the GPU backend and hands a Config to Run. Health decisions are
