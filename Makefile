@@ -100,7 +100,7 @@ bench-image-nvidia: ## the same for debian13-nvidia550: module build chroot and 
 	imagebuilder/hack/bench.sh profiles/debian13-nvidia550.yaml
 
 .PHONY: bench-node
-bench-node: deps ## the QEMU node: Node Ready, pod start, the Service's first packet against the endpoint (about 8 min a run; RUNS=3)
+bench-node: deps ## the QEMU node: Node Ready, pod start, the Service's first packet against the endpoint, NetworkPolicy first packet and policy change (about 15 min a run; RUNS=3)
 	PATH="$(TOOLS):$$PATH" test/bench/node.sh
 
 .PHONY: bench-gpu
