@@ -42,15 +42,7 @@ func TestFlip(t *testing.T) {
 				http.Error(w, err.Error(), http.StatusInternalServerError)
 				return
 			}
-			go func(l net.Listener) {
-				for {
-					c, err := l.Accept()
-					if err != nil {
-						return
-					}
-					c.Close()
-				}
-			}(open)
+			go acceptAndClose(open)
 		case r.Method == http.MethodPost && r.URL.Path == path:
 			var obj map[string]any
 			json.NewDecoder(r.Body).Decode(&obj)
@@ -86,16 +78,19 @@ func TestFlip(t *testing.T) {
 	open, _ = net.Listen("tcp", addr)
 	mu.Unlock()
 	defer open.Close()
-	go func() {
-		for {
-			c, err := open.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
+	go acceptAndClose(open)
 	if _, err := flip(t.Context(), &apiClient{base: api.URL, token: "tok", http: api.Client()}, addr, "alpha", "iso", 1); err == nil || !strings.Contains(err.Error(), "is it enforced") {
 		t.Errorf("flip with the port open from the start: %v, want an error", err)
+	}
+}
+
+// acceptAndClose accepts connections on l and closes each, until l is closed.
+func acceptAndClose(l net.Listener) {
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			return
+		}
+		c.Close()
 	}
 }
