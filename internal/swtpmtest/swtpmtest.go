@@ -8,7 +8,9 @@ import (
 	"bytes"
 	"fmt"
 	"net"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"testing"
@@ -112,4 +114,48 @@ func freePort() (int, error) {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// Vendor is a TPM maker's certificate authority for tests: swtpm_localca's root and
+// the intermediate that signs EK certificates, as a real vendor publishes them.
+type Vendor struct {
+	// Root and Intermediate are PEM files.
+	Root, Intermediate string
+	dir, localca       string
+}
+
+// NewVendor makes a certificate authority in a fresh folder (its root and intermediate
+// are created by the first StartCertified).
+func NewVendor(t testing.TB) *Vendor {
+	t.Helper()
+	testreq.Tool(t, "swtpm_setup", "apt-get install swtpm-tools; hack/deps.sh installs it")
+	localca := testreq.Tool(t, "swtpm_localca", "apt-get install swtpm-tools; hack/deps.sh installs it")
+	dir := t.TempDir()
+	return &Vendor{dir: dir, localca: localca, Root: filepath.Join(dir, "ca", "swtpm-localca-rootca-cert.pem"), Intermediate: filepath.Join(dir, "ca", "issuercert.pem")}
+}
+
+// StartCertified manufactures a TPM as its maker does (swtpm_setup: the EK, and its
+// certificate signed by v's intermediate in NV index 0x01c00002) and starts it.
+func (v *Vendor) StartCertified(t testing.TB) *TPM {
+	t.Helper()
+	ca := filepath.Join(v.dir, "ca")
+	state := t.TempDir()
+	files := map[string]string{
+		"localca.conf":    fmt.Sprintf("statedir = %[1]s\nsigningkey = %[1]s/signkey.pem\nissuercert = %[1]s/issuercert.pem\ncertserial = %[1]s/certserial\n", ca),
+		"localca.options": "--platform-manufacturer gpurack-test\n--platform-version 2.1\n--platform-model swtpm\n",
+		"setup.conf":      fmt.Sprintf("create_certs_tool = %[2]s\ncreate_certs_tool_config = %[1]s/localca.conf\ncreate_certs_tool_options = %[1]s/localca.options\nactive_pcr_banks = sha256\n", v.dir, v.localca),
+	}
+	if err := os.MkdirAll(ca, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for name, data := range files {
+		if err := os.WriteFile(filepath.Join(v.dir, name), []byte(data), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cmd := exec.Command("swtpm_setup", "--tpm2", "--tpmstate", state, "--create-ek-cert", "--config", filepath.Join(v.dir, "setup.conf"), "--overwrite")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("swtpm_setup --create-ek-cert: %v\n%s", err, out)
+	}
+	return StartIn(t, state)
 }

@@ -8,6 +8,7 @@
 package config
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -136,6 +137,11 @@ type Enrollment struct {
 	// refused) or tpm-or-fallback (agents with a TPM prove it, others enroll as with
 	// mac-uuid-serial; an identity bound to an EK is taken only by that EK).
 	Identity string `yaml:"identity"`
+	// EKRoots are PEM files of TPM vendors' certificates (roots, and the intermediates
+	// between them and EK certificates). With them, under identity tpm or
+	// tpm-or-fallback, a TPM is believed only when its EK certificate chains to one
+	// of these roots (decision 0653). Without them the EK is trusted on first use.
+	EKRoots []string `yaml:"ekRoots"`
 	// Bounds on records unauthenticated traffic creates.
 	MaxUnapproved int     `yaml:"maxUnapproved"`
 	CreateRate    float64 `yaml:"createRate"`
@@ -301,6 +307,9 @@ func (c *Config) applyDefaults() {
 	for i := range c.Images.TrustedKeys {
 		rel(&c.Images.TrustedKeys[i])
 	}
+	for i := range c.Enrollment.EKRoots {
+		rel(&c.Enrollment.EKRoots[i])
+	}
 }
 
 var rackName = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$`)
@@ -392,6 +401,9 @@ func (c *Config) Validate() error {
 	case "", "mac-uuid-serial", "tpm", "tpm-or-fallback": // "": a Config built in code; the default
 	default:
 		bad("enrollment.identity", "%q: use mac-uuid-serial, tpm or tpm-or-fallback", c.Enrollment.Identity)
+	}
+	if len(c.Enrollment.EKRoots) > 0 && c.Enrollment.Identity != "tpm" && c.Enrollment.Identity != "tpm-or-fallback" {
+		bad("enrollment.ekRoots", "only used with identity: tpm or tpm-or-fallback (identity is %q)", cmp.Or(c.Enrollment.Identity, "mac-uuid-serial"))
 	}
 	if c.Enrollment.MaxUnapproved < 0 || c.Enrollment.CreateRate < 0 || c.Enrollment.CreateBurst < 0 {
 		bad("enrollment", "maxUnapproved, createRate and createBurst must not be negative")

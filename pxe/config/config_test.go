@@ -66,6 +66,7 @@ func TestErrors(t *testing.T) {
 		{minimal + "policy: {approval: yes-please}\n", "g.yaml:6: policy.approval"},
 		{minimal + "enrollment: {reenroll: sometimes}\n", "g.yaml:6: enrollment.reenroll"},
 		{minimal + "enrollment: {identity: tpm2}\n", "g.yaml:6: enrollment.identity"},
+		{minimal + "enrollment: {ekRoots: [vendor.pem]}\n", "g.yaml:6: enrollment.ekRoots"},
 		{minimal + "selectors: [{name: x, image: nope}]\n", "g.yaml:6: selectors"},
 		{strings.Replace(minimal, "advertise: 192.0.2.1\n", "", 1), "g.yaml:1: advertise: required"},
 		{strings.Replace(minimal, "racks: [{name: r1}]", "racks: [{name: R_1}]", 1), "g.yaml:5: racks[0].name"},

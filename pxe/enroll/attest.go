@@ -285,6 +285,15 @@ func (s *Service) proveTPM(ctx context.Context, id identity.Identity, fp string,
 	if err != nil {
 		return "", nil, nil, status.Errorf(codes.InvalidArgument, "register: %v", err)
 	}
+	if s.cfg.EKRoots != nil {
+		root, err := s.cfg.EKRoots.Verify(a.EKCert, now)
+		if err != nil {
+			s.count("tpm-refused")
+			s.log.Warn("TPM refused: its EK certificate does not chain to enrollment.ekRoots", "mac", id.MAC, "serial", id.Serial, "key", fp, "ek", a.EKHash, "error", err)
+			return "", nil, nil, status.Errorf(codes.PermissionDenied, "register: tpm: %v; gpuboot accepts only TPMs certified by the vendors in enrollment.ekRoots", err)
+		}
+		s.log.Debug("EK certificate chains to a vendor root", "mac", id.MAC, "ek", a.EKHash, "root", root)
+	}
 	if ans := p.GetActivation(); ans != nil {
 		if len(ans.GetSecret()) > maxTPMSecret || len(ans.GetChallengeId()) > maxChallengeID {
 			return "", nil, nil, status.Errorf(codes.InvalidArgument, "register: tpm.activation: secret at most %d bytes, challenge_id at most %d", maxTPMSecret, maxChallengeID)

@@ -108,6 +108,9 @@ type Config struct {
 	// re-enrolls without an operator whatever Reenroll says, and Reenroll applies to
 	// identities not bound to an EK (decision 0651).
 	Identity IdentityMode
+	// EKRoots, when set, are the TPM vendors' CAs every EK certificate must chain to
+	// (decision 0653); nil: the EK is trusted on first use.
+	EKRoots *EKRoots
 
 	// CA is the gpurack CA: it issues agent certificates. Revocations is gpuboot's
 	// revocation list; RevocationsPath, when set, is where it is saved after a change.

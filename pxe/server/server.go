@@ -100,12 +100,19 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	var cluster *nodecontrol.Cluster
 	var ctl *nodecontrol.Controller
 	var ctlMu sync.Mutex
+	var ekRoots *enroll.EKRoots
+	if len(cfg.Enrollment.EKRoots) > 0 {
+		if ekRoots, err = enroll.LoadEKRoots(cfg.Enrollment.EKRoots); err != nil {
+			return err
+		}
+		log.Info("TPMs must be certified by a vendor: EK certificates must chain to enrollment.ekRoots", "roots", ekRoots.Roots())
+	}
 	ecfg := enroll.Config{
 		Store: store, Policy: pol, Selectors: cfg.Selectors, Racks: racks, DefaultRack: cfg.DefaultRack,
 		GossipKeyDir:    filepath.Join(cfg.StateDir, "gossip"),
 		UnknownMachines: enroll.UnknownMachines(cfg.Enrollment.UnknownMachines), Reenroll: enroll.Reenroll(cfg.Enrollment.Reenroll),
-		Identity: enroll.IdentityMode(cfg.Enrollment.Identity),
-		CA:       ca, Revocations: revoked, RevocationsPath: cfg.RevocationsPath(),
+		Identity: enroll.IdentityMode(cfg.Enrollment.Identity), EKRoots: ekRoots,
+		CA: ca, Revocations: revoked, RevocationsPath: cfg.RevocationsPath(),
 		ClusterDNS: cfg.Cluster.DNS, ClusterDomain: cfg.Cluster.Domain, NodeNamePrefix: cfg.Enrollment.NodeNamePrefix,
 		PodNetwork:    &bootv1.PodNetwork{Subnet: cfg.Cluster.PodNetwork.Subnet, Backend: cfg.Cluster.PodNetwork.Backend},
 		MaxUnapproved: cfg.Enrollment.MaxUnapproved, CreateRate: cfg.Enrollment.CreateRate, CreateBurst: cfg.Enrollment.CreateBurst,
