@@ -73,8 +73,13 @@ demo-tour: deps build ## a tour of the parts: profiles, lint errors, checklists,
 	@hack/demo.sh
 
 .PHONY: demo-clean
-demo-clean: ## stop and remove what make demo left running (idempotent)
+demo-clean: ## stop and remove what make demo left running, and make demo-qemu's output (idempotent)
 	@hack/rack-demo.sh clean
+	@rm -rf "$${DEMO_QEMU_DIR:-$${TMPDIR:-/tmp}/gpurack-rack-demo-qemu}"
+
+.PHONY: demo-qemu
+demo-qemu: deps ## make demo with slot 1 a real QEMU machine that PXE-boots the tiny image (about 7 min under TCG on 2 cores; NODES=N; output in $$TMPDIR/gpurack-rack-demo-qemu)
+	@PATH="$(TOOLS):$$PATH" GPURACK_NETNS_REQUIRED=1 DEMO_DIR="$${DEMO_QEMU_DIR:-$${TMPDIR:-/tmp}/gpurack-rack-demo-qemu}" $(GO) test -tags demoqemu -count=1 -timeout 50m -v -run '^TestRackDemoQEMU$$' ./test/qemu/
 
 .PHONY: e2e
 e2e: deps ## the end-to-end boots alone: tiny image in QEMU, PXE through SeaBIOS iPXE and OVMF, a tiny node joining Kubernetes, a machine powered on through PXE to a joined node, two nodes' pod network (vxlan, host-gw; logs kept in bin/e2e)

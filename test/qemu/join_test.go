@@ -880,6 +880,9 @@ type gpubootSettings struct {
 	// clusterDNS is cluster.dns, the cluster DNS Service's address (clusterDNSAddress),
 	// which kubelet writes into pods' resolv.conf; empty: none (pods get the node's).
 	clusterDNS string
+	// policy and enrollment replace gpuboot's policy (default {approval: manual}) and
+	// enrollment (default {unknownMachines: discover}) settings (flow YAML).
+	policy, enrollment string
 }
 
 // clusterDNSAddress is the ClusterIP of the cluster DNS Service that
@@ -919,11 +922,12 @@ listen: {http: ":8080", tls: ":8443"}
 images: {store: %s, trustedKeys: [%s]}
 racks: [{name: r1, defaultImage: %s}]
 %s
-enrollment: {unknownMachines: discover}
-policy: {approval: manual}
+enrollment: %s
+policy: %s
 logLevel: info
 cluster: {kubeconfig: %s, dns: [%s], domain: cluster.local, podNetwork: %s}
-`, joinHost, store, pubKey, imageID, cmp.Or(set.bootNet, "dhcp: {enabled: false}\ntftp: {enabled: false}"), enroller, set.clusterDNS, cmp.Or(set.podNetwork, "{}"))
+`, joinHost, store, pubKey, imageID, cmp.Or(set.bootNet, "dhcp: {enabled: false}\ntftp: {enabled: false}"),
+		cmp.Or(set.enrollment, "{unknownMachines: discover}"), cmp.Or(set.policy, "{approval: manual}"), enroller, set.clusterDNS, cmp.Or(set.podNetwork, "{}"))
 	cfgPath := filepath.Join(dir, "gpuboot.yaml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
@@ -1048,16 +1052,22 @@ type serialConsole struct {
 // the test machine's identity. t.Cleanup kills QEMU and waits for its console reader.
 func startJoinQEMU(t *testing.T, ns, kernel, initrd, cmdline string) *serialConsole {
 	t.Helper()
-	cmd := nsCommand(ns, "qemu-system-x86_64", "-accel", "tcg,thread=multi", "-m", "2048", "-smp", "2",
+	return startConsole(t, joinQEMU(ns, kernel, initrd, cmdline))
+}
+
+// joinQEMU is the test machine (joinMAC, joinSerial, joinUUID) booting kernel and
+// initrd directly, on QEMU's user-mode network (see joinHost), with extra arguments.
+func joinQEMU(ns, kernel, initrd, cmdline string, extra ...string) *exec.Cmd {
+	args := []string{"-accel", "tcg,thread=multi", "-m", "2048", "-smp", "2",
 		"-display", "none", "-serial", "stdio", "-monitor", "none", "-no-reboot",
-		"-smbios", "type=1,serial="+joinSerial+",uuid="+joinUUID,
+		"-smbios", "type=1,serial=" + joinSerial + ",uuid=" + joinUUID,
 		"-kernel", kernel, "-initrd", initrd, "-append", cmdline,
 		// kubelet's port, forwarded from the guest's own address, which the caller puts
 		// on the namespace's loopback: the apiserver reaches kubelet at the Node's
 		// InternalIP for pod logs, as on a real network.
-		"-netdev", "user,id=n0,hostfwd=tcp:"+joinGuestIP+":10250-:10250", "-device", "virtio-net-pci,netdev=n0,mac="+joinMAC,
-		"-device", "virtio-rng-pci")
-	return startConsole(t, cmd)
+		"-netdev", "user,id=n0,hostfwd=tcp:" + joinGuestIP + ":10250-:10250", "-device", "virtio-net-pci,netdev=n0,mac=" + joinMAC,
+		"-device", "virtio-rng-pci"}
+	return nsCommand(ns, "qemu-system-x86_64", append(args, extra...)...)
 }
 
 // startConsole starts QEMU's cmd (its serial console on stdout) and collects the

@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -83,29 +84,11 @@ func TestPowerOnToNode(t *testing.T) {
 		}
 	})
 
-	g := startNamespacedGpuboot(t, env, ns, bins.gpuboot, cp.enroller, filepath.Dir(imageDir), pubKey, imageID, gpubootSettings{bootNet: fmt.Sprintf(`interfaces: [{name: %s}]
-dhcp:
-  mode: full
-  pool: {start: 10.0.2.100, end: 10.0.2.199, netmask: 255.255.255.0, routers: [%s], leaseTime: 1h}
-  reservations: [{mac: "%s", ip: %s}]
-tftp: {enabled: true}`, br.Name, joinHost, joinMAC, poweronNodeIP), clusterDNS: clusterDNSAddress(t, ctx, admin)})
+	g := startNamespacedGpuboot(t, env, ns, bins.gpuboot, cp.enroller, filepath.Dir(imageDir), pubKey, imageID, gpubootSettings{bootNet: poweronBootNet(br.Name), clusterDNS: clusterDNSAddress(t, ctx, admin)})
 
-	ra := env.Command(ns, "dnsmasq", "--no-daemon", "--conf-file=/dev/null", "--user=root", "--port=0",
-		"--bind-interfaces", "--interface="+br.Name, "--log-facility=-", "--no-resolv", "--no-hosts",
-		"--dhcp-leasefile="+filepath.Join(t.TempDir(), "leases"), "--pid-file=",
-		"--enable-ra", "--dhcp-range=fd88::,ra-only")
-	if err := ra.Start(); err != nil {
-		t.Fatalf("start dnsmasq (router advertisements): %v", err)
-	}
-	go ra.Wait()
-
+	startRouterAdverts(t, env, ns, br.Name)
 	// Power on: no -kernel, the firmware boots from the network (bootindex=1).
-	qemu := nsCommand(ns, "qemu-system-x86_64", "-accel", "tcg,thread=multi", "-m", "2048", "-smp", "2",
-		"-display", "none", "-serial", "stdio", "-monitor", "none", "-no-reboot", "-boot", "n",
-		"-smbios", "type=1,serial="+joinSerial+",uuid="+joinUUID,
-		"-netdev", "tap,id=n0,ifname="+tap.Name+",script=no,downscript=no",
-		"-device", "virtio-net-pci,netdev=n0,mac="+joinMAC+",disable-legacy=on,romfile="+poweronROM+",bootindex=1",
-		"-device", "virtio-rng-pci")
+	qemu := pxeQEMU(ns, tap.Name)
 	con := startConsole(t, qemu)
 	ms := watchPowerOn(t, con, g, imageID)
 
@@ -195,18 +178,55 @@ tftp: {enabled: true}`, br.Name, joinHost, joinMAC, poweronNodeIP), clusterDNS: 
 		}
 		return false
 	})
-	runFirstPod(t, ctx, admin, ms)
+	runFirstPod(t, ctx, admin, ms, joinNode)
 	t.Logf("timings: power-on -> waiting for approval %s, power-on -> machine ready %s", bootToWait.Round(time.Second), con.since().Round(time.Second))
+}
+
+// poweronBootNet is gpuboot's boot network on bridge: full DHCP with a reservation of
+// poweronNodeIP for the test machine (joinMAC), and TFTP.
+func poweronBootNet(bridge string) string {
+	return fmt.Sprintf(`interfaces: [{name: %s}]
+dhcp:
+  mode: full
+  pool: {start: 10.0.2.100, end: 10.0.2.199, netmask: 255.255.255.0, routers: [%s], leaseTime: 1h}
+  reservations: [{mac: "%s", ip: %s}]
+tftp: {enabled: true}`, bridge, joinHost, joinMAC, poweronNodeIP)
+}
+
+// startRouterAdverts runs dnsmasq on the boot bridge for IPv6 router advertisements
+// only (gpuboot is the DHCP server): without one iPXE spends about 16 s on IPv6
+// autoconfiguration (docs/pxe.md).
+func startRouterAdverts(t *testing.T, env *netnstest.Env, ns, bridge string) {
+	t.Helper()
+	ra := env.Command(ns, "dnsmasq", "--no-daemon", "--conf-file=/dev/null", "--user=root", "--port=0",
+		"--bind-interfaces", "--interface="+bridge, "--log-facility=-", "--no-resolv", "--no-hosts",
+		"--dhcp-leasefile="+filepath.Join(t.TempDir(), "leases"), "--pid-file=",
+		"--enable-ra", "--dhcp-range=fd88::,ra-only")
+	if err := ra.Start(); err != nil {
+		t.Fatalf("start dnsmasq (router advertisements): %v", err)
+	}
+	go ra.Wait()
+}
+
+// pxeQEMU is the diskless test machine (joinMAC, joinSerial, joinUUID) on tap in ns:
+// no -kernel, SeaBIOS boots from the network (bootindex=1) through the iPXE ROM.
+func pxeQEMU(ns, tap string) *exec.Cmd {
+	return nsCommand(ns, "qemu-system-x86_64", "-accel", "tcg,thread=multi", "-m", "2048", "-smp", "2",
+		"-display", "none", "-serial", "stdio", "-monitor", "none", "-no-reboot", "-boot", "n",
+		"-smbios", "type=1,serial="+joinSerial+",uuid="+joinUUID,
+		"-netdev", "tap,id=n0,ifname="+tap+",script=no,downscript=no",
+		"-device", "virtio-net-pci,netdev=n0,mac="+joinMAC+",disable-legacy=on,romfile="+poweronROM+",bootindex=1",
+		"-device", "virtio-rng-pci")
 }
 
 // runFirstPod schedules a pod of the image's preloaded pause image (no registry is
 // reachable) and waits for it to run on the node.
-func runFirstPod(t *testing.T, ctx context.Context, cs kubernetes.Interface, ms *powerOnMilestones) {
+func runFirstPod(t *testing.T, ctx context.Context, cs kubernetes.Interface, ms *powerOnMilestones, nodeName string) {
 	t.Helper()
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "first-pod", Namespace: "default"},
 		Spec: corev1.PodSpec{
-			NodeSelector: map[string]string{corev1.LabelHostname: joinNode},
+			NodeSelector: map[string]string{corev1.LabelHostname: nodeName},
 			Containers: []corev1.Container{{Name: "pause", Image: "registry.k8s.io/pause:3.10.1",
 				ImagePullPolicy: corev1.PullNever}},
 		},
@@ -215,7 +235,7 @@ func runFirstPod(t *testing.T, ctx context.Context, cs kubernetes.Interface, ms 
 		t.Fatal(err)
 	}
 	var got *corev1.Pod
-	waitFor(t, ctx, nodeToReady, "pod first-pod Running on "+joinNode, func() bool {
+	waitFor(t, ctx, nodeToReady, "pod first-pod Running on "+nodeName, func() bool {
 		p, err := cs.CoreV1().Pods("default").Get(ctx, pod.Name, metav1.GetOptions{})
 		got = p
 		return err == nil && p.Status.Phase == corev1.PodRunning
