@@ -13,6 +13,9 @@ package joinconfig
 import (
 	"encoding/base64"
 	"fmt"
+	"strconv"
+	"strings"
+	"time"
 
 	admissionv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -237,10 +240,10 @@ func enrollerObjects() []Object {
 					Name:       "is-enroller",
 					Expression: fmt.Sprintf("request.userInfo.username == %q", EnrollerUser),
 				}},
-				Variables: []admissionv1.Variable{{
+				Variables: append([]admissionv1.Variable{{
 					Name:       "secret",
 					Expression: "request.operation == 'DELETE' ? oldObject : object",
-				}},
+				}}, expiryVariables()...),
 				Validations: enrollerValidations(),
 			},
 		}},
@@ -276,12 +279,19 @@ func enrollerValidations() []admissionv1.Validation {
 			Reason: forbidden,
 		},
 		{
-			// Secret data reaches CEL base64-encoded and the API server's CEL
-			// has no base64 decoder, so the expiry itself cannot be compared
-			// here: a token must carry one (the tokencleaner deletes it then).
 			Expression: notDelete + fmt.Sprintf("has(object.data) && %q in %s", bootstrapapi.BootstrapTokenExpirationKey, data),
 			Message: fmt.Sprintf("%s may only create bootstrap tokens that expire (set %s)",
 				EnrollerUser, bootstrapapi.BootstrapTokenExpirationKey),
+			Reason: forbidden,
+		},
+		{
+			// The expiry, decoded by expiryVariables, at most MaxTokenTTL after the
+			// Secret's creation (the API server sets creationTimestamp before
+			// validating admission).
+			Expression: notDelete + fmt.Sprintf("variables.expiryWellFormed && has(object.metadata.creationTimestamp) && "+
+				"timestamp(variables.expiry) <= timestamp(object.metadata.creationTimestamp) + duration(%q)", MaxTokenTTL.String()),
+			Message: fmt.Sprintf("%s may only create bootstrap tokens that expire within %s of their creation, with %s in UTC RFC 3339 (2006-01-02T15:04:05Z)",
+				EnrollerUser, MaxTokenTTL, bootstrapapi.BootstrapTokenExpirationKey),
 			Reason: forbidden,
 		},
 		{
@@ -300,6 +310,44 @@ func enrollerValidations() []admissionv1.Validation {
 				EnrollerUser, bootstrapapi.BootstrapTokenExtraGroupsKey, NodeBootstrapGroup),
 			Reason: forbidden,
 		},
+	}
+}
+
+// MaxTokenTTL is the longest a bootstrap token the enroller creates may live
+// (CONTRACTS.md §4): gpuboot's are 15 minutes.
+const MaxTokenTTL = time.Hour
+
+// expiryVariables decode a bootstrap token's expiration for the admission policy.
+// Secret data reaches CEL base64-encoded and the API server's CEL has no base64
+// decoder, so the policy decodes it itself: a UTC RFC 3339 time is 20 bytes, 28
+// base64 characters ending in one '='; expiryB64 is their 6-bit values, expiryBytes
+// the 20 bytes, expiryWellFormed whether they are digits and separators in the
+// RFC 3339 places, and expiry the time as a string (digits rebuilt with string(int),
+// since CEL has no function from a byte to a character). Anything else leaves them
+// empty and the expiry check refuses the token.
+func expiryVariables() []admissionv1.Variable {
+	const alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+	key := fmt.Sprintf("object.data[%q]", bootstrapapi.BootstrapTokenExpirationKey)
+	idx := make([]string, 20)
+	for i := range idx {
+		idx[i] = strconv.Itoa(i)
+	}
+	bytes := "[" + strings.Join(idx, ", ") + "]"
+	v := "variables.expiryB64"
+	b := "variables.expiryBytes"
+	return []admissionv1.Variable{
+		{Name: "expiryB64", Expression: fmt.Sprintf("request.operation == 'DELETE' || !has(object.data) || !(%q in object.data) || !%s.matches('^[A-Za-z0-9+/]{27}=$') ? [] : "+
+			"%s.split('').map(c, %q.indexOf(c))", bootstrapapi.BootstrapTokenExpirationKey, key, key, alphabet)},
+		{Name: "expiryBytes", Expression: fmt.Sprintf("size(%[1]s) != 28 ? [] : %[2]s.map(i, i %% 3 == 0 ? %[1]s[i / 3 * 4] * 4 + %[1]s[i / 3 * 4 + 1] / 16 : "+
+			"i %% 3 == 1 ? %[1]s[i / 3 * 4 + 1] %% 16 * 16 + %[1]s[i / 3 * 4 + 2] / 4 : %[1]s[i / 3 * 4 + 2] %% 4 * 64 + %[1]s[i / 3 * 4 + 3])", v, bytes)},
+		{Name: "expiryWellFormed", Expression: fmt.Sprintf("size(%[1]s) == 20 && %[2]s.all(i, i == 4 || i == 7 ? %[1]s[i] == 45 : i == 10 ? %[1]s[i] == 84 : "+
+			"i == 13 || i == 16 ? %[1]s[i] == 58 : i == 19 ? %[1]s[i] == 90 : %[1]s[i] >= 48 && %[1]s[i] <= 57) && "+
+			// month 1-12, day 1-31, hour 0-23, minute and second 0-59 (what is left,
+			// 31 February, fails timestamp() and so the request)
+			"[[5, 1, 12], [8, 1, 31], [11, 0, 23], [14, 0, 59], [17, 0, 59]].all(f, "+
+			"(%[1]s[f[0]] - 48) * 10 + %[1]s[f[0] + 1] - 48 >= f[1] && (%[1]s[f[0]] - 48) * 10 + %[1]s[f[0] + 1] - 48 <= f[2])", b, bytes)},
+		{Name: "expiry", Expression: fmt.Sprintf("!variables.expiryWellFormed ? '' : %[2]s.map(i, i == 4 || i == 7 ? '-' : i == 10 ? 'T' : "+
+			"i == 13 || i == 16 ? ':' : i == 19 ? 'Z' : string(%[1]s[i] - 48)).join('')", b, bytes)},
 	}
 }
 
