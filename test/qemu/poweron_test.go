@@ -63,12 +63,7 @@ func TestPowerOnToNode(t *testing.T) {
 	bins, imageDir, pubKey := joinImage(t)
 	imageID := filepath.Base(imageDir)
 
-	env := netnstest.New(t)
-	ns := env.Namespace()
-	br, tap := env.Bridge(ns), env.Tap(ns)
-	env.Attach(br, tap)
-	env.AddAddr(br, joinHost+poweronPrefix)
-	env.AddAddr(br, poweronRA)
+	env, ns, br, tap := poweronNetwork(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
 	t.Cleanup(cancel)
 
@@ -180,6 +175,19 @@ func TestPowerOnToNode(t *testing.T) {
 	})
 	runFirstPod(t, ctx, admin, ms, joinNode)
 	t.Logf("timings: power-on -> waiting for approval %s, power-on -> machine ready %s", bootToWait.Round(time.Second), con.since().Round(time.Second))
+}
+
+// poweronNetwork is the boot network: a namespace with a bridge that owns joinHost
+// and the IPv6 prefix the router advertisements announce, and QEMU's tap on it.
+func poweronNetwork(t *testing.T) (env *netnstest.Env, ns string, br, tap netnstest.Link) {
+	t.Helper()
+	env = netnstest.New(t)
+	ns = env.Namespace()
+	br, tap = env.Bridge(ns), env.Tap(ns)
+	env.Attach(br, tap)
+	env.AddAddr(br, joinHost+poweronPrefix)
+	env.AddAddr(br, poweronRA)
+	return env, ns, br, tap
 }
 
 // poweronBootNet is gpuboot's boot network on bridge: full DHCP with a reservation of

@@ -31,7 +31,6 @@ import (
 
 	agentv1 "github.com/gpurack/gpurack/api/agent/v1"
 	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
-	"github.com/gpurack/gpurack/internal/netnstest"
 	"github.com/gpurack/gpurack/internal/testreq"
 )
 
@@ -96,12 +95,7 @@ func TestRackDemoQEMU(t *testing.T) {
 	say("image %s", imageID)
 
 	step("1. The boot network (a bridge in a network namespace), the control plane, gpuboot with the rack's allowlist")
-	env := netnstest.New(t)
-	ns := env.Namespace()
-	br, tap := env.Bridge(ns), env.Tap(ns)
-	env.Attach(br, tap)
-	env.AddAddr(br, joinHost+poweronPrefix)
-	env.AddAddr(br, poweronRA)
+	env, ns, br, tap := poweronNetwork(t)
 	say("namespace %s, bridge %s with %s, QEMU's tap %s", ns, br.Name, joinHost, tap.Name)
 	cp := startNamespacedControlPlane(t, env, ns, bins.controlplane)
 	admin := cp.clientset(t, ns)
