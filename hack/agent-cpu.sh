@@ -3,7 +3,12 @@
 # (utime+stime from /proc/PID/stat over a window, after a warm-up) and resident memory
 # with a per-mapping breakdown from /proc/PID/smaps. It prints one table.
 #
-#   hack/agent-cpu.sh [-b GPUAGENT] [-s SECONDS] [-w WARMUP] [-- EXTRA RUN FLAGS]
+#   hack/agent-cpu.sh [-b GPUAGENT] [-s SECONDS] [-w WARMUP] [-k] [-- EXTRA RUN FLAGS]
+#
+# -k turns the device plugin on (--device-plugin) against hack/kubelet-stub, the
+# kubelet side of the device-plugin API: it registers the plugin, keeps ListAndWatch
+# open and asks GetPreferredAllocation and Allocate for 2 GPUs every second, as kubelet
+# admitting a pod would (a stand-in for kubelet, docs/testing.md).
 #
 # Defaults: builds ./agent/cmd/gpuagent, 60 s window, 5 s warm-up, and the agent's
 # default settings (--interval 10s) with the sim:dgxh100 backend, no gRPC TCP listener,
@@ -12,28 +17,37 @@
 # wall time) is what is counted, so other load changes them little.
 set -euo pipefail
 
-bin="" secs=60 warm=5
-while getopts "b:s:w:" o; do
+bin="" secs=60 warm=5 stub=""
+while getopts "b:s:w:k" o; do
   case $o in
     b) bin=$OPTARG ;;
     s) secs=$OPTARG ;;
     w) warm=$OPTARG ;;
-    *) echo "usage: $0 [-b GPUAGENT] [-s SECONDS] [-w WARMUP] [-- EXTRA RUN FLAGS]" >&2; exit 2 ;;
+    k) stub=1 ;;
+    *) echo "usage: $0 [-b GPUAGENT] [-s SECONDS] [-w WARMUP] [-k] [-- EXTRA RUN FLAGS]" >&2; exit 2 ;;
   esac
 done
 shift $((OPTIND - 1))
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d)
-trap 'kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; rm -rf "$work"' EXIT
+pid="" spid=""
+trap 'kill $pid $spid 2>/dev/null || true; wait $pid $spid 2>/dev/null || true; rm -rf "$work"' EXIT
 if [[ -z $bin ]]; then
   (cd "$root" && go build -o "$work/gpuagent" ./agent/cmd/gpuagent)
   bin=$work/gpuagent
 fi
+plugin=()
+if [[ -n $stub ]]; then
+  (cd "$root" && go build -o "$work/kubelet-stub" ./hack/kubelet-stub)
+  "$work/kubelet-stub" --dir "$work/kubelet/device-plugins" >"$work/stub.log" 2>&1 &
+  spid=$!
+  plugin=(--device-plugin)
+fi
 
 "$bin" run --gpu-backend sim:dgxh100 --profile "$root/profiles/debian12-nvidia535.yaml" \
   --listen "" --metrics-listen 127.0.0.1:0 --socket "$work/agent.sock" --key-dir "$work" \
-  --kubelet-dir "$work/kubelet" --kmsg off --log-level warn "$@" >"$work/log" 2>&1 &
+  --kubelet-dir "$work/kubelet" --kmsg off --log-level warn "${plugin[@]}" "$@" >"$work/log" 2>&1 &
 pid=$!
 
 # ticks prints utime+stime of $pid in clock ticks (10 ms: coarse for an idle agent).
@@ -50,14 +64,18 @@ t1=$(ticks) n1=$(cpuns) w1=$(date +%s.%N)
 hz=$(getconf CLK_TCK)
 exe=$(readlink "/proc/$pid/exe")
 
-echo "gpuagent run --gpu-backend sim:dgxh100 $* ($(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg))"
+echo "gpuagent run --gpu-backend sim:dgxh100 ${plugin[*]} $* ($(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg))"
+if [[ -n $stub ]]; then
+  grep -q 'registered' "$work/stub.log" && grep -q 'allocating' "$work/stub.log" || { echo "the device plugin did not register and allocate:" >&2; cat "$work/stub.log" "$work/log" >&2; exit 1; }
+  echo "device plugin: $(grep -m1 registered "$work/stub.log" | sed 's/^kubelet-stub: //'); $(grep -c '' "$work/stub.log") stub lines; $(grep -m1 'devices,' "$work/stub.log" | sed 's/^kubelet-stub: //')"
+fi
 awk -v t="$((t1 - t0))" -v ns="$((n1 - n0))" -v hz="$hz" -v w0="$w0" -v w1="$w1" 'BEGIN {
   s = w1 - w0
   printf "%-34s %10.1f s\n", "window", s
   printf "%-34s %10.2f s  %7.3f %% of one core\n", "CPU, utime+stime (/proc/PID/stat)", t / hz, 100 * t / hz / s
   printf "%-34s %10.3f s  %7.3f %% of one core\n", "CPU, threads\x27 schedstat", ns / 1e9, 100 * ns / 1e9 / s
 }'
-grep -E '^(VmRSS|RssAnon|RssFile):' "/proc/$pid/status" | awk '{ printf "%-34s %10.1f MiB\n", $1, $2 / 1024 }'
+grep -E '^(VmHWM|VmRSS|RssAnon|RssFile):' "/proc/$pid/status" | awk '{ printf "%-34s %10.1f MiB\n", $1, $2 / 1024 }'
 
 # smaps: RSS by mapping, grouped into the binary's text, data and read-only segments,
 # heap, stack, anonymous mappings, and other files (shared libraries).

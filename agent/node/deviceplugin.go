@@ -27,7 +27,7 @@ func (n *node) devicePlugin() *devicePluginService {
 func (n *node) writeCDISpec(ctx context.Context, gpus []deviceplugin.GPU) error {
 	if n.cfg.Backend.Simulated() {
 		sg := deviceplugin.CDIGPUs(gpus)
-		path, err := cdi.WriteSimulated(ctx, cdi.SimOptions{GPUs: sg})
+		path, err := cdi.WriteSimulated(ctx, cdi.SimOptions{Dir: n.cfg.CDIDir, DevDir: n.cfg.SimDevDir, GPUs: sg})
 		if err != nil {
 			return err
 		}
@@ -38,7 +38,7 @@ func (n *node) writeCDISpec(ctx context.Context, gpus []deviceplugin.GPU) error 
 	if err != nil {
 		return err
 	}
-	path, err := cdi.WriteNVML(ctx, cdi.NVMLOptions{NVML: lib, Log: n.log})
+	path, err := cdi.WriteNVML(ctx, cdi.NVMLOptions{Dir: n.cfg.CDIDir, NVML: lib, Log: n.log})
 	if err != nil {
 		return err
 	}

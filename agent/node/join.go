@@ -267,7 +267,9 @@ func (n *node) join(ctx context.Context, bundle *bootv1.JoinBundle, afterNode fu
 	}
 	var node *kubejoin.Node
 	var lease time.Duration
-	if simulated && n.cfg.Sim != nil {
+	if simulated && n.cfg.Sim != nil && !n.cfg.DevicePlugin {
+		// The simulator without a kubelet: the agent registers the Node and its GPUs.
+		// With DevicePlugin the simulated GPUs go through the real kubelet below.
 		node, lease = n.joinSimulated(ctx, bundle, labels), 10*time.Second
 	} else {
 		if node = n.joinKubelet(ctx, bundle, labels); node != nil {
@@ -282,7 +284,9 @@ func (n *node) join(ctx context.Context, bundle *bootv1.JoinBundle, afterNode fu
 				n.services.Start(n.podNetwork(kubeconfig, name, pn, kp.WaitSynced))
 			}
 			n.services.Start(n.networkPolicy(kubeconfig, name))
-			n.services.Start(n.devicePlugin())
+			if !n.cfg.DevicePlugin { // else it runs since the start
+				n.services.Start(n.devicePlugin())
+			}
 		}
 	}
 	if node == nil {

@@ -83,6 +83,15 @@ type Config struct {
 	// DevicePluginDir is kubelet's device-plugins directory, where the device plugin
 	// serves once kubelet runs; empty: /var/lib/kubelet/device-plugins/.
 	DevicePluginDir string
+	// DevicePlugin serves the device plugin from the start, to a kubelet the agent
+	// does not start (an existing node, or the simulator beside a real kubelet);
+	// otherwise a node that joins starts it once its kubelet runs, and a simulated
+	// node without a kubelet never does.
+	DevicePlugin bool
+	// CDIDir is where the device plugin writes the CDI spec; empty: /var/run/cdi.
+	// SimDevDir is where the simulator's device nodes are made; empty:
+	// /run/gpurack/sim-dev (agent/cdi).
+	CDIDir, SimDevDir string
 	// CNIBinDir and CNIConfDir are containerd's CNI plugin and configuration
 	// directories, for the pod network; empty: the image's (agent/podnet).
 	CNIBinDir, CNIConfDir string
@@ -246,6 +255,9 @@ func newNode(ctx context.Context, cfg Config) (*node, error) {
 		&watchdogService{mon: n.mon, interval: cfg.Interval, log: log})
 	if cfg.Bundle != nil || cfg.Enroll != nil {
 		start = append(start, &joinService{n: n})
+	}
+	if cfg.DevicePlugin {
+		start = append(start, n.devicePlugin())
 	}
 	for _, s := range start {
 		n.services.Start(s)

@@ -13,6 +13,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/gpurack/gpurack/agent/facts"
 	"github.com/gpurack/gpurack/agent/gpu/sim"
@@ -140,4 +141,85 @@ func TestNodeBadConfigStartsNothing(t *testing.T) {
 		c.Close()
 		t.Error("the local socket still accepts after the failed start")
 	}
+}
+
+// registrar is kubelet's Registration service: it records what registers.
+type registrar struct {
+	pluginapi.UnimplementedRegistrationServer
+	got chan *pluginapi.RegisterRequest
+}
+
+func (r *registrar) Register(_ context.Context, req *pluginapi.RegisterRequest) (*pluginapi.Empty, error) {
+	r.got <- req
+	return &pluginapi.Empty{}, nil
+}
+
+// TestDevicePluginFromStart: with DevicePlugin the agent serves the device plugin from
+// the start to a kubelet it did not start (here the simulator, as beside a real
+// kubelet): the plugin registers nvidia.com/gpu on kubelet.sock, writes the simulated
+// CDI spec, and ListAndWatch lists the 8 GPUs healthy.
+func TestDevicePluginFromStart(t *testing.T) {
+	cfg := simConfig(t)
+	dir, err := os.MkdirTemp("", "gpr-node-dp-") // short: unix socket paths are limited to 108 bytes
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	cfg.DevicePlugin, cfg.DevicePluginDir = true, filepath.Join(dir, "device-plugins")
+	cfg.CDIDir, cfg.SimDevDir = filepath.Join(dir, "cdi"), filepath.Join(dir, "dev")
+	if err := os.MkdirAll(cfg.DevicePluginDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("unix", filepath.Join(cfg.DevicePluginDir, "kubelet.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := &registrar{got: make(chan *pluginapi.RegisterRequest, 4)}
+	gs := grpc.NewServer()
+	pluginapi.RegisterRegistrationServer(gs, reg)
+	go gs.Serve(l)
+	defer gs.Stop()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	n, err := newNode(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var req *pluginapi.RegisterRequest
+	select {
+	case req = <-reg.got:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the device plugin did not register within 30 s; services %v", n.services.Statuses())
+	}
+	if req.ResourceName != "nvidia.com/gpu" {
+		t.Errorf("registered %q, want nvidia.com/gpu", req.ResourceName)
+	}
+	conn, err := grpc.NewClient("unix://"+filepath.Join(cfg.DevicePluginDir, req.Endpoint), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	stream, err := pluginapi.NewDevicePluginClient(conn).ListAndWatch(ctx, &pluginapi.Empty{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	healthy := 0
+	for _, d := range resp.Devices {
+		if d.Health == pluginapi.Healthy {
+			healthy++
+		}
+	}
+	if len(resp.Devices) != 8 || healthy != 8 {
+		t.Errorf("ListAndWatch: %d devices, %d healthy; want 8 and 8", len(resp.Devices), healthy)
+	}
+	if _, err := os.Stat(filepath.Join(cfg.CDIDir, "gpurack-simulated.yaml")); err != nil {
+		t.Errorf("the simulated CDI spec: %v", err)
+	}
+	cancel()
+	n.services.Wait()
 }

@@ -3,12 +3,14 @@ package main
 import (
 	"context"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/gpurack/gpurack/agent/cdi"
 	"github.com/gpurack/gpurack/agent/enroll"
 	"github.com/gpurack/gpurack/agent/facts"
 	"github.com/gpurack/gpurack/agent/joinbundle"
@@ -35,6 +37,8 @@ type runFlags struct {
 	gossip        node.GossipConfig
 	factsRoot     string
 	kubeletDir    string
+	devicePlugin  bool
+	cdiDir        string
 	cgroupRoot    string
 	console       string
 }
@@ -75,6 +79,8 @@ the commissioning report and heartbeats.`,
 	fs.StringVar(&f.enrollCA, "enroll-ca", "", "gpuboot CA pin sha256:HEX (overrides gpurack.enroll.ca)")
 	fs.StringVar(&f.factsRoot, "facts-root", "/", "root the agent reads /proc/cmdline, /sys/class/dmi/id and os-release under (tests)")
 	fs.StringVar(&f.kubeletDir, "kubelet-dir", "/var/lib/kubelet", "kubelet's directory: bootstrap-kubeconfig and config.yaml are written, kubeconfig is read")
+	fs.BoolVar(&f.devicePlugin, "device-plugin", false, "serve the nvidia.com/gpu device plugin to the kubelet of --kubelet-dir from the start: for a node whose kubelet this agent does not start (an existing node, or the simulator beside a real kubelet); a node that joins through gpuboot starts it after kubelet without this flag")
+	fs.StringVar(&f.cdiDir, "cdi-dir", cdi.Dir, "where the device plugin writes the CDI spec containerd reads")
 	fs.StringVar(&f.cgroupRoot, "cgroup-root", "/sys/fs/cgroup", "cgroup mount used to detect kubelet's cgroup driver")
 	_ = fs.MarkHidden("facts-root")
 	registerGossipFlags(fs, &f.gossip)
@@ -102,6 +108,7 @@ func run(ctx context.Context, f *runFlags) error {
 		Listen: f.listen, MetricsListen: f.metricsListen, Socket: f.socket, Insecure: f.insecure, KeyDir: f.keyDir,
 		Interval: f.interval, ClearAfter: f.clearAfter, NodeName: f.nodeName, FactsRoot: facts.Root(f.factsRoot),
 		KubeletDir: f.kubeletDir, CgroupRoot: f.cgroupRoot, Console: f.console, Gossip: f.gossip,
+		DevicePluginDir: filepath.Join(f.kubeletDir, "device-plugins"), DevicePlugin: f.devicePlugin, CDIDir: f.cdiDir,
 		StartupXIDs: injectedXIDs(f.faults)}
 	if f.joinBundle != "" {
 		if cfg.Bundle, err = joinbundle.Load(f.joinBundle, time.Now()); err != nil {
