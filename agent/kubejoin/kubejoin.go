@@ -23,7 +23,9 @@ import (
 	"crypto/rand"
 	"crypto/x509/pkix"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -318,6 +320,20 @@ func KeepCredentials(dir string, cfg *rest.Config) error {
 		return err
 	}
 	return atomicfile.Write(filepath.Join(dir, nodeCertFile), cfg.CertData, 0o600)
+}
+
+// ForgetCredentials removes the node credentials KeepCredentials kept in dir: the API
+// server refused them (another cluster, or a revoked or deleted node), so the next join
+// uses the bootstrap token.
+func ForgetCredentials(dir string) error {
+	return errors.Join(removeIfExists(filepath.Join(dir, nodeCertFile)), removeIfExists(filepath.Join(dir, nodeKeyFile)))
+}
+
+func removeIfExists(p string) error {
+	if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
 }
 
 // KeptCredentials returns a client configuration with the node credentials kept in dir,

@@ -19,6 +19,7 @@ import (
 	"github.com/coreos/go-systemd/v22/daemon"
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/gpurack/gpurack/agent/attest"
@@ -308,7 +309,8 @@ func (n *node) joinSimulated(ctx context.Context, bundle *bootv1.JoinBundle, lab
 		// Node credentials from before a restart first: gpuboot deletes the bootstrap
 		// token once the machine is ready.
 		cfg, err := kubejoin.KeptCredentials(n.cfg.KeyDir, bundle.GetApiServerEndpoint(), []byte(bundle.GetClusterCaPem()), name)
-		if err == nil {
+		kept := err == nil
+		if kept {
 			n.log.Info("using the node credentials kept from before a restart", "node", name)
 		} else {
 			if cfg, err = kubejoin.Bootstrap(ctx, bundle.GetApiServerEndpoint(), []byte(bundle.GetClusterCaPem()), bundle.GetBootstrapToken(), name); err == nil {
@@ -329,6 +331,16 @@ func (n *node) joinSimulated(ctx context.Context, bundle *bootv1.JoinBundle, lab
 						"simulated kubelet: TLS bootstrap done, Node registered, GPUHealthy and the node Lease kept by the agent")
 					return node
 				}
+			}
+		}
+		if kept && apierrors.IsUnauthorized(err) {
+			// Kept from another cluster, or for a node since deleted: they will never
+			// work; the bootstrap token may (at once, not after the backoff).
+			n.log.Warn("the API server refused the kept node credentials; forgetting them and using the bootstrap token", "error", err)
+			if ferr := kubejoin.ForgetCredentials(n.cfg.KeyDir); ferr != nil {
+				n.log.Warn("forget the kept node credentials", "error", ferr)
+			} else {
+				continue
 			}
 		}
 		n.log.Warn("Kubernetes join failed; retrying", "attempt", attempt, "error", err)

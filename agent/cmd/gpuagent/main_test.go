@@ -3,12 +3,18 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/hex"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
+	"math/big"
 	"net"
 	"net/http"
 	"os"
@@ -29,7 +35,9 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
 
+	"github.com/gpurack/gpurack/agent/kubejoin"
 	agentv1 "github.com/gpurack/gpurack/api/agent/v1"
 	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
 	machinev1 "github.com/gpurack/gpurack/api/machine/v1"
@@ -686,9 +694,16 @@ func TestRunJoinsKubernetes(t *testing.T) {
 		b.NodeTaints = []*bootv1.Taint{{Key: "gpurack.example/dedicated", Value: "ml", Effect: "NoSchedule"}}
 		b.Gossip = nil
 	})
+	// Node credentials kept from another cluster (a rebuilt control plane): the API
+	// server refuses them, and the agent must fall back to the bootstrap token.
+	keyDir := t.TempDir()
+	stale := staleNodeCredentials(t, "sim-node-1")
+	if err := kubejoin.KeepCredentials(keyDir, stale); err != nil {
+		t.Fatal(err)
+	}
 	d := startDaemon(t, nil, "--gpu-backend", "sim:dgxh100", "--profile", h100Profile, "--join-bundle", fx.bundle,
 		"--listen", listen, "--metrics-listen", "", "--socket", filepath.Join(fx.dir, "agent.sock"),
-		"--interval", "1s", "--clear-after", "1s")
+		"--interval", "1s", "--clear-after", "1s", "--key-dir", keyDir)
 	admin := c.Clientset(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -705,6 +720,9 @@ func TestRunJoinsKubernetes(t *testing.T) {
 		return "", "", n
 	}
 	waitUntil(t, 90*time.Second, "Node with GPUHealthy=True", func() bool { s, _, _ := gpuHealthy(); return s == "True" })
+	if kept, err := kubejoin.KeptCredentials(keyDir, c.Server, c.CAPEM, "sim-node-1"); err != nil || bytes.Equal(kept.CertData, stale.CertData) {
+		t.Errorf("after the join the key directory should hold the new node credentials, not the refused ones (%v)", err)
+	}
 	_, _, n := gpuHealthy()
 	if q := n.Status.Capacity["nvidia.com/gpu"]; q.Value() != 8 {
 		t.Errorf("nvidia.com/gpu = %s", q.String())
@@ -780,4 +798,26 @@ func TestCDIGenerate(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "real", "nvidia.yaml")); err == nil {
 		t.Error("a spec was written without NVML")
 	}
+}
+
+// staleNodeCredentials are node credentials for name from a CA no cluster here knows.
+func staleNodeCredentials(t *testing.T, name string) *rest.Config {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "system:node:" + name, Organization: []string{"system:nodes"}},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour), ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &rest.Config{TLSClientConfig: rest.TLSClientConfig{
+		CertData: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		KeyData:  pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})}}
 }
