@@ -22,6 +22,10 @@ type GPU struct {
 	Index int
 	// NUMANode is the GPU's NUMA node from sysfs, -1 when unknown (the simulator).
 	NUMANode int
+	// NVLinkDomain numbers the GPUs that NVLink joins, directly or through NVSwitches:
+	// the lowest index among them. -1 when the GPU has no active link or its links
+	// were not read.
+	NVLinkDomain int
 }
 
 // CDIGPUs are gpus as agent/cdi names them, for the node's CDI spec.
@@ -65,9 +69,78 @@ func Remember(known []GPU, snap *snapshot.Snapshot, numa func(busID string) int)
 			}
 			continue
 		}
-		out = append(out, GPU{UUID: g.UUID, Index: g.Index, NUMANode: n})
+		out = append(out, GPU{UUID: g.UUID, Index: g.Index, NUMANode: n, NVLinkDomain: -1})
+	}
+	if domains := NVLinkDomains(snap); domains != nil {
+		for i := range out {
+			if d, ok := domains[out[i].UUID]; ok {
+				out[i].NVLinkDomain = d
+			}
+		}
 	}
 	slices.SortStableFunc(out, func(a, b GPU) int { return cmp.Compare(a.Index, b.Index) })
+	return out
+}
+
+// NVLinkDomains groups the GPUs of snap that NVLink joins: two GPUs are in one domain
+// when a link of one reaches the other's PCI bus id (NVLink bridges), or when both reach
+// an NVSwitch (one node's NVSwitches form one fabric). Each domain is named by its lowest
+// GPU index; a GPU with no active link is in none (-1). It returns nil while no GPU's
+// links were read, so the caller keeps what it knew.
+func NVLinkDomains(snap *snapshot.Snapshot) map[string]int {
+	parent := map[string]string{}
+	var find func(string) string
+	find = func(x string) string {
+		if p, ok := parent[x]; ok && p != x {
+			r := find(p)
+			parent[x] = r
+			return r
+		}
+		parent[x] = x
+		return x
+	}
+	union := func(a, b string) { parent[find(a)] = find(b) }
+	byBus := map[string]string{}
+	for _, g := range snap.GPUs {
+		byBus[strings.ToLower(g.PCIBusID)] = g.UUID
+	}
+	read, linked := false, map[string]bool{}
+	const fabric = "\x00nvswitch"
+	for _, g := range snap.GPUs {
+		if !g.NVLinks.OK() {
+			continue
+		}
+		read = true
+		for _, l := range g.NVLinks.V {
+			switch peer, ok := byBus[strings.ToLower(l.RemoteBusID)]; {
+			case !l.Active:
+			case l.RemoteSwitch:
+				union(g.UUID, fabric)
+				linked[g.UUID] = true
+			case ok && peer != g.UUID:
+				union(g.UUID, peer)
+				linked[g.UUID], linked[peer] = true, true
+			}
+		}
+	}
+	if !read {
+		return nil
+	}
+	lowest := map[string]int{}
+	for _, g := range snap.GPUs {
+		if linked[g.UUID] {
+			if r := find(g.UUID); lowest[r] == 0 || g.Index+1 < lowest[r] {
+				lowest[r] = g.Index + 1 // +1: 0 is "none yet"
+			}
+		}
+	}
+	out := map[string]int{}
+	for _, g := range snap.GPUs {
+		out[g.UUID] = -1
+		if linked[g.UUID] {
+			out[g.UUID] = lowest[find(g.UUID)] - 1
+		}
+	}
 	return out
 }
 
@@ -152,10 +225,11 @@ func toAPI(devs []Device, replicas int) []*pluginapi.Device {
 
 // Preferred picks size devices from available, keeping mustInclude. With replicas > 1
 // (time-slicing) the IDs are replicas and preferredReplicas picks them. Otherwise it
-// prefers GPUs on one NUMA node: the node of the first must-include GPU if any, else
-// the smallest node group that holds all that is still needed, else the largest groups
-// first. Ties and GPUs of unknown NUMA node go in index order, so the answer is stable.
-// The result is in index order. IDs the plugin does not know are left out.
+// prefers GPUs of one NVLink domain and, within it, of one NUMA node: at each level the
+// group of the first must-include GPU if any, else the smallest group that holds all
+// that is still needed, else the largest groups first. Ties and GPUs of unknown domain
+// or NUMA node go in index order, so the answer is stable. The result is in index
+// order. IDs the plugin does not know are left out.
 func Preferred(devs []Device, replicas int, available, mustInclude []string, size int) []string {
 	if replicas > 1 {
 		return preferredReplicas(devs, replicas, available, mustInclude, size)
@@ -171,26 +245,51 @@ func Preferred(devs []Device, replicas int, available, mustInclude []string, siz
 			chosen, taken[id] = append(chosen, d), true
 		}
 	}
-	groups := map[int][]Device{}
+	var free []Device
 	for _, id := range available {
 		if d, ok := byID[id]; ok && !taken[id] {
-			groups[d.NUMANode] = append(groups[d.NUMANode], d)
+			free = append(free, d)
 			taken[id] = true
 		}
 	}
-	var order []int
-	for n, g := range groups {
-		slices.SortFunc(g, func(a, b Device) int { return cmp.Compare(a.Index, b.Index) })
-		order = append(order, n)
-	}
 	need := size - len(chosen)
-	first := -2
+	var first *Device
 	if len(chosen) > 0 {
-		first = chosen[0].NUMANode
+		first = &chosen[0]
 	}
-	rank := func(n int) (int, int) { // lower is better
-		switch l := len(groups[n]); {
-		case n == first:
+	for _, d := range orderByGroup(free, need, first, func(d Device) int { return d.NVLinkDomain }, func(domain []Device) []Device {
+		return orderByGroup(domain, need, first, func(d Device) int { return d.NUMANode }, nil)
+	}) {
+		if len(chosen) >= size {
+			break
+		}
+		chosen = append(chosen, d)
+	}
+	slices.SortFunc(chosen, func(a, b Device) int { return cmp.Compare(a.Index, b.Index) })
+	ids := make([]string, len(chosen))
+	for i, d := range chosen {
+		ids[i] = d.UUID
+	}
+	return ids
+}
+
+// orderByGroup orders devs by the groups key puts them in, best group first: the group
+// of first (when given), then the smallest group that holds need devices, then the
+// largest first; ties by lowest index. within, when given, orders each group's devices;
+// otherwise they go in index order.
+func orderByGroup(devs []Device, need int, first *Device, key func(Device) int, within func([]Device) []Device) []Device {
+	groups := map[int][]Device{}
+	for _, d := range devs {
+		groups[key(d)] = append(groups[key(d)], d)
+	}
+	var order []int
+	for k, g := range groups {
+		slices.SortFunc(g, func(a, b Device) int { return cmp.Compare(a.Index, b.Index) })
+		order = append(order, k)
+	}
+	rank := func(k int) (int, int) { // lower is better
+		switch l := len(groups[k]); {
+		case first != nil && k == key(*first):
 			return 0, 0
 		case l >= need:
 			return 1, l // best fit: the smallest group that suffices
@@ -203,20 +302,15 @@ func Preferred(devs []Device, replicas int, available, mustInclude []string, siz
 		rb, lb := rank(b)
 		return cmp.Or(cmp.Compare(ra, rb), cmp.Compare(la, lb), cmp.Compare(groups[a][0].Index, groups[b][0].Index))
 	})
-	for _, n := range order {
-		for _, d := range groups[n] {
-			if len(chosen) >= size {
-				break
-			}
-			chosen = append(chosen, d)
+	var out []Device
+	for _, k := range order {
+		g := groups[k]
+		if within != nil {
+			g = within(g)
 		}
+		out = append(out, g...)
 	}
-	slices.SortFunc(chosen, func(a, b Device) int { return cmp.Compare(a.Index, b.Index) })
-	ids := make([]string, len(chosen))
-	for i, d := range chosen {
-		ids[i] = d.UUID
-	}
-	return ids
+	return out
 }
 
 // Allocation is what a container gets for its GPUs.

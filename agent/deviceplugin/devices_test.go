@@ -11,6 +11,8 @@ import (
 	"github.com/gpurack/gpurack/agent/checks"
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 
+	"github.com/gpurack/gpurack/agent/gpu"
+	"github.com/gpurack/gpurack/agent/gpu/sim"
 	"github.com/gpurack/gpurack/agent/gpu/snapshot"
 	"github.com/gpurack/gpurack/agent/health"
 	"github.com/gpurack/gpurack/internal/checkid"
@@ -194,4 +196,72 @@ func cdiNames(a Allocation) []string {
 		names = append(names, d.Name)
 	}
 	return names
+}
+
+// NVLink domains come from what each link reaches: on the simulated DGX H100 every link
+// reaches an NVSwitch (one domain of 8), on the simulated H100 NVL cards the bridges
+// join GPUs 2k and 2k+1 (four domains of 2). GetPreferredAllocation keeps a request
+// within one domain when one can hold it.
+func TestNVLinkDomainsFromSimulator(t *testing.T) {
+	for _, c := range []struct {
+		model string
+		want  []int
+	}{
+		{"dgxh100", []int{0, 0, 0, 0, 0, 0, 0, 0}},
+		{"h100nvl", []int{0, 0, 2, 2, 4, 4, 6, 6}},
+	} {
+		t.Run(c.model, func(t *testing.T) {
+			s, err := sim.New(c.model, sim.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			snap := gpu.Read(s)
+			known := Remember(nil, &snap, func(bus string) int { return -1 })
+			var got []int
+			for _, g := range known {
+				got = append(got, g.NVLinkDomain)
+			}
+			if !slices.Equal(got, c.want) {
+				t.Errorf("NVLink domains by index %v, want %v", got, c.want)
+			}
+		})
+	}
+
+	s, err := sim.New("h100nvl", sim.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap := gpu.Read(s)
+	var devs []Device
+	var ids []string
+	for _, g := range Remember(nil, &snap, nil) {
+		g.NUMANode = g.Index / 4 // two sockets, four cards each
+		devs = append(devs, Device{GPU: g, Healthy: true})
+		ids = append(ids, g.UUID)
+	}
+	pick := func(idx ...int) []string {
+		var out []string
+		for _, i := range idx {
+			out = append(out, ids[i])
+		}
+		return out
+	}
+	for _, c := range []struct {
+		name            string
+		available, must []string
+		size            int
+		want            []string
+	}{
+		{"two from all: one bridged pair", ids, nil, 2, pick(0, 1)},
+		{"gpu1 taken: a whole pair, not 0 and 2 (same NUMA node, no NVLink)", pick(0, 2, 3, 4, 5, 6, 7), nil, 2, pick(2, 3)},
+		{"must include gpu5: its partner", ids, pick(5), 2, pick(4, 5)},
+		{"must include gpu2 with gpu3 taken: the same NUMA node next", pick(0, 1, 2, 4, 5), pick(2), 2, pick(0, 2)},
+		{"four: two whole pairs", pick(0, 2, 3, 4, 6, 7), nil, 4, pick(2, 3, 6, 7)},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if got := Preferred(devs, 1, c.available, c.must, c.size); !slices.Equal(got, c.want) {
+				t.Errorf("Preferred = %v, want %v", got, c.want)
+			}
+		})
+	}
 }

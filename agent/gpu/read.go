@@ -391,6 +391,7 @@ func (r *reader) nvlinks(g *GPU, d nvml.Device) Value[[]NVLink] {
 		return missing[[]NVLink](sym)
 	}
 	counters := r.has("nvmlDeviceGetNvLinkErrorCounter")
+	remote, remoteType := r.has("nvmlDeviceGetNvLinkRemotePciInfo_v2"), r.has("nvmlDeviceGetNvLinkRemoteDeviceType")
 	var links []NVLink
 	for l := 0; l < nvml.NVLINK_MAX_LINKS; l++ {
 		st, ret := d.GetNvLinkState(l)
@@ -416,6 +417,18 @@ func (r *reader) nvlinks(g *GPU, d nvml.Device) Value[[]NVLink] {
 			link.Recovery = get(nvml.NVLINK_ERROR_DL_RECOVERY)
 			link.CRCFlit = get(nvml.NVLINK_ERROR_DL_CRC_FLIT)
 			link.CRCData = get(nvml.NVLINK_ERROR_DL_CRC_DATA)
+		}
+		// What the link reaches, for the device plugin's NVLink domains; a refusal
+		// leaves it unknown.
+		if link.Active && remote {
+			if p, ret := d.GetNvLinkRemotePciInfo(l); ret == nvml.SUCCESS {
+				link.RemoteBusID = busID(p.BusId)
+			}
+		}
+		if link.Active && remoteType {
+			if t, ret := d.GetNvLinkRemoteDeviceType(l); ret == nvml.SUCCESS {
+				link.RemoteSwitch = t == nvml.NVLINK_DEVICE_TYPE_SWITCH
+			}
 		}
 		links = append(links, link)
 	}

@@ -9,6 +9,7 @@
 package sim
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"fmt"
 	"slices"
@@ -35,12 +36,21 @@ type model struct {
 	slowdownC, idleTempC int
 	idlePowerMW          uint32
 	fabric               bool // NVSwitch fabric info supported (Hopper and later)
+	// nvlinkPairs: the links join GPUs 2k and 2k+1 (PCIe cards with NVLink bridges)
+	// instead of reaching NVSwitches, so the node has one NVLink domain per pair.
+	nvlinkPairs bool
+	// product replaces the mock's product name when set.
+	product string
 }
 
 // Models lists the simulated node models by name.
 var models = map[string]model{
 	"dgxa100": {new: dgxa100.New, pcieGen: 4, pcieWidth: 16, nvlinks: 12, vbios: "92.00.45.00.06", inforom: "G506.0201.00.06", slowdownC: 90, idleTempC: 32, idlePowerMW: 56000},
 	"dgxh100": {new: dgxh100.New, pcieGen: 5, pcieWidth: 16, nvlinks: 18, vbios: "96.00.89.00.01", inforom: "G520.0200.00.05", slowdownC: 87, idleTempC: 34, idlePowerMW: 71000, fabric: true},
+	// 8 H100 NVL PCIe cards, NVLink-bridged in pairs (no NVSwitch): four NVLink
+	// domains of two GPUs. The mock's H100 SXM readings stand in for the NVL card's.
+	"h100nvl": {new: dgxh100.New, pcieGen: 5, pcieWidth: 16, nvlinks: 18, vbios: "96.00.74.00.1A", inforom: "G550.0210.00.01", slowdownC: 87, idleTempC: 31, idlePowerMW: 60000,
+		nvlinkPairs: true, product: "NVIDIA H100 NVL"},
 	"dgxh200": {new: dgxh200.New, pcieGen: 5, pcieWidth: 16, nvlinks: 18, vbios: "96.00.9F.00.01", inforom: "G525.0200.00.05", slowdownC: 87, idleTempC: 33, idlePowerMW: 76000, fabric: true},
 }
 
@@ -402,7 +412,7 @@ func (d *Device) setFuncs(serial string) {
 	d.GetIndexFunc = func() (int, nvml.Return) { return lostOr(rd(), d.index()) }
 	d.GetMinorNumberFunc = func() (int, nvml.Return) { return lostOr(rd(), d.phys) }
 	d.GetUUIDFunc = func() (string, nvml.Return) { return lostOr(rd(), d.UUID) }
-	d.GetNameFunc = func() (string, nvml.Return) { return lostOr(rd(), d.Config.Name) }
+	d.GetNameFunc = func() (string, nvml.Return) { return lostOr(rd(), cmp.Or(m.product, d.Config.Name)) }
 	d.GetSerialFunc = func() (string, nvml.Return) { return lostOr(rd(), serial) }
 	d.GetPciInfoFunc = func() (nvml.PciInfo, nvml.Return) {
 		p := nvml.PciInfo{PciDeviceId: d.Config.PciDeviceId}
@@ -474,6 +484,33 @@ func (d *Device) setFuncs(serial string) {
 			return lostOr(r, nvml.FEATURE_DISABLED)
 		}
 		return lostOr(r, nvml.FEATURE_ENABLED)
+	}
+	// Each link reaches the partner GPU (nvlinkPairs) or one of the baseboard's
+	// NVSwitches (their bus ids stand apart from the GPUs').
+	d.GetNvLinkRemotePciInfoFunc = func(l int) (nvml.PciInfo, nvml.Return) {
+		r := rd()
+		if l < 0 || l >= m.nvlinks {
+			return nvml.PciInfo{}, nvml.ERROR_INVALID_ARGUMENT
+		}
+		bus := fmt.Sprintf("00000000:%02x:00.0", 0xe0+l%4)
+		if m.nvlinkPairs {
+			bus = s.devs[d.phys^1].PciBusID
+		}
+		var p nvml.PciInfo
+		for i := 0; i < len(bus) && i < len(p.BusId)-1; i++ {
+			p.BusId[i] = int8(bus[i])
+		}
+		return lostOr(r, p)
+	}
+	d.GetNvLinkRemoteDeviceTypeFunc = func(l int) (nvml.IntNvLinkDeviceType, nvml.Return) {
+		r := rd()
+		if l < 0 || l >= m.nvlinks {
+			return 0, nvml.ERROR_INVALID_ARGUMENT
+		}
+		if m.nvlinkPairs {
+			return lostOr(r, nvml.NVLINK_DEVICE_TYPE_GPU)
+		}
+		return lostOr(r, nvml.NVLINK_DEVICE_TYPE_SWITCH)
 	}
 	d.GetNvLinkErrorCounterFunc = func(l int, c nvml.NvLinkErrorCounter) (uint64, nvml.Return) {
 		r := rd()

@@ -152,11 +152,18 @@ type PCIe struct {
 	Replays Value[uint64]
 }
 
-// NVLink is one link's state and DL error counters.
+// NVLink is one link's state, DL error counters and, for an active link, what is at
+// its other end.
 type NVLink struct {
 	Link                               int
 	Active                             bool
 	Replay, Recovery, CRCFlit, CRCData uint64
+	// RemoteBusID is the PCI bus id of the device at the link's other end (another GPU,
+	// or an NVSwitch), as NVML writes bus ids; empty when not read.
+	RemoteBusID string
+	// RemoteSwitch is set when that device is an NVSwitch: the GPUs of one NVSwitch
+	// fabric form one NVLink domain.
+	RemoteSwitch bool
 }
 
 // Errors is the sum of the link's error counters.
