@@ -116,13 +116,7 @@ func TestPreferred(t *testing.T) {
 		d.NUMANode = -1
 		unknown[i] = d
 	}
-	pick := func(idx ...int) []string {
-		var out []string
-		for _, i := range idx {
-			out = append(out, ids[i])
-		}
-		return out
-	}
+	pick := func(idx ...int) []string { return picker(ids, idx) }
 	for _, c := range []struct {
 		name            string
 		devs            []Device
@@ -239,13 +233,7 @@ func TestNVLinkDomainsFromSimulator(t *testing.T) {
 		devs = append(devs, Device{GPU: g, Healthy: true})
 		ids = append(ids, g.UUID)
 	}
-	pick := func(idx ...int) []string {
-		var out []string
-		for _, i := range idx {
-			out = append(out, ids[i])
-		}
-		return out
-	}
+	pick := func(idx ...int) []string { return picker(ids, idx) }
 	for _, c := range []struct {
 		name            string
 		available, must []string
@@ -264,4 +252,13 @@ func TestNVLinkDomainsFromSimulator(t *testing.T) {
 			}
 		})
 	}
+}
+
+// picker returns ids[i] for each i of idx.
+func picker(ids []string, idx []int) []string {
+	var out []string
+	for _, i := range idx {
+		out = append(out, ids[i])
+	}
+	return out
 }
