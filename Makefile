@@ -31,9 +31,7 @@ build: ## build the four binaries into ./bin
 
 .PHONY: test
 test: deps ## install what is missing, then run every test (what CI runs)
-	# test/qemu first: it is the longest package (about 42 min on 2 cores, QEMU under
-	# TCG), so it starts at once and the others run beside it.
-	PATH="$(TOOLS):$$PATH" GPURACK_NETNS_REQUIRED=1 $(GO) test $(TEST_FLAGS) ./test/qemu/ ./...
+	PATH="$(TOOLS):$$PATH" GPURACK_NETNS_REQUIRED=1 $(GO) test $(TEST_FLAGS) ./...
 	cd images/coredns && $(GO) test $(TEST_FLAGS) ./...
 	@leaked=$$(ip netns list 2>/dev/null | grep -c '^gpr-' || true); \
 	  if [ "$$leaked" != 0 ]; then echo "tests leaked $$leaked network namespaces:"; ip netns list; exit 1; fi
@@ -85,7 +83,7 @@ demo-qemu: deps ## make demo with slot 1 a real QEMU machine that PXE-boots the 
 
 .PHONY: e2e
 e2e: deps ## the end-to-end boots alone: tiny image in QEMU, PXE through SeaBIOS iPXE and OVMF, a tiny node joining Kubernetes, a machine powered on through PXE to a joined node, a TPM machine re-enrolling and a forged one refused, two nodes' pod network (vxlan, host-gw; logs kept in bin/e2e)
-	PATH="$(TOOLS):$$PATH" GPURACK_NETNS_REQUIRED=1 GPURACK_E2E_LOGS="$(abspath $(BIN))/e2e" $(GO) test $(TEST_FLAGS) -v -run 'TestTinyImage|TestBIOSiPXEProxyBoot|TestOVMFNativePXEBoot|TestTinyNodeJoin|TestPowerOnToNode|TestTwoNodePodNetwork|TestTPMIdentityInQEMU' ./imagebuilder/cmd/gpuimage/ ./test/qemu/
+	PATH="$(TOOLS):$$PATH" GPURACK_NETNS_REQUIRED=1 GPURACK_E2E_TPM=1 GPURACK_E2E_LOGS="$(abspath $(BIN))/e2e" $(GO) test $(TEST_FLAGS) -v -run 'TestTinyImage|TestBIOSiPXEProxyBoot|TestOVMFNativePXEBoot|TestTinyNodeJoin|TestPowerOnToNode|TestTwoNodePodNetwork|TestTPMIdentityInQEMU' ./imagebuilder/cmd/gpuimage/ ./test/qemu/
 
 .PHONY: e2e-slow
 e2e-slow: deps ## build the NVIDIA images with their kernel modules (about 20 min cold; outside make test)
