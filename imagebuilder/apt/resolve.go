@@ -28,7 +28,7 @@ var KernelImageRE = regexp.MustCompile(`^linux-image-[0-9]`)
 // version: the archive carries newer userspace (535.309.01 in bookworm-security) than
 // kernel sources (535.261.03), and a mixed set fails at run time with "API mismatch".
 func DriverPins(p *profile.Profile) string {
-	if !p.HasGPU() {
+	if !p.HasDriver() {
 		return ""
 	}
 	return fmt.Sprintf("Package: *nvidia* libcuda* libnvcuvid* libnvoptix* firmware-nvidia-*\nPin: version %s-*\nPin-Priority: 1001\n", p.GPU.Driver.Version)
@@ -74,7 +74,7 @@ func Resolve(ctx context.Context, e *Env, p *profile.Profile) (*profile.Lock, er
 		return nil, fmt.Errorf("profile %s: extraDebs (%s, …) are not supported by this gpuimage yet; remove them or lock by hand", p.Name, p.ExtraDebs[0].File)
 	}
 	want := append(append(append([]string{}, minbase...), NodePackages...), p.Packages...)
-	if p.HasGPU() {
+	if p.HasDriver() {
 		// modprobe.d aliases that make `modprobe nvidia` find Debian's nvidia-current*.
 		want = append(want, "nvidia-kernel-support")
 	}
@@ -104,7 +104,7 @@ func Resolve(ctx context.Context, e *Env, p *profile.Profile) (*profile.Lock, er
 		return nil, err
 	}
 	var build []profile.LockedPackage
-	if p.HasGPU() {
+	if p.HasDriver() {
 		kver := strings.TrimPrefix(kernel[0].Name, "linux-image-")
 		if build, err = resolveBuild(ctx, e, p, kver); err != nil {
 			return nil, err

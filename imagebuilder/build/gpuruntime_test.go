@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strings"
 	"testing"
 
 	"github.com/gpurack/gpurack/imagebuilder/rootfs"
@@ -14,6 +15,8 @@ import (
 
 // Each shipped profile bundles the GPU container runtime its containerd needs, and
 // nothing of it without a GPU: the binaries join the bundled files the image id covers.
+// A simulated GPU profile (tiny with gpu.simulator) bundles what its containerd needs
+// as a driver profile does: its containers get the simulator's devices through CDI.
 func TestGPURuntimeBinariesPerProfile(t *testing.T) {
 	src := t.TempDir()
 	hook, rt := filepath.Join(src, "nvidia-cdi-hook"), filepath.Join(src, "nvidia-container-runtime")
@@ -27,14 +30,19 @@ func TestGPURuntimeBinariesPerProfile(t *testing.T) {
 		bins []string
 	}{
 		"tiny":               {rootfs.GPURuntimeNone, nil},
+		"tiny+simulator":     {rootfs.GPURuntimeNvidiaCDI, []string{"nvidia-cdi-hook", "nvidia-container-runtime"}},
 		"debian12-nvidia535": {rootfs.GPURuntimeNvidiaCDI, []string{"nvidia-cdi-hook", "nvidia-container-runtime"}},
 		"debian13-nvidia550": {rootfs.GPURuntimeNativeCDI, []string{"nvidia-cdi-hook"}},
 	} {
-		p, err := profile.Load(filepath.Join("../../profiles", name+".yaml"))
+		file, simulated := strings.CutSuffix(name, "+simulator")
+		p, err := profile.Load(filepath.Join("../../profiles", file+".yaml"))
 		if err != nil {
 			t.Fatal(err)
 		}
-		lock, err := profile.LoadLock(filepath.Join("../../profiles", name+".lock.json"))
+		if simulated {
+			p.GPU = &profile.GPU{Vendor: "nvidia", Simulator: "dgxh100"}
+		}
+		lock, err := profile.LoadLock(filepath.Join("../../profiles", file+".lock.json"))
 		if err != nil {
 			t.Fatal(err)
 		}

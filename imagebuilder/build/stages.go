@@ -161,7 +161,7 @@ func (b *imageBuild) readProfileAndLock() error {
 		return fmt.Errorf("%s is stale: the profile changed since it was locked (lock has %s, profile is %s); run gpuimage lock %s",
 			o.Lock, lock.ProfileDigest, p.Digest(), o.Profile)
 	}
-	if p.HasGPU() {
+	if p.HasDriver() {
 		if err := checkDriverInputs(p, lock); err != nil {
 			return fmt.Errorf("%s: %w", o.Lock, err)
 		}
@@ -391,9 +391,9 @@ func (b *imageBuild) kernel(ctx context.Context) error {
 }
 
 // kmod builds (or takes from the cache) the NVIDIA modules of a GPU profile and
-// checks their vermagic against the kernel; a profile without a GPU skips it.
+// checks their vermagic against the kernel; a profile without a driver skips it.
 func (b *imageBuild) kmod(ctx context.Context) error {
-	if !b.p.HasGPU() {
+	if !b.p.HasDriver() {
 		return nil
 	}
 	p := b.p
@@ -537,6 +537,9 @@ func (b *imageBuild) sign(ctx context.Context) error {
 		ProfileDigest: p.Digest(), LockDigest: "sha256:" + sha256Hex(b.lockBytes), BuilderVersion: b.builder,
 		SourceDateEpoch: b.epoch, Kernel: manifest.Kernel{Version: b.kver, Package: b.kernelPkg.Name},
 		KubernetesVersion: p.Kubernetes.Version, Binaries: b.bins, Driver: b.driver, Images: manifestArchives(b.archives),
+	}
+	if p.Simulated() {
+		m.GPUSimulator = p.GPU.Simulator
 	}
 	for _, name := range []string{manifest.ArtifactKernel, manifest.ArtifactInitrd, manifest.ArtifactRootfs, manifest.ArtifactCmdline, manifest.ArtifactSBOM} {
 		a, err := manifest.ArtifactOf(b.stageDir, name)

@@ -80,6 +80,10 @@ type Manifest struct {
 	// Driver is the NVIDIA driver built into the image; absent for an
 	// image without GPU support.
 	Driver *Driver `json:"driver,omitempty"`
+	// GPUSimulator is the simulator model of a simulated GPU image (profile
+	// gpu.simulator): its GPUs are the agent's simulator, it has no driver, and its
+	// nodes are labelled simulated (CONTRACTS §11). Absent for every other image.
+	GPUSimulator string `json:"gpuSimulator,omitempty"`
 	// KubernetesVersion is the version of the kubelet in the image, for
 	// example "v1.31.4".
 	KubernetesVersion string `json:"kubernetesVersion"`

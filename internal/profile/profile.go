@@ -74,8 +74,16 @@ type Kernel struct {
 type GPU struct {
 	// Vendor is "nvidia".
 	Vendor string `yaml:"vendor" json:"vendor"`
-	Driver Driver `yaml:"driver" json:"driver"`
-	Expect Expect `yaml:"expect" json:"expect"`
+	// Driver is the driver the image builds and ships; left out with Simulator.
+	Driver Driver `yaml:"driver,omitempty" json:"driver"`
+	// Simulator makes the image a simulated GPU node, for CI and labs (decision 0662,
+	// CONTRACTS §11): its agent runs the simulator model named here (gpuagent
+	// --gpu-backend sim:MODEL) instead of NVML, and serves those GPUs to the image's own
+	// kubelet through the device plugin. The image ships the GPU container runtime (CDI)
+	// and no driver. Such a node is labelled simulated everywhere, and gpuboot makes it
+	// ready only with enrollment.allowSimulated. Expect must describe the model.
+	Simulator string `yaml:"simulator,omitempty" json:"simulator,omitempty"`
+	Expect    Expect `yaml:"expect" json:"expect"`
 	// XID is the XID policy; nil: the documented classification (internal/xidclass).
 	XID *XIDPolicy `yaml:"xid,omitempty" json:"xid,omitempty"`
 	// Sharing is how containers share the GPUs; nil: every container gets whole GPUs.
@@ -296,5 +304,17 @@ func (p *Profile) Digest() string {
 	return "sha256:" + hex.EncodeToString(sum[:])
 }
 
-// HasGPU reports whether the profile declares accelerators.
+// HasGPU reports whether the profile declares accelerators, real or simulated: the
+// image then ships the GPU container runtime and the agent serves the device plugin.
 func (p *Profile) HasGPU() bool { return p.GPU != nil }
+
+// HasDriver reports whether the image builds and ships a GPU driver: a gpu section that
+// is not a simulator's.
+func (p *Profile) HasDriver() bool { return p.GPU != nil && p.GPU.Simulator == "" }
+
+// Simulated reports whether the profile's GPUs are the simulator's (gpu.simulator).
+func (p *Profile) Simulated() bool { return p.GPU != nil && p.GPU.Simulator != "" }
+
+// SimulatorModels are the models gpu.simulator may name: the agent's simulator models
+// (agent/gpu/sim, whose tests keep the two lists equal).
+var SimulatorModels = []string{"dgxa100", "dgxh100", "dgxh200", "h100nvl"}

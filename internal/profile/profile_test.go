@@ -132,6 +132,38 @@ func TestTimeSlicing(t *testing.T) {
 	}
 }
 
+// TestGPUSimulator: gpu.simulator makes a simulated GPU profile: GPUs (the runtime, the
+// device plugin) but no driver, so no versioned kernel either; it survives the
+// canonical form and changes the digest, and profiles without it keep theirs.
+func TestGPUSimulator(t *testing.T) {
+	src := strings.Replace(tiny, "kubernetes:", "gpu:\n  vendor: nvidia\n  simulator: dgxh100\n  expect:\n    count: 8\n    product: NVIDIA H100 80GB HBM3\n    memoryMiB: 81559\n    pcie: {gen: 5, width: 16}\nkubernetes:", 1)
+	p, err := Parse("sim.yaml", []byte(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !p.HasGPU() || p.HasDriver() || !p.Simulated() {
+		t.Errorf("HasGPU %v HasDriver %v Simulated %v, want true false true", p.HasGPU(), p.HasDriver(), p.Simulated())
+	}
+	again, err := Parse("sim.json", p.Canonical())
+	if err != nil || !again.Simulated() || again.GPU.Simulator != "dgxh100" || again.Digest() != p.Digest() {
+		t.Fatalf("canonical form lost gpu.simulator: %v %s", err, p.Canonical())
+	}
+	nv, err := Parse("nv.yaml", []byte(nvidia))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !nv.HasDriver() || nv.Simulated() || strings.Contains(string(nv.Canonical()), "simulator") {
+		t.Errorf("a driver profile: HasDriver %v Simulated %v, canonical %s", nv.HasDriver(), nv.Simulated(), nv.Canonical())
+	}
+	plain, err := Parse("tiny.yaml", []byte(tiny))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if plain.HasGPU() || plain.HasDriver() || plain.Simulated() {
+		t.Error("a profile without a gpu section has GPUs")
+	}
+}
+
 func TestDefaultsAndCanonicalForm(t *testing.T) {
 	p, err := Parse("tiny.yaml", []byte(tiny))
 	if err != nil {
@@ -208,6 +240,8 @@ func TestProfileErrors(t *testing.T) {
 		{"sharing without a way", nvidia, "    nvlinkLinks: 18", "    nvlinkLinks: 18\n  sharing: {}", "gpu.sharing", 19, "set timeSlicing: {replicas: N}"},
 		{"unknown sharing strategy", nvidia, "    nvlinkLinks: 18", "    nvlinkLinks: 18\n  sharing:\n    mps: {replicas: 2}", "gpu.sharing.mps", 20, `unknown field "mps"`},
 		{"sharing without GPUs", tiny, "kubernetes:", "gpu:\n  sharing:\n    timeSlicing:\n      replicas: 4\nkubernetes:", "gpu.sharing", 8, "the profile expects none"},
+		{"unknown simulator", tiny, "kubernetes:", "gpu:\n  vendor: nvidia\n  simulator: dgx-h100\n  expect: {count: 8, product: P, memoryMiB: 1, pcie: {gen: 5, width: 16}}\nkubernetes:", "gpu.simulator", 9, `unknown simulator model "dgx-h100"`},
+		{"simulator with a driver", nvidia, "  vendor: nvidia", "  vendor: nvidia\n  simulator: dgxh100", "gpu.driver", 11, "ships no driver"},
 		{"bad mirror", tiny, "  suite: bookworm", "  suite: bookworm\n  mirror: ftp:/x", "base.mirror", 5, "not an http"},
 	}
 	for _, c := range cases {

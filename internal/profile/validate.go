@@ -144,7 +144,7 @@ func (v *validator) kernel(p *Profile) {
 			v.fail("kernel.version", "%q does not match the package %s, which installs %s", k.Version, k.Package, release)
 		}
 	}
-	if p.GPU != nil {
+	if p.HasDriver() {
 		if meta {
 			v.fail("kernel.package", "%s moves with every kernel update, which breaks prebuilt GPU modules; pin a versioned package such as linux-image-6.1.0-50-amd64", k.Package)
 		} else if k.Version == "" {
@@ -157,11 +157,21 @@ func (v *validator) gpu(g *GPU) {
 	if v.required("gpu.vendor", g.Vendor, "vendor: nvidia") && g.Vendor != "nvidia" {
 		v.fail("gpu.vendor", "%q is not supported; only nvidia is", g.Vendor)
 	}
-	if v.required("gpu.driver.version", g.Driver.Version, "version: 535.261.03") && !driverVersionRE.MatchString(g.Driver.Version) {
-		v.fail("gpu.driver.version", "%q is not an NVIDIA driver version like 535.261.03", g.Driver.Version)
-	}
-	if v.required("gpu.driver.flavor", g.Driver.Flavor, "flavor: open") && g.Driver.Flavor != "open" && g.Driver.Flavor != "proprietary" {
-		v.fail("gpu.driver.flavor", "unknown flavor %q%s; use open or proprietary", g.Driver.Flavor, strictyaml.Suggest(g.Driver.Flavor, []string{"open", "proprietary"}))
+	switch {
+	case g.Simulator != "":
+		if !slices.Contains(SimulatorModels, g.Simulator) {
+			v.fail("gpu.simulator", "unknown simulator model %q%s; use one of %s", g.Simulator, strictyaml.Suggest(g.Simulator, SimulatorModels), strings.Join(SimulatorModels, ", "))
+		}
+		if g.Driver != (Driver{}) {
+			v.fail("gpu.driver", "a simulated GPU node ships no driver; leave gpu.driver out with gpu.simulator")
+		}
+	default:
+		if v.required("gpu.driver.version", g.Driver.Version, "version: 535.261.03") && !driverVersionRE.MatchString(g.Driver.Version) {
+			v.fail("gpu.driver.version", "%q is not an NVIDIA driver version like 535.261.03", g.Driver.Version)
+		}
+		if v.required("gpu.driver.flavor", g.Driver.Flavor, "flavor: open") && g.Driver.Flavor != "open" && g.Driver.Flavor != "proprietary" {
+			v.fail("gpu.driver.flavor", "unknown flavor %q%s; use open or proprietary", g.Driver.Flavor, strictyaml.Suggest(g.Driver.Flavor, []string{"open", "proprietary"}))
+		}
 	}
 	e := &g.Expect
 	if e.Count < 1 || e.Count > 64 {

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -8,6 +9,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/gpurack/gpurack/agent/gpu"
+	"github.com/gpurack/gpurack/internal/profile"
 )
 
 func newSim(t *testing.T, model string) *Sim {
@@ -222,5 +224,13 @@ func TestXIDEvents(t *testing.T) {
 	}
 	if _, ret := set.Wait(1); ret != nvml.ERROR_TIMEOUT {
 		t.Fatalf("extra event: %v", ret)
+	}
+}
+
+// A profile's gpu.simulator names a model of this package: internal/profile keeps the
+// list (it cannot import the simulator), and it must be this one.
+func TestProfileSimulatorModels(t *testing.T) {
+	if got := Models(); !slices.Equal(got, profile.SimulatorModels) {
+		t.Fatalf("sim.Models() = %v, profile.SimulatorModels = %v: update internal/profile", got, profile.SimulatorModels)
 	}
 }

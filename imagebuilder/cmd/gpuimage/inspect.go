@@ -45,9 +45,12 @@ func inspect(w io.Writer, dir string, top int) error {
 	}
 	fmt.Fprintf(w, "image       %s\nprofile     %s (%s)\nlock        %s\nbuilder     %s, SOURCE_DATE_EPOCH=%d\n", m.ImageID, m.Profile, m.ProfileDigest, m.LockDigest, m.BuilderVersion, m.SourceDateEpoch)
 	fmt.Fprintf(w, "kernel      %s (%s)\n", m.Kernel.Version, m.Kernel.Package)
-	if m.Driver != nil {
+	switch {
+	case m.Driver != nil:
 		fmt.Fprintf(w, "driver      NVIDIA %s %s, vermagic %q\n", m.Driver.Version, m.Driver.Flavor, m.Driver.Vermagic)
-	} else {
+	case m.GPUSimulator != "":
+		fmt.Fprintf(w, "driver      none: SIMULATED GPUs (simulator %s; the GPU container runtime, no driver)\n", m.GPUSimulator)
+	default:
 		fmt.Fprintf(w, "driver      none (no GPU section)\n")
 	}
 	fmt.Fprintf(w, "kubernetes  %s\n", m.KubernetesVersion)

@@ -55,7 +55,10 @@ func lintOne(cmd *cobra.Command, path string) bool {
 		return false
 	}
 	gpu := "no GPU"
-	if p.HasGPU() {
+	switch {
+	case p.Simulated():
+		gpu = fmt.Sprintf("%dx %s, SIMULATED (simulator %s, no driver)", p.GPU.Expect.Count, p.GPU.Expect.Product, p.GPU.Simulator)
+	case p.HasGPU():
 		gpu = fmt.Sprintf("%dx %s, driver %s (%s)", p.GPU.Expect.Count, p.GPU.Expect.Product, p.GPU.Driver.Version, p.GPU.Driver.Flavor)
 	}
 	lockPath := profile.LockPath(path)

@@ -29,6 +29,35 @@ func TestLintShippedProfiles(t *testing.T) {
 	}
 }
 
+// A simulated GPU profile (gpu.simulator) lints, and lint says it is simulated; naming
+// an unknown model or giving it a driver is an error with its line.
+func TestLintSimulatedGPUProfile(t *testing.T) {
+	tiny, err := os.ReadFile("../../../profiles/tiny.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gpu := "gpu:\n  vendor: nvidia\n  simulator: dgxh100\n  expect: {count: 8, product: NVIDIA H100 80GB HBM3, memoryMiB: 81559, pcie: {gen: 5, width: 16}}\n"
+	dir := t.TempDir()
+	path := filepath.Join(dir, "tiny.yaml")
+	if err := os.WriteFile(path, append(tiny, gpu...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, code := runGPUImage("lint", path)
+	if code != 0 || !strings.Contains(out, "8x NVIDIA H100 80GB HBM3, SIMULATED (simulator dgxh100, no driver)") {
+		t.Errorf("lint of a simulated GPU profile: exit %d\n%s%s", code, out, errOut)
+	}
+	bad := strings.Replace(string(tiny)+gpu, "simulator: dgxh100", "simulator: dgx-h100\n  driver: {version: 535.261.03, flavor: open}", 1)
+	if err := os.WriteFile(path, []byte(bad), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, errOut, code = runGPUImage("lint", path)
+	for _, want := range []string{`gpu.simulator: unknown simulator model "dgx-h100"`, "did you mean \"dgxh100\"", "gpu.driver: a simulated GPU node ships no driver"} {
+		if code != 1 || !strings.Contains(errOut, want) {
+			t.Errorf("lint of a bad simulated GPU profile: exit %d, want 1 and %q:\n%s", code, want, errOut)
+		}
+	}
+}
+
 func TestLintReportsKeyAndLine(t *testing.T) {
 	tiny, err := os.ReadFile("../../../profiles/tiny.yaml")
 	if err != nil {
