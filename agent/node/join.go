@@ -268,9 +268,11 @@ func (n *node) join(ctx context.Context, bundle *bootv1.JoinBundle, afterNode fu
 	}
 	var node *kubejoin.Node
 	var lease time.Duration
-	if simulated && n.cfg.Sim != nil && !n.cfg.DevicePlugin {
+	if simulated && n.cfg.Sim != nil && !n.cfg.DevicePlugin && !n.cfg.Profile.Simulated() {
 		// The simulator without a kubelet: the agent registers the Node and its GPUs.
-		// With DevicePlugin the simulated GPUs go through the real kubelet below.
+		// With DevicePlugin, or in a simulated GPU image (profile gpu.simulator: it has
+		// a kubelet and the GPU container runtime), the simulated GPUs go through the
+		// real kubelet below.
 		node, lease = n.joinSimulated(ctx, bundle, labels), 10*time.Second
 	} else {
 		if node = n.joinKubelet(ctx, bundle, labels); node != nil {

@@ -31,7 +31,7 @@ type backendFlags struct {
 
 func (f *backendFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.profilePath, "profile", DefaultProfilePath, "node profile (YAML or its canonical JSON) with the GPU expectations and thresholds")
-	fs.StringVar(&f.backend, "gpu-backend", "nvml", "GPU backend: nvml, or sim:MODEL with MODEL one of "+strings.Join(sim.Models(), ", "))
+	fs.StringVar(&f.backend, "gpu-backend", "", "GPU backend: nvml, or sim:MODEL with MODEL one of "+strings.Join(sim.Models(), ", ")+" (default: sim:MODEL where the profile's gpu.simulator names MODEL, else nvml)")
 	fs.StringArrayVar(&f.faults, "fault", nil, "inject a simulator fault, repeatable: "+strings.ReplaceAll(strings.TrimSpace(sim.Grammar()), "\n", "\n"))
 	fs.StringVar(&f.nvmlLibrary, "nvml-library", "", "path of libnvidia-ml.so.1 (default: the dynamic loader's search)")
 	fs.StringVar(&f.simSeed, "sim-seed", "", "seed for simulated GPU UUIDs and serials (default: the hostname)")
@@ -85,6 +85,15 @@ func (f *backendFlags) open() (*slog.Logger, *profile.Profile, closableBackend, 
 	return log, p, b, s, nil
 }
 
+// defaultBackend is the backend when --gpu-backend is not given: the simulator model a
+// simulated GPU image's profile names (gpu.simulator), else NVML.
+func defaultBackend(p *profile.Profile) string {
+	if p != nil && p.Simulated() {
+		return "sim:" + p.GPU.Simulator
+	}
+	return "nvml"
+}
+
 // closer is what backends have besides gpu.Backend.
 type closableBackend interface {
 	gpu.Backend
@@ -94,6 +103,9 @@ type closableBackend interface {
 // openBackend builds the backend the flags name and applies --fault. The simulator
 // is returned too (nil for NVML) for fault injection.
 func (f *backendFlags) openBackend(p *profile.Profile) (closableBackend, *sim.Sim, error) {
+	if f.backend == "" {
+		f.backend = defaultBackend(p)
+	}
 	switch {
 	case f.backend == "nvml":
 		if len(f.faults) > 0 {

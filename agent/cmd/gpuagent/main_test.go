@@ -107,6 +107,66 @@ func TestValidateNVMLWithoutDriver(t *testing.T) {
 	}
 }
 
+// simGPUProfile writes the tiny profile with a gpu section whose GPUs are the
+// simulator's dgxh100 (gpu.simulator): a simulated GPU image's profile.
+func simGPUProfile(t *testing.T) string {
+	t.Helper()
+	tiny, err := os.ReadFile(tinyProfile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := string(tiny) + `gpu:
+  vendor: nvidia
+  simulator: dgxh100
+  expect: {count: 8, product: NVIDIA H100 80GB HBM3, memoryMiB: 81559, pcie: {gen: 5, width: 16}, nvlinkLinks: 18}
+`
+	path := filepath.Join(t.TempDir(), "tiny-sim.yaml")
+	if err := os.WriteFile(path, []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// A simulated GPU image's profile (gpu.simulator) picks the simulator backend without
+// --gpu-backend: every check runs against the 8 simulated GPUs and passes (the driver
+// check pins none), and the checklist says simulated. --gpu-backend still wins.
+func TestValidateSimulatedGPUProfile(t *testing.T) {
+	prof := simGPUProfile(t)
+	out, stderr, code := runAgent(t, "validate", "--profile", prof, "--format", "json")
+	if code != 0 {
+		t.Fatalf("exit %d, want 0\n%s%s", code, out, stderr)
+	}
+	var cl machinev1.Checklist
+	if err := protojson.Unmarshal([]byte(out), &cl); err != nil {
+		t.Fatalf("--format json is not a protojson Checklist: %v\n%s", err, out)
+	}
+	if cl.Overall != machinev1.CheckStatus_CHECK_STATUS_PASS || !cl.Simulated {
+		t.Errorf("checklist overall %s simulated %v, want PASS and simulated", cl.Overall, cl.Simulated)
+	}
+	gpus, statuses := map[int32]bool{}, map[string]machinev1.CheckStatus{}
+	for _, r := range cl.Results {
+		if r.GpuIndex != nil {
+			gpus[*r.GpuIndex] = true
+		} else {
+			statuses[r.Id] = r.Status
+		}
+	}
+	for _, id := range []string{"gpu.count", "gpu.driver.version"} {
+		if statuses[id] != machinev1.CheckStatus_CHECK_STATUS_PASS {
+			t.Errorf("%s: %s, want PASS (the simulator's GPUs against the profile's expect)", id, statuses[id])
+		}
+	}
+	if len(gpus) != 8 {
+		t.Errorf("per-GPU results for %d GPUs, want the simulator's 8", len(gpus))
+	}
+	// --gpu-backend nvml overrides the profile: no driver here, so it cannot run.
+	if _, err := os.Stat("/dev/nvidiactl"); err != nil {
+		if _, stderr, code := runAgent(t, "validate", "--gpu-backend", "nvml", "--profile", prof, "--kmsg", "off"); code != 2 || !strings.Contains(stderr, "NVML not available") {
+			t.Errorf("--gpu-backend nvml with a simulated profile: exit %d, want 2 (NVML not available)\n%s", code, stderr)
+		}
+	}
+}
+
 func TestValidateSimulator(t *testing.T) {
 	out, stderr, code := runAgent(t, "validate", "--gpu-backend", "sim:dgxh100", "--profile", h100Profile)
 	if code != 0 || !strings.Contains(out, "overall: PASS") {
