@@ -30,7 +30,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
 
-	"github.com/gpurack/gpurack/agent/cdi"
+	"github.com/gpurack/gpurack/agent/cdi/cditest"
 	"github.com/gpurack/gpurack/agent/deviceplugin"
 	"github.com/gpurack/gpurack/agent/gpu/sim"
 	"github.com/gpurack/gpurack/agent/kubejoin"
@@ -391,38 +391,13 @@ func podDevices(t *testing.T, ctx context.Context, ns, ip string) string {
 	return body
 }
 
-// checkSimulatedDevices checks a container's /devices answer: exactly n GPU nodes
-// /dev/nvidiaN plus nvidiactl and nvidia-uvm, each the null device 1:3, and the
-// simulation named in the environment. It returns the GPU indices, sorted.
+// checkSimulatedDevices checks a container's /devices answer (cditest.SimulatedDevices)
+// and returns the GPU indices, sorted.
 func checkSimulatedDevices(t *testing.T, pod, got string, n int) []int {
 	t.Helper()
-	var idx []int
-	ctl, uvm := false, false
-	for _, line := range strings.Split(strings.TrimSpace(got), "\n") {
-		path, kind, ok := strings.Cut(line, " ")
-		if !strings.HasPrefix(path, "/dev/") {
-			continue
-		}
-		if !ok || kind != fmt.Sprintf("c %d:%d", cdi.SimMajor, cdi.SimMinor) {
-			t.Errorf("%s: %s is %q, want the simulation's character device %d:%d", pod, path, kind, cdi.SimMajor, cdi.SimMinor)
-		}
-		switch name := strings.TrimPrefix(path, "/dev/"); name {
-		case "nvidiactl":
-			ctl = true
-		case "nvidia-uvm":
-			uvm = true
-		default:
-			i, err := strconv.Atoi(strings.TrimPrefix(name, "nvidia"))
-			if err != nil {
-				t.Errorf("%s: unexpected device node %s", pod, path)
-				continue
-			}
-			idx = append(idx, i)
-		}
-	}
-	slices.Sort(idx)
-	if len(idx) != n || !ctl || !uvm || !strings.Contains(got, cdi.SimulatedEnv+"=true") {
-		t.Errorf("%s: want %d GPU nodes, nvidiactl, nvidia-uvm and %s=true; the container has:\n%s", pod, n, cdi.SimulatedEnv, got)
+	idx, problems := cditest.SimulatedDevices(got, n)
+	for _, p := range problems {
+		t.Errorf("%s: %s", pod, p)
 	}
 	return idx
 }

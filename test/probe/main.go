@@ -29,9 +29,10 @@
 //	                                and connect to HOST:PORT until a connection passes,
 //	                                then create it again and connect until one is
 //	                                dropped; report each time. Also the termination message.
-//	probe devices                   list the container's /dev/nvidia* nodes (type and
+//	probe devices [HOLD]            list the container's /dev/nvidia* nodes (type and
 //	                                major:minor) and its NVIDIA_ and GPURACK_ variables:
 //	                                what it got of GPUs. Also the termination message.
+//	                                Then stay up for HOLD (default 0), holding them.
 //
 // fetch trusts the pod's service-account CA for https (the apiserver through the
 // kubernetes Service) when the pod has one.
@@ -168,14 +169,23 @@ func run(args []string, stdout io.Writer, termLog string) error {
 		report(stdout, termLog, text)
 		return err
 	case "devices":
-		if len(args) != 0 {
-			return errors.New("usage: probe devices")
+		if len(args) > 1 {
+			return errors.New("usage: probe devices [HOLD]")
+		}
+		var hold time.Duration
+		if len(args) == 1 {
+			d, err := time.ParseDuration(args[0])
+			if err != nil || d < 0 {
+				return fmt.Errorf("probe devices: HOLD %q is not a duration like 30s", args[0])
+			}
+			hold = d
 		}
 		text, err := devices("/dev", os.Environ())
 		if err != nil {
 			return err
 		}
 		report(stdout, termLog, text)
+		time.Sleep(hold) // the container keeps its devices that long
 		return nil
 	case "chroot":
 		if len(args) < 2 {

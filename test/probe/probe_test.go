@@ -167,6 +167,8 @@ func TestRunCommands(t *testing.T) {
 		{"restart"},
 		{"serve", "-nosuchflag"},
 		{"devices", "extra"},
+		{"devices", "-1s"},
+		{"devices", "1s", "2s"},
 	} {
 		if err := run(args, io.Discard, termLog); err == nil {
 			t.Errorf("probe %q: no error", args)

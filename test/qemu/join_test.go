@@ -337,20 +337,7 @@ func restartNodeServices(t *testing.T, ctx context.Context, admin kubernetes.Int
 	if before == 0 {
 		t.Fatalf("the console never said the pod network was up (%s)", conflistUp)
 	}
-	root := int64(0)
-	dir := corev1.HostPathDirectory
-	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "restart-node-services", Namespace: metav1.NamespaceDefault},
-		Spec: corev1.PodSpec{NodeName: node.Name, RestartPolicy: corev1.RestartPolicyNever,
-			Volumes: []corev1.Volume{{Name: "dbus", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/run/dbus", Type: &dir}}}},
-			Containers: []corev1.Container{{Name: "probe", Image: probeImage, ImagePullPolicy: corev1.PullNever,
-				Args: []string{"restart", "kube-proxy.service", "gpuagent.service"},
-				// The image has no /var/run -> /run link, where the bus library looks.
-				Env:                      []corev1.EnvVar{{Name: "DBUS_SYSTEM_BUS_ADDRESS", Value: "unix:path=/run/dbus/system_bus_socket"}},
-				SecurityContext:          &corev1.SecurityContext{RunAsUser: &root},
-				VolumeMounts:             []corev1.VolumeMount{{Name: "dbus", MountPath: "/run/dbus"}},
-				TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError}}},
-	}
+	pod := restartUnitsPod(node, "restart-node-services", "kube-proxy.service", "gpuagent.service")
 	// A connection established before the restarts, from a pod through a ClusterIP
 	// Service to a pod, must carry requests through them: the probe holds it and asks
 	// every 2 s.
@@ -422,6 +409,25 @@ func startProbeServer(t *testing.T, ctx context.Context, admin kubernetes.Interf
 		return err == nil && len(eps.Items) > 0 && len(eps.Items[0].Endpoints) > 0
 	})
 	return got, svc
+}
+
+// restartUnitsPod is a pod on node that restarts the node's systemd units (probe
+// restart), talking to systemd over the node's system bus, as root.
+func restartUnitsPod(node *corev1.Node, name string, units ...string) *corev1.Pod {
+	root := int64(0)
+	dir := corev1.HostPathDirectory
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: metav1.NamespaceDefault},
+		Spec: corev1.PodSpec{NodeName: node.Name, RestartPolicy: corev1.RestartPolicyNever,
+			Volumes: []corev1.Volume{{Name: "dbus", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/run/dbus", Type: &dir}}}},
+			Containers: []corev1.Container{{Name: "probe", Image: probeImage, ImagePullPolicy: corev1.PullNever,
+				Args: append([]string{"restart"}, units...),
+				// The image has no /var/run -> /run link, where the bus library looks.
+				Env:                      []corev1.EnvVar{{Name: "DBUS_SYSTEM_BUS_ADDRESS", Value: "unix:path=/run/dbus/system_bus_socket"}},
+				SecurityContext:          &corev1.SecurityContext{RunAsUser: &root},
+				VolumeMounts:             []corev1.VolumeMount{{Name: "dbus", MountPath: "/run/dbus"}},
+				TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError}}},
+	}
 }
 
 // holdFor is how long the probe holds its connection across the node's service
@@ -688,22 +694,14 @@ func buildJoinBinaries(t *testing.T, root string) joinBinaries {
 }
 
 // buildTinyImage locks profiles/tiny.yaml afresh into a temporary copy (the committed
-// lock rots as the mirror drops versions), and builds and signs it with a new key, the
-// agent built from this tree. It returns the image directory and the public key.
-func buildTinyImage(t *testing.T, root, gpuimage, k8sDir string) (string, string) {
+// lock rots as the mirror drops versions), with section appended (for example
+// simGPUSection) and the profile renamed name when it is not "tiny", and builds it with
+// the agent built from this tree, signed with the private key priv. It returns the
+// image directory.
+func buildTinyImage(t *testing.T, root, gpuimage, k8sDir, name, section, priv string) string {
 	t.Helper()
 	tmp := t.TempDir()
 	cache := build.DefaultCacheDir() // shared: the .deb cache and apt lists stay warm between runs
-	run := func(args ...string) string {
-		t.Helper()
-		cmd := exec.Command(gpuimage, args...)
-		cmd.Dir = root
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			t.Fatalf("gpuimage %s: %v\n%s", strings.Join(args, " "), err, out)
-		}
-		return string(out)
-	}
 	tiny, err := os.ReadFile(filepath.Join(root, "profiles", "tiny.yaml"))
 	if err != nil {
 		t.Fatal(err)
@@ -718,23 +716,35 @@ func buildTinyImage(t *testing.T, root, gpuimage, k8sDir string) (string, string
 	if out, err := coredns.CombinedOutput(); err != nil {
 		t.Fatalf("hack/coredns-image.sh: %v\n%s", err, out)
 	}
-	tiny = append(tiny, []byte("images:\n  - path: probe.tar\n    name: "+probeImage+"\n  - path: coredns.tar\n    name: "+clusterdns.Image+"\n")...)
-	prof := filepath.Join(tmp, "tiny.yaml")
-	if err := os.WriteFile(prof, tiny, 0o644); err != nil {
+	src := strings.Replace(string(tiny), "name: tiny\n", "name: "+name+"\n", 1)
+	src += "images:\n  - path: probe.tar\n    name: " + probeImage + "\n  - path: coredns.tar\n    name: " + clusterdns.Image + "\n" + section
+	prof := filepath.Join(tmp, name+".yaml")
+	if err := os.WriteFile(prof, []byte(src), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	run("lock", prof, "--cache", cache)
-	priv, pub := filepath.Join(tmp, "key.pem"), filepath.Join(tmp, "key.pub.pem")
-	run("keygen", priv, pub)
+	runGpuimage(t, root, gpuimage, "lock", prof, "--cache", cache)
 	start := time.Now()
-	out := run("build", prof, "--out", filepath.Join(tmp, "store"), "--cache", cache, "--key", priv, "--src", root,
+	out := runGpuimage(t, root, gpuimage, "build", prof, "--out", filepath.Join(tmp, "store"), "--cache", cache, "--key", priv, "--src", root,
 		"--agent-unit", filepath.Join(root, "agent", "systemd", "gpuagent.service"), "--k8s-dir", k8sDir)
 	m := regexp.MustCompile(`(?m)^built (\S+)$`).FindStringSubmatch(out)
 	if m == nil {
 		t.Fatalf("no 'built DIR' line in:\n%s", out)
 	}
-	t.Logf("built the tiny image %s in %s", filepath.Base(m[1]), time.Since(start).Round(time.Second))
-	return m[1], pub
+	t.Logf("built the %s image %s in %s", name, filepath.Base(m[1]), time.Since(start).Round(time.Second))
+	return m[1]
+}
+
+// runGpuimage runs gpuimage with args in root and returns its output; a failure fails
+// the test with that output.
+func runGpuimage(t *testing.T, root, gpuimage string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(gpuimage, args...)
+	cmd.Dir = root
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("gpuimage %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
 }
 
 // nsDial dials from inside network namespace ns (only IP literals: a name would be
@@ -883,6 +893,9 @@ type gpubootSettings struct {
 	// policy and enrollment replace gpuboot's policy (default {approval: manual}) and
 	// enrollment (default {unknownMachines: discover}) settings (flow YAML).
 	policy, enrollment string
+	// selectors is gpuboot's selectors (a flow YAML list): which image which machine
+	// boots; empty: none, every machine boots the rack's default image.
+	selectors string
 }
 
 // clusterDNSAddress is the ClusterIP of the cluster DNS Service that
@@ -924,10 +937,12 @@ racks: [{name: r1, defaultImage: %s}]
 %s
 enrollment: %s
 policy: %s
+selectors: %s
 logLevel: info
 cluster: {kubeconfig: %s, dns: [%s], domain: cluster.local, podNetwork: %s}
 `, joinHost, store, pubKey, imageID, cmp.Or(set.bootNet, "dhcp: {enabled: false}\ntftp: {enabled: false}"),
-		cmp.Or(set.enrollment, "{unknownMachines: discover}"), cmp.Or(set.policy, "{approval: manual}"), enroller, set.clusterDNS, cmp.Or(set.podNetwork, "{}"))
+		cmp.Or(set.enrollment, "{unknownMachines: discover}"), cmp.Or(set.policy, "{approval: manual}"), cmp.Or(set.selectors, "[]"),
+		enroller, set.clusterDNS, cmp.Or(set.podNetwork, "{}"))
 	cfgPath := filepath.Join(dir, "gpuboot.yaml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)

@@ -17,42 +17,71 @@ import (
 	"github.com/gpurack/gpurack/internal/netnstest"
 )
 
-// tiny is the tiny image that the tests of this package share: it is built once per
-// test binary, by the first test that asks, into a directory that outlives that test.
-var tiny struct {
-	once             sync.Once
-	dir              string // removed by TestMain
-	imageDir, pubKey string
-	built            bool
+// store holds the images the tests of this package share, signed with one key: each
+// is built once per test binary, by the first test that asks, into a directory that
+// outlives that test (removed by TestMain).
+var store struct {
+	once         sync.Once
+	dir          string
+	priv, pubKey string
+	ok           bool
+	tiny, simGPU sharedImage
 }
 
-// sharedTinyImage is buildTinyImage at most once per package run: TestTinyNodeJoin and
-// TestPowerOnToNode boot the same image, so CI builds tiny once. The image is linked
-// (or copied) out of the building test's temporary directory, which goes when that test
-// ends.
+// sharedImage is one image of the store.
+type sharedImage struct {
+	once     sync.Once
+	imageDir string // empty: its build failed
+}
+
+// simGPUSection makes the tiny profile a simulated GPU image (gpu.simulator): the GPU
+// container runtime of its containerd, and the agent's simulator of a DGX H100 (8
+// simulated GPUs, labelled so everywhere) served to kubelet by the device plugin; no
+// driver.
+const simGPUSection = `gpu:
+  vendor: nvidia
+  simulator: dgxh100
+  expect: {count: 8, product: NVIDIA H100 80GB HBM3, memoryMiB: 81559, pcie: {gen: 5, width: 16}, nvlinkLinks: 18}
+`
+
+// sharedTinyImage is the tiny image, built at most once per package run:
+// TestTinyNodeJoin, TestPowerOnToNode and the others boot the same image, so CI builds
+// it once.
 func sharedTinyImage(t *testing.T, root, gpuimage, k8sDir string) (imageDir, pubKey string) {
 	t.Helper()
-	tiny.once.Do(func() {
-		img, pub := buildTinyImage(t, root, gpuimage, k8sDir) // a t.Fatal here leaves built false
-		dir, err := os.MkdirTemp("", "gpurack-tiny-")
+	return storeImage(t, &store.tiny, root, gpuimage, k8sDir, "tiny", ""), store.pubKey
+}
+
+// storeImage builds img (buildTinyImage with name and section) once and links it out
+// of the building test's temporary directory, which goes when that test ends, into the
+// store.
+func storeImage(t *testing.T, img *sharedImage, root, gpuimage, k8sDir, name, section string) string {
+	t.Helper()
+	store.once.Do(func() {
+		dir, err := os.MkdirTemp("", "gpurack-images-")
 		if err != nil {
 			t.Fatal(err)
 		}
-		tiny.dir = dir
-		imageDir = filepath.Join(dir, "store", filepath.Base(img))
-		pubKey = filepath.Join(dir, "key.pub.pem")
-		if err := linkTree(img, imageDir); err != nil {
-			t.Fatalf("keep the tiny image for the other tests: %v", err)
-		}
-		if err := linkTree(pub, pubKey); err != nil {
-			t.Fatalf("keep the tiny image's key for the other tests: %v", err)
-		}
-		tiny.imageDir, tiny.pubKey, tiny.built = imageDir, pubKey, true
+		store.dir = dir
+		store.priv, store.pubKey = filepath.Join(dir, "key.pem"), filepath.Join(dir, "key.pub.pem")
+		runGpuimage(t, root, gpuimage, "keygen", store.priv, store.pubKey)
+		store.ok = true
 	})
-	if !tiny.built {
-		t.Fatal("the tiny image was not built: an earlier test of this package failed to build it (its log says why)")
+	if !store.ok {
+		t.Fatal("the shared image store was not made: an earlier test of this package failed to make it (its log says why)")
 	}
-	return tiny.imageDir, tiny.pubKey
+	img.once.Do(func() {
+		built := buildTinyImage(t, root, gpuimage, k8sDir, name, section, store.priv) // a t.Fatal here leaves imageDir empty
+		dst := filepath.Join(store.dir, "store", filepath.Base(built))
+		if err := linkTree(built, dst); err != nil {
+			t.Fatalf("keep the %s image for the other tests: %v", name, err)
+		}
+		img.imageDir = dst
+	})
+	if img.imageDir == "" {
+		t.Fatalf("the %s image was not built: an earlier test of this package failed to build it (its log says why)", name)
+	}
+	return img.imageDir
 }
 
 // linkTree recreates src (a file or a directory tree) at dst with hard links, copying
@@ -100,11 +129,11 @@ func copyFile(src, dst string) error {
 	return out.Close()
 }
 
-// TestMain removes the shared tiny image after the package's tests.
+// TestMain removes the shared images after the package's tests.
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if tiny.dir != "" {
-		os.RemoveAll(tiny.dir)
+	if store.dir != "" {
+		os.RemoveAll(store.dir)
 	}
 	os.Exit(code)
 }
@@ -136,4 +165,17 @@ func joinImage(t *testing.T) (bins joinBinaries, imageDir, pubKey string) {
 	}
 	imageDir, pubKey = sharedTinyImage(t, root, bins.gpuimage, k8sDir)
 	return bins, imageDir, pubKey
+}
+
+// simGPUImage is the simulated GPU variant of the tiny image (simGPUSection), built
+// from this tree at most once per package run, in the tiny image's store and signed
+// with the same key.
+func simGPUImage(t *testing.T, bins joinBinaries) string {
+	t.Helper()
+	k8sDir := buildtest.RequireImageTools(t, "go")
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return storeImage(t, &store.simGPU, root, bins.gpuimage, k8sDir, "tiny-simgpu", simGPUSection)
 }

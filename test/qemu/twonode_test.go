@@ -29,25 +29,50 @@ var twoNodeMachines = []twoNodeMachine{
 	{"52:54:00:e2:e0:22", "10.0.2.22", "GPR-TWO-0002", "5e1f0c2a-8d4b-4f7e-9a61-0c3d2b1a0e22", "gpu-r1-b"},
 }
 
-// TestTwoNodePodNetwork boots two machines of the tiny image on one boot network (a
-// bridge in a namespace, gpuboot's full DHCP with a reservation each), approves both,
-// waits for both Nodes to be Ready, then has a pod on node A reach a pod on node B by
-// its pod IP and through a ClusterIP Service: the pod network across nodes and
-// kube-proxy, nothing simulated. It runs once per flannel backend, vxlan and host-gw;
-// the backend reaches the nodes in their JoinBundle (gpuboot's cluster.podNetwork),
-// so both runs boot the same image.
+// TestTwoNodePodNetwork boots two machines on one boot network (a bridge in a
+// namespace, gpuboot's full DHCP with a reservation each), approves both, waits for
+// both Nodes to be Ready, then has a pod on node A reach a pod on node B by its pod IP
+// and through a ClusterIP Service: the pod network across nodes and kube-proxy. It
+// runs once per flannel backend, vxlan and host-gw; the backend reaches the nodes in
+// their JoinBundle (gpuboot's cluster.podNetwork).
 //
-// Each backend takes about 4 minutes on 2 cores (two emulated machines at once); CI
-// runs it, and so does `make e2e` (docs/testing.md).
+// In the vxlan run node B boots the simulated GPU variant of the tiny image
+// (simGPUImage, chosen by a gpuboot selector on its MAC; gpuboot allows simulated
+// machines), and after the pod network check it must give GPUs to pods
+// (simGPUNodeChecks): the device plugin, CDI through nvidia-container-runtime on the
+// node's containerd 1.6, XID withdrawal and a kubelet restart, in a QEMU node.
+// Everything about its GPUs says simulated. In the host-gw run both machines boot the
+// tiny image.
+//
+// Each run takes about 7 minutes on 2 cores (two emulated machines at once), the GPU
+// checks about 5 more. `make test` (CI) runs vxlan; host-gw only with
+// GPURACK_E2E_HOSTGW=1, which `make e2e` sets (docs/testing.md).
 func TestTwoNodePodNetwork(t *testing.T) {
 	testreq.Tool(t, "qemu-system-x86_64", "apt-get install qemu-system-x86 (make deps installs it)")
 	bins, imageDir, pubKey := joinImage(t)
+	simGPUDir := ""
+	if os.Getenv("GPURACK_JOIN_IMAGE") == "" {
+		simGPUDir = simGPUImage(t, bins)
+	} else {
+		t.Log("GPURACK_JOIN_IMAGE: node B boots that image in both runs, and the simulated GPU node's checks do not run (its image is built from this tree into another store); unset it to run them")
+	}
 	for _, backend := range []string{"vxlan", "host-gw"} {
-		t.Run(backend, func(t *testing.T) { twoNodes(t, bins, imageDir, pubKey, backend) })
+		gpuDir := ""
+		if backend == "vxlan" {
+			gpuDir = simGPUDir
+		}
+		t.Run(backend, func(t *testing.T) {
+			if backend == "host-gw" {
+				testreq.OptIn(t, "GPURACK_E2E_HOSTGW", "a second two-node run, with flannel host-gw, about 7 minutes: CI's hour has room for one two-node run (vxlan, with the simulated GPU node); make e2e runs both")
+			}
+			twoNodes(t, bins, imageDir, pubKey, gpuDir, backend)
+		})
 	}
 }
 
-func twoNodes(t *testing.T, bins joinBinaries, imageDir, pubKey, backend string) {
+// twoNodes is one run of TestTwoNodePodNetwork; with simGPUDir set, node B boots that
+// image (in the same store, signed with the same key) and gets the GPU checks.
+func twoNodes(t *testing.T, bins joinBinaries, imageDir, pubKey, simGPUDir, backend string) {
 	imageID := filepath.Base(imageDir)
 	env := netnstest.New(t)
 	ns := env.Namespace()
@@ -67,6 +92,14 @@ func twoNodes(t *testing.T, bins joinBinaries, imageDir, pubKey, backend string)
 			}
 		}
 	})
+	enrollment, selectors := "", ""
+	if simGPUDir != "" {
+		if filepath.Dir(simGPUDir) != filepath.Dir(imageDir) {
+			t.Fatalf("the simulated GPU image %s is not in the tiny image's store %s", simGPUDir, filepath.Dir(imageDir))
+		}
+		enrollment = "{unknownMachines: discover, allowSimulated: true}"
+		selectors = fmt.Sprintf(`[{name: sim-gpu, match: {machine: "%s"}, image: %s}]`, twoNodeMachines[1].mac, filepath.Base(simGPUDir))
+	}
 	var reservations []string
 	for _, m := range twoNodeMachines {
 		reservations = append(reservations, fmt.Sprintf(`{mac: "%s", ip: %s}`, m.mac, m.ip))
@@ -80,6 +113,8 @@ dhcp:
 tftp: {enabled: false}`, br.Name, joinHost, strings.Join(reservations, ", ")),
 		podNetwork: "{backend: " + backend + "}",
 		clusterDNS: clusterDNSAddress(t, ctx, admin),
+		enrollment: enrollment,
+		selectors:  selectors,
 	})
 
 	// Both machines boot at once, as a rack does: the kernel and initrd from the boot
@@ -126,6 +161,9 @@ tftp: {enabled: false}`, br.Name, joinHost, strings.Join(reservations, ", ")),
 		t.Fatalf("both Nodes have podCIDR %s", nodes[0].Spec.PodCIDR)
 	}
 	crossNodeFetch(t, ctx, admin, nodes[0], nodes[1], backend)
+	if simGPUDir != "" {
+		simGPUNodeChecks(t, ctx, admin, g, nodes[1], twoNodeMachines[1].ip)
+	}
 }
 
 // twoNodeQEMU is QEMU (TCG) for machine m, booting kernel and initrd with its NIC on
