@@ -22,6 +22,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -882,4 +883,34 @@ func staleNodeCredentials(t *testing.T, name string) *rest.Config {
 	return &rest.Config{TLSClientConfig: rest.TLSClientConfig{
 		CertData: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
 		KeyData:  pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})}}
+}
+
+// TestRunTrimsStartupPages: with --trim-after the agent gives back its binary's start-up
+// pages once that long has passed, says so in its log with the resident file pages
+// before and after, and goes on serving (here: its checklist keeps running). The test
+// binary is the agent here, and the test process maps the same file, so the kernel
+// keeps the pages both map: less comes back than from a lone agent (docs/agent.md).
+func TestRunTrimsStartupPages(t *testing.T) {
+	dir := t.TempDir()
+	d := startDaemon(t, nil, "--gpu-backend", "sim:dgxh100", "--profile", h100Profile, "--listen", "", "--metrics-listen", "",
+		"--socket", filepath.Join(dir, "agent.sock"), "--interval", "200ms", "--trim-after", "500ms")
+	re := regexp.MustCompile(`gave back the start-up pages of the agent's binary" mappings=(\d+) resident_file_kib_before=(\d+) resident_file_kib_after=(\d+)`)
+	var m []string
+	for deadline := time.Now().Add(30 * time.Second); m == nil; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no trim line in the agent's log:\n%s", d.stderr.String())
+		}
+		m = re.FindStringSubmatch(d.stderr.String())
+	}
+	before, _ := strconv.Atoi(m[2])
+	after, _ := strconv.Atoi(m[3])
+	if m[1] == "0" || after >= before {
+		t.Errorf("trim advised %s mappings, resident file pages %d KiB -> %d KiB: nothing given back", m[1], before, after)
+	}
+	t.Logf("resident file pages %d KiB -> %d KiB", before, after)
+	time.Sleep(time.Second) // checklists run on after the trim
+	if _, err := os.Stat(filepath.Join(dir, "agent.sock")); err != nil {
+		t.Errorf("the agent's socket is gone after the trim: %v", err)
+	}
+	d.stop(t)
 }
