@@ -26,30 +26,41 @@ const MaxOperatorReplyBytes = 256 << 20
 // chain to ca.crt and carry gpuboot's role (CONTRACTS §4): an agent certificate is
 // signed by the same CA and serverAuth too, and must not pass for gpuboot.
 func DialAdmin(addr, dir string) (bootv1.AdminServiceClient, func() error, error) {
-	caPEM, err := os.ReadFile(filepath.Join(dir, OperatorCAFile))
+	cfg, err := OperatorTLS(dir)
 	if err != nil {
-		return nil, nil, fmt.Errorf("operator credentials: %w (issue them with `gpuboot certs operator NAME --out DIR`, then pass --credentials DIR)", err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(caPEM) {
-		return nil, nil, fmt.Errorf("operator credentials: %s holds no certificate", filepath.Join(dir, OperatorCAFile))
-	}
-	kp, err := pki.LoadKeyPair(filepath.Join(dir, OperatorCertFile), filepath.Join(dir, OperatorKeyFile))
-	if err != nil {
-		return nil, nil, fmt.Errorf("operator credentials: %w", err)
+		return nil, nil, err
 	}
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
 		return nil, nil, fmt.Errorf("--server %q: want HOST:PORT", addr)
 	}
-	cfg := &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool, ServerName: host, Certificates: []tls.Certificate{kp.TLSCertificate()},
-		VerifyConnection: requireGpubootRole}
+	cfg.ServerName, cfg.VerifyConnection = host, requireGpubootRole
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(cfg)),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxOperatorReplyBytes)))
 	if err != nil {
 		return nil, nil, err
 	}
 	return bootv1.NewAdminServiceClient(conn), conn.Close, nil
+}
+
+// OperatorTLS is a client TLS configuration with the operator credentials in dir
+// (ca.crt, operator.crt, operator.key): the operator certificate, and ca.crt as the
+// only root. The caller sets the server name (and any role check) for its server:
+// gpuboot (DialAdmin) or a node's agent.
+func OperatorTLS(dir string) (*tls.Config, error) {
+	caPEM, err := os.ReadFile(filepath.Join(dir, OperatorCAFile))
+	if err != nil {
+		return nil, fmt.Errorf("operator credentials: %w (issue them with `gpuboot certs operator NAME --out DIR`, then pass --credentials DIR)", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(caPEM) {
+		return nil, fmt.Errorf("operator credentials: %s holds no certificate", filepath.Join(dir, OperatorCAFile))
+	}
+	kp, err := pki.LoadKeyPair(filepath.Join(dir, OperatorCertFile), filepath.Join(dir, OperatorKeyFile))
+	if err != nil {
+		return nil, fmt.Errorf("operator credentials: %w", err)
+	}
+	return &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool, Certificates: []tls.Certificate{kp.TLSCertificate()}}, nil
 }
 
 // requireGpubootRole refuses a server whose certificate is not gpuboot's (role

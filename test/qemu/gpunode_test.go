@@ -4,12 +4,8 @@ package qemu
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"fmt"
 	"net"
-	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -26,6 +22,7 @@ import (
 	"github.com/gpurack/gpurack/agent/cdi/cditest"
 	agentv1 "github.com/gpurack/gpurack/api/agent/v1"
 	"github.com/gpurack/gpurack/internal/nodecontract"
+	"github.com/gpurack/gpurack/pxe/server"
 )
 
 // gpuHold is how long each of the two GPU pods holds its GPUs after listing them: long
@@ -240,19 +237,12 @@ func podsStatus(ctx context.Context, admin kubernetes.Interface, names ...string
 // the agent's certificate named for its node.
 func agentClient(t *testing.T, g *namespacedGpuboot, ip, nodeName string) agentv1.AgentServiceClient {
 	t.Helper()
-	cert, err := tls.LoadX509KeyPair(filepath.Join(g.creds, "operator.crt"), filepath.Join(g.creds, "operator.key"))
-	if err != nil {
-		t.Fatalf("operator credentials: %v", err)
-	}
-	caPEM, err := os.ReadFile(filepath.Join(g.creds, "ca.crt"))
+	cfg, err := server.OperatorTLS(g.creds)
 	if err != nil {
 		t.Fatal(err)
 	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(caPEM) {
-		t.Fatalf("%s holds no certificate", filepath.Join(g.creds, "ca.crt"))
-	}
-	creds := credentials.NewTLS(&tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}, RootCAs: pool, ServerName: nodeName})
+	cfg.ServerName = nodeName
+	creds := credentials.NewTLS(cfg)
 	conn, err := grpc.NewClient("passthrough:///"+ip+":50051", grpc.WithTransportCredentials(creds),
 		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) { return nsDial(g.ns)(ctx, "tcp", addr) }))
 	if err != nil {
