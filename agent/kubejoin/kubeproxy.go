@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"strings"
 
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -67,11 +69,37 @@ func KubeProxyConfig(j KubeProxyJoin) ([]byte, error) {
 		"detectLocalMode": "NodeCIDR",
 		// Where KubeProxySynced reads whether the rules are in place.
 		"metricsBindAddress": KubeProxyMetricsAddr,
+		// nf_conntrack_tcp_be_liberal=1: a packet of a Service connection that
+		// conntrack finds outside the TCP window (a spurious retransmit under load)
+		// would otherwise be INVALID, leave un-NATed, and the pod that gets it resets
+		// the connection (kubernetes#74839). The nftables mode has no INVALID-drop
+		// rule to hide that; this is upstream's workaround for it, and the iptables
+		// mode then leaves its drop rule out. CheckConntrackLiberal reads it back.
+		"conntrack": map[string]any{"tcpBeLiberal": true},
 	}
 	if j.ClusterCIDR != "" {
 		cfg["clusterCIDR"] = j.ClusterCIDR
 	}
 	return yaml.Marshal(cfg)
+}
+
+// ConntrackLiberalSysctl is the setting kube-proxy's tcpBeLiberal writes, in the
+// node's network namespace.
+const ConntrackLiberalSysctl = "/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal"
+
+// CheckConntrackLiberal returns nil when the sysctl at path (ConntrackLiberalSysctl)
+// is on, else an error that says what it costs.
+func CheckConntrackLiberal(path string) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("conntrack: %w", err)
+	}
+	if v := strings.TrimSpace(string(b)); v != "1" {
+		return fmt.Errorf("%s is %q, not 1: a connection through a Service can be reset when conntrack "+
+			"finds one of its packets outside the TCP window (kubernetes#74839); kube-proxy sets it from "+
+			"conntrack.tcpBeLiberal in %s", path, v, DefaultKubeProxyConfig)
+	}
+	return nil
 }
 
 // CheckNFTables returns an error wrapping ErrNoNFTables, saying what to fix, unless

@@ -17,7 +17,8 @@ import (
 
 // TestStartKubeProxy writes kube-proxy's configuration for real and reads it back
 // strictly as kube-proxy's own KubeProxyConfiguration type: nftables mode, the node's
-// name, kubelet's kubeconfig, local traffic by the node's podCIDR.
+// name, kubelet's kubeconfig, local traffic by the node's podCIDR, liberal TCP
+// conntrack.
 func TestStartKubeProxy(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "kube-proxy", "config.yaml")
 	h := &fakeHost{}
@@ -38,12 +39,30 @@ func TestStartKubeProxy(t *testing.T) {
 	}
 	if c.Kind != "KubeProxyConfiguration" || c.APIVersion != "kubeproxy.config.k8s.io/v1alpha1" || c.Mode != "nftables" ||
 		c.HostnameOverride != "node-1" || c.ClientConnection.Kubeconfig != j.Kubeconfig ||
-		c.DetectLocalMode != "NodeCIDR" || c.ClusterCIDR != "10.244.0.0/16" {
+		c.DetectLocalMode != "NodeCIDR" || c.ClusterCIDR != "10.244.0.0/16" || !c.Conntrack.TCPBeLiberal {
 		t.Errorf("config.yaml:\n%s", b)
 	}
 	h = &fakeHost{fail: errors.New("job failed")}
 	if err := StartKubeProxy(context.Background(), h, path, j); err == nil || !strings.Contains(err.Error(), "kube-proxy.service") {
 		t.Errorf("failed start: %v", err)
+	}
+}
+
+// TestCheckConntrackLiberal reads the sysctl back: on is nil, off or unreadable is an
+// error that says what it costs.
+func TestCheckConntrackLiberal(t *testing.T) {
+	dir := t.TempDir()
+	on, off := filepath.Join(dir, "on"), filepath.Join(dir, "off")
+	os.WriteFile(on, []byte("1\n"), 0o644)
+	os.WriteFile(off, []byte("0\n"), 0o644)
+	if err := CheckConntrackLiberal(on); err != nil {
+		t.Errorf("on: %v", err)
+	}
+	if err := CheckConntrackLiberal(off); err == nil || !strings.Contains(err.Error(), `is "0", not 1`) || !strings.Contains(err.Error(), "kubernetes#74839") {
+		t.Errorf("off: %v", err)
+	}
+	if err := CheckConntrackLiberal(filepath.Join(dir, "absent")); err == nil || !strings.Contains(err.Error(), "conntrack:") {
+		t.Errorf("absent: %v", err)
 	}
 }
 

@@ -21,6 +21,9 @@ type kubeProxyService struct {
 	metrics string
 	synced  chan struct{}
 	console string
+	// conntrack is the sysctl kube-proxy's tcpBeLiberal sets
+	// (kubejoin.ConntrackLiberalSysctl), read back once the rules are in place.
+	conntrack string
 }
 
 func (n *node) kubeProxy(kubeconfig, nodeName, clusterCIDR string) *kubeProxyService {
@@ -30,7 +33,8 @@ func (n *node) kubeProxy(kubeconfig, nodeName, clusterCIDR string) *kubeProxySer
 	}
 	return &kubeProxyService{host: host, path: kubejoin.DefaultKubeProxyConfig,
 		j:       kubejoin.KubeProxyJoin{NodeName: nodeName, Kubeconfig: kubeconfig, ClusterCIDR: clusterCIDR},
-		metrics: "http://" + kubejoin.KubeProxyMetricsAddr + "/metrics", synced: make(chan struct{}), console: n.cfg.Console}
+		metrics: "http://" + kubejoin.KubeProxyMetricsAddr + "/metrics", synced: make(chan struct{}), console: n.cfg.Console,
+		conntrack: kubejoin.ConntrackLiberalSysctl}
 }
 
 // WaitSynced returns once kube-proxy has put its Service rules in place, or with
@@ -83,8 +87,12 @@ func (s *kubeProxyService) Run(ctx context.Context) error {
 		}
 	}
 	close(s.synced)
-	s.set(Running, started+"; Service rules in place")
-	consoleLine(s.console, "gpuagent: kube-proxy: Service rules in place")
+	inPlace := "Service rules in place; TCP conntrack liberal"
+	if err := kubejoin.CheckConntrackLiberal(s.conntrack); err != nil {
+		inPlace = "Service rules in place; WARNING: " + err.Error()
+	}
+	s.set(Running, started+"; "+inPlace)
+	consoleLine(s.console, "gpuagent: kube-proxy: "+inPlace)
 	<-ctx.Done()
 	return nil
 }

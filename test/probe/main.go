@@ -17,9 +17,10 @@
 //	                                bus (a pod that mounts the host's /run/dbus, as
 //	                                root), each waited for; exit 1 if one fails
 //	probe hold URL DURATION [EVERY] GET URL every EVERY (default 2s) for DURATION over
-//	                                one keep-alive connection; exit 1 if a request
-//	                                fails or needs a new connection (the one held was
-//	                                dropped). The summary goes to the termination message.
+//	                                one connection; exit 1 at the first request that
+//	                                fails, saying what ended the connection (reset,
+//	                                closed, timed out). The summary goes to the
+//	                                termination message.
 //	probe chroot DIR CMD [ARG...]   run CMD with DIR as the root directory (a privileged
 //	                                pod with the host's / mounted at DIR: the node's own
 //	                                tools, for a test's diagnostics)
@@ -39,6 +40,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -145,7 +147,7 @@ func run(args []string, stdout io.Writer, termLog string) error {
 		if err != nil || d <= 0 || every <= 0 {
 			return fmt.Errorf("probe hold: DURATION and EVERY are durations such as 3m and 2s: %v", args[1:])
 		}
-		summary, err := hold(newClient(serviceAccountCA), args[0], d, every)
+		summary, err := hold(tlsConfig(serviceAccountCA), args[0], d, every)
 		report(stdout, termLog, summary+"\n")
 		return err
 	case "flip":
@@ -240,15 +242,20 @@ func resolve(ctx context.Context, name string) ([]string, error) {
 // newClient is an HTTP client that also trusts the CA at caFile when it exists.
 func newClient(caFile string) *http.Client {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
-	if pem, err := os.ReadFile(caFile); err == nil {
-		pool, err := x509.SystemCertPool()
-		if err != nil || pool == nil {
-			pool = x509.NewCertPool()
-		}
-		pool.AppendCertsFromPEM(pem)
-		tr.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
-	}
+	tr.TLSClientConfig = tlsConfig(caFile)
 	return &http.Client{Transport: tr, Timeout: 10 * time.Second}
+}
+
+// tlsConfig trusts the system's CAs and also the one at caFile when it exists.
+func tlsConfig(caFile string) *tls.Config {
+	pool, err := x509.SystemCertPool()
+	if err != nil || pool == nil {
+		pool = x509.NewCertPool()
+	}
+	if pem, err := os.ReadFile(caFile); err == nil {
+		pool.AppendCertsFromPEM(pem)
+	}
+	return &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
 }
 
 // fetch GETs u and returns the response's status line ("200 OK"); any answer is a
@@ -288,31 +295,57 @@ func fetchTimed(ctx context.Context, c *http.Client, u string) (string, time.Dur
 	return resp.Status, connect, nil
 }
 
-// hold GETs u every interval for d with c, and fails at the first request that errs
-// or does not reuse the connection the first one opened. It returns a summary either
-// way.
-func hold(c *http.Client, u string, d, every time.Duration) (string, error) {
+// hold GETs u every interval for d over one connection it dials itself, and fails
+// at the first request that errs: with no transport in between to retry quietly on a
+// new connection, the error says what ended the held one (a reset, the peer's close,
+// a timeout). It returns a summary either way.
+func hold(tlsConf *tls.Config, u string, d, every time.Duration) (string, error) {
+	pu, err := url.Parse(u)
+	if err != nil || (pu.Scheme != "http" && pu.Scheme != "https") || pu.Host == "" {
+		return fmt.Sprintf("hold %s: not an http or https URL", u), fmt.Errorf("url %q: want an http or https URL", u)
+	}
+	addr := pu.Host
+	if pu.Port() == "" {
+		addr = net.JoinHostPort(pu.Hostname(), map[string]string{"http": "80", "https": "443"}[pu.Scheme])
+	}
 	start := time.Now()
+	conn, err := net.DialTimeout("tcp", addr, 10*time.Second)
+	if err != nil {
+		return fmt.Sprintf("hold %s: no connection", u), err
+	}
+	defer conn.Close()
+	name := conn.LocalAddr().String() + "->" + conn.RemoteAddr().String()
+	if pu.Scheme == "https" {
+		c := tlsConf.Clone()
+		c.ServerName = pu.Hostname()
+		conn = tls.Client(conn, c)
+	}
+	br := bufio.NewReader(conn)
+	req, err := http.NewRequest(http.MethodGet, u, nil)
+	if err != nil {
+		return fmt.Sprintf("hold %s: bad request", u), err
+	}
 	n := 0
 	for ; n == 0 || time.Since(start) < d; n++ {
 		if n > 0 {
 			time.Sleep(every)
 		}
-		reused := false
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) { reused = i.Reused }})
-		_, _, err := fetchTimed(ctx, c, u)
-		cancel()
-		at := time.Since(start).Round(time.Millisecond)
-		switch {
-		case err != nil:
-			return fmt.Sprintf("hold %s: request %d at %s failed after %d on one connection", u, n+1, at, n), err
-		case n > 0 && !reused:
-			return fmt.Sprintf("hold %s: request %d at %s needed a new connection", u, n+1, at),
-				fmt.Errorf("the connection held for %s was dropped", at)
+		conn.SetDeadline(time.Now().Add(10 * time.Second))
+		err := req.Write(conn)
+		if err == nil {
+			var resp *http.Response
+			if resp, err = http.ReadResponse(br, req); err == nil {
+				_, err = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
+				resp.Body.Close()
+			}
+		}
+		if err != nil {
+			at := time.Since(start).Round(time.Millisecond)
+			return fmt.Sprintf("hold %s: request %d at %s failed after %d over the connection %s: %v", u, n+1, at, n, name, err),
+				fmt.Errorf("the connection held for %s ended: %w", at, err)
 		}
 	}
-	return fmt.Sprintf("hold %s: %d requests over one connection for %s", u, n, time.Since(start).Round(time.Millisecond)), nil
+	return fmt.Sprintf("hold %s: %d requests over one connection (%s) for %s", u, n, name, time.Since(start).Round(time.Millisecond)), nil
 }
 
 // newHandler serves the probe's HTTP endpoints; every answer is JSON but /.

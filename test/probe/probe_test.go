@@ -181,7 +181,8 @@ func TestRunCommands(t *testing.T) {
 }
 
 // TestHold: hold passes while one connection carries every request, and fails when
-// the server drops it (here: answers "Connection: close").
+// the server drops it (here: answers "Connection: close"), or when there is no
+// server.
 func TestHold(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
 	defer srv.Close()
@@ -196,10 +197,16 @@ func TestHold(t *testing.T) {
 	closing := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Header().Set("Connection", "close") }))
 	defer closing.Close()
 	out.Reset()
-	if err := run([]string{"hold", closing.URL, "300ms", "50ms"}, &out, termLog); err == nil || !strings.Contains(out.String(), "request 2 at") {
-		t.Errorf("probe hold of a server that closes: %q %v, want request 2 to need a new connection", out.String(), err)
+	// No transport retries quietly on a new connection: request 2 fails, saying how
+	// the held connection ended.
+	if err := run([]string{"hold", closing.URL, "300ms", "50ms"}, &out, termLog); err == nil ||
+		!strings.Contains(out.String(), "request 2 at") || !strings.Contains(out.String(), "EOF") {
+		t.Errorf("probe hold of a server that closes: %q %v, want request 2 to fail with the server's close (EOF)", out.String(), err)
 	}
-	for _, args := range [][]string{{"hold", srv.URL}, {"hold", srv.URL, "soon"}, {"hold", srv.URL, "1s", "-1s"}} {
+	gone := httptest.NewServer(http.NotFoundHandler())
+	gone.Close()
+	for _, args := range [][]string{{"hold", srv.URL}, {"hold", srv.URL, "soon"}, {"hold", srv.URL, "1s", "-1s"},
+		{"hold", gone.URL, "1s"}, {"hold", "ftp://example.org/x", "1s"}} {
 		if err := run(args, io.Discard, termLog); err == nil {
 			t.Errorf("probe %q: no error", args)
 		}

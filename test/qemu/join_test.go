@@ -235,8 +235,10 @@ func TestTinyNodeJoin(t *testing.T) {
 		return "no Ready condition"
 	})
 	t.Logf("Node %s: Ready=True, podCIDR %s", joinNode, node.Spec.PodCIDR)
-	// Ready waits for kube-proxy's rules (the pod network writes the conflist after).
-	if want := "gpuagent: kube-proxy: Service rules in place"; !strings.Contains(con.text(), want) {
+	// Ready waits for kube-proxy's rules (the pod network writes the conflist after),
+	// and kube-proxy has turned liberal TCP conntrack on (without it, the held
+	// connection below was now and then reset at the restarts: kubernetes#74839).
+	if want := "gpuagent: kube-proxy: Service rules in place; TCP conntrack liberal"; !strings.Contains(con.text(), want) {
 		t.Errorf("the Node is Ready but the console lacks %q", want)
 	}
 	// 5. Pods: the probe reaches the apiserver through the kubernetes Service's
