@@ -21,9 +21,6 @@ type kubeProxyService struct {
 	metrics string
 	synced  chan struct{}
 	console string
-	// conntrack is the sysctl kube-proxy's tcpBeLiberal sets
-	// (kubejoin.ConntrackLiberalSysctl), read back once the rules are in place.
-	conntrack string
 }
 
 func (n *node) kubeProxy(kubeconfig, nodeName, clusterCIDR string) *kubeProxyService {
@@ -33,8 +30,7 @@ func (n *node) kubeProxy(kubeconfig, nodeName, clusterCIDR string) *kubeProxySer
 	}
 	return &kubeProxyService{host: host, path: kubejoin.DefaultKubeProxyConfig,
 		j:       kubejoin.KubeProxyJoin{NodeName: nodeName, Kubeconfig: kubeconfig, ClusterCIDR: clusterCIDR},
-		metrics: "http://" + kubejoin.KubeProxyMetricsAddr + "/metrics", synced: make(chan struct{}), console: n.cfg.Console,
-		conntrack: kubejoin.ConntrackLiberalSysctl}
+		metrics: "http://" + kubejoin.KubeProxyMetricsAddr + "/metrics", synced: make(chan struct{}), console: n.cfg.Console}
 }
 
 // WaitSynced returns once kube-proxy has put its Service rules in place, or with
@@ -88,7 +84,7 @@ func (s *kubeProxyService) Run(ctx context.Context) error {
 	}
 	close(s.synced)
 	inPlace := "Service rules in place; TCP conntrack liberal"
-	if err := kubejoin.CheckConntrackLiberal(s.conntrack); err != nil {
+	if err := kubejoin.CheckConntrackLiberal(kubejoin.ConntrackLiberalSysctl); err != nil {
 		inPlace = "Service rules in place; WARNING: " + err.Error()
 	}
 	s.set(Running, started+"; "+inPlace)

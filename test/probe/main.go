@@ -147,7 +147,7 @@ func run(args []string, stdout io.Writer, termLog string) error {
 		if err != nil || d <= 0 || every <= 0 {
 			return fmt.Errorf("probe hold: DURATION and EVERY are durations such as 3m and 2s: %v", args[1:])
 		}
-		summary, err := hold(tlsConfig(serviceAccountCA), args[0], d, every)
+		summary, err := hold(serviceAccountCA, args[0], d, every)
 		report(stdout, termLog, summary+"\n")
 		return err
 	case "flip":
@@ -278,9 +278,8 @@ func fetchTimed(ctx context.Context, c *http.Client, u string) (string, time.Dur
 			}
 		},
 	})
-	pu, err := url.Parse(u)
-	if err != nil || (pu.Scheme != "http" && pu.Scheme != "https") || pu.Host == "" {
-		return "", 0, fmt.Errorf("url %q: want an http or https URL", u)
+	if _, err := httpURL(u); err != nil {
+		return "", 0, err
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
@@ -295,14 +294,23 @@ func fetchTimed(ctx context.Context, c *http.Client, u string) (string, time.Dur
 	return resp.Status, connect, nil
 }
 
-// hold GETs u every interval for d over one connection it dials itself, and fails
-// at the first request that errs: with no transport in between to retry quietly on a
-// new connection, the error says what ended the held one (a reset, the peer's close,
-// a timeout). It returns a summary either way.
-func hold(tlsConf *tls.Config, u string, d, every time.Duration) (string, error) {
+// httpURL parses u, which must be an http or https URL with a host.
+func httpURL(u string) (*url.URL, error) {
 	pu, err := url.Parse(u)
 	if err != nil || (pu.Scheme != "http" && pu.Scheme != "https") || pu.Host == "" {
-		return fmt.Sprintf("hold %s: not an http or https URL", u), fmt.Errorf("url %q: want an http or https URL", u)
+		return nil, fmt.Errorf("url %q: want an http or https URL", u)
+	}
+	return pu, nil
+}
+
+// hold GETs u every interval for d over one connection it dials itself (for https,
+// trusting caFile too), and fails at the first request that errs: with no transport
+// in between to retry quietly on a new connection, the error says what ended the
+// held one (a reset, the peer's close, a timeout). It returns a summary either way.
+func hold(caFile, u string, d, every time.Duration) (string, error) {
+	pu, err := httpURL(u)
+	if err != nil {
+		return fmt.Sprintf("hold %s: not an http or https URL", u), err
 	}
 	addr := pu.Host
 	if pu.Port() == "" {
@@ -316,7 +324,7 @@ func hold(tlsConf *tls.Config, u string, d, every time.Duration) (string, error)
 	defer conn.Close()
 	name := conn.LocalAddr().String() + "->" + conn.RemoteAddr().String()
 	if pu.Scheme == "https" {
-		c := tlsConf.Clone()
+		c := tlsConfig(caFile)
 		c.ServerName = pu.Hostname()
 		conn = tls.Client(conn, c)
 	}
