@@ -98,6 +98,9 @@ type CertRequest struct {
 	CommonName string
 	// Organizations is the subject O; gpurack puts the role here (see Role).
 	Organizations []string
+	// OrganizationalUnits is the subject OU; an operator certificate's level goes here
+	// (see OperatorLevel).
+	OrganizationalUnits []string
 	// DNSNames and IPs are the subject alternative names. A certificate
 	// with ServerAuth needs at least one of them.
 	DNSNames []string
@@ -243,7 +246,7 @@ func (ca *CA) Certify(req CertRequest, pub crypto.PublicKey) (*x509.Certificate,
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber:          serial,
-		Subject:               pkix.Name{CommonName: req.CommonName, Organization: req.Organizations},
+		Subject:               pkix.Name{CommonName: req.CommonName, Organization: req.Organizations, OrganizationalUnit: req.OrganizationalUnits},
 		DNSNames:              req.DNSNames,
 		IPAddresses:           req.IPs,
 		NotBefore:             start,

@@ -548,3 +548,47 @@ func assertOnlyFiles(t *testing.T, dir string, names ...string) {
 		t.Errorf("%s holds %v, want %v", dir, got, names)
 	}
 }
+
+func TestOperatorLevels(t *testing.T) {
+	ca, err := NewCA(CARequest{CommonName: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	issue := func(ous ...string) *x509.Certificate {
+		kp, err := ca.Issue(CertRequest{CommonName: "x", Organizations: []string{string(RoleOperators)}, OrganizationalUnits: ous, Usages: []Usage{ClientAuth}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return kp.Cert
+	}
+	viewer := mustIssue(t)(IssueOperatorLevel(ca, "v", LevelViewer)).Cert
+	agent := mustIssue(t)(IssueAgent(ca, "node-1", nil)).Cert
+	for _, tt := range []struct {
+		name string
+		cert *x509.Certificate
+		want OperatorLevel
+	}{
+		{"viewer", viewer, LevelViewer},
+		{"admin by IssueOperator", mustIssue(t)(IssueOperator(ca, "a")).Cert, LevelAdmin},
+		{"no level: issued before levels, an admin", issue(), LevelAdmin},
+		{"two levels: none", issue(string(LevelViewer), string(LevelAdmin)), ""},
+		{"unknown OU ignored", issue("team-a", string(LevelOperator)), LevelOperator},
+		{"agent: no level", agent, ""},
+	} {
+		if got := OperatorLevelOf(tt.cert); got != tt.want {
+			t.Errorf("%s: OperatorLevelOf = %q, want %q", tt.name, got, tt.want)
+		}
+	}
+	if LevelViewer.Allows(LevelOperator) || !LevelAdmin.Allows(LevelViewer) || !LevelOperator.Allows(LevelOperator) || OperatorLevel("").Allows(LevelViewer) || LevelAdmin.Allows("") {
+		t.Error("Allows does not nest viewer < operator < admin, or lets an empty level through")
+	}
+	if _, err := IssueOperatorLevel(ca, "x", "root"); err == nil {
+		t.Error("IssueOperatorLevel took an unknown level")
+	}
+	if l, err := ParseOperatorLevel("operator"); err != nil || l != LevelOperator {
+		t.Errorf("ParseOperatorLevel(operator) = %q, %v", l, err)
+	}
+	if _, err := ParseOperatorLevel("root"); err == nil || !strings.Contains(err.Error(), "viewer, operator or admin") {
+		t.Errorf("ParseOperatorLevel(root) = %v", err)
+	}
+}

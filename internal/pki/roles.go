@@ -153,9 +153,88 @@ func agentRequest(nodeName string, ips []net.IP) (CertRequest, error) {
 	}, nil
 }
 
-// IssueOperator issues an operator's client certificate (`gpuboot certs
-// operator NAME`): role RoleOperators, CN = name, clientAuth.
+// OperatorLevel is what an operator certificate lets its holder do, carried in the
+// subject's OU field beside the operator role (CONTRACTS §4). The levels nest: an admin
+// may do all an operator may, an operator all a viewer may.
+type OperatorLevel string
+
+const (
+	// LevelViewer reads: machines, history, reports, gossip key status; on an agent,
+	// Status, ListGPUs and WatchEvents.
+	LevelViewer OperatorLevel = "gpurack:level:viewer"
+	// LevelOperator also changes machines: approve, reject, decommission, resolve a
+	// conflict, rotate a gossip key, wipe a disk; on an agent, RunChecks.
+	LevelOperator OperatorLevel = "gpurack:level:operator"
+	// LevelAdmin also manages credentials (revokes operators and serials) and, on a
+	// simulated agent, injects and clears faults.
+	LevelAdmin OperatorLevel = "gpurack:level:admin"
+)
+
+// Levels lists the operator levels from least to most allowed.
+var Levels = []OperatorLevel{LevelViewer, LevelOperator, LevelAdmin}
+
+// ParseOperatorLevel reads a level as a person writes it: "viewer", "operator" or
+// "admin" (or the full OU value).
+func ParseOperatorLevel(s string) (OperatorLevel, error) {
+	for _, l := range Levels {
+		if s == string(l) || s == l.Name() {
+			return l, nil
+		}
+	}
+	return "", fmt.Errorf("operator level %q: use viewer, operator or admin", s)
+}
+
+// Name is the level as a person writes it: viewer, operator or admin.
+func (l OperatorLevel) Name() string { return strings.TrimPrefix(string(l), "gpurack:level:") }
+
+// Allows reports whether level l may do what need requires.
+func (l OperatorLevel) Allows(need OperatorLevel) bool {
+	return l.rank() >= need.rank() && need.rank() > 0
+}
+
+func (l OperatorLevel) rank() int {
+	for i, x := range Levels {
+		if x == l {
+			return i + 1
+		}
+	}
+	return 0
+}
+
+// OperatorLevelOf returns the level of an operator certificate: the one level its
+// subject OU names. An operator certificate that names none was issued before levels
+// existed and is an admin's (every operator could do everything then); one that names
+// two different levels, or any certificate without the operator role, has none ("").
+func OperatorLevelOf(cert *x509.Certificate) OperatorLevel {
+	if RoleOf(cert) != RoleOperators {
+		return ""
+	}
+	var found OperatorLevel
+	for _, ou := range cert.Subject.OrganizationalUnit {
+		l := OperatorLevel(ou)
+		if l.rank() == 0 {
+			continue
+		}
+		if found != "" && found != l {
+			return ""
+		}
+		found = l
+	}
+	if found == "" {
+		return LevelAdmin
+	}
+	return found
+}
+
+// IssueOperator issues an admin's client certificate (`gpuboot init`'s first operator):
+// IssueOperatorLevel with LevelAdmin.
 func IssueOperator(ca *CA, name string) (*KeyPair, error) {
+	return IssueOperatorLevel(ca, name, LevelAdmin)
+}
+
+// IssueOperatorLevel issues an operator's client certificate (`gpuboot certs operator
+// NAME --level L`): role RoleOperators, level in the OU, CN = name, clientAuth.
+func IssueOperatorLevel(ca *CA, name string, level OperatorLevel) (*KeyPair, error) {
 	if name == "" || len(name) > 64 {
 		return nil, fmt.Errorf("issue operator certificate: name %q must be 1 to 64 characters", name)
 	}
@@ -164,10 +243,14 @@ func IssueOperator(ca *CA, name string) (*KeyPair, error) {
 			return nil, fmt.Errorf("issue operator certificate: name %q contains a non-printable character", name)
 		}
 	}
+	if level.rank() == 0 {
+		return nil, fmt.Errorf("issue operator certificate: level %q: use viewer, operator or admin", level)
+	}
 	return ca.Issue(CertRequest{
-		CommonName:    name,
-		Organizations: []string{string(RoleOperators)},
-		Usages:        []Usage{ClientAuth},
+		CommonName:          name,
+		Organizations:       []string{string(RoleOperators)},
+		OrganizationalUnits: []string{string(level)},
+		Usages:              []Usage{ClientAuth},
 	})
 }
 
