@@ -209,24 +209,32 @@ type registerCall struct {
 }
 
 // rowHolder returns the id of another machine the allowlist row that d matched is
-// bound to: one, other than id's, whose identity matches the same row and which an
-// approval bound (or is in conflict). One row approves at most one machine (issue
-// 14): a listed serial and MAC with another UUID is a second identity and waits for
-// an operator.
+// bound to: one, other than id's, whose identity matches the same row and which claims
+// it (inventory.Machine.Claimant: an approval bound it, it is in conflict, or it was
+// decommissioned and its allowlist approval is spent). One row approves at most one
+// machine (issue 14): a listed serial and MAC with another UUID is a second identity
+// and waits for an operator.
+//
+// Unapproved callers reach it, so it reads the store's claims index by the row's MAC
+// (or serial): the cost is the claimants of that MAC, not the inventory.
 func (s *Service) rowHolder(ctx context.Context, id identity.Identity, d policy.Decision) (string, error) {
 	if !d.ByAllowlist() || s.cfg.Policy.List == nil {
 		return "", nil
 	}
-	all, err := s.store.List(ctx)
+	mac, serial := id.MAC, ""
+	if !d.RowHasMAC {
+		mac, serial = "", id.Serial
+	}
+	claims, err := s.store.Claimants(ctx, mac, serial)
 	if err != nil {
 		return "", err
 	}
-	for _, m := range all {
-		if m.Identity == id || !(m.State.Bound() || m.State == inventory.Conflict) {
+	for _, c := range claims {
+		if c.Identity == id {
 			continue
 		}
-		if e, ok := s.cfg.Policy.List.Match(m.Identity); ok && e.Line == d.Line {
-			return m.ID, nil
+		if e, ok := s.cfg.Policy.List.Match(c.Identity); ok && e.Line == d.Line {
+			return c.ID, nil
 		}
 	}
 	return "", nil

@@ -15,28 +15,35 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/gpurack/gpurack/pxe/identity"
 	bolterrors "go.etcd.io/bbolt/errors"
 )
 
-// Bucket names of the bbolt layout (schema version 2):
+// Bucket names of the bbolt layout (schema version 3):
 //
 //	machines:   id → Machine as JSON
 //	identities: Identity.Key → id
 //	nodes:      NodeName "\x00" id → id, for every machine with a node name
+//	claims:     "m\x00" MAC "\x00" id and "s\x00" serial "\x00" id → Identity.Key,
+//	            for every claimant (Machine.Claimant); no serial entry without a serial
 //	history:    id → bucket of 8-byte big-endian Seq → Transition as JSON
-//	meta:       "schema" → "2"
+//	meta:       "schema" → "3"
 //
-// Version 1 had no nodes bucket; OpenBolt builds it from the machines and moves the
-// file to version 2, after which a gpuboot that reads version 1 refuses the file
-// rather than writing machines without updating the index.
+// Version 1 had no nodes bucket, version 2 no claims bucket; OpenBolt builds what is
+// missing from the machines and moves the file to version 3, after which a gpuboot
+// that reads an older version refuses the file rather than writing machines without
+// updating the indexes.
 var (
 	bucketMachines   = []byte("machines")
 	bucketIdentities = []byte("identities")
 	bucketNodes      = []byte("nodes")
+	bucketClaims     = []byte("claims")
 	bucketHistory    = []byte("history")
 	bucketMeta       = []byte("meta")
 	keySchema        = []byte("schema")
-	schemaVersion    = []byte("2")
+	schemaVersion    = []byte("3")
+	schemaVersion2   = []byte("2")
 	schemaVersion1   = []byte("1")
 )
 
@@ -67,7 +74,7 @@ func OpenBolt(path string) (*BoltStore, error) {
 		return nil, fmt.Errorf("open inventory %s: %w", path, err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketMachines, bucketIdentities, bucketNodes, bucketHistory, bucketMeta} {
+		for _, b := range [][]byte{bucketMachines, bucketIdentities, bucketNodes, bucketClaims, bucketHistory, bucketMeta} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
@@ -76,9 +83,14 @@ func OpenBolt(path string) (*BoltStore, error) {
 		switch v := meta.Get(keySchema); {
 		case v == nil:
 			return meta.Put(keySchema, schemaVersion)
-		case bytes.Equal(v, schemaVersion1):
-			if err := buildNodeIndex(tx); err != nil {
-				return fmt.Errorf("migrate schema 1 to 2 (node name index): %w", err)
+		case bytes.Equal(v, schemaVersion1), bytes.Equal(v, schemaVersion2):
+			if bytes.Equal(v, schemaVersion1) {
+				if err := buildNodeIndex(tx); err != nil {
+					return fmt.Errorf("migrate schema 1 to 2 (node name index): %w", err)
+				}
+			}
+			if err := buildClaimIndex(tx); err != nil {
+				return fmt.Errorf("migrate schema %s to 3 (claims index): %w", v, err)
 			}
 			return meta.Put(keySchema, schemaVersion)
 		case !bytes.Equal(v, schemaVersion):
@@ -118,6 +130,9 @@ func (s *BoltStore) Create(_ context.Context, m *Machine, ts ...Transition) erro
 			return err
 		}
 		if err := indexNode(tx, "", m); err != nil {
+			return err
+		}
+		if err := indexClaim(tx, nil, m); err != nil {
 			return err
 		}
 		if err := putMachine(machines, m); err != nil {
@@ -194,6 +209,32 @@ func (s *BoltStore) ByNodeName(_ context.Context, nodeName string) ([]*Machine, 
 	return out, err
 }
 
+// Claimants implements Store. It reads the claims index only: no machine is decoded.
+func (s *BoltStore) Claimants(_ context.Context, mac, serial string) ([]Claim, error) {
+	var prefix []byte
+	switch {
+	case mac != "":
+		prefix = claimKey("m", mac, "")
+	case serial != "":
+		prefix = claimKey("s", serial, "")
+	default:
+		return nil, nil
+	}
+	var out []Claim
+	err := s.db.View(func(tx *bolt.Tx) error {
+		c := tx.Bucket(bucketClaims).Cursor()
+		for k, v := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
+			id, err := parseIdentityKey(string(v))
+			if err != nil {
+				return fmt.Errorf("claims index entry %q: %w", k, err)
+			}
+			out = append(out, Claim{ID: string(k[len(prefix):]), Identity: id})
+		}
+		return nil
+	})
+	return out, err
+}
+
 // Update implements Store. An update that changes nothing (no transition, the same
 // encoded machine) is not written.
 func (s *BoltStore) Update(_ context.Context, id string, fn func(*Machine) ([]Transition, error)) (*Machine, error) {
@@ -226,6 +267,9 @@ func (s *BoltStore) Update(_ context.Context, id string, fn func(*Machine) ([]Tr
 			}
 		}
 		if err := indexNode(tx, old.NodeName, m); err != nil {
+			return err
+		}
+		if err := indexClaim(tx, old, m); err != nil {
 			return err
 		}
 		if err := putMachine(tx.Bucket(bucketMachines), m); err != nil {
@@ -332,6 +376,64 @@ func indexNode(tx *bolt.Tx, oldName string, m *Machine) error {
 		return nil
 	}
 	return nodes.Put(nodeKey(m.NodeName, m.ID), []byte(m.ID))
+}
+
+// claimKey is a claims index key: kind "m" (MAC) or "s" (serial), the value, and the
+// machine id. MACs, serials (printable ASCII, pxe/identity) and ids hold no NUL byte,
+// so the key with an empty id is the prefix of exactly the claimants with that value.
+func claimKey(kind, value, id string) []byte {
+	return []byte(kind + "\x00" + value + "\x00" + id)
+}
+
+// claimKeys are m's claims index keys.
+func claimKeys(m *Machine) [][]byte {
+	keys := [][]byte{claimKey("m", m.Identity.MAC, m.ID)}
+	if m.Identity.Serial != "" {
+		keys = append(keys, claimKey("s", m.Identity.Serial, m.ID))
+	}
+	return keys
+}
+
+// indexClaim brings m's claims index entries from old's (nil: none) to m's.
+func indexClaim(tx *bolt.Tx, old, m *Machine) error {
+	was := old != nil && old.Claimant()
+	if was == m.Claimant() {
+		return nil
+	}
+	claims := tx.Bucket(bucketClaims)
+	for _, k := range claimKeys(m) {
+		var err error
+		if was {
+			err = claims.Delete(k)
+		} else {
+			err = claims.Put(k, []byte(m.Identity.Key()))
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// buildClaimIndex fills the claims index from the machines bucket (schema 2 → 3).
+func buildClaimIndex(tx *bolt.Tx) error {
+	return tx.Bucket(bucketMachines).ForEach(func(k, v []byte) error {
+		m := new(Machine)
+		if err := json.Unmarshal(v, m); err != nil {
+			return fmt.Errorf("machine %s: stored record does not decode: %w", k, err)
+		}
+		return indexClaim(tx, nil, m)
+	})
+}
+
+// parseIdentityKey reverses identity.Identity.Key ("mac|uuid|serial"; the serial may
+// hold "|", the MAC and UUID never do).
+func parseIdentityKey(k string) (identity.Identity, error) {
+	parts := strings.SplitN(k, "|", 3)
+	if len(parts) != 3 || parts[0] == "" {
+		return identity.Identity{}, fmt.Errorf("identity key %q is not mac|uuid|serial", k)
+	}
+	return identity.Identity{MAC: parts[0], UUID: parts[1], Serial: parts[2]}, nil
 }
 
 // buildNodeIndex fills the nodes index from the machines bucket (schema 1 → 2).

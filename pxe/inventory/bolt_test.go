@@ -234,7 +234,7 @@ func TestBoltNodeNameIndex(t *testing.T) {
 }
 
 // TestBoltMigratesSchema1 opens an inventory written before the node name index
-// existed: OpenBolt builds the index and marks the file schema 2.
+// existed: OpenBolt builds the indexes and marks the file schema 3.
 func TestBoltMigratesSchema1(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "inventory.db")
 	db, err := bolt.Open(path, 0o600, nil)
@@ -276,17 +276,20 @@ func TestBoltMigratesSchema1(t *testing.T) {
 	}
 	var schema string
 	_ = s.db.View(func(tx *bolt.Tx) error { schema = string(tx.Bucket(bucketMeta).Get(keySchema)); return nil })
-	if schema != "2" {
-		t.Errorf("schema after migration %q; want 2", schema)
+	if schema != "3" {
+		t.Errorf("schema after migration %q; want 3", schema)
+	}
+	if got, err := s.Claimants(context.Background(), "52:54:00:00:00:02", ""); err != nil || len(got) != 1 || got[0].ID != "m2" {
+		t.Errorf("claimants of 52:54:00:00:00:02 after migration: %+v, %v; want m2", got, err)
 	}
 	s.Close()
 
 	// A file from a newer gpuboot is refused with a message naming both versions.
 	db, _ = bolt.Open(path, 0o600, nil)
-	_ = db.Update(func(tx *bolt.Tx) error { return tx.Bucket([]byte("meta")).Put([]byte("schema"), []byte("3")) })
+	_ = db.Update(func(tx *bolt.Tx) error { return tx.Bucket([]byte("meta")).Put([]byte("schema"), []byte("4")) })
 	db.Close()
-	if _, err := OpenBolt(path); err == nil || !strings.Contains(err.Error(), `schema version "3"`) {
-		t.Errorf("schema 3: %v; want a version error", err)
+	if _, err := OpenBolt(path); err == nil || !strings.Contains(err.Error(), `schema version "4"`) {
+		t.Errorf("schema 4: %v; want a version error", err)
 	}
 }
 

@@ -73,6 +73,12 @@ type Machine struct {
 	// deleted.
 	BootstrapTokenIDs []string `json:"bootstrapTokenIds,omitempty"`
 
+	// AllowlistSpent is set when the machine is decommissioned: the allowlist row
+	// that matches it approved it once and approves neither it nor another identity
+	// on the row again until an operator approves it (which clears this). The record
+	// keeps it across the boot that starts the machine over.
+	AllowlistSpent bool `json:"allowlistSpent,omitempty"`
+
 	LastBootAt time.Time `json:"lastBootAt,omitzero"`
 	CreatedAt  time.Time `json:"createdAt"`
 	UpdatedAt  time.Time `json:"updatedAt"`
@@ -118,6 +124,14 @@ type Approval struct {
 	IssuedAt       time.Time `json:"issuedAt"`
 	ExpiresAt      time.Time `json:"expiresAt"`
 	Used           bool      `json:"used,omitempty"`
+}
+
+// Claimant reports whether m claims its hardware identity against other records: an
+// approval bound it (Bound), it is in conflict, or it was retired with its allowlist
+// approval spent. pxe/enroll lets one claimant hold an allowlist row; the store
+// indexes claimants by MAC and serial (Store.Claimants).
+func (m *Machine) Claimant() bool {
+	return m.State.Bound() || m.State == Conflict || m.AllowlistSpent
 }
 
 // FindKey returns the index of the key with fingerprint fp in m.Keys, or -1.

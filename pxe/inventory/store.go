@@ -3,6 +3,8 @@ package inventory
 import (
 	"context"
 	"errors"
+
+	"github.com/gpurack/gpurack/pxe/identity"
 )
 
 // Errors a Store wraps.
@@ -12,6 +14,12 @@ var (
 	// ErrExists: Create for an identity (or id) already recorded.
 	ErrExists = errors.New("machine already recorded")
 )
+
+// Claim is one claimant of a hardware identity (Store.Claimants).
+type Claim struct {
+	ID       string
+	Identity identity.Identity
+}
 
 // Store persists machines and their transitions. Implementations make every call
 // atomic: Create and Update write the machine, its identity and node name indexes and
@@ -29,6 +37,10 @@ type Store interface {
 	// an index (not a scan of every machine). At most one of them is not
 	// decommissioned; decommissioned machines keep their name until they boot again.
 	ByNodeName(ctx context.Context, nodeName string) ([]*Machine, error)
+	// Claimants returns the id and identity of every claimant (Machine.Claimant) whose
+	// MAC is mac, or, when mac is empty, whose serial is serial, ordered by id, from an
+	// index: the cost is the number of claimants returned, not of machines.
+	Claimants(ctx context.Context, mac, serial string) ([]Claim, error)
 	// List returns every machine, ordered by id.
 	List(ctx context.Context) ([]*Machine, error)
 	// Update reads the machine with id, calls fn with a copy, and writes the copy

@@ -61,6 +61,9 @@ type Decision struct {
 	// One row approves at most one machine: pxe/enroll checks that no other machine
 	// holds the row before it acts on an allowlist approval.
 	Line int
+	// RowHasMAC is true when the matched row names a MAC (every machine the row
+	// matches then has that MAC), false when it names only a serial.
+	RowHasMAC bool
 	// EKHash is the TPM Endorsement Key the matched row names ("sha256:HEX"); empty
 	// when none. With a TPM identity mode only that EK may claim the identity.
 	EKHash string
@@ -102,7 +105,7 @@ func (p Policy) Decide(id identity.Identity) Decision {
 	var d Decision
 	if p.List != nil {
 		if e, ok := p.List.Match(id); ok {
-			d.Rack, d.Slot, d.Line, d.EKHash = e.Rack, e.Slot, e.Line, e.EKHash
+			d.Rack, d.Slot, d.Line, d.EKHash, d.RowHasMAC = e.Rack, e.Slot, e.Line, e.EKHash, e.MAC != ""
 			if p.Mode == Allowlist {
 				d.Approve = true
 				d.Actor = fmt.Sprintf("policy:allowlist:%d", e.Line)
