@@ -123,6 +123,10 @@ func pool(ca *x509.Certificate) *x509.CertPool {
 // agent certificate is refused: it is signed by the same CA, but a node must not drive
 // another node's agent (InjectFault, RunChecks). A certificate on revoked (gpuboot's
 // revocation list, which heartbeat answers bring; nil: none) is refused too.
+//
+// These checks run once, when a connection opens; the connection then lives on. The
+// gRPC server checks every call again (agent/server.Guard: the list as it is now and
+// the operator level each method needs) and ends open streams a new list revokes.
 func (c *Credentials) ServerTLS(revoked *pki.RevocationList) *tls.Config {
 	return &tls.Config{
 		MinVersion:   tls.VersionTLS12,

@@ -146,6 +146,9 @@ type node struct {
 	// revoked is gpuboot's certificate revocation list as the last heartbeat answer
 	// brought it, kept in the key directory; the mutual-TLS API refuses what is on it.
 	revoked *pki.RevocationList
+	// guard authorises every call on the mutual-TLS API against revoked and the
+	// operator levels; useRevocations has it end the streams a new list revokes.
+	guard *server.Guard
 	// pods says which containers hold the GPUs (kubelet's pod-resources API), for the
 	// metrics and the heartbeat; tenants names their namespaces' tenants.
 	pods    *podres.Cache
@@ -162,6 +165,7 @@ func newNode(ctx context.Context, cfg Config) (*node, error) {
 	n := &node{cfg: cfg, log: log, services: NewServices(ctx, log), started: time.Now(),
 		identity: cfg.FactsRoot.ReadIdentity(), imageID: cfg.FactsRoot.ImageID()}
 	n.revoked = loadRevocations(cfg.KeyDir, log)
+	n.guard = server.NewGuard(n.revoked)
 	n.pods = &podres.Cache{Socket: podres.Socket(cfg.KubeletDir)}
 	n.tenants = &podres.Tenants{Kubeconfig: kubeletPaths(cfg.KubeletDir).Kubeconfig}
 	n.name.set(cfg.NodeName)
@@ -218,7 +222,7 @@ func newNode(ctx context.Context, cfg Config) (*node, error) {
 		if err != nil {
 			return fail(err)
 		}
-		gs, _ := server.NewGRPC(n.api, nil)
+		gs, _ := server.NewGRPC(n.api, nil, nil)
 		start = append(start, &grpcService{name: "grpc-unix", l: l, gs: gs, log: log, socket: cfg.Socket})
 	}
 	switch {
@@ -229,7 +233,7 @@ func newNode(ctx context.Context, cfg Config) (*node, error) {
 			return fail(fmt.Errorf("--listen: %w", err))
 		}
 		log.Warn("serving gRPC WITHOUT TLS (--insecure); use only in labs")
-		gs, _ := server.NewGRPC(n.api, nil)
+		gs, _ := server.NewGRPC(n.api, nil, nil)
 		start = append(start, &grpcService{name: "grpc-tcp-plaintext", l: l, gs: gs, log: log})
 	case cfg.Enroll != nil:
 		log.Info("no TCP gRPC until enrollment brings the agent certificate; the local socket serves", "socket", cfg.Socket)
@@ -286,7 +290,7 @@ func (n *node) bundleServices(bundle *bootv1.JoinBundle, creds *joinbundle.Crede
 			}
 			return nil, fmt.Errorf("--listen: %w", err)
 		}
-		gs, _ := server.NewGRPC(n.api, creds.ServerTLS(n.revoked))
+		gs, _ := server.NewGRPC(n.api, creds.ServerTLS(n.revoked), n.guard)
 		out = append(out, &grpcService{name: "grpc-tcp-mtls", l: l, gs: gs, log: n.log})
 	}
 	return out, nil

@@ -37,6 +37,11 @@ func (n *node) useRevocations(r *bootv1.Revocations) {
 		return
 	}
 	n.log.Info("revocation list from gpuboot installed", "serials", len(r.GetSerials()), "digest", n.revoked.Digest())
+	if n.guard != nil {
+		if ended := n.guard.Recheck(); ended > 0 {
+			n.log.Warn("ended API streams whose operator certificate the new list revokes", "streams", ended)
+		}
+	}
 	if n.cfg.KeyDir != "" {
 		if err := n.revoked.Save(filepath.Join(n.cfg.KeyDir, revocationsFile)); err != nil {
 			n.log.Warn("revocation list not kept; an agent restart starts empty until the next heartbeat answer", "error", err)

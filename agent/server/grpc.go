@@ -13,12 +13,17 @@ import (
 )
 
 // NewGRPC returns a gRPC server with AgentService, grpc.health.v1 (SERVING for "" and
-// the service name) and server reflection. tlsConf nil means plaintext: the local unix
+// the service name) and server reflection. With tlsConf (mutual TLS) guard authorises
+// every call and must not be nil; tlsConf nil means plaintext, guard nil: the local unix
 // socket, or TCP behind --insecure.
-func NewGRPC(svc agentv1.AgentServiceServer, tlsConf *tls.Config) (*grpc.Server, *health.Server) {
+func NewGRPC(svc agentv1.AgentServiceServer, tlsConf *tls.Config, guard *Guard) (*grpc.Server, *health.Server) {
 	var opts []grpc.ServerOption
 	if tlsConf != nil {
+		if guard == nil {
+			panic("server.NewGRPC: mutual TLS without a Guard would authorise calls at the handshake only")
+		}
 		opts = append(opts, grpc.Creds(credentials.NewTLS(tlsConf)))
+		opts = append(opts, guard.ServerOptions()...)
 	}
 	s := grpc.NewServer(opts...)
 	agentv1.RegisterAgentServiceServer(s, svc)
