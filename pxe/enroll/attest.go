@@ -2,6 +2,7 @@ package enroll
 
 import (
 	"bytes"
+	"container/list"
 	"context"
 	"crypto/rand"
 	"crypto/rsa"
@@ -12,6 +13,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -204,6 +206,23 @@ func publicKeyDER(p *tpm2.TPMTPublic) ([]byte, error) {
 	return nil, fmt.Errorf("key type %#x; want RSA or ECC", uint16(p.Type))
 }
 
+// Bounds on the open TPM challenges (issue 33). Anyone who reaches the TLS port can
+// ask for one with public EK and AK parts (a software-made EK under trust on first use,
+// a real TPM's certified EK, which is public, under ekRoots), so the table is shared
+// out: an unbound EK holds at most maxChallengesPerEK, a source address (an IPv6 /64)
+// at most maxChallengesPerSource, and challenges for EKs no machine is bound to at most
+// strangerChallenges of the maxPendingTPMChecks. A challenge for an EK the inventory
+// binds to the identity it claims (a known machine after a reboot, or a manifest row's
+// ekHash) is never refused for room: when the table is full it takes the place of the
+// oldest challenge, so filling the table only shortens how long a challenge waits (the
+// table's size in calls, at the rate the source limiter lets through: at 5 calls/s
+// from 100 sources, 8 s), and an agent answers within a second.
+const (
+	maxChallengesPerEK     = 4
+	maxChallengesPerSource = 8
+	strangerChallenges     = maxPendingTPMChecks * 3 / 4
+)
+
 // pendingTPM is a credential challenge waiting for its answer.
 type pendingTPM struct {
 	id      string
@@ -211,34 +230,89 @@ type pendingTPM struct {
 	ekHash  string
 	akName  []byte
 	expires time.Time
+	// source is the caller's address (SourcePrefix); known is set when the EK is
+	// bound to the identity the call claimed.
+	source netip.Prefix
+	known  bool
 }
 
-// tpmChallenges are the open challenges, one per enrollment key fingerprint. They
-// live in memory: a gpuboot restart forgets them and the agent gets a new one.
+// tpmChallenges are the open challenges, one per enrollment key fingerprint, in two
+// queues oldest first: for known EKs and for strangers. They live in memory: a
+// gpuboot restart forgets them and the agent gets a new one.
 type tpmChallenges struct {
-	mu sync.Mutex
-	m  map[string]pendingTPM
+	mu        sync.Mutex
+	m         map[string]*list.Element // fingerprint → element of known or strangers, Value *challengeEntry
+	known     list.List
+	strangers list.List
+	bySource  map[netip.Prefix]int
+	byEK      map[string]int // strangers only
+	swept     time.Time
 }
 
-// put stores p for the key fp, replacing an earlier one. It refuses when too many
-// unexpired challenges wait.
+type challengeEntry struct {
+	fp string
+	p  pendingTPM
+}
+
+// errChallengeRoom is a refusal of put; the message says what is full.
+type errChallengeRoom struct{ what string }
+
+func (e errChallengeRoom) Error() string { return e.what }
+
+// put stores p for the key fp, replacing an earlier one of fp. It refuses when p's
+// source, p's EK (a stranger's) or the strangers' share holds too many unexpired
+// challenges; a known EK's challenge is not refused for room (see strangerChallenges).
 func (c *tpmChallenges) put(fp string, p pendingTPM, now time.Time) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.m == nil {
-		c.m = map[string]pendingTPM{}
+		c.m = map[string]*list.Element{}
+		c.bySource = map[netip.Prefix]int{}
+		c.byEK = map[string]int{}
 	}
-	if _, ok := c.m[fp]; !ok && len(c.m) >= maxPendingTPMChecks {
-		for k, v := range c.m {
-			if !now.Before(v.expires) {
-				delete(c.m, k)
+	if el, ok := c.m[fp]; ok {
+		c.remove(el)
+	}
+	full := func() error {
+		switch {
+		case c.bySource[p.source] >= maxChallengesPerSource:
+			return errChallengeRoom{fmt.Sprintf("%s holds %d open TPM challenges, the most one address may; answer them or try again in %s", p.source, maxChallengesPerSource, tpmChallengeTTL)}
+		case !p.known && c.byEK[p.ekHash] >= maxChallengesPerEK:
+			return errChallengeRoom{fmt.Sprintf("EK %s has %d open TPM challenges, the most an EK no machine is bound to may; answer one or try again in %s", short(p.ekHash), maxChallengesPerEK, tpmChallengeTTL)}
+		case !p.known && c.strangers.Len() >= strangerChallenges:
+			return errChallengeRoom{fmt.Sprintf("%d TPM challenges for EKs no machine is bound to are waiting for their answer; try again in %s", c.strangers.Len(), tpmChallengeTTL)}
+		}
+		return nil
+	}
+	if full() != nil || c.len() >= maxPendingTPMChecks {
+		c.sweep(now)
+	}
+	if err := full(); err != nil {
+		return err
+	}
+	if c.len() >= maxPendingTPMChecks {
+		// Only a known EK's challenge, or a stranger's within the strangers' share,
+		// gets here: it takes the place of the oldest challenge it may displace.
+		oldest := c.known.Front()
+		if p.known {
+			// The older of the two queues' fronts; a stranger's on a tie.
+			if s := c.strangers.Front(); s != nil && (oldest == nil || !oldest.Value.(*challengeEntry).p.expires.Before(s.Value.(*challengeEntry).p.expires)) {
+				oldest = s
 			}
 		}
-		if len(c.m) >= maxPendingTPMChecks {
-			return fmt.Errorf("%d TPM challenges are waiting for their answer; try again in %s", len(c.m), tpmChallengeTTL)
+		if oldest == nil {
+			return errChallengeRoom{fmt.Sprintf("%d TPM challenges are waiting for their answer; try again in %s", c.len(), tpmChallengeTTL)}
 		}
+		c.remove(oldest)
 	}
-	c.m[fp] = p
+	q := &c.strangers
+	if p.known {
+		q = &c.known
+	} else {
+		c.byEK[p.ekHash]++
+	}
+	c.bySource[p.source]++
+	c.m[fp] = q.PushBack(&challengeEntry{fp: fp, p: p})
 	return nil
 }
 
@@ -247,12 +321,68 @@ func (c *tpmChallenges) put(fp string, p pendingTPM, now time.Time) error {
 func (c *tpmChallenges) take(fp string, now time.Time) (pendingTPM, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	p, ok := c.m[fp]
-	delete(c.m, fp)
-	if !ok || !now.Before(p.expires) {
+	el, ok := c.m[fp]
+	if !ok {
+		return pendingTPM{}, false
+	}
+	p := el.Value.(*challengeEntry).p
+	c.remove(el)
+	if !now.Before(p.expires) {
 		return pendingTPM{}, false
 	}
 	return p, true
+}
+
+func (c *tpmChallenges) len() int { return c.known.Len() + c.strangers.Len() }
+
+// remove drops el from its queue and the counts.
+func (c *tpmChallenges) remove(el *list.Element) {
+	e := el.Value.(*challengeEntry)
+	delete(c.m, e.fp)
+	if e.p.known {
+		c.known.Remove(el)
+	} else {
+		c.strangers.Remove(el)
+		if c.byEK[e.p.ekHash]--; c.byEK[e.p.ekHash] <= 0 {
+			delete(c.byEK, e.p.ekHash)
+		}
+	}
+	if c.bySource[e.p.source]--; c.bySource[e.p.source] <= 0 {
+		delete(c.bySource, e.p.source)
+	}
+}
+
+// sweep drops expired challenges from the fronts of both queues (each is in order
+// of expiry, since every challenge lives tpmChallengeTTL). The clock may step back: a
+// sweep then stops at the first unexpired one.
+func (c *tpmChallenges) sweep(now time.Time) {
+	for _, q := range []*list.List{&c.known, &c.strangers} {
+		for el := q.Front(); el != nil && !now.Before(el.Value.(*challengeEntry).p.expires); el = q.Front() {
+			c.remove(el)
+		}
+	}
+}
+
+// SourcePrefix is how gpuboot counts a caller's address: IPv4 per address, IPv6 per
+// /64 (one host usually holds a whole /64). An address it cannot read counts as the
+// zero prefix, one source for all such callers.
+func SourcePrefix(addr netip.Addr) netip.Prefix {
+	addr = addr.Unmap()
+	bits := 32
+	if addr.Is6() {
+		bits = 64
+	}
+	p, _ := addr.Prefix(bits)
+	return p
+}
+
+// sourceOf is the SourcePrefix of the gRPC peer of ctx.
+func sourceOf(ctx context.Context) netip.Prefix {
+	ap, err := netip.ParseAddrPort(remoteOf(ctx))
+	if err != nil {
+		return netip.Prefix{}
+	}
+	return SourcePrefix(ap.Addr())
 }
 
 // proveTPM runs the TPM part of a Register from the key fp for identity id (decision
@@ -266,7 +396,9 @@ func (s *Service) proveTPM(ctx context.Context, id identity.Identity, fp string,
 	if !s.cfg.Identity.usesTPM() {
 		return "", nil, nil, nil
 	}
+	var stored *inventory.Machine
 	if m, err := s.store.Lookup(ctx, id.Key()); err == nil {
+		stored = m
 		if i := m.FindKey(fp); i >= 0 && m.Keys[i].EKHash != "" {
 			return m.Keys[i].EKHash, m.Keys[i].EKCertificate, nil, nil
 		}
@@ -320,8 +452,10 @@ func (s *Service) proveTPM(ctx context.Context, id identity.Identity, fp string,
 	if err != nil {
 		return "", nil, nil, status.Errorf(codes.InvalidArgument, "register: tpm: cannot make a credential for this EK: %v", err)
 	}
-	ch := pendingTPM{id: base64.RawURLEncoding.EncodeToString(randomBytes(16)), secret: secret, ekHash: a.EKHash, akName: a.AKName, expires: now.Add(tpmChallengeTTL)}
+	ch := pendingTPM{id: base64.RawURLEncoding.EncodeToString(randomBytes(16)), secret: secret, ekHash: a.EKHash, akName: a.AKName, expires: now.Add(tpmChallengeTTL),
+		source: sourceOf(ctx), known: (stored != nil && stored.EKHash == a.EKHash) || s.cfg.Policy.Decide(id).EKHash == a.EKHash}
 	if err := s.tpm.put(fp, ch, now); err != nil {
+		s.count("tpm-limited")
 		return "", nil, nil, status.Errorf(codes.ResourceExhausted, "register: %v", err)
 	}
 	s.count("tpm-challenge")

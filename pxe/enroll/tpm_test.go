@@ -5,14 +5,21 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"crypto/tls"
+	"fmt"
 	"io"
 	"log/slog"
 	"math/big"
+	"net"
+	"net/netip"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 
 	"github.com/gpurack/gpurack/agent/attest"
@@ -390,5 +397,164 @@ func TestTPMAgentClientEnrolls(t *testing.T) {
 	m := e.machine(mac)
 	if b.GetNodeName() == "" || m.EKHash != ekHashOf(t, tpm) || m.BoundKey != bootv1.KeyFingerprint(key.Public().(ed25519.PublicKey)) {
 		t.Fatalf("bundle for %q; machine EK %s, bound %s", b.GetNodeName(), m.EKHash, m.BoundKey)
+	}
+}
+
+// clientFrom dials the service from the loopback address src (all of 127.0.0.0/8 is
+// local on Linux), so the service sees another source than 127.0.0.1.
+func (e *env) clientFrom(src string) bootv1.EnrollmentServiceClient {
+	e.t.Helper()
+	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}}
+	conn, err := grpc.NewClient(e.addr, grpc.WithTransportCredentials(credentials.NewTLS(pki.ClientConfigPinned(e.ca.Pin()))),
+		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) { return d.DialContext(ctx, "tcp", addr) }))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { conn.Close() })
+	return bootv1.NewEnrollmentServiceClient(conn)
+}
+
+// askChallenge is a stranger's Register: a fresh enrollment key, the identity id and
+// the TPM attestation att, no answer. It returns the call's error (nil: a challenge).
+func askChallenge(t *testing.T, c bootv1.EnrollmentServiceClient, id *machinev1.MachineIdentity, att *bootv1.TpmAttestation) error {
+	_, key, _ := ed25519.GenerateKey(rand.Reader)
+	req := &bootv1.RegisterRequest{PublicKey: key.Public().(ed25519.PublicKey), Tpm: &bootv1.TpmAttestation{EkPublic: att.EkPublic, AkPublic: att.AkPublic, EkCertificate: att.EkCertificate},
+		Facts: &machinev1.MachineFacts{Identity: id}}
+	if err := bootv1.SignRequest(key, bootv1.EnrollmentService_Register_FullMethodName, req, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	r, err := c.Register(context.Background(), req)
+	if err == nil && r.TpmChallenge == nil {
+		t.Fatalf("stranger's register: %s (%s) without a TPM challenge", r.Status, r.Message)
+	}
+	return err
+}
+
+// flood sends calls Registers for identity id from each of the sources numbered
+// first … first+sources-1 (127.0.N/256.N%256) at once, each with the attestation
+// att(), and returns how many got a challenge. Every refusal must be
+// ResourceExhausted.
+func flood(t *testing.T, e *env, first, sources, calls int, id *machinev1.MachineIdentity, att func() *bootv1.TpmAttestation) int {
+	t.Helper()
+	var got atomic.Int64
+	var wg sync.WaitGroup
+	for s := range sources {
+		n := first + s
+		c := e.clientFrom(fmt.Sprintf("127.0.%d.%d", n>>8, n&255))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range calls {
+				err := askChallenge(t, c, id, att())
+				if err == nil {
+					got.Add(1)
+				} else if status.Code(err) != codes.ResourceExhausted {
+					t.Errorf("flood register: %v, want a challenge or ResourceExhausted", err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return int(got.Load())
+}
+
+// TestTPMChallengeFlood performs issue 33's attack on the open TPM challenges: a
+// stranger with no TPM asks for challenges with one software-made EK from 100
+// addresses, then with a new EK on every call from one address, then with new EKs
+// from 100 addresses, and then with a known machine's public EK and AK from 100
+// addresses. Each flood holds only its share (per EK, per address); afterwards a new
+// machine with a real (software) TPM gets its challenge and enrolls, and a known
+// machine after a reboot gets its challenge and re-enrolls without an operator.
+func TestTPMChallengeFlood(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.Identity = IdentityTPM })
+	const knownMAC, newMAC = "52:54:00:00:07:21", "52:54:00:00:07:22"
+	tpmK := swtpmtest.Start(t)
+	known := withTPM(e.agent(knownMAC, "SN-TPM-K"), tpmK.Attester(t))
+	known.mustProve(bootv1.RegisterStatus_REGISTER_STATUS_PENDING)
+	e.approve(knownMAC)
+	known.fetch(known.poll(bootv1.RegisterStatus_REGISTER_STATUS_APPROVED))
+
+	stranger := &machinev1.MachineIdentity{BootMac: "52:54:00:00:07:30", Serial: "SN-FLOOD"}
+	fresh := func() *bootv1.TpmAttestation { a, _ := sampleAttestation(t); return a }
+	one := fresh()
+	if n := flood(t, e, 2, 100, 12, stranger, func() *bootv1.TpmAttestation { return one }); n != maxChallengesPerEK {
+		t.Fatalf("one EK from 100 addresses, 1200 calls: %d challenges open, want %d (maxChallengesPerEK)", n, maxChallengesPerEK)
+	}
+	if n := flood(t, e, 200, 1, 3*maxChallengesPerSource, stranger, fresh); n != maxChallengesPerSource {
+		t.Fatalf("a new EK on each of %d calls from one address: %d challenges open, want %d (maxChallengesPerSource)", 3*maxChallengesPerSource, n, maxChallengesPerSource)
+	}
+	many := flood(t, e, 300, 100, maxChallengesPerSource+2, stranger, fresh)
+	if many != 100*maxChallengesPerSource {
+		t.Fatalf("new EKs from 100 addresses: %d challenges open, want %d per address", many, maxChallengesPerSource)
+	}
+	// The known machine's EK and AK are public: a stranger sends them for the known
+	// identity from 100 addresses.
+	knownAtt := known.tpm.Attestation()
+	stolen := flood(t, e, 500, 100, maxChallengesPerSource, known.facts.Identity, func() *bootv1.TpmAttestation { return knownAtt })
+	t.Logf("open challenges after the floods: %d with one EK, %d with new EKs, %d with the known EK; table %d (strangers %d)",
+		maxChallengesPerEK, maxChallengesPerSource+many, stolen, e.svc.tpm.len(), e.svc.tpm.strangers.Len())
+	if e.svc.tpm.strangers.Len() > strangerChallenges {
+		t.Fatalf("%d stranger challenges open, above their share of %d", e.svc.tpm.strangers.Len(), strangerChallenges)
+	}
+
+	newcomer := withTPM(e.agent(newMAC, "SN-TPM-NEW"), swtpmtest.Start(t).Attester(t))
+	newcomer.mustProve(bootv1.RegisterStatus_REGISTER_STATUS_PENDING)
+	if m := e.machine(newMAC); m.State != inventory.Registered || m.Keys[0].EKHash != ekHashOf(t, newcomer.tpm) {
+		t.Fatalf("new machine after the floods: %s, EK %q", m.State, m.Keys[0].EKHash)
+	}
+
+	known.tpm.Close()
+	tpmK.Stop()
+	back := withTPM(known.rebooted(), swtpmtest.StartIn(t, tpmK.Dir).Attester(t))
+	back.fetch(back.mustProve(bootv1.RegisterStatus_REGISTER_STATUS_APPROVED))
+	if m := e.machine(knownMAC); m.BoundKey != back.fp() {
+		t.Fatalf("known machine after a reboot during the floods: bound %s, want %s", short(m.BoundKey), short(back.fp()))
+	}
+}
+
+// TestTPMChallengeTableFull: with the table full, a stranger's challenge is refused
+// once the strangers hold their share, while a known EK's takes the place of the
+// oldest; expired challenges make room again.
+func TestTPMChallengeTableFull(t *testing.T) {
+	var c tpmChallenges
+	now := time.Unix(1_700_000_000, 0)
+	src := func(i int) netip.Prefix {
+		return SourcePrefix(netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}))
+	}
+	p := func(i int, known bool) pendingTPM {
+		return pendingTPM{ekHash: fmt.Sprintf("sha256:%d", i), expires: now.Add(tpmChallengeTTL), source: src(i), known: known}
+	}
+	for i := range strangerChallenges {
+		if err := c.put(fmt.Sprint("s", i), p(i, false), now); err != nil {
+			t.Fatalf("stranger %d within the share: %v", i, err)
+		}
+	}
+	if err := c.put("s-over", p(strangerChallenges, false), now); err == nil || !strings.Contains(err.Error(), "no machine is bound to") {
+		t.Fatalf("stranger beyond the share: %v", err)
+	}
+	for i := range maxPendingTPMChecks - strangerChallenges {
+		if err := c.put(fmt.Sprint("k", i), p(i+1<<20, true), now); err != nil {
+			t.Fatalf("known %d in the reserve: %v", i, err)
+		}
+	}
+	if err := c.put("k-more", p(2<<20, true), now); err != nil {
+		t.Fatalf("known EK with the table full: %v", err)
+	}
+	if _, ok := c.take("s0", now); ok || c.len() != maxPendingTPMChecks {
+		t.Fatalf("the oldest challenge was not replaced (table %d)", c.len())
+	}
+	if _, ok := c.take("k-more", now); !ok {
+		t.Fatal("the known EK's challenge is not open")
+	}
+	now = now.Add(tpmChallengeTTL)
+	// Expired challenges go when a bound is reached: the strangers' share first.
+	for i := range 2 {
+		if err := c.put(fmt.Sprint("s-later", i), p(3<<20+i, false), now); err != nil {
+			t.Fatalf("stranger %d after every challenge expired: %v", i, err)
+		}
+	}
+	if c.len() != 2 || len(c.bySource) != 2 || len(c.byEK) != 2 {
+		t.Fatalf("after the sweep: %d challenges, %d sources, %d EKs counted", c.len(), len(c.bySource), len(c.byEK))
 	}
 }
