@@ -39,7 +39,8 @@ type BootDecision struct {
 // DecideBoot handles a /boot.ipxe request for id from remote (CONTRACTS §2.1, §2.2):
 // an unknown identity is recorded as discovered (within the bounds on unauthenticated
 // creations); for a known identity the request is only recorded (LastBootAt); a
-// decommissioned machine starts over as discovered. remote is logged only: nothing is
+// decommissioned machine starts over as discovered, its allowlist approval still spent
+// (inventory.Machine.AllowlistSpent) when it had one, so only an operator approves it. remote is logged only: nothing is
 // decided on it.
 //
 // The request is unauthenticated: anyone who read a machine's MAC, UUID and serial off
@@ -75,7 +76,15 @@ func (s *Service) DecideBoot(ctx context.Context, id identity.Identity, remote n
 			m.Keys, m.BoundKey, m.Approval, m.NodeName = nil, "", nil, ""
 			m.Facts, m.Checklist, m.CommissioningReport, m.Health, m.GPUAllocation = nil, nil, nil, nil, nil
 			m.GPUAllocationAt = time.Time{}
-			t, err := inventory.Move(m, inventory.Discovered, "gpuboot", fmt.Sprintf("decommissioned machine booted again (from %s)", remote), now)
+			reason := fmt.Sprintf("decommissioned machine booted again (from %s)", remote)
+			if m.AllowlistSpent {
+				// Anyone can send this request: it starts the record over, and
+				// AllowlistSpent stays, so no allowlist row approves what registers.
+				reason += "; its allowlist approval is spent: only an operator approves it"
+				s.log.Warn("a decommissioned machine booted again: it waits for an operator (gpuboot machines approve), its allowlist row no longer approves it",
+					"machine", m.ID, "mac", id.MAC, "serial", id.Serial, "remote", remote)
+			}
+			t, err := inventory.Move(m, inventory.Discovered, "gpuboot", reason, now)
 			if err != nil {
 				return nil, err
 			}

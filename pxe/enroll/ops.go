@@ -2,12 +2,17 @@ package enroll
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"math/big"
 	"sort"
 	"strings"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
 	"github.com/gpurack/gpurack/pxe/inventory"
 )
 
@@ -92,7 +97,11 @@ func (s *Service) Approve(ctx context.Context, ref string, o ApproveOptions) (*i
 		switch m.State {
 		case inventory.Discovered, inventory.Registered, inventory.Rejected:
 		default:
-			return nil, fmt.Errorf("%w: machine %s is %s; approve works on discovered, registered or rejected machines", ErrPrecondition, m.ID, m.State)
+			hint := ""
+			if m.State == inventory.Decommissioned {
+				hint = " (a decommissioned machine that boots again starts over as discovered: approve it then)"
+			}
+			return nil, fmt.Errorf("%w: machine %s is %s; approve works on discovered, registered or rejected machines%s", ErrPrecondition, m.ID, m.State, hint)
 		}
 		var live []inventory.Key
 		for _, k := range m.Keys {
@@ -111,6 +120,8 @@ func (s *Service) Approve(ctx context.Context, ref string, o ApproveOptions) (*i
 				bindEK(m)
 			}
 		}
+		rearmed := m.AllowlistSpent
+		m.AllowlistSpent = false
 		if o.NodeName != "" {
 			m.NodeName = o.NodeName
 		}
@@ -124,6 +135,9 @@ func (s *Service) Approve(ctx context.Context, ref string, o ApproveOptions) (*i
 		reason := o.Reason
 		if m.BoundKey != "" {
 			reason += fmt.Sprintf(" (key %s)", short(m.BoundKey))
+		}
+		if rearmed {
+			reason += " (allowlist row re-armed after the decommission)"
 		}
 		t, err := inventory.Move(m, inventory.Approved, o.Actor, reason, now)
 		if err != nil {
@@ -157,6 +171,14 @@ func (s *Service) Reject(ctx context.Context, ref, actor, reason string) (*inven
 
 // Decommission retires a machine from any state (CONTRACTS §4): its agent certificates
 // are revoked, its keys dropped, and its Node and bootstrap tokens deleted.
+//
+// A machine an approval had bound (or in conflict) also spends its allowlist approval
+// (inventory.Machine.AllowlistSpent): its row approves neither it, when it boots again,
+// nor another identity on the row, until an operator approves it. And since it held its
+// rack's gossip key, a rotation of that key starts (decision 0406), so what the machine
+// keeps opens nothing once the rotation is done (rotateAfterDecommission). A rotation
+// that cannot start is an error that says what to run; the machine is decommissioned
+// anyway.
 func (s *Service) Decommission(ctx context.Context, ref, actor, reason string) (*inventory.Machine, error) {
 	if strings.TrimSpace(reason) == "" {
 		return nil, fmt.Errorf("%w: a reason is required", ErrInvalid)
@@ -166,7 +188,7 @@ func (s *Service) Decommission(ctx context.Context, ref, actor, reason string) (
 		return nil, err
 	}
 	var serials, tokens []string
-	var node string
+	var node, rotate string
 	m, err = s.update(ctx, m.ID, func(m *inventory.Machine) ([]inventory.Transition, error) {
 		if m.State == inventory.Decommissioned {
 			return nil, fmt.Errorf("%w: machine %s is already decommissioned", ErrPrecondition, m.ID)
@@ -177,8 +199,16 @@ func (s *Service) Decommission(ctx context.Context, ref, actor, reason string) (
 		for _, sn := range serials {
 			s.revoke(sn)
 		}
+		why := reason
+		if m.Claimant() {
+			m.AllowlistSpent = true
+			if _, ok := s.rings.get(m.Rack); ok {
+				rotate = m.Rack
+				why += fmt.Sprintf(" (rack %s's gossip key, which the machine held, is rotated)", m.Rack)
+			}
+		}
 		m.AgentCertSerials, m.Keys, m.BoundKey, m.Approval = nil, nil, "", nil
-		t, err := inventory.Move(m, inventory.Decommissioned, actor, reason, s.cfg.Now())
+		t, err := inventory.Move(m, inventory.Decommissioned, actor, why, s.cfg.Now())
 		if err != nil {
 			return nil, err
 		}
@@ -187,27 +217,69 @@ func (s *Service) Decommission(ctx context.Context, ref, actor, reason string) (
 	if err != nil {
 		return nil, err
 	}
+	var errs []error
+	if rotate != "" {
+		if st, err := s.rotateAfterDecommission(ctx, rotate); err != nil {
+			s.log.Warn("machine decommissioned, but its rack's gossip key could not be rotated: rotate it by hand", "machine", m.ID, "rack", rotate, "error", err)
+			errs = append(errs, fmt.Errorf("rack %s's gossip key, which machine %s held, is not rotated (%s): run `gpuboot gossip rotate %s` once `gpuboot gossip status %s` says steady",
+				rotate, m.ID, status.Convert(err).Message(), rotate, rotate))
+		} else {
+			s.log.Info("machine decommissioned: its rack's gossip key is being rotated", "machine", m.ID, "rack", rotate, "phase", PhaseWord(st.GetPhase()))
+		}
+	}
 	if s.cfg.Cluster != nil {
-		var errs []error
+		var cerrs []error
 		for _, id := range tokens {
 			if err := s.cfg.Cluster.DeleteBootstrapToken(ctx, id); err != nil {
-				errs = append(errs, err)
+				cerrs = append(cerrs, err)
 			}
 		}
 		if node != "" {
 			if err := s.cfg.Cluster.DeleteNode(ctx, node); err != nil {
-				errs = append(errs, err)
+				cerrs = append(cerrs, err)
 			}
 		}
-		if err := errors.Join(errs...); err != nil {
-			return m, fmt.Errorf("machine %s decommissioned and its certificates revoked, but cleaning up the cluster failed (retry `gpuboot machines decommission` is not needed; delete by hand): %w", m.ID, err)
+		if err := errors.Join(cerrs...); err != nil {
+			errs = append(errs, fmt.Errorf("cleaning up the cluster failed (retrying `gpuboot machines decommission` is not needed; delete by hand): %w", err))
+		} else {
+			_, _ = s.store.Update(ctx, m.ID, func(m *inventory.Machine) ([]inventory.Transition, error) {
+				m.BootstrapTokenIDs = nil
+				return nil, nil
+			})
 		}
-		_, _ = s.store.Update(ctx, m.ID, func(m *inventory.Machine) ([]inventory.Transition, error) {
-			m.BootstrapTokenIDs = nil
-			return nil, nil
-		})
+	}
+	if err := errors.Join(errs...); err != nil {
+		return m, fmt.Errorf("machine %s decommissioned and its certificates revoked, but: %w", m.ID, err)
 	}
 	return m, nil
+}
+
+// rotateAfterDecommission starts a rotation of rack's gossip key, which a machine just
+// decommissioned held. When a rotation is installing its next key already, the
+// machine may have received that key too: a fresh one replaces it, and the agents that
+// installed the replaced key take the new ring from their next heartbeat's answer
+// (they still encrypt with the primary, so nobody drops out). A rotation that is
+// retiring its old key cannot take another step: that is an error.
+func (s *Service) rotateAfterDecommission(ctx context.Context, rack string) (*bootv1.GossipKeyStatus, error) {
+	s.rings.mu.Lock()
+	r, ok := s.rings.racks[rack]
+	installing := ok && r.ring.Phase() == bootv1.GossipRotationPhase_GOSSIP_ROTATION_PHASE_INSTALLING
+	if !installing {
+		s.rings.mu.Unlock()
+		return s.RotateGossipKey(ctx, rack)
+	}
+	key := make([]byte, 32)
+	if _, err := rand.Read(key); err != nil {
+		s.rings.mu.Unlock()
+		return nil, status.Errorf(codes.Internal, "new gossip key: %v", err)
+	}
+	err := s.rings.set(rack, r, GossipRing{Primary: r.ring.Primary, Next: key}, s.cfg.Now())
+	s.rings.mu.Unlock()
+	if err != nil {
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+	s.log.Info("gossip key rotation restarted with a new next key: a decommissioned machine may hold the one being installed", "rack", rack, "next", bootv1.GossipKeyFingerprint(key))
+	return s.ringStatus(ctx, rack)
 }
 
 // ResolveConflict ends a conflict by choosing the key that keeps the identity.

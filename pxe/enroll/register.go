@@ -399,7 +399,10 @@ func decideRegister(stored *inventory.Machine, call registerCall, rules register
 		// Facts give the sku label selectors may match on.
 		m.ImageID, m.Profile = imageAndProfile(rules.Selectors, rules.Racks, m)
 	}
-	if m.State == inventory.Registered && current && len(m.Keys) == 1 {
+	// A decommissioned machine's allowlist approval is spent until an operator
+	// approves it again: its row approves it no more.
+	spent := m.AllowlistSpent && call.Verdict.ByAllowlist()
+	if m.State == inventory.Registered && current && len(m.Keys) == 1 && !spent {
 		if v := call.Verdict; v.Approve {
 			if v.Rack != "" {
 				m.Rack, m.Slot = v.Rack, v.Slot
@@ -444,6 +447,8 @@ func decideRegister(stored *inventory.Machine, call registerCall, rules register
 			resp.Message = fmt.Sprintf("another key (%s) is bound to this identity and still live; waiting for it to go away", short(m.BoundKey))
 		case len(m.Keys) > 1 && !current:
 			resp.Message = "another key for this identity is live; waiting for it to go away"
+		case spent:
+			resp.Message = "this machine was decommissioned and its allowlist row no longer approves it: an operator must approve it (gpuboot machines approve)"
 		case call.RowHeldBy != "":
 			resp.Message = fmt.Sprintf("the allowlist row for this serial and MAC is bound to machine %s; an operator must approve or reject this identity", call.RowHeldBy)
 		default:
