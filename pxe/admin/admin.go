@@ -2,7 +2,9 @@
 // gpurack.boot.v1.AdminService (gRPC), a read-only REST API over the inventory and an
 // HTML rack view with no external assets. Every request must come from an operator:
 // a client certificate of the gpurack CA with O=gpurack:operators (not revoked), or,
-// for the REST API and the rack view, an operator bearer token.
+// for the REST API and the rack view, an operator bearer token. Each call needs an
+// operator level (viewer, operator, admin; pki.OperatorLevel), given by one table
+// (levels.go) that refuses what it does not list.
 //
 // It decides nothing about machines itself: lifecycle actions go to pxe/enroll, reads
 // to the inventory (through Lifecycle and Inventory, the two small interfaces declared
@@ -53,12 +55,26 @@ type GossipKeys interface {
 	GossipKeyStatus(ctx context.Context, rack string) (*bootv1.GossipKeyStatus, error)
 }
 
-// OperatorCredentials revokes operators' certificates and tokens.
+// OperatorCredentials revokes operators' certificates and tokens and keeps the audit
+// record of revocations.
 type OperatorCredentials interface {
-	// RevokeOperator revokes name's recorded certificates and the extra serials, and
-	// removes name's tokens; it returns the serials revoked and the tokens removed.
-	// actor and reason are for the log.
-	RevokeOperator(ctx context.Context, name, actor, reason string, extraSerials []string) ([]string, int, error)
+	// RevokeOperator revokes r.Operator's recorded certificates and r.Serials, and
+	// removes r.Operator's tokens; it returns the serials revoked and the tokens
+	// removed, and appends what it did (or what failed) to the audit record.
+	RevokeOperator(ctx context.Context, r Revocation) ([]string, int, error)
+	// OperatorAudit returns the audit record, oldest first: the last limit entries,
+	// all for 0.
+	OperatorAudit(ctx context.Context, limit int) ([]*bootv1.OperatorAuditEntry, error)
+}
+
+// Revocation is one RevokeOperator call: who (Actor, "operator:NAME", at ActorLevel)
+// revokes whom (Operator, and the extra Serials), and why.
+type Revocation struct {
+	Actor      string
+	ActorLevel pki.OperatorLevel
+	Operator   string
+	Serials    []string
+	Reason     string
 }
 
 // Inventory is what the operator surface reads; an inventory.Store implements it.
@@ -123,36 +139,38 @@ func New(cfg Config) (*Server, error) {
 		known: append([]string(nil), cfg.Racks...), tokens: cfg.Tokens, gossip: cfg.Gossip, ops: cfg.Operators, quotas: cfg.Quotas, now: time.Now}, nil
 }
 
-// OperatorFromCert returns the operator name of a verified client certificate chain's
-// leaf: issued by the gpurack CA, role gpurack:operators, not revoked.
-func (s *Server) OperatorFromCert(certs []*x509.Certificate) (string, error) {
+// OperatorFromCert returns the operator a verified client certificate chain's leaf
+// names, with the level it carries: issued by the gpurack CA, role gpurack:operators,
+// not revoked. The level is checked per call (levels).
+func (s *Server) OperatorFromCert(certs []*x509.Certificate) (Caller, error) {
 	if len(certs) == 0 {
-		return "", status.Error(codes.Unauthenticated, "an operator client certificate is required (gpuboot certs operator NAME)")
+		return Caller{}, status.Error(codes.Unauthenticated, "an operator client certificate is required (gpuboot certs operator NAME)")
 	}
 	leaf := certs[0]
 	if err := leaf.CheckSignatureFrom(s.ca); err != nil {
-		return "", status.Error(codes.Unauthenticated, "client certificate not issued by the gpurack CA")
+		return Caller{}, status.Error(codes.Unauthenticated, "client certificate not issued by the gpurack CA")
 	}
 	if s.revoked(leaf.SerialNumber) {
-		return "", status.Error(codes.Unauthenticated, "client certificate revoked")
+		return Caller{}, status.Error(codes.Unauthenticated, "client certificate revoked")
 	}
 	if now := s.now(); now.After(leaf.NotAfter) || now.Before(leaf.NotBefore) {
-		return "", status.Error(codes.Unauthenticated, "client certificate expired or not yet valid")
+		return Caller{}, status.Error(codes.Unauthenticated, "client certificate expired or not yet valid")
 	}
 	if r := pki.RoleOf(leaf); r != pki.RoleOperators {
-		return "", status.Errorf(codes.PermissionDenied, "client certificate role %q; AdminService takes operators (%s) only", r, pki.RoleOperators)
+		return Caller{}, status.Errorf(codes.PermissionDenied, "client certificate role %q; AdminService takes operators (%s) only", r, pki.RoleOperators)
 	}
-	return leaf.Subject.CommonName, nil
+	return Caller{Name: leaf.Subject.CommonName, Level: pki.OperatorLevelOf(leaf)}, nil
 }
 
-func (s *Server) operator(ctx context.Context) (string, error) {
+// operatorCert authenticates the gRPC caller by its client certificate.
+func (s *Server) operatorCert(ctx context.Context) (Caller, error) {
 	p, ok := peer.FromContext(ctx)
 	if !ok {
-		return "", status.Error(codes.Unauthenticated, "no peer")
+		return Caller{}, status.Error(codes.Unauthenticated, "no peer")
 	}
 	ti, ok := p.AuthInfo.(credentials.TLSInfo)
 	if !ok {
-		return "", status.Error(codes.Unauthenticated, "an operator client certificate over TLS is required")
+		return Caller{}, status.Error(codes.Unauthenticated, "an operator client certificate over TLS is required")
 	}
 	return s.OperatorFromCert(ti.State.PeerCertificates)
 }
@@ -244,7 +262,7 @@ func sortMachines(ms []*inventory.Machine) {
 
 // ListMachines implements AdminService.
 func (s *Server) ListMachines(ctx context.Context, req *bootv1.ListMachinesRequest) (*bootv1.ListMachinesResponse, error) {
-	if _, err := s.operator(ctx); err != nil {
+	if _, err := s.operator(ctx, bootv1.AdminService_ListMachines_FullMethodName); err != nil {
 		return nil, err
 	}
 	return s.list(ctx, req)
@@ -292,7 +310,7 @@ func (s *Server) list(ctx context.Context, req *bootv1.ListMachinesRequest) (*bo
 
 // GetMachine implements AdminService.
 func (s *Server) GetMachine(ctx context.Context, req *bootv1.GetMachineRequest) (*bootv1.Machine, error) {
-	if _, err := s.operator(ctx); err != nil {
+	if _, err := s.operator(ctx, bootv1.AdminService_GetMachine_FullMethodName); err != nil {
 		return nil, err
 	}
 	return s.get(ctx, req.GetMachine())
@@ -312,11 +330,11 @@ func (s *Server) get(ctx context.Context, ref string) (*bootv1.Machine, error) {
 
 // Approve implements AdminService.
 func (s *Server) Approve(ctx context.Context, req *bootv1.ApproveRequest) (*bootv1.Machine, error) {
-	op, err := s.operator(ctx)
+	op, err := s.operator(ctx, bootv1.AdminService_Approve_FullMethodName)
 	if err != nil {
 		return nil, err
 	}
-	m, err := s.life.Approve(ctx, req.GetMachine(), enroll.ApproveOptions{Actor: "operator:" + op, Reason: req.GetReason(),
+	m, err := s.life.Approve(ctx, req.GetMachine(), enroll.ApproveOptions{Actor: "operator:" + op.Name, Reason: req.GetReason(),
 		NodeName: req.GetNodeName(), Rack: req.GetRack(), Slot: req.GetSlot()})
 	if err != nil {
 		return nil, grpcError(err)
@@ -326,11 +344,11 @@ func (s *Server) Approve(ctx context.Context, req *bootv1.ApproveRequest) (*boot
 
 // Reject implements AdminService.
 func (s *Server) Reject(ctx context.Context, req *bootv1.RejectRequest) (*bootv1.Machine, error) {
-	op, err := s.operator(ctx)
+	op, err := s.operator(ctx, bootv1.AdminService_Reject_FullMethodName)
 	if err != nil {
 		return nil, err
 	}
-	m, err := s.life.Reject(ctx, req.GetMachine(), "operator:"+op, req.GetReason())
+	m, err := s.life.Reject(ctx, req.GetMachine(), "operator:"+op.Name, req.GetReason())
 	if err != nil {
 		return nil, grpcError(err)
 	}
@@ -339,11 +357,11 @@ func (s *Server) Reject(ctx context.Context, req *bootv1.RejectRequest) (*bootv1
 
 // Decommission implements AdminService.
 func (s *Server) Decommission(ctx context.Context, req *bootv1.DecommissionRequest) (*bootv1.Machine, error) {
-	op, err := s.operator(ctx)
+	op, err := s.operator(ctx, bootv1.AdminService_Decommission_FullMethodName)
 	if err != nil {
 		return nil, err
 	}
-	m, err := s.life.Decommission(ctx, req.GetMachine(), "operator:"+op, req.GetReason())
+	m, err := s.life.Decommission(ctx, req.GetMachine(), "operator:"+op.Name, req.GetReason())
 	if err != nil && m == nil {
 		return nil, grpcError(err)
 	}
@@ -355,11 +373,11 @@ func (s *Server) Decommission(ctx context.Context, req *bootv1.DecommissionReque
 
 // ResolveConflict implements AdminService.
 func (s *Server) ResolveConflict(ctx context.Context, req *bootv1.ResolveConflictRequest) (*bootv1.Machine, error) {
-	op, err := s.operator(ctx)
+	op, err := s.operator(ctx, bootv1.AdminService_ResolveConflict_FullMethodName)
 	if err != nil {
 		return nil, err
 	}
-	m, err := s.life.ResolveConflict(ctx, req.GetMachine(), req.GetWinningKeyFingerprint(), "operator:"+op, req.GetReason())
+	m, err := s.life.ResolveConflict(ctx, req.GetMachine(), req.GetWinningKeyFingerprint(), "operator:"+op.Name, req.GetReason())
 	if err != nil {
 		return nil, grpcError(err)
 	}
@@ -368,7 +386,7 @@ func (s *Server) ResolveConflict(ctx context.Context, req *bootv1.ResolveConflic
 
 // History implements AdminService.
 func (s *Server) History(ctx context.Context, req *bootv1.HistoryRequest) (*bootv1.HistoryResponse, error) {
-	if _, err := s.operator(ctx); err != nil {
+	if _, err := s.operator(ctx, bootv1.AdminService_History_FullMethodName); err != nil {
 		return nil, err
 	}
 	return s.history(ctx, req)
@@ -420,7 +438,7 @@ func (s *Server) history(ctx context.Context, req *bootv1.HistoryRequest) (*boot
 
 // RotateGossipKey implements AdminService.
 func (s *Server) RotateGossipKey(ctx context.Context, req *bootv1.RotateGossipKeyRequest) (*bootv1.GossipKeyStatus, error) {
-	if _, err := s.operator(ctx); err != nil {
+	if _, err := s.operator(ctx, bootv1.AdminService_RotateGossipKey_FullMethodName); err != nil {
 		return nil, err
 	}
 	if s.gossip == nil {
@@ -435,7 +453,7 @@ func (s *Server) RotateGossipKey(ctx context.Context, req *bootv1.RotateGossipKe
 
 // GetGossipKeyStatus implements AdminService.
 func (s *Server) GetGossipKeyStatus(ctx context.Context, req *bootv1.GetGossipKeyStatusRequest) (*bootv1.GossipKeyStatus, error) {
-	if _, err := s.operator(ctx); err != nil {
+	if _, err := s.operator(ctx, bootv1.AdminService_GetGossipKeyStatus_FullMethodName); err != nil {
 		return nil, err
 	}
 	if s.gossip == nil {
@@ -450,7 +468,7 @@ func (s *Server) GetGossipKeyStatus(ctx context.Context, req *bootv1.GetGossipKe
 
 // RevokeOperator implements AdminService.
 func (s *Server) RevokeOperator(ctx context.Context, req *bootv1.RevokeOperatorRequest) (*bootv1.RevokeOperatorResponse, error) {
-	caller, err := s.operator(ctx)
+	caller, err := s.operator(ctx, bootv1.AdminService_RevokeOperator_FullMethodName)
 	if err != nil {
 		return nil, err
 	}
@@ -460,19 +478,38 @@ func (s *Server) RevokeOperator(ctx context.Context, req *bootv1.RevokeOperatorR
 	if req.GetName() == "" {
 		return nil, status.Error(codes.InvalidArgument, "name the operator to revoke")
 	}
-	if req.GetName() == caller {
-		return nil, status.Errorf(codes.FailedPrecondition, "operator %s cannot revoke itself: use another operator's credentials (gpuboot certs operator NAME issues one)", caller)
+	if req.GetName() == caller.Name {
+		return nil, status.Errorf(codes.FailedPrecondition, "operator %s cannot revoke itself: use another admin's credentials (gpuboot certs operator NAME --level admin issues one)", caller.Name)
 	}
-	serials, tokens, err := s.ops.RevokeOperator(ctx, req.GetName(), "operator:"+caller, req.GetReason(), req.GetSerials())
+	serials, tokens, err := s.ops.RevokeOperator(ctx, Revocation{Actor: "operator:" + caller.Name, ActorLevel: caller.Level,
+		Operator: req.GetName(), Serials: req.GetSerials(), Reason: req.GetReason()})
 	if err != nil {
 		return nil, grpcError(err)
 	}
 	return &bootv1.RevokeOperatorResponse{Serials: serials, TokensRemoved: int32(tokens)}, nil
 }
 
+// ListOperatorAudit implements AdminService.
+func (s *Server) ListOperatorAudit(ctx context.Context, req *bootv1.ListOperatorAuditRequest) (*bootv1.ListOperatorAuditResponse, error) {
+	if _, err := s.operator(ctx, bootv1.AdminService_ListOperatorAudit_FullMethodName); err != nil {
+		return nil, err
+	}
+	if s.ops == nil {
+		return nil, status.Error(codes.Unimplemented, "this gpuboot does not manage operator credentials")
+	}
+	if req.GetLimit() < 0 {
+		return nil, status.Error(codes.InvalidArgument, "limit: give 0 (all) or a positive number")
+	}
+	entries, err := s.ops.OperatorAudit(ctx, int(req.GetLimit()))
+	if err != nil {
+		return nil, grpcError(err)
+	}
+	return &bootv1.ListOperatorAuditResponse{Entries: entries}, nil
+}
+
 // RackReport implements AdminService.
 func (s *Server) RackReport(ctx context.Context, req *bootv1.RackReportRequest) (*bootv1.RackReportResponse, error) {
-	if _, err := s.operator(ctx); err != nil {
+	if _, err := s.operator(ctx, bootv1.AdminService_RackReport_FullMethodName); err != nil {
 		return nil, err
 	}
 	return s.rackReport(ctx, req.GetRack(), req.GetFormat())

@@ -29,45 +29,57 @@ import (
 //	/                                   index of racks (HTML)
 //
 // Each request needs an operator client certificate or "Authorization: Bearer TOKEN"
-// with an operator token.
+// with an operator token, and the level levels gives its route (all viewer: a token
+// acts as a viewer).
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /api/v1/machines", s.auth(s.apiList))
-	mux.HandleFunc("GET /api/v1/machines/{ref}", s.auth(s.apiGet))
-	mux.HandleFunc("GET /api/v1/machines/{ref}/history", s.auth(s.apiHistory))
-	mux.HandleFunc("GET /api/v1/history", s.auth(s.apiHistory))
-	mux.HandleFunc("GET /api/v1/racks/{rack}/report", s.auth(s.apiReport))
-	mux.HandleFunc("GET /racks/{rack}", s.auth(s.rackView))
-	mux.HandleFunc("GET /{$}", s.auth(s.index))
+	for route, h := range map[string]http.HandlerFunc{
+		routeMachines:       s.apiList,
+		routeMachine:        s.apiGet,
+		routeMachineHistory: s.apiHistory,
+		routeHistory:        s.apiHistory,
+		routeReport:         s.apiReport,
+		routeRackView:       s.rackView,
+		routeIndex:          s.index,
+	} {
+		mux.HandleFunc(route, s.auth(route, h))
+	}
 	return mux
 }
 
 type operatorKey struct{}
 
-func (s *Server) auth(h http.HandlerFunc) http.HandlerFunc {
+// auth authenticates a request (an operator client certificate, else a bearer token,
+// which acts at tokenLevel) and checks the caller's level for route.
+func (s *Server) auth(route string, h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		var name string
+		var c Caller
 		var err error
 		if r.TLS != nil && len(r.TLS.PeerCertificates) > 0 {
-			name, err = s.OperatorFromCert(r.TLS.PeerCertificates)
+			c, err = s.OperatorFromCert(r.TLS.PeerCertificates)
 		} else if tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
 			var found bool
-			if name, found = s.tokens.Operator(strings.TrimSpace(tok)); !found {
+			if c.Name, found = s.tokens.Operator(strings.TrimSpace(tok)); !found {
 				err = status.Error(codes.Unauthenticated, "unknown operator token")
 			}
+			c.Level = tokenLevel
 		} else {
 			err = status.Error(codes.Unauthenticated, "an operator client certificate or operator token is required")
+		}
+		if err == nil {
+			err = c.allow(route)
 		}
 		if err != nil {
 			code := http.StatusUnauthorized
 			if status.Code(err) == codes.PermissionDenied {
 				code = http.StatusForbidden
+			} else {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="gpuboot"`)
 			}
-			w.Header().Set("WWW-Authenticate", `Bearer realm="gpuboot"`)
 			http.Error(w, status.Convert(err).Message(), code)
 			return
 		}
-		h(w, r.WithContext(context.WithValue(r.Context(), operatorKey{}, name)))
+		h(w, r.WithContext(context.WithValue(r.Context(), operatorKey{}, c.Name)))
 	}
 }
 

@@ -30,7 +30,7 @@ type InitOptions struct {
 	Advertise []string
 	// Racks get a gossip key each.
 	Racks []string
-	// Operator names the first operator certificate.
+	// Operator names the first operator certificate (level admin).
 	Operator string
 }
 
@@ -44,7 +44,7 @@ type InitResult struct {
 
 // Init creates gpuboot's state directory (CONTRACTS §4): the gpurack CA, the server
 // certificate (role gpurack:servers), a gossip key per rack and a first operator
-// certificate. It refuses to replace an existing CA.
+// certificate, an admin's (the level that may revoke operators). It refuses to replace an existing CA.
 func Init(o InitOptions) (*InitResult, error) {
 	if o.StateDir == "" {
 		return nil, errors.New("init: --state-dir is required")
@@ -86,7 +86,7 @@ func Init(o InitOptions) (*InitResult, error) {
 		res.GossipKeys = append(res.GossipKeys, p)
 	}
 	res.OperatorDir = filepath.Join(o.StateDir, "operators", o.Operator)
-	if err := IssueOperator(o.StateDir, o.Operator, res.OperatorDir); err != nil {
+	if err := IssueOperator(o.StateDir, o.Operator, pki.LevelAdmin, res.OperatorDir); err != nil {
 		return nil, err
 	}
 	return res, nil
@@ -128,14 +128,15 @@ func EnsureGossipKey(stateDir, rack string) (string, []byte, error) {
 	return p, key, nil
 }
 
-// IssueOperator issues an operator certificate for name from the CA under stateDir and
-// writes outDir/{ca.crt,operator.crt,operator.key}.
-func IssueOperator(stateDir, name, outDir string) error {
+// IssueOperator issues an operator certificate for name at level from the CA under
+// stateDir, records it (with its level) for `gpuboot operators revoke`, and writes
+// outDir/{ca.crt,operator.crt,operator.key}.
+func IssueOperator(stateDir, name string, level pki.OperatorLevel, outDir string) error {
 	ca, err := pki.LoadCA(filepath.Join(stateDir, "pki"))
 	if err != nil {
 		return err
 	}
-	kp, err := pki.IssueOperator(ca, name)
+	kp, err := pki.IssueOperatorLevel(ca, name, level)
 	if err != nil {
 		return err
 	}
@@ -145,7 +146,7 @@ func IssueOperator(stateDir, name, outDir string) error {
 	if err := os.WriteFile(filepath.Join(outDir, OperatorCAFile), pki.EncodeCertPEM(ca.Cert), 0o644); err != nil {
 		return err
 	}
-	if err := recordOperatorCert(stateDir, name, kp.Cert.SerialNumber.Text(16), kp.Cert.NotAfter); err != nil {
+	if err := recordOperatorCert(stateDir, name, kp.Cert.SerialNumber.Text(16), kp.Cert.NotAfter, level); err != nil {
 		return fmt.Errorf("record the operator certificate (for gpuboot operators revoke): %w", err)
 	}
 	return pki.SaveKeyPair(filepath.Join(outDir, OperatorCertFile), filepath.Join(outDir, OperatorKeyFile), kp)

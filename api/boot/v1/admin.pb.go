@@ -236,6 +236,204 @@ func (ReportFormat) EnumDescriptor() ([]byte, []int) {
 	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{2}
 }
 
+// ListOperatorAuditRequest asks for the audit record.
+type ListOperatorAuditRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only the last limit entries; 0: all.
+	Limit         int32 `protobuf:"varint,1,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListOperatorAuditRequest) Reset() {
+	*x = ListOperatorAuditRequest{}
+	mi := &file_api_boot_v1_admin_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListOperatorAuditRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListOperatorAuditRequest) ProtoMessage() {}
+
+func (x *ListOperatorAuditRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_boot_v1_admin_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListOperatorAuditRequest.ProtoReflect.Descriptor instead.
+func (*ListOperatorAuditRequest) Descriptor() ([]byte, []int) {
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *ListOperatorAuditRequest) GetLimit() int32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+// ListOperatorAuditResponse is the audit record, oldest first.
+type ListOperatorAuditResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Entries       []*OperatorAuditEntry  `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListOperatorAuditResponse) Reset() {
+	*x = ListOperatorAuditResponse{}
+	mi := &file_api_boot_v1_admin_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListOperatorAuditResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListOperatorAuditResponse) ProtoMessage() {}
+
+func (x *ListOperatorAuditResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_boot_v1_admin_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListOperatorAuditResponse.ProtoReflect.Descriptor instead.
+func (*ListOperatorAuditResponse) Descriptor() ([]byte, []int) {
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ListOperatorAuditResponse) GetEntries() []*OperatorAuditEntry {
+	if x != nil {
+		return x.Entries
+	}
+	return nil
+}
+
+// OperatorAuditEntry is one revocation.
+type OperatorAuditEntry struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Time  *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=time,proto3" json:"time,omitempty"`
+	// Who revoked: "operator:NAME".
+	Actor string `protobuf:"bytes,2,opt,name=actor,proto3" json:"actor,omitempty"`
+	// The actor's level when it revoked (viewer, operator, admin).
+	ActorLevel string `protobuf:"bytes,3,opt,name=actor_level,json=actorLevel,proto3" json:"actor_level,omitempty"`
+	// Whose credentials: the operator name revoked.
+	Operator string `protobuf:"bytes,4,opt,name=operator,proto3" json:"operator,omitempty"`
+	// Certificate serial numbers (hex) put on the revocation list.
+	Serials       []string `protobuf:"bytes,5,rep,name=serials,proto3" json:"serials,omitempty"`
+	TokensRemoved int32    `protobuf:"varint,6,opt,name=tokens_removed,json=tokensRemoved,proto3" json:"tokens_removed,omitempty"`
+	Reason        string   `protobuf:"bytes,7,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Empty when the revocation completed; otherwise what failed (some serials may
+	// still have been revoked: those listed were).
+	Error         string `protobuf:"bytes,8,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OperatorAuditEntry) Reset() {
+	*x = OperatorAuditEntry{}
+	mi := &file_api_boot_v1_admin_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OperatorAuditEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OperatorAuditEntry) ProtoMessage() {}
+
+func (x *OperatorAuditEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_api_boot_v1_admin_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OperatorAuditEntry.ProtoReflect.Descriptor instead.
+func (*OperatorAuditEntry) Descriptor() ([]byte, []int) {
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *OperatorAuditEntry) GetTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Time
+	}
+	return nil
+}
+
+func (x *OperatorAuditEntry) GetActor() string {
+	if x != nil {
+		return x.Actor
+	}
+	return ""
+}
+
+func (x *OperatorAuditEntry) GetActorLevel() string {
+	if x != nil {
+		return x.ActorLevel
+	}
+	return ""
+}
+
+func (x *OperatorAuditEntry) GetOperator() string {
+	if x != nil {
+		return x.Operator
+	}
+	return ""
+}
+
+func (x *OperatorAuditEntry) GetSerials() []string {
+	if x != nil {
+		return x.Serials
+	}
+	return nil
+}
+
+func (x *OperatorAuditEntry) GetTokensRemoved() int32 {
+	if x != nil {
+		return x.TokensRemoved
+	}
+	return 0
+}
+
+func (x *OperatorAuditEntry) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *OperatorAuditEntry) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 // RevokeOperatorRequest names the operator whose credentials to revoke.
 type RevokeOperatorRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -252,7 +450,7 @@ type RevokeOperatorRequest struct {
 
 func (x *RevokeOperatorRequest) Reset() {
 	*x = RevokeOperatorRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[0]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -264,7 +462,7 @@ func (x *RevokeOperatorRequest) String() string {
 func (*RevokeOperatorRequest) ProtoMessage() {}
 
 func (x *RevokeOperatorRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[0]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -277,7 +475,7 @@ func (x *RevokeOperatorRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeOperatorRequest.ProtoReflect.Descriptor instead.
 func (*RevokeOperatorRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{0}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *RevokeOperatorRequest) GetName() string {
@@ -314,7 +512,7 @@ type RevokeOperatorResponse struct {
 
 func (x *RevokeOperatorResponse) Reset() {
 	*x = RevokeOperatorResponse{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[1]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -326,7 +524,7 @@ func (x *RevokeOperatorResponse) String() string {
 func (*RevokeOperatorResponse) ProtoMessage() {}
 
 func (x *RevokeOperatorResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[1]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -339,7 +537,7 @@ func (x *RevokeOperatorResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeOperatorResponse.ProtoReflect.Descriptor instead.
 func (*RevokeOperatorResponse) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{1}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *RevokeOperatorResponse) GetSerials() []string {
@@ -366,7 +564,7 @@ type RotateGossipKeyRequest struct {
 
 func (x *RotateGossipKeyRequest) Reset() {
 	*x = RotateGossipKeyRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[2]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -378,7 +576,7 @@ func (x *RotateGossipKeyRequest) String() string {
 func (*RotateGossipKeyRequest) ProtoMessage() {}
 
 func (x *RotateGossipKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[2]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -391,7 +589,7 @@ func (x *RotateGossipKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RotateGossipKeyRequest.ProtoReflect.Descriptor instead.
 func (*RotateGossipKeyRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{2}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *RotateGossipKeyRequest) GetRack() string {
@@ -411,7 +609,7 @@ type GetGossipKeyStatusRequest struct {
 
 func (x *GetGossipKeyStatusRequest) Reset() {
 	*x = GetGossipKeyStatusRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[3]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -423,7 +621,7 @@ func (x *GetGossipKeyStatusRequest) String() string {
 func (*GetGossipKeyStatusRequest) ProtoMessage() {}
 
 func (x *GetGossipKeyStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[3]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -436,7 +634,7 @@ func (x *GetGossipKeyStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetGossipKeyStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetGossipKeyStatusRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{3}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *GetGossipKeyStatusRequest) GetRack() string {
@@ -466,7 +664,7 @@ type GossipKeyStatus struct {
 
 func (x *GossipKeyStatus) Reset() {
 	*x = GossipKeyStatus{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[4]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -478,7 +676,7 @@ func (x *GossipKeyStatus) String() string {
 func (*GossipKeyStatus) ProtoMessage() {}
 
 func (x *GossipKeyStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[4]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -491,7 +689,7 @@ func (x *GossipKeyStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GossipKeyStatus.ProtoReflect.Descriptor instead.
 func (*GossipKeyStatus) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{4}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *GossipKeyStatus) GetRack() string {
@@ -589,7 +787,7 @@ type Machine struct {
 
 func (x *Machine) Reset() {
 	*x = Machine{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[5]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -601,7 +799,7 @@ func (x *Machine) String() string {
 func (*Machine) ProtoMessage() {}
 
 func (x *Machine) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[5]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -614,7 +812,7 @@ func (x *Machine) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Machine.ProtoReflect.Descriptor instead.
 func (*Machine) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{5}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Machine) GetId() string {
@@ -784,7 +982,7 @@ type RegisteredKey struct {
 
 func (x *RegisteredKey) Reset() {
 	*x = RegisteredKey{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[6]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -796,7 +994,7 @@ func (x *RegisteredKey) String() string {
 func (*RegisteredKey) ProtoMessage() {}
 
 func (x *RegisteredKey) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[6]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -809,7 +1007,7 @@ func (x *RegisteredKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisteredKey.ProtoReflect.Descriptor instead.
 func (*RegisteredKey) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{6}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *RegisteredKey) GetFingerprint() string {
@@ -893,7 +1091,7 @@ type Transition struct {
 
 func (x *Transition) Reset() {
 	*x = Transition{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[7]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -905,7 +1103,7 @@ func (x *Transition) String() string {
 func (*Transition) ProtoMessage() {}
 
 func (x *Transition) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[7]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -918,7 +1116,7 @@ func (x *Transition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Transition.ProtoReflect.Descriptor instead.
 func (*Transition) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{7}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Transition) GetMachineId() string {
@@ -980,7 +1178,7 @@ type ListMachinesRequest struct {
 
 func (x *ListMachinesRequest) Reset() {
 	*x = ListMachinesRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[8]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -992,7 +1190,7 @@ func (x *ListMachinesRequest) String() string {
 func (*ListMachinesRequest) ProtoMessage() {}
 
 func (x *ListMachinesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[8]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1005,7 +1203,7 @@ func (x *ListMachinesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMachinesRequest.ProtoReflect.Descriptor instead.
 func (*ListMachinesRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{8}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ListMachinesRequest) GetStates() []MachineState {
@@ -1049,7 +1247,7 @@ type ListMachinesResponse struct {
 
 func (x *ListMachinesResponse) Reset() {
 	*x = ListMachinesResponse{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[9]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1061,7 +1259,7 @@ func (x *ListMachinesResponse) String() string {
 func (*ListMachinesResponse) ProtoMessage() {}
 
 func (x *ListMachinesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[9]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1074,7 +1272,7 @@ func (x *ListMachinesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMachinesResponse.ProtoReflect.Descriptor instead.
 func (*ListMachinesResponse) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{9}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ListMachinesResponse) GetMachines() []*Machine {
@@ -1102,7 +1300,7 @@ type GetMachineRequest struct {
 
 func (x *GetMachineRequest) Reset() {
 	*x = GetMachineRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[10]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1114,7 +1312,7 @@ func (x *GetMachineRequest) String() string {
 func (*GetMachineRequest) ProtoMessage() {}
 
 func (x *GetMachineRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[10]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1127,7 +1325,7 @@ func (x *GetMachineRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetMachineRequest.ProtoReflect.Descriptor instead.
 func (*GetMachineRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{10}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *GetMachineRequest) GetMachine() string {
@@ -1157,7 +1355,7 @@ type ApproveRequest struct {
 
 func (x *ApproveRequest) Reset() {
 	*x = ApproveRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[11]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1169,7 +1367,7 @@ func (x *ApproveRequest) String() string {
 func (*ApproveRequest) ProtoMessage() {}
 
 func (x *ApproveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[11]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1182,7 +1380,7 @@ func (x *ApproveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApproveRequest.ProtoReflect.Descriptor instead.
 func (*ApproveRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{11}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ApproveRequest) GetMachine() string {
@@ -1233,7 +1431,7 @@ type RejectRequest struct {
 
 func (x *RejectRequest) Reset() {
 	*x = RejectRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[12]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1245,7 +1443,7 @@ func (x *RejectRequest) String() string {
 func (*RejectRequest) ProtoMessage() {}
 
 func (x *RejectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[12]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1258,7 +1456,7 @@ func (x *RejectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RejectRequest.ProtoReflect.Descriptor instead.
 func (*RejectRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{12}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RejectRequest) GetMachine() string {
@@ -1288,7 +1486,7 @@ type DecommissionRequest struct {
 
 func (x *DecommissionRequest) Reset() {
 	*x = DecommissionRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[13]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1300,7 +1498,7 @@ func (x *DecommissionRequest) String() string {
 func (*DecommissionRequest) ProtoMessage() {}
 
 func (x *DecommissionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[13]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1313,7 +1511,7 @@ func (x *DecommissionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecommissionRequest.ProtoReflect.Descriptor instead.
 func (*DecommissionRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{13}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *DecommissionRequest) GetMachine() string {
@@ -1348,7 +1546,7 @@ type HistoryRequest struct {
 
 func (x *HistoryRequest) Reset() {
 	*x = HistoryRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[14]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1360,7 +1558,7 @@ func (x *HistoryRequest) String() string {
 func (*HistoryRequest) ProtoMessage() {}
 
 func (x *HistoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[14]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1373,7 +1571,7 @@ func (x *HistoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HistoryRequest.ProtoReflect.Descriptor instead.
 func (*HistoryRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{14}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *HistoryRequest) GetMachine() string {
@@ -1415,7 +1613,7 @@ type HistoryResponse struct {
 
 func (x *HistoryResponse) Reset() {
 	*x = HistoryResponse{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[15]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1427,7 +1625,7 @@ func (x *HistoryResponse) String() string {
 func (*HistoryResponse) ProtoMessage() {}
 
 func (x *HistoryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[15]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1440,7 +1638,7 @@ func (x *HistoryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HistoryResponse.ProtoReflect.Descriptor instead.
 func (*HistoryResponse) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{15}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *HistoryResponse) GetTransitions() []*Transition {
@@ -1465,7 +1663,7 @@ type ResolveConflictRequest struct {
 
 func (x *ResolveConflictRequest) Reset() {
 	*x = ResolveConflictRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[16]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1477,7 +1675,7 @@ func (x *ResolveConflictRequest) String() string {
 func (*ResolveConflictRequest) ProtoMessage() {}
 
 func (x *ResolveConflictRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[16]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1490,7 +1688,7 @@ func (x *ResolveConflictRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveConflictRequest.ProtoReflect.Descriptor instead.
 func (*ResolveConflictRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{16}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ResolveConflictRequest) GetMachine() string {
@@ -1527,7 +1725,7 @@ type RackReportRequest struct {
 
 func (x *RackReportRequest) Reset() {
 	*x = RackReportRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[17]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1539,7 +1737,7 @@ func (x *RackReportRequest) String() string {
 func (*RackReportRequest) ProtoMessage() {}
 
 func (x *RackReportRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[17]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1552,7 +1750,7 @@ func (x *RackReportRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RackReportRequest.ProtoReflect.Descriptor instead.
 func (*RackReportRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{17}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *RackReportRequest) GetRack() string {
@@ -1586,7 +1784,7 @@ type RackReportResponse struct {
 
 func (x *RackReportResponse) Reset() {
 	*x = RackReportResponse{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[18]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1598,7 +1796,7 @@ func (x *RackReportResponse) String() string {
 func (*RackReportResponse) ProtoMessage() {}
 
 func (x *RackReportResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[18]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1611,7 +1809,7 @@ func (x *RackReportResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RackReportResponse.ProtoReflect.Descriptor instead.
 func (*RackReportResponse) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{18}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *RackReportResponse) GetContent() []byte {
@@ -1675,7 +1873,7 @@ type RackReportData struct {
 
 func (x *RackReportData) Reset() {
 	*x = RackReportData{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[19]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1687,7 +1885,7 @@ func (x *RackReportData) String() string {
 func (*RackReportData) ProtoMessage() {}
 
 func (x *RackReportData) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[19]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1700,7 +1898,7 @@ func (x *RackReportData) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RackReportData.ProtoReflect.Descriptor instead.
 func (*RackReportData) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{19}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *RackReportData) GetRack() string {
@@ -1796,7 +1994,7 @@ type RackReportTenant struct {
 
 func (x *RackReportTenant) Reset() {
 	*x = RackReportTenant{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[20]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1808,7 +2006,7 @@ func (x *RackReportTenant) String() string {
 func (*RackReportTenant) ProtoMessage() {}
 
 func (x *RackReportTenant) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[20]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1821,7 +2019,7 @@ func (x *RackReportTenant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RackReportTenant.ProtoReflect.Descriptor instead.
 func (*RackReportTenant) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{20}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *RackReportTenant) GetTenant() string {
@@ -1882,7 +2080,7 @@ type RackReportTotals struct {
 
 func (x *RackReportTotals) Reset() {
 	*x = RackReportTotals{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[21]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1894,7 +2092,7 @@ func (x *RackReportTotals) String() string {
 func (*RackReportTotals) ProtoMessage() {}
 
 func (x *RackReportTotals) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[21]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1907,7 +2105,7 @@ func (x *RackReportTotals) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RackReportTotals.ProtoReflect.Descriptor instead.
 func (*RackReportTotals) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{21}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *RackReportTotals) GetNodesReady() uint32 {
@@ -1972,7 +2170,7 @@ type RackReportMachine struct {
 
 func (x *RackReportMachine) Reset() {
 	*x = RackReportMachine{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[22]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1984,7 +2182,7 @@ func (x *RackReportMachine) String() string {
 func (*RackReportMachine) ProtoMessage() {}
 
 func (x *RackReportMachine) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[22]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1997,7 +2195,7 @@ func (x *RackReportMachine) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RackReportMachine.ProtoReflect.Descriptor instead.
 func (*RackReportMachine) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{22}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *RackReportMachine) GetMachineId() string {
@@ -2113,7 +2311,7 @@ type CheckTally struct {
 
 func (x *CheckTally) Reset() {
 	*x = CheckTally{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[23]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2125,7 +2323,7 @@ func (x *CheckTally) String() string {
 func (*CheckTally) ProtoMessage() {}
 
 func (x *CheckTally) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[23]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2138,7 +2336,7 @@ func (x *CheckTally) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckTally.ProtoReflect.Descriptor instead.
 func (*CheckTally) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{23}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *CheckTally) GetId() string {
@@ -2187,7 +2385,21 @@ var File_api_boot_v1_admin_proto protoreflect.FileDescriptor
 
 const file_api_boot_v1_admin_proto_rawDesc = "" +
 	"\n" +
-	"\x17api/boot/v1/admin.proto\x12\x0fgpurack.boot.v1\x1a\x1capi/machine/v1/machine.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"]\n" +
+	"\x17api/boot/v1/admin.proto\x12\x0fgpurack.boot.v1\x1a\x1capi/machine/v1/machine.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"0\n" +
+	"\x18ListOperatorAuditRequest\x12\x14\n" +
+	"\x05limit\x18\x01 \x01(\x05R\x05limit\"Z\n" +
+	"\x19ListOperatorAuditResponse\x12=\n" +
+	"\aentries\x18\x01 \x03(\v2#.gpurack.boot.v1.OperatorAuditEntryR\aentries\"\x86\x02\n" +
+	"\x12OperatorAuditEntry\x12.\n" +
+	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x14\n" +
+	"\x05actor\x18\x02 \x01(\tR\x05actor\x12\x1f\n" +
+	"\vactor_level\x18\x03 \x01(\tR\n" +
+	"actorLevel\x12\x1a\n" +
+	"\boperator\x18\x04 \x01(\tR\boperator\x12\x18\n" +
+	"\aserials\x18\x05 \x03(\tR\aserials\x12%\n" +
+	"\x0etokens_removed\x18\x06 \x01(\x05R\rtokensRemoved\x12\x16\n" +
+	"\x06reason\x18\a \x01(\tR\x06reason\x12\x14\n" +
+	"\x05error\x18\b \x01(\tR\x05error\"]\n" +
 	"\x15RevokeOperatorRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x18\n" +
@@ -2378,7 +2590,7 @@ const file_api_boot_v1_admin_proto_rawDesc = "" +
 	"\x19REPORT_FORMAT_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16REPORT_FORMAT_MARKDOWN\x10\x01\x12\x16\n" +
 	"\x12REPORT_FORMAT_JSON\x10\x02\x12\x16\n" +
-	"\x12REPORT_FORMAT_HTML\x10\x032\xb1\a\n" +
+	"\x12REPORT_FORMAT_HTML\x10\x032\x9d\b\n" +
 	"\fAdminService\x12[\n" +
 	"\fListMachines\x12$.gpurack.boot.v1.ListMachinesRequest\x1a%.gpurack.boot.v1.ListMachinesResponse\x12J\n" +
 	"\n" +
@@ -2392,7 +2604,8 @@ const file_api_boot_v1_admin_proto_rawDesc = "" +
 	"RackReport\x12\".gpurack.boot.v1.RackReportRequest\x1a#.gpurack.boot.v1.RackReportResponse\x12\\\n" +
 	"\x0fRotateGossipKey\x12'.gpurack.boot.v1.RotateGossipKeyRequest\x1a .gpurack.boot.v1.GossipKeyStatus\x12b\n" +
 	"\x12GetGossipKeyStatus\x12*.gpurack.boot.v1.GetGossipKeyStatusRequest\x1a .gpurack.boot.v1.GossipKeyStatus\x12a\n" +
-	"\x0eRevokeOperator\x12&.gpurack.boot.v1.RevokeOperatorRequest\x1a'.gpurack.boot.v1.RevokeOperatorResponseB/Z-github.com/gpurack/gpurack/api/boot/v1;bootv1b\x06proto3"
+	"\x0eRevokeOperator\x12&.gpurack.boot.v1.RevokeOperatorRequest\x1a'.gpurack.boot.v1.RevokeOperatorResponse\x12j\n" +
+	"\x11ListOperatorAudit\x12).gpurack.boot.v1.ListOperatorAuditRequest\x1a*.gpurack.boot.v1.ListOperatorAuditResponseB/Z-github.com/gpurack/gpurack/api/boot/v1;bootv1b\x06proto3"
 
 var (
 	file_api_boot_v1_admin_proto_rawDescOnce sync.Once
@@ -2407,108 +2620,115 @@ func file_api_boot_v1_admin_proto_rawDescGZIP() []byte {
 }
 
 var file_api_boot_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_api_boot_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
+var file_api_boot_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_api_boot_v1_admin_proto_goTypes = []any{
 	(GossipRotationPhase)(0),          // 0: gpurack.boot.v1.GossipRotationPhase
 	(MachineState)(0),                 // 1: gpurack.boot.v1.MachineState
 	(ReportFormat)(0),                 // 2: gpurack.boot.v1.ReportFormat
-	(*RevokeOperatorRequest)(nil),     // 3: gpurack.boot.v1.RevokeOperatorRequest
-	(*RevokeOperatorResponse)(nil),    // 4: gpurack.boot.v1.RevokeOperatorResponse
-	(*RotateGossipKeyRequest)(nil),    // 5: gpurack.boot.v1.RotateGossipKeyRequest
-	(*GetGossipKeyStatusRequest)(nil), // 6: gpurack.boot.v1.GetGossipKeyStatusRequest
-	(*GossipKeyStatus)(nil),           // 7: gpurack.boot.v1.GossipKeyStatus
-	(*Machine)(nil),                   // 8: gpurack.boot.v1.Machine
-	(*RegisteredKey)(nil),             // 9: gpurack.boot.v1.RegisteredKey
-	(*Transition)(nil),                // 10: gpurack.boot.v1.Transition
-	(*ListMachinesRequest)(nil),       // 11: gpurack.boot.v1.ListMachinesRequest
-	(*ListMachinesResponse)(nil),      // 12: gpurack.boot.v1.ListMachinesResponse
-	(*GetMachineRequest)(nil),         // 13: gpurack.boot.v1.GetMachineRequest
-	(*ApproveRequest)(nil),            // 14: gpurack.boot.v1.ApproveRequest
-	(*RejectRequest)(nil),             // 15: gpurack.boot.v1.RejectRequest
-	(*DecommissionRequest)(nil),       // 16: gpurack.boot.v1.DecommissionRequest
-	(*HistoryRequest)(nil),            // 17: gpurack.boot.v1.HistoryRequest
-	(*HistoryResponse)(nil),           // 18: gpurack.boot.v1.HistoryResponse
-	(*ResolveConflictRequest)(nil),    // 19: gpurack.boot.v1.ResolveConflictRequest
-	(*RackReportRequest)(nil),         // 20: gpurack.boot.v1.RackReportRequest
-	(*RackReportResponse)(nil),        // 21: gpurack.boot.v1.RackReportResponse
-	(*RackReportData)(nil),            // 22: gpurack.boot.v1.RackReportData
-	(*RackReportTenant)(nil),          // 23: gpurack.boot.v1.RackReportTenant
-	(*RackReportTotals)(nil),          // 24: gpurack.boot.v1.RackReportTotals
-	(*RackReportMachine)(nil),         // 25: gpurack.boot.v1.RackReportMachine
-	(*CheckTally)(nil),                // 26: gpurack.boot.v1.CheckTally
-	nil,                               // 27: gpurack.boot.v1.Machine.LabelsEntry
-	nil,                               // 28: gpurack.boot.v1.RackReportData.MachinesByStateEntry
-	(*timestamppb.Timestamp)(nil),     // 29: google.protobuf.Timestamp
-	(*v1.MachineIdentity)(nil),        // 30: gpurack.machine.v1.MachineIdentity
-	(*v1.MachineFacts)(nil),           // 31: gpurack.machine.v1.MachineFacts
-	(*v1.Checklist)(nil),              // 32: gpurack.machine.v1.Checklist
-	(*v1.HealthSummary)(nil),          // 33: gpurack.machine.v1.HealthSummary
-	(*v1.GPUAllocation)(nil),          // 34: gpurack.machine.v1.GPUAllocation
+	(*ListOperatorAuditRequest)(nil),  // 3: gpurack.boot.v1.ListOperatorAuditRequest
+	(*ListOperatorAuditResponse)(nil), // 4: gpurack.boot.v1.ListOperatorAuditResponse
+	(*OperatorAuditEntry)(nil),        // 5: gpurack.boot.v1.OperatorAuditEntry
+	(*RevokeOperatorRequest)(nil),     // 6: gpurack.boot.v1.RevokeOperatorRequest
+	(*RevokeOperatorResponse)(nil),    // 7: gpurack.boot.v1.RevokeOperatorResponse
+	(*RotateGossipKeyRequest)(nil),    // 8: gpurack.boot.v1.RotateGossipKeyRequest
+	(*GetGossipKeyStatusRequest)(nil), // 9: gpurack.boot.v1.GetGossipKeyStatusRequest
+	(*GossipKeyStatus)(nil),           // 10: gpurack.boot.v1.GossipKeyStatus
+	(*Machine)(nil),                   // 11: gpurack.boot.v1.Machine
+	(*RegisteredKey)(nil),             // 12: gpurack.boot.v1.RegisteredKey
+	(*Transition)(nil),                // 13: gpurack.boot.v1.Transition
+	(*ListMachinesRequest)(nil),       // 14: gpurack.boot.v1.ListMachinesRequest
+	(*ListMachinesResponse)(nil),      // 15: gpurack.boot.v1.ListMachinesResponse
+	(*GetMachineRequest)(nil),         // 16: gpurack.boot.v1.GetMachineRequest
+	(*ApproveRequest)(nil),            // 17: gpurack.boot.v1.ApproveRequest
+	(*RejectRequest)(nil),             // 18: gpurack.boot.v1.RejectRequest
+	(*DecommissionRequest)(nil),       // 19: gpurack.boot.v1.DecommissionRequest
+	(*HistoryRequest)(nil),            // 20: gpurack.boot.v1.HistoryRequest
+	(*HistoryResponse)(nil),           // 21: gpurack.boot.v1.HistoryResponse
+	(*ResolveConflictRequest)(nil),    // 22: gpurack.boot.v1.ResolveConflictRequest
+	(*RackReportRequest)(nil),         // 23: gpurack.boot.v1.RackReportRequest
+	(*RackReportResponse)(nil),        // 24: gpurack.boot.v1.RackReportResponse
+	(*RackReportData)(nil),            // 25: gpurack.boot.v1.RackReportData
+	(*RackReportTenant)(nil),          // 26: gpurack.boot.v1.RackReportTenant
+	(*RackReportTotals)(nil),          // 27: gpurack.boot.v1.RackReportTotals
+	(*RackReportMachine)(nil),         // 28: gpurack.boot.v1.RackReportMachine
+	(*CheckTally)(nil),                // 29: gpurack.boot.v1.CheckTally
+	nil,                               // 30: gpurack.boot.v1.Machine.LabelsEntry
+	nil,                               // 31: gpurack.boot.v1.RackReportData.MachinesByStateEntry
+	(*timestamppb.Timestamp)(nil),     // 32: google.protobuf.Timestamp
+	(*v1.MachineIdentity)(nil),        // 33: gpurack.machine.v1.MachineIdentity
+	(*v1.MachineFacts)(nil),           // 34: gpurack.machine.v1.MachineFacts
+	(*v1.Checklist)(nil),              // 35: gpurack.machine.v1.Checklist
+	(*v1.HealthSummary)(nil),          // 36: gpurack.machine.v1.HealthSummary
+	(*v1.GPUAllocation)(nil),          // 37: gpurack.machine.v1.GPUAllocation
 }
 var file_api_boot_v1_admin_proto_depIdxs = []int32{
-	0,  // 0: gpurack.boot.v1.GossipKeyStatus.phase:type_name -> gpurack.boot.v1.GossipRotationPhase
-	29, // 1: gpurack.boot.v1.GossipKeyStatus.phase_since:type_name -> google.protobuf.Timestamp
-	30, // 2: gpurack.boot.v1.Machine.identity:type_name -> gpurack.machine.v1.MachineIdentity
-	1,  // 3: gpurack.boot.v1.Machine.state:type_name -> gpurack.boot.v1.MachineState
-	27, // 4: gpurack.boot.v1.Machine.labels:type_name -> gpurack.boot.v1.Machine.LabelsEntry
-	31, // 5: gpurack.boot.v1.Machine.facts:type_name -> gpurack.machine.v1.MachineFacts
-	32, // 6: gpurack.boot.v1.Machine.checklist:type_name -> gpurack.machine.v1.Checklist
-	9,  // 7: gpurack.boot.v1.Machine.keys:type_name -> gpurack.boot.v1.RegisteredKey
-	33, // 8: gpurack.boot.v1.Machine.health:type_name -> gpurack.machine.v1.HealthSummary
-	29, // 9: gpurack.boot.v1.Machine.last_heartbeat_at:type_name -> google.protobuf.Timestamp
-	29, // 10: gpurack.boot.v1.Machine.created_at:type_name -> google.protobuf.Timestamp
-	29, // 11: gpurack.boot.v1.Machine.updated_at:type_name -> google.protobuf.Timestamp
-	10, // 12: gpurack.boot.v1.Machine.history:type_name -> gpurack.boot.v1.Transition
-	34, // 13: gpurack.boot.v1.Machine.gpu_allocation:type_name -> gpurack.machine.v1.GPUAllocation
-	29, // 14: gpurack.boot.v1.RegisteredKey.registered_at:type_name -> google.protobuf.Timestamp
-	29, // 15: gpurack.boot.v1.RegisteredKey.last_seen_at:type_name -> google.protobuf.Timestamp
-	1,  // 16: gpurack.boot.v1.Transition.from:type_name -> gpurack.boot.v1.MachineState
-	1,  // 17: gpurack.boot.v1.Transition.to:type_name -> gpurack.boot.v1.MachineState
-	29, // 18: gpurack.boot.v1.Transition.time:type_name -> google.protobuf.Timestamp
-	1,  // 19: gpurack.boot.v1.ListMachinesRequest.states:type_name -> gpurack.boot.v1.MachineState
-	8,  // 20: gpurack.boot.v1.ListMachinesResponse.machines:type_name -> gpurack.boot.v1.Machine
-	29, // 21: gpurack.boot.v1.HistoryRequest.since:type_name -> google.protobuf.Timestamp
-	10, // 22: gpurack.boot.v1.HistoryResponse.transitions:type_name -> gpurack.boot.v1.Transition
-	2,  // 23: gpurack.boot.v1.RackReportRequest.format:type_name -> gpurack.boot.v1.ReportFormat
-	22, // 24: gpurack.boot.v1.RackReportResponse.data:type_name -> gpurack.boot.v1.RackReportData
-	29, // 25: gpurack.boot.v1.RackReportData.generated_at:type_name -> google.protobuf.Timestamp
-	25, // 26: gpurack.boot.v1.RackReportData.machines:type_name -> gpurack.boot.v1.RackReportMachine
-	26, // 27: gpurack.boot.v1.RackReportData.checks:type_name -> gpurack.boot.v1.CheckTally
-	28, // 28: gpurack.boot.v1.RackReportData.machines_by_state:type_name -> gpurack.boot.v1.RackReportData.MachinesByStateEntry
-	24, // 29: gpurack.boot.v1.RackReportData.totals:type_name -> gpurack.boot.v1.RackReportTotals
-	23, // 30: gpurack.boot.v1.RackReportData.tenants:type_name -> gpurack.boot.v1.RackReportTenant
-	30, // 31: gpurack.boot.v1.RackReportMachine.identity:type_name -> gpurack.machine.v1.MachineIdentity
-	1,  // 32: gpurack.boot.v1.RackReportMachine.state:type_name -> gpurack.boot.v1.MachineState
-	32, // 33: gpurack.boot.v1.RackReportMachine.checklist:type_name -> gpurack.machine.v1.Checklist
-	33, // 34: gpurack.boot.v1.RackReportMachine.health:type_name -> gpurack.machine.v1.HealthSummary
-	34, // 35: gpurack.boot.v1.RackReportMachine.gpu_allocation:type_name -> gpurack.machine.v1.GPUAllocation
-	11, // 36: gpurack.boot.v1.AdminService.ListMachines:input_type -> gpurack.boot.v1.ListMachinesRequest
-	13, // 37: gpurack.boot.v1.AdminService.GetMachine:input_type -> gpurack.boot.v1.GetMachineRequest
-	14, // 38: gpurack.boot.v1.AdminService.Approve:input_type -> gpurack.boot.v1.ApproveRequest
-	15, // 39: gpurack.boot.v1.AdminService.Reject:input_type -> gpurack.boot.v1.RejectRequest
-	16, // 40: gpurack.boot.v1.AdminService.Decommission:input_type -> gpurack.boot.v1.DecommissionRequest
-	17, // 41: gpurack.boot.v1.AdminService.History:input_type -> gpurack.boot.v1.HistoryRequest
-	19, // 42: gpurack.boot.v1.AdminService.ResolveConflict:input_type -> gpurack.boot.v1.ResolveConflictRequest
-	20, // 43: gpurack.boot.v1.AdminService.RackReport:input_type -> gpurack.boot.v1.RackReportRequest
-	5,  // 44: gpurack.boot.v1.AdminService.RotateGossipKey:input_type -> gpurack.boot.v1.RotateGossipKeyRequest
-	6,  // 45: gpurack.boot.v1.AdminService.GetGossipKeyStatus:input_type -> gpurack.boot.v1.GetGossipKeyStatusRequest
-	3,  // 46: gpurack.boot.v1.AdminService.RevokeOperator:input_type -> gpurack.boot.v1.RevokeOperatorRequest
-	12, // 47: gpurack.boot.v1.AdminService.ListMachines:output_type -> gpurack.boot.v1.ListMachinesResponse
-	8,  // 48: gpurack.boot.v1.AdminService.GetMachine:output_type -> gpurack.boot.v1.Machine
-	8,  // 49: gpurack.boot.v1.AdminService.Approve:output_type -> gpurack.boot.v1.Machine
-	8,  // 50: gpurack.boot.v1.AdminService.Reject:output_type -> gpurack.boot.v1.Machine
-	8,  // 51: gpurack.boot.v1.AdminService.Decommission:output_type -> gpurack.boot.v1.Machine
-	18, // 52: gpurack.boot.v1.AdminService.History:output_type -> gpurack.boot.v1.HistoryResponse
-	8,  // 53: gpurack.boot.v1.AdminService.ResolveConflict:output_type -> gpurack.boot.v1.Machine
-	21, // 54: gpurack.boot.v1.AdminService.RackReport:output_type -> gpurack.boot.v1.RackReportResponse
-	7,  // 55: gpurack.boot.v1.AdminService.RotateGossipKey:output_type -> gpurack.boot.v1.GossipKeyStatus
-	7,  // 56: gpurack.boot.v1.AdminService.GetGossipKeyStatus:output_type -> gpurack.boot.v1.GossipKeyStatus
-	4,  // 57: gpurack.boot.v1.AdminService.RevokeOperator:output_type -> gpurack.boot.v1.RevokeOperatorResponse
-	47, // [47:58] is the sub-list for method output_type
-	36, // [36:47] is the sub-list for method input_type
-	36, // [36:36] is the sub-list for extension type_name
-	36, // [36:36] is the sub-list for extension extendee
-	0,  // [0:36] is the sub-list for field type_name
+	5,  // 0: gpurack.boot.v1.ListOperatorAuditResponse.entries:type_name -> gpurack.boot.v1.OperatorAuditEntry
+	32, // 1: gpurack.boot.v1.OperatorAuditEntry.time:type_name -> google.protobuf.Timestamp
+	0,  // 2: gpurack.boot.v1.GossipKeyStatus.phase:type_name -> gpurack.boot.v1.GossipRotationPhase
+	32, // 3: gpurack.boot.v1.GossipKeyStatus.phase_since:type_name -> google.protobuf.Timestamp
+	33, // 4: gpurack.boot.v1.Machine.identity:type_name -> gpurack.machine.v1.MachineIdentity
+	1,  // 5: gpurack.boot.v1.Machine.state:type_name -> gpurack.boot.v1.MachineState
+	30, // 6: gpurack.boot.v1.Machine.labels:type_name -> gpurack.boot.v1.Machine.LabelsEntry
+	34, // 7: gpurack.boot.v1.Machine.facts:type_name -> gpurack.machine.v1.MachineFacts
+	35, // 8: gpurack.boot.v1.Machine.checklist:type_name -> gpurack.machine.v1.Checklist
+	12, // 9: gpurack.boot.v1.Machine.keys:type_name -> gpurack.boot.v1.RegisteredKey
+	36, // 10: gpurack.boot.v1.Machine.health:type_name -> gpurack.machine.v1.HealthSummary
+	32, // 11: gpurack.boot.v1.Machine.last_heartbeat_at:type_name -> google.protobuf.Timestamp
+	32, // 12: gpurack.boot.v1.Machine.created_at:type_name -> google.protobuf.Timestamp
+	32, // 13: gpurack.boot.v1.Machine.updated_at:type_name -> google.protobuf.Timestamp
+	13, // 14: gpurack.boot.v1.Machine.history:type_name -> gpurack.boot.v1.Transition
+	37, // 15: gpurack.boot.v1.Machine.gpu_allocation:type_name -> gpurack.machine.v1.GPUAllocation
+	32, // 16: gpurack.boot.v1.RegisteredKey.registered_at:type_name -> google.protobuf.Timestamp
+	32, // 17: gpurack.boot.v1.RegisteredKey.last_seen_at:type_name -> google.protobuf.Timestamp
+	1,  // 18: gpurack.boot.v1.Transition.from:type_name -> gpurack.boot.v1.MachineState
+	1,  // 19: gpurack.boot.v1.Transition.to:type_name -> gpurack.boot.v1.MachineState
+	32, // 20: gpurack.boot.v1.Transition.time:type_name -> google.protobuf.Timestamp
+	1,  // 21: gpurack.boot.v1.ListMachinesRequest.states:type_name -> gpurack.boot.v1.MachineState
+	11, // 22: gpurack.boot.v1.ListMachinesResponse.machines:type_name -> gpurack.boot.v1.Machine
+	32, // 23: gpurack.boot.v1.HistoryRequest.since:type_name -> google.protobuf.Timestamp
+	13, // 24: gpurack.boot.v1.HistoryResponse.transitions:type_name -> gpurack.boot.v1.Transition
+	2,  // 25: gpurack.boot.v1.RackReportRequest.format:type_name -> gpurack.boot.v1.ReportFormat
+	25, // 26: gpurack.boot.v1.RackReportResponse.data:type_name -> gpurack.boot.v1.RackReportData
+	32, // 27: gpurack.boot.v1.RackReportData.generated_at:type_name -> google.protobuf.Timestamp
+	28, // 28: gpurack.boot.v1.RackReportData.machines:type_name -> gpurack.boot.v1.RackReportMachine
+	29, // 29: gpurack.boot.v1.RackReportData.checks:type_name -> gpurack.boot.v1.CheckTally
+	31, // 30: gpurack.boot.v1.RackReportData.machines_by_state:type_name -> gpurack.boot.v1.RackReportData.MachinesByStateEntry
+	27, // 31: gpurack.boot.v1.RackReportData.totals:type_name -> gpurack.boot.v1.RackReportTotals
+	26, // 32: gpurack.boot.v1.RackReportData.tenants:type_name -> gpurack.boot.v1.RackReportTenant
+	33, // 33: gpurack.boot.v1.RackReportMachine.identity:type_name -> gpurack.machine.v1.MachineIdentity
+	1,  // 34: gpurack.boot.v1.RackReportMachine.state:type_name -> gpurack.boot.v1.MachineState
+	35, // 35: gpurack.boot.v1.RackReportMachine.checklist:type_name -> gpurack.machine.v1.Checklist
+	36, // 36: gpurack.boot.v1.RackReportMachine.health:type_name -> gpurack.machine.v1.HealthSummary
+	37, // 37: gpurack.boot.v1.RackReportMachine.gpu_allocation:type_name -> gpurack.machine.v1.GPUAllocation
+	14, // 38: gpurack.boot.v1.AdminService.ListMachines:input_type -> gpurack.boot.v1.ListMachinesRequest
+	16, // 39: gpurack.boot.v1.AdminService.GetMachine:input_type -> gpurack.boot.v1.GetMachineRequest
+	17, // 40: gpurack.boot.v1.AdminService.Approve:input_type -> gpurack.boot.v1.ApproveRequest
+	18, // 41: gpurack.boot.v1.AdminService.Reject:input_type -> gpurack.boot.v1.RejectRequest
+	19, // 42: gpurack.boot.v1.AdminService.Decommission:input_type -> gpurack.boot.v1.DecommissionRequest
+	20, // 43: gpurack.boot.v1.AdminService.History:input_type -> gpurack.boot.v1.HistoryRequest
+	22, // 44: gpurack.boot.v1.AdminService.ResolveConflict:input_type -> gpurack.boot.v1.ResolveConflictRequest
+	23, // 45: gpurack.boot.v1.AdminService.RackReport:input_type -> gpurack.boot.v1.RackReportRequest
+	8,  // 46: gpurack.boot.v1.AdminService.RotateGossipKey:input_type -> gpurack.boot.v1.RotateGossipKeyRequest
+	9,  // 47: gpurack.boot.v1.AdminService.GetGossipKeyStatus:input_type -> gpurack.boot.v1.GetGossipKeyStatusRequest
+	6,  // 48: gpurack.boot.v1.AdminService.RevokeOperator:input_type -> gpurack.boot.v1.RevokeOperatorRequest
+	3,  // 49: gpurack.boot.v1.AdminService.ListOperatorAudit:input_type -> gpurack.boot.v1.ListOperatorAuditRequest
+	15, // 50: gpurack.boot.v1.AdminService.ListMachines:output_type -> gpurack.boot.v1.ListMachinesResponse
+	11, // 51: gpurack.boot.v1.AdminService.GetMachine:output_type -> gpurack.boot.v1.Machine
+	11, // 52: gpurack.boot.v1.AdminService.Approve:output_type -> gpurack.boot.v1.Machine
+	11, // 53: gpurack.boot.v1.AdminService.Reject:output_type -> gpurack.boot.v1.Machine
+	11, // 54: gpurack.boot.v1.AdminService.Decommission:output_type -> gpurack.boot.v1.Machine
+	21, // 55: gpurack.boot.v1.AdminService.History:output_type -> gpurack.boot.v1.HistoryResponse
+	11, // 56: gpurack.boot.v1.AdminService.ResolveConflict:output_type -> gpurack.boot.v1.Machine
+	24, // 57: gpurack.boot.v1.AdminService.RackReport:output_type -> gpurack.boot.v1.RackReportResponse
+	10, // 58: gpurack.boot.v1.AdminService.RotateGossipKey:output_type -> gpurack.boot.v1.GossipKeyStatus
+	10, // 59: gpurack.boot.v1.AdminService.GetGossipKeyStatus:output_type -> gpurack.boot.v1.GossipKeyStatus
+	7,  // 60: gpurack.boot.v1.AdminService.RevokeOperator:output_type -> gpurack.boot.v1.RevokeOperatorResponse
+	4,  // 61: gpurack.boot.v1.AdminService.ListOperatorAudit:output_type -> gpurack.boot.v1.ListOperatorAuditResponse
+	50, // [50:62] is the sub-list for method output_type
+	38, // [38:50] is the sub-list for method input_type
+	38, // [38:38] is the sub-list for extension type_name
+	38, // [38:38] is the sub-list for extension extendee
+	0,  // [0:38] is the sub-list for field type_name
 }
 
 func init() { file_api_boot_v1_admin_proto_init() }
@@ -2516,15 +2736,15 @@ func file_api_boot_v1_admin_proto_init() {
 	if File_api_boot_v1_admin_proto != nil {
 		return
 	}
-	file_api_boot_v1_admin_proto_msgTypes[20].OneofWrappers = []any{}
-	file_api_boot_v1_admin_proto_msgTypes[21].OneofWrappers = []any{}
+	file_api_boot_v1_admin_proto_msgTypes[23].OneofWrappers = []any{}
+	file_api_boot_v1_admin_proto_msgTypes[24].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_boot_v1_admin_proto_rawDesc), len(file_api_boot_v1_admin_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   26,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

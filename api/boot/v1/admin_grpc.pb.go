@@ -37,6 +37,7 @@ const (
 	AdminService_RotateGossipKey_FullMethodName    = "/gpurack.boot.v1.AdminService/RotateGossipKey"
 	AdminService_GetGossipKeyStatus_FullMethodName = "/gpurack.boot.v1.AdminService/GetGossipKeyStatus"
 	AdminService_RevokeOperator_FullMethodName     = "/gpurack.boot.v1.AdminService/RevokeOperator"
+	AdminService_ListOperatorAudit_FullMethodName  = "/gpurack.boot.v1.AdminService/ListOperatorAudit"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -110,6 +111,11 @@ type AdminServiceClient interface {
 	// revoke the certificate it calls with (FAILED_PRECONDITION); a name with nothing
 	// to revoke and no serials: NOT_FOUND.
 	RevokeOperator(ctx context.Context, in *RevokeOperatorRequest, opts ...grpc.CallOption) (*RevokeOperatorResponse, error)
+	// ListOperatorAudit returns gpuboot's record of operator revocations, oldest first
+	// (`gpuboot operators audit`): who revoked whom, which serials, how many tokens, the
+	// reason and when, and revocations that failed part-way. The record is append-only
+	// (STATEDIR/operators/audit); gpuboot never rewrites it.
+	ListOperatorAudit(ctx context.Context, in *ListOperatorAuditRequest, opts ...grpc.CallOption) (*ListOperatorAuditResponse, error)
 }
 
 type adminServiceClient struct {
@@ -230,6 +236,16 @@ func (c *adminServiceClient) RevokeOperator(ctx context.Context, in *RevokeOpera
 	return out, nil
 }
 
+func (c *adminServiceClient) ListOperatorAudit(ctx context.Context, in *ListOperatorAuditRequest, opts ...grpc.CallOption) (*ListOperatorAuditResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListOperatorAuditResponse)
+	err := c.cc.Invoke(ctx, AdminService_ListOperatorAudit_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
@@ -301,6 +317,11 @@ type AdminServiceServer interface {
 	// revoke the certificate it calls with (FAILED_PRECONDITION); a name with nothing
 	// to revoke and no serials: NOT_FOUND.
 	RevokeOperator(context.Context, *RevokeOperatorRequest) (*RevokeOperatorResponse, error)
+	// ListOperatorAudit returns gpuboot's record of operator revocations, oldest first
+	// (`gpuboot operators audit`): who revoked whom, which serials, how many tokens, the
+	// reason and when, and revocations that failed part-way. The record is append-only
+	// (STATEDIR/operators/audit); gpuboot never rewrites it.
+	ListOperatorAudit(context.Context, *ListOperatorAuditRequest) (*ListOperatorAuditResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -343,6 +364,9 @@ func (UnimplementedAdminServiceServer) GetGossipKeyStatus(context.Context, *GetG
 }
 func (UnimplementedAdminServiceServer) RevokeOperator(context.Context, *RevokeOperatorRequest) (*RevokeOperatorResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method RevokeOperator not implemented")
+}
+func (UnimplementedAdminServiceServer) ListOperatorAudit(context.Context, *ListOperatorAuditRequest) (*ListOperatorAuditResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListOperatorAudit not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -563,6 +587,24 @@ func _AdminService_RevokeOperator_Handler(srv interface{}, ctx context.Context, 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_ListOperatorAudit_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListOperatorAuditRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ListOperatorAudit(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ListOperatorAudit_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ListOperatorAudit(ctx, req.(*ListOperatorAuditRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -613,6 +655,10 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RevokeOperator",
 			Handler:    _AdminService_RevokeOperator_Handler,
+		},
+		{
+			MethodName: "ListOperatorAudit",
+			Handler:    _AdminService_ListOperatorAudit_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

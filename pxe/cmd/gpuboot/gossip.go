@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -115,7 +116,7 @@ func printGossipStatus(w io.Writer, st *bootv1.GossipKeyStatus) {
 
 func newOperatorsCommand() *cobra.Command {
 	var f clientFlags
-	cmd := &cobra.Command{Use: "operators", Short: "Operator credentials: revoke an operator's certificates and tokens (AdminService, operator certificate)"}
+	cmd := &cobra.Command{Use: "operators", Short: "Operator credentials: revoke an operator's certificates and tokens, read the revocation audit (AdminService, an admin's certificate)"}
 	f.register(cmd)
 	var reason string
 	var serials []string
@@ -127,8 +128,10 @@ NAME (STATEDIR/operators/issued) goes on gpuboot's revocation list, which AdminS
 the REST API and the rack view check on every call, and NAME's bearer tokens are removed
 from the token file, which gpuboot re-reads within a second. Certificates issued before
 gpuboot recorded them can be named with --serial (the serial number in hex, as
-"openssl x509 -noout -serial" prints it). Run it with another operator's credentials:
-an operator cannot revoke itself.`,
+"openssl x509 -noout -serial" prints it). It needs an admin's certificate (level
+admin; gpuboot init's first operator is one), another than NAME's: an operator cannot
+revoke itself. Every revocation is appended to gpuboot's audit record (gpuboot
+operators audit).`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return f.call(func(ctx context.Context, c bootv1.AdminServiceClient) error {
@@ -141,8 +144,52 @@ an operator cannot revoke itself.`,
 			})
 		},
 	}
-	revoke.Flags().StringVar(&reason, "reason", "", "why, for gpuboot's log")
+	revoke.Flags().StringVar(&reason, "reason", "", "why, for gpuboot's log and audit record")
 	revoke.Flags().StringSliceVar(&serials, "serial", nil, "also revoke this certificate serial (hex)")
-	cmd.AddCommand(revoke)
+	var limit int32
+	var asJSON bool
+	audit := &cobra.Command{
+		Use:   "audit [--limit N] [--json]",
+		Short: "List the operator revocations gpuboot recorded: when, who, whom, serials, tokens, reason",
+		Long: `List gpuboot's audit record of operator revocations (STATEDIR/operators/audit,
+append-only), oldest first: when, who revoked (and at which level), whose credentials,
+the certificate serials put on the revocation list, the tokens removed, the reason, and
+what failed if a revocation did not complete. It needs an admin's certificate.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return f.call(func(ctx context.Context, c bootv1.AdminServiceClient) error {
+				resp, err := c.ListOperatorAudit(ctx, &bootv1.ListOperatorAuditRequest{Limit: limit})
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return writeJSON(cmd.OutOrStdout(), resp)
+				}
+				printOperatorAudit(cmd.OutOrStdout(), resp.GetEntries())
+				return nil
+			})
+		},
+	}
+	audit.Flags().Int32Var(&limit, "limit", 0, "only the last N entries (0: all)")
+	audit.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	cmd.AddCommand(revoke, audit)
 	return cmd
+}
+
+func printOperatorAudit(w io.Writer, entries []*bootv1.OperatorAuditEntry) {
+	if len(entries) == 0 {
+		fmt.Fprintln(w, "no operator revocations recorded")
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "TIME\tBY\tLEVEL\tREVOKED\tSERIALS\tTOKENS\tREASON\tERROR")
+	for _, e := range entries {
+		serials := strings.Join(e.GetSerials(), ",")
+		if serials == "" {
+			serials = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%q\t%s\n", ts(e.GetTime()), e.GetActor(), e.GetActorLevel(), e.GetOperator(),
+			serials, e.GetTokensRemoved(), e.GetReason(), dash(e.GetError()))
+	}
+	tw.Flush()
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/gpurack/gpurack/internal/pki"
 	"github.com/gpurack/gpurack/pxe/admin"
 	"github.com/gpurack/gpurack/pxe/config"
 	"github.com/gpurack/gpurack/pxe/server"
@@ -32,7 +33,7 @@ func newInitCommand() *cobra.Command {
   pki/server.crt, pki/server.key  gpuboot's serving certificate, SANs from --advertise
                                   (plus localhost and 127.0.0.1 for the local CLI)
   gossip/RACK.key                 one memberlist key per --rack
-  operators/NAME/                 the first operator's credentials (--operator)
+  operators/NAME/                 the first operator's credentials (--operator), an admin
 It refuses to run over an existing CA.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -69,19 +70,37 @@ func newCertsCommand() *cobra.Command {
 	var stateDir, out string
 	var token bool
 	var tokenTTL time.Duration
+	var levelName string
 	op := &cobra.Command{
-		Use:   "operator NAME",
+		Use:   "operator NAME [--level viewer|operator|admin]",
 		Short: "Issue an operator certificate (O=gpurack:operators) for AdminService, the REST API and the rack view",
-		Args:  cobra.ExactArgs(1),
+		Long: `Issue an operator certificate at a level (in the certificate; the levels nest):
+  viewer    reads: machines, history, rack reports, gossip key status, the REST API
+            and the rack view; on an agent, its status, GPUs and events (the default)
+  operator  also decides on machines: approve, reject, decommission, resolve a
+            conflict, rotate a rack's gossip key; on an agent, run checks
+  admin     also manages operators: revoke one, read the revocation audit
+            (gpuboot operators audit); on a simulated agent, inject faults
+The first operator gpuboot init makes is an admin. A certificate issued before levels
+carries none and counts as an admin's: revoke it and issue one at the level needed.
+To change an operator's level, revoke NAME (gpuboot operators revoke NAME, which
+revokes every certificate recorded for the name), then issue NAME again at the new level.
+A --token acts as a viewer whatever --level says: tokens reach only the read-only REST
+API and rack view.`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			name := args[0]
+			level, err := pki.ParseOperatorLevel(levelName)
+			if err != nil {
+				return fmt.Errorf("--level: %w", err)
+			}
 			if out == "" {
 				out = filepath.Join(stateDir, "operators", name)
 			}
-			if err := server.IssueOperator(stateDir, name, out); err != nil {
+			if err := server.IssueOperator(stateDir, name, level, out); err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "operator %s: credentials in %s (ca.crt, operator.crt, operator.key)\n", name, out)
+			fmt.Fprintf(cmd.OutOrStdout(), "operator %s (level %s): credentials in %s (ca.crt, operator.crt, operator.key)\n", name, level.Name(), out)
 			if token {
 				if tokenTTL <= 0 {
 					return fmt.Errorf("--token-ttl %s: tokens expire; give a positive duration", tokenTTL)
@@ -106,7 +125,8 @@ func newCertsCommand() *cobra.Command {
 	}
 	op.Flags().StringVar(&stateDir, "state-dir", defaultStateDir, "gpuboot's state directory holding pki/ca.key")
 	op.Flags().StringVar(&out, "out", "", "directory for the credentials (default STATEDIR/operators/NAME)")
-	op.Flags().BoolVar(&token, "token", false, "also create a bearer token for the REST API and rack view")
+	op.Flags().StringVar(&levelName, "level", pki.LevelViewer.Name(), "what the certificate may do: viewer, operator or admin")
+	op.Flags().BoolVar(&token, "token", false, "also create a bearer token for the REST API and rack view (it acts as a viewer)")
 	op.Flags().DurationVar(&tokenTTL, "token-ttl", admin.DefaultTokenTTL, "how long the token is valid")
 	certs.AddCommand(op)
 	return certs
