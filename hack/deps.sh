@@ -22,6 +22,7 @@ packages=(
   linux-image-amd64 # test/qemu: the guest kernel (/boot/vmlinuz-*)
   containerd runc containernetworking-plugins # controlplane-bootstrap: a real kubelet joins and runs a pod
   chromium          # pxe/report: the HTML rack checklist is opened in headless Chromium
+  cmark-gfm         # pxe/report: the markdown rack report is rendered as GitHub would, to prove its escaping
   swtpm swtpm-tools # agent/attest, pxe/enroll: a software TPM 2.0 for the TPM-bound identity tests
 )
 

@@ -269,7 +269,7 @@ func (s *Service) Heartbeat(ctx context.Context, req *bootv1.HeartbeatRequest) (
 			if req.GetHealth() != nil {
 				m.Health = health
 			}
-			if req.GetGpuAllocation() != nil {
+			if req.GetGpuAllocation() != nil && allocationCounts(m, c) {
 				m.GPUAllocation, m.GPUAllocationAt = allocation, now.UTC()
 			}
 			m.LastHeartbeat = now.UTC()
@@ -302,6 +302,20 @@ func (s *Service) Heartbeat(ctx context.Context, req *bootv1.HeartbeatRequest) (
 		s.advanceRing(ctx, m.Rack, ringChanged)
 	}
 	return resp, nil
+}
+
+// allocationCounts says whether c's GPU allocation (which pods hold the machine's GPUs)
+// may be stored for m: only a bound machine's that is joining, commissioning or ready,
+// sent with the bound key or the machine's agent certificate. A stranger's key, a
+// rejected or merely registered machine's, would otherwise put invented tenants into
+// the rack report's "GPUs by tenant" (issue 33).
+func allocationCounts(m *inventory.Machine, c *caller) bool {
+	switch m.State {
+	case inventory.Joining, inventory.Commissioning, inventory.Ready:
+	default:
+		return false
+	}
+	return c.viaCert || (m.BoundKey != "" && m.BoundKey == c.fp)
 }
 
 // errRejected answers a rejected machine's Heartbeat and ReportCommissioning.

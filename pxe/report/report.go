@@ -134,15 +134,29 @@ func AddQuotas(d *bootv1.RackReportData, quotas map[string]Quota) {
 	sortTenants(d.Tenants)
 }
 
+// allocationStates are the states whose machines' GPU allocations count: bound
+// machines that joined or are joining. gpuboot stores no other machine's, and the
+// report does not count one it finds (a record from before that rule, or a machine
+// since quarantined, rejected or decommissioned).
+var allocationStates = map[bootv1.MachineState]bool{
+	bootv1.MachineState_MACHINE_STATE_JOINING:       true,
+	bootv1.MachineState_MACHINE_STATE_COMMISSIONING: true,
+	bootv1.MachineState_MACHINE_STATE_READY:         true,
+}
+
 // Tenants sums the machines' GPU allocations per tenant: distinct GPUs (a GPU shared
-// by time-slicing counts once per tenant holding it), pods and namespaces. Tenants
-// come sorted by name, pods of no tenant ("") last.
+// by time-slicing counts once per tenant holding it), pods and namespaces, over the
+// machines in allocationStates only. Tenants come sorted by name, pods of no tenant
+// ("") last.
 func Tenants(machines []*bootv1.RackReportMachine) []*bootv1.RackReportTenant {
 	type acc struct {
 		gpus, pods, namespaces map[string]bool
 	}
 	by := map[string]*acc{}
 	for _, m := range machines {
+		if !allocationStates[m.GetState()] {
+			continue
+		}
 		for _, h := range m.GetGpuAllocation().GetHolders() {
 			a := by[h.GetTenant()]
 			if a == nil {
@@ -426,18 +440,41 @@ func nodeOrID(m *bootv1.RackReportMachine) string {
 	return m.GetMachineId()
 }
 
+// mdEscape makes s, which may come from an agent or a manifest, plain text in a
+// GitHub-flavoured Markdown table cell or list item: "" becomes "–"; control characters
+// (line breaks end a table row) become spaces; each character that starts markup, a
+// link or an HTML tag or entity is backslash-escaped (CommonMark §2.4), and so is the ':'
+// of "://" and the '.' of "www." (GFM's extended autolinks); an '@' is followed by
+// a zero-width space, since GFM links an e-mail address even through escapes. The
+// rendered text reads as s (TestMarkdownEscapesUntrustedText renders it with cmark-gfm).
 func mdEscape(s string) string {
 	if s == "" {
 		return "–"
 	}
-	return strings.NewReplacer("|", `\|`, "\n", " ").Replace(s)
+	var b strings.Builder
+	for i, r := range s {
+		switch {
+		case r < 0x20 || r == 0x7f:
+			b.WriteByte(' ')
+		case strings.ContainsRune("\\`*_~[]<>|&!", r), r == ':' && strings.HasPrefix(s[i+1:], "//"):
+			b.WriteByte('\\')
+			b.WriteRune(r)
+		case r == '.' && i >= 3 && strings.EqualFold(s[i-3:i], "www"):
+			b.WriteString(`\.`)
+		case r == '@':
+			b.WriteString("@\u200b")
+		default:
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
 }
 
 func markdown(d *bootv1.RackReportData) []byte {
 	p := view(d)
 	var b strings.Builder
 	fmt.Fprintf(&b, "# Rack %s commissioning report\n\nGenerated %s. %d machines (%s). GPUs: %d, %d without a failing check.\n\n",
-		p.Rack, p.Generated, len(p.Rows), strings.Join(p.States, ", "), p.GPUs, p.Healthy)
+		mdEscape(p.Rack), p.Generated, len(p.Rows), strings.Join(p.States, ", "), p.GPUs, p.Healthy)
 	t := d.GetTotals()
 	fmt.Fprintf(&b, "Nodes ready: %d. Nodes quarantined: %d. GPUs allocatable: %d.\n\n", t.GetNodesReady(), t.GetNodesQuarantined(), t.GetGpusAllocatable())
 	for _, m := range d.GetMachines() {

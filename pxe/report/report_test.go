@@ -131,14 +131,15 @@ func TestTenantsInReport(t *testing.T) {
 		holder("GPU-c", "vision-dev", "nb", "alpha"), holder("GPU-c", "speech", "infer", "beta"), // time-sliced GPU-c
 		holder("GPU-d", "default", "stray", ""),
 	}}
-	ms[0].GpuAllocation = &machinev1.GPUAllocation{Holders: []*machinev1.GPUHolder{holder("GPU-a", "speech", "infer-2", "beta")}} // m2, r1: same UUID, other machine
+	ms[0].GpuAllocation = &machinev1.GPUAllocation{Holders: []*machinev1.GPUHolder{holder("GPU-a", "speech", "infer-2", "beta")}} // m2, r1: quarantined, not counted
+	ms[4].GpuAllocation = &machinev1.GPUAllocation{Holders: []*machinev1.GPUHolder{holder("GPU-s", "x", "y", "stranger")}}        // m5, r1: registered, not counted
 	ms[2].GpuAllocation = &machinev1.GPUAllocation{Holders: []*machinev1.GPUHolder{holder("GPU-z", "vision", "x", "alpha")}}      // m3, r2
 	d := Build("r1", ms, time.Unix(1764400000, 0))
 	var got []string
 	for _, tn := range d.Tenants {
 		got = append(got, fmt.Sprintf("%s:%d gpus:%d pods:%v", tn.Tenant, tn.GpusAllocated, tn.Pods, tn.Namespaces))
 	}
-	want := []string{"alpha:3 gpus:2 pods:[vision vision-dev]", "beta:2 gpus:2 pods:[speech]", ":1 gpus:1 pods:[default]"}
+	want := []string{"alpha:3 gpus:2 pods:[vision vision-dev]", "beta:1 gpus:1 pods:[speech]", ":1 gpus:1 pods:[default]"}
 	if !slices.Equal(got, want) {
 		t.Fatalf("tenants\n got %q\nwant %q", got, want)
 	}
