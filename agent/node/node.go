@@ -63,7 +63,10 @@ type Config struct {
 	// plaintext with Insecure); MetricsListen the /metrics address; Socket the local
 	// unix socket. Empty: none.
 	Listen, MetricsListen, Socket string
-	Insecure                      bool
+	// Insecure serves plaintext gRPC on Listen, with no authentication; only on a
+	// loopback address unless InsecureRemote accepts that anyone who reaches the
+	// address drives the agent (--insecure-unauthenticated-remote).
+	Insecure, InsecureRemote bool
 	// KeyDir holds the enrollment key, the kept JoinBundle and node credentials.
 	KeyDir string
 	// Interval between checklists; ClearAfter the health hysteresis (the only one:
@@ -222,17 +225,23 @@ func newNode(ctx context.Context, cfg Config) (*node, error) {
 		if err != nil {
 			return fail(err)
 		}
+		if w := openDirWarning(cfg.Socket); w != "" {
+			log.Warn(w)
+		}
 		gs, _ := server.NewGRPC(n.api, nil, nil)
 		start = append(start, &grpcService{name: "grpc-unix", l: l, gs: gs, log: log, socket: cfg.Socket})
 	}
 	switch {
 	case cfg.Listen == "" || cfg.Credentials != nil:
 	case cfg.Insecure:
+		if err := insecureAddressAllowed(cfg.Listen, cfg.InsecureRemote); err != nil {
+			return fail(err)
+		}
 		l, err := net.Listen("tcp", cfg.Listen)
 		if err != nil {
 			return fail(fmt.Errorf("--listen: %w", err))
 		}
-		log.Warn("serving gRPC WITHOUT TLS (--insecure); use only in labs")
+		log.Warn("serving gRPC WITHOUT TLS OR AUTHENTICATION (--insecure): whoever reaches the address may inject faults and run checks; use only in labs", "address", cfg.Listen)
 		gs, _ := server.NewGRPC(n.api, nil, nil)
 		start = append(start, &grpcService{name: "grpc-tcp-plaintext", l: l, gs: gs, log: log})
 	case cfg.Enroll != nil:
@@ -267,6 +276,21 @@ func newNode(ctx context.Context, cfg Config) (*node, error) {
 		n.services.Start(s)
 	}
 	return n, nil
+}
+
+// insecureAddressAllowed refuses plaintext gRPC (--insecure) on an address other
+// machines can reach (all addresses, a routable IP, a host name other than localhost)
+// unless remote says the operator accepts it.
+func insecureAddressAllowed(listen string, remote bool) error {
+	host, _, err := net.SplitHostPort(listen)
+	if err != nil {
+		return fmt.Errorf("--listen %q: %w", listen, err)
+	}
+	if ip := net.ParseIP(host); host == "localhost" || ip != nil && ip.IsLoopback() || remote {
+		return nil
+	}
+	return fmt.Errorf("--insecure on --listen %q: plaintext gRPC with no authentication would be reachable from other machines, and whoever reaches it may inject faults and run checks; "+
+		"listen on 127.0.0.1:PORT or [::1]:PORT, use mutual TLS (--join-bundle or --enroll), or pass --insecure-unauthenticated-remote to accept that", listen)
 }
 
 // bundleServices sets up what a JoinBundle enables: gossip with its rack key and the

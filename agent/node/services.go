@@ -156,21 +156,49 @@ func (s *watchdogService) Run(ctx context.Context) error {
 	}
 }
 
-// listenUnix listens on a root-only unix socket, replacing a stale one.
+// listenUnix listens on the local unix socket at path, replacing a stale one. The socket
+// has no authentication (whoever connects may call every method), so its file mode is
+// all that guards it: it is bound in a private directory (0700) made beside path, made
+// 0600 (root only) there and only then renamed to path, so it never exists at path with
+// a looser mode, whatever the umask. A directory the agent makes for it is 0700.
 func listenUnix(path string) (net.Listener, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("--socket: %w", err)
 	}
-	if fi, err := os.Lstat(path); err == nil && fi.Mode()&os.ModeSocket != 0 {
-		os.Remove(path)
+	if fi, err := os.Lstat(path); err == nil && fi.Mode()&os.ModeSocket == 0 {
+		return nil, fmt.Errorf("--socket %s exists and is not a socket: remove it or choose another path", path)
 	}
-	l, err := net.Listen("unix", path)
+	private, err := os.MkdirTemp(dir, ".s") // short: a unix socket path has at most 107 bytes
 	if err != nil {
 		return nil, fmt.Errorf("--socket: %w", err)
 	}
-	if err := os.Chmod(path, 0o600); err != nil {
+	defer os.RemoveAll(private)
+	bound := filepath.Join(private, "s")
+	l, err := net.Listen("unix", bound)
+	if err != nil {
+		return nil, fmt.Errorf("--socket %s: %w", path, err)
+	}
+	// The name moves; grpcService removes path at stop.
+	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	if err := os.Chmod(bound, 0o600); err != nil {
+		l.Close()
+		return nil, fmt.Errorf("--socket: %w", err)
+	}
+	if err := os.Rename(bound, path); err != nil {
 		l.Close()
 		return nil, fmt.Errorf("--socket: %w", err)
 	}
 	return l, nil
+}
+
+// openDirWarning says, when the socket's directory lets other users in, that it should
+// not (the systemd unit makes /run/gpurack 0700); empty when it is private.
+func openDirWarning(socket string) string {
+	dir := filepath.Dir(socket)
+	fi, err := os.Stat(dir)
+	if err != nil || fi.Mode().Perm()&0o077 == 0 {
+		return ""
+	}
+	return fmt.Sprintf("the local socket's directory %s is mode %04o: the socket itself is 0600, but make the directory 0700 (chmod 0700 %s) so that no other user can replace or watch it", dir, fi.Mode().Perm(), dir)
 }

@@ -44,6 +44,9 @@ type runFlags struct {
 	cgroupRoot    string
 	console       string
 	trimAfter     time.Duration
+
+	// insecureRemote lets --insecure listen beyond loopback.
+	insecureRemote bool
 }
 
 func newRunCommand() *cobra.Command {
@@ -70,7 +73,8 @@ the commissioning report and heartbeats.`,
 	fs.StringVar(&f.listen, "listen", ":50051", "gRPC TCP address (mutual TLS with the JoinBundle's certificate; plaintext only with --insecure); empty: none")
 	fs.StringVar(&f.metricsListen, "metrics-listen", ":9410", "Prometheus /metrics address; empty: none")
 	fs.StringVar(&f.socket, "socket", "/run/gpurack/agent.sock", "local gRPC unix socket (root only); empty: none")
-	fs.BoolVar(&f.insecure, "insecure", false, "serve gRPC on --listen without TLS (labs only)")
+	fs.BoolVar(&f.insecure, "insecure", false, "serve gRPC on --listen without TLS or authentication (labs only; a loopback --listen unless --insecure-unauthenticated-remote)")
+	fs.BoolVar(&f.insecureRemote, "insecure-unauthenticated-remote", false, "let --insecure listen on an address other machines reach: whoever reaches it may inject faults and run checks, with no credentials")
 	fs.StringVar(&f.joinBundle, "join-bundle", "", "protojson JoinBundle file: node name, agent certificate, gossip settings")
 	fs.StringVar(&f.keyDir, "key-dir", joinbundle.DefaultKeyDir, "directory of the agent's enrollment key")
 	fs.StringVar(&f.console, "console", "", "also write enrollment progress (\"waiting for approval\" and the key to approve) to this terminal, for whoever watches the machine's screen or serial console; the unit sets /dev/console")
@@ -109,7 +113,7 @@ func run(ctx context.Context, f *runFlags) error {
 	}
 	defer b.Close() // after node.Run: its NVML event watch has returned
 	cfg := node.Config{Backend: b, Sim: s, Profile: p, Log: log, BundleFile: f.joinBundle,
-		Listen: f.listen, MetricsListen: f.metricsListen, Socket: f.socket, Insecure: f.insecure, KeyDir: f.keyDir,
+		Listen: f.listen, MetricsListen: f.metricsListen, Socket: f.socket, Insecure: f.insecure, InsecureRemote: f.insecureRemote, KeyDir: f.keyDir,
 		Interval: f.interval, ClearAfter: f.clearAfter, NodeName: f.nodeName, FactsRoot: facts.Root(f.factsRoot),
 		KubeletDir: f.kubeletDir, CgroupRoot: f.cgroupRoot, Console: f.console, Gossip: f.gossip,
 		DevicePluginDir: filepath.Join(f.kubeletDir, "device-plugins"), DevicePlugin: f.devicePlugin, CDIDir: f.cdiDir,
