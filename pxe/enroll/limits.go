@@ -1,12 +1,16 @@
 package enroll
 
 import (
+	"encoding/base64"
+	"fmt"
+
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
 	machinev1 "github.com/gpurack/gpurack/api/machine/v1"
+	"github.com/gpurack/gpurack/pxe/inventory"
 )
 
 // Bounds on what an agent may send. Register is unauthenticated (anyone who reaches the
@@ -98,4 +102,35 @@ func checkHeartbeatLimits(req *bootv1.HeartbeatRequest) error {
 		return limitError("heartbeat", "gpu_allocation.holders (count)", n, MaxAllocationHolders, "MaxAllocationHolders")
 	}
 	return nil
+}
+
+// recordBytes is about what m takes in the inventory (JSON, byte fields in base64):
+// what agents send (facts, checklists, health, GPU allocation, EK certificates, keys)
+// and an allowance for the fixed fields. It counts against Config.MaxUnapprovedBytes,
+// since anyone may make and fill unapproved records: the largest facts, checklist,
+// health summary and allocation one identity may hold come to about 600 kB.
+func recordBytes(m *inventory.Machine) int64 {
+	b64 := base64.StdEncoding.EncodedLen
+	n := 1024 + b64(len(m.Facts)) + b64(len(m.Checklist)) + b64(len(m.CommissioningReport)) +
+		b64(len(m.Health)) + b64(len(m.GPUAllocation)) + b64(len(m.EKCertificate))
+	for _, k := range m.Keys {
+		n += 256 + b64(len(k.PublicKey)) + b64(len(k.EKCertificate)) + len(k.Fingerprint) + len(k.BootID) + len(k.Remote) + len(k.EKHash)
+	}
+	return int64(n)
+}
+
+// bytesLimitError refuses a new or larger unapproved record once they hold limit
+// bytes; it wraps ErrLimited and is ResourceExhausted over gRPC.
+func bytesLimitError(held, limit int64) error {
+	return limitedError{fmt.Errorf("%w: unapproved machines hold %d bytes, the limit is %d (enrollment.maxUnapprovedBytes): approve or reject waiting machines", ErrLimited, held, limit)}
+}
+
+// limitedError is an ErrLimited refusal that answers as ResourceExhausted wherever a
+// handler passes a gRPC status through.
+type limitedError struct{ err error }
+
+func (e limitedError) Error() string { return e.err.Error() }
+func (e limitedError) Unwrap() error { return e.err }
+func (e limitedError) GRPCStatus() *status.Status {
+	return status.New(codes.ResourceExhausted, e.err.Error())
 }

@@ -137,6 +137,10 @@ func (s *Service) Register(ctx context.Context, req *bootv1.RegisterRequest) (*b
 		*m = *d.Machine
 		return d.Transitions, nil
 	})
+	if errors.Is(err, ErrLimited) {
+		s.count("limited")
+		return nil, status.Error(codes.ResourceExhausted, err.Error())
+	}
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "register %s: %v", id.MAC, err)
 	}

@@ -54,13 +54,17 @@ const (
 
 // Defaults of Config.
 const (
-	DefaultTokenTTL       = 5 * time.Minute
-	DefaultBootstrapTTL   = 15 * time.Minute
-	DefaultMaxUnapproved  = 1000
-	DefaultCreateRate     = 5 // records per second
-	DefaultCreateBurst    = 50
-	DefaultHeartbeatEvery = 10 * time.Second
-	DefaultPollEvery      = 10 * time.Second
+	DefaultTokenTTL      = 5 * time.Minute
+	DefaultBootstrapTTL  = 15 * time.Minute
+	DefaultMaxUnapproved = 1000
+	// DefaultMaxUnapprovedBytes bounds the bytes those records hold (recordBytes):
+	// about 100 records of the largest facts and checklist an agent may send, or
+	// thousands of real ones (about 8 kB each).
+	DefaultMaxUnapprovedBytes = 64 << 20
+	DefaultCreateRate         = 5 // records per second
+	DefaultCreateBurst        = 50
+	DefaultHeartbeatEvery     = 10 * time.Second
+	DefaultPollEvery          = 10 * time.Second
 )
 
 // Cluster is the Kubernetes side gpuboot needs for enrollment: the API endpoint and CA
@@ -140,6 +144,11 @@ type Config struct {
 	MaxUnapproved int
 	CreateRate    float64
 	CreateBurst   int
+	// MaxUnapprovedBytes bounds what those records hold, in bytes as stored
+	// (recordBytes): past it a new record is refused, and so is a Register or
+	// Heartbeat that would make one of them larger. Machines an approval bound are
+	// never refused or evicted for it. Default DefaultMaxUnapprovedBytes.
+	MaxUnapprovedBytes int64
 
 	TokenTTL     time.Duration
 	BootstrapTTL time.Duration
@@ -164,9 +173,11 @@ type Service struct {
 	log     *slog.Logger
 	limiter *rate.Limiter
 
-	// unapproved counts machines in discovered or registered, for the cap.
-	mu         sync.Mutex
-	unapproved int
+	// unapproved counts machines in discovered or registered, and unapprovedBytes
+	// the recordBytes they hold, for the caps.
+	mu              sync.Mutex
+	unapproved      int
+	unapprovedBytes int64
 
 	locks sync.Map   // machine id → *sync.Mutex, serialising bundle releases
 	rowMu sync.Mutex // serialises approvals through an allowlist row (one row, one machine)
@@ -221,6 +232,9 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	if cfg.MaxUnapproved == 0 {
 		cfg.MaxUnapproved = DefaultMaxUnapproved
 	}
+	if cfg.MaxUnapprovedBytes == 0 {
+		cfg.MaxUnapprovedBytes = DefaultMaxUnapprovedBytes
+	}
 	if cfg.CreateRate == 0 {
 		cfg.CreateRate = DefaultCreateRate
 	}
@@ -261,6 +275,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	for _, m := range all {
 		if unapproved(m.State) {
 			s.unapproved++
+			s.unapprovedBytes += recordBytes(m)
 		}
 	}
 	return s, nil
@@ -289,40 +304,76 @@ func unapproved(st inventory.State) bool {
 // creations.
 var ErrLimited = errors.New("too many unapproved machines or new machines too fast")
 
-// admit reserves room for one new unapproved record, or returns ErrLimited.
-func (s *Service) admit() error {
+// admit reserves room for one new unapproved record of size bytes, or returns
+// ErrLimited.
+func (s *Service) admit(size int64) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.unapproved >= s.cfg.MaxUnapproved || !s.limiter.Allow() {
-		s.stats.mu.Lock()
-		s.stats.CreationsLimited++
-		s.stats.mu.Unlock()
+		s.limited()
 		return fmt.Errorf("%w (limit %d unapproved, %.0f/s): approve or reject waiting machines", ErrLimited, s.cfg.MaxUnapproved, s.cfg.CreateRate)
 	}
+	if s.unapprovedBytes+size > s.cfg.MaxUnapprovedBytes {
+		s.limited()
+		return bytesLimitError(s.unapprovedBytes, s.cfg.MaxUnapprovedBytes)
+	}
 	s.unapproved++
+	s.unapprovedBytes += size
 	return nil
 }
 
-func (s *Service) release() {
+func (s *Service) limited() {
+	s.stats.mu.Lock()
+	s.stats.CreationsLimited++
+	s.stats.mu.Unlock()
+}
+
+func (s *Service) release(size int64) {
 	s.mu.Lock()
 	s.unapproved--
+	s.unapprovedBytes -= size
 	s.mu.Unlock()
 }
 
 // create stores a new machine after admit; on failure the reservation is released.
 func (s *Service) create(ctx context.Context, m *inventory.Machine, ts ...inventory.Transition) error {
-	if err := s.admit(); err != nil {
+	size := recordBytes(m)
+	if err := s.admit(size); err != nil {
 		return err
 	}
 	if err := s.store.Create(ctx, m, ts...); err != nil {
-		s.release()
+		s.release(size)
 		return err
 	}
 	if !unapproved(m.State) {
-		s.release()
+		s.release(size)
 	}
 	s.changed(m)
 	return nil
+}
+
+// resize moves the bytes counted for one record from was to now (heldBytes before and
+// after a change). A record unapproved before and after may not grow past
+// MaxUnapprovedBytes; it returns the change it counted.
+func (s *Service) resize(was, now int64, stays bool) (int64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	d := now - was
+	if stays && d > 0 && s.unapprovedBytes+d > s.cfg.MaxUnapprovedBytes {
+		s.limited()
+		return 0, bytesLimitError(s.unapprovedBytes, s.cfg.MaxUnapprovedBytes)
+	}
+	s.unapprovedBytes += d
+	return d, nil
+}
+
+// heldBytes is the recordBytes m counts against MaxUnapprovedBytes: 0 unless it is
+// unapproved.
+func heldBytes(m *inventory.Machine) int64 {
+	if !unapproved(m.State) {
+		return 0
+	}
+	return recordBytes(m)
 }
 
 // update runs a store update and keeps the unapproved count and observers in step:
@@ -330,11 +381,23 @@ func (s *Service) create(ctx context.Context, m *inventory.Machine, ts ...invent
 func (s *Service) update(ctx context.Context, id string, fn func(*inventory.Machine) ([]inventory.Transition, error)) (*inventory.Machine, error) {
 	var before inventory.State
 	var beforeNode string
+	var counted int64 // bytes resize counted for this change
 	m, err := s.store.Update(ctx, id, func(m *inventory.Machine) ([]inventory.Transition, error) {
+		s.resize(counted, 0, false) // a store that runs fn again
+		counted = 0
 		before, beforeNode = m.State, m.NodeName
-		return fn(m)
+		was := heldBytes(m)
+		ts, err := fn(m)
+		if err != nil {
+			return nil, err
+		}
+		if counted, err = s.resize(was, heldBytes(m), unapproved(before) && unapproved(m.State)); err != nil {
+			return nil, err
+		}
+		return ts, nil
 	})
 	if err != nil {
+		s.resize(counted, 0, false)
 		return nil, err
 	}
 	if a, b := unapproved(before), unapproved(m.State); a != b {
