@@ -146,9 +146,13 @@ type Enrollment struct {
 	MaxUnapproved int     `yaml:"maxUnapproved"`
 	CreateRate    float64 `yaml:"createRate"`
 	CreateBurst   int     `yaml:"createBurst"`
-	// SourceRate and SourceBurst bound Register and Heartbeat calls from one source
-	// address (an IPv6 /64 counts as one): calls per second and burst, a token
-	// bucket per source. Defaults 5 and 50.
+	// MaxUnapprovedBytes bounds the bytes those records hold (facts, checklists,
+	// health; default 64 MiB): past it new strangers are refused, bound machines never.
+	MaxUnapprovedBytes int64 `yaml:"maxUnapprovedBytes"`
+	// SourceRate and SourceBurst bound the enrollment calls (Register, Heartbeat,
+	// GetJoinBundle, ReportCommissioning) from one source address (an IPv6 /64 counts
+	// as one): calls per second and burst, a token bucket per source. Defaults 5 and
+	// 50.
 	SourceRate  float64 `yaml:"sourceRate"`
 	SourceBurst int     `yaml:"sourceBurst"`
 	// NodeNamePrefix starts generated node names; default "gpu".
@@ -405,8 +409,8 @@ func (c *Config) Validate() error {
 	if len(c.Enrollment.EKRoots) > 0 && c.Enrollment.Identity != "tpm" && c.Enrollment.Identity != "tpm-or-fallback" {
 		bad("enrollment.ekRoots", "only used with identity: tpm or tpm-or-fallback (identity is %q)", cmp.Or(c.Enrollment.Identity, "mac-uuid-serial"))
 	}
-	if c.Enrollment.MaxUnapproved < 0 || c.Enrollment.CreateRate < 0 || c.Enrollment.CreateBurst < 0 {
-		bad("enrollment", "maxUnapproved, createRate and createBurst must not be negative")
+	if c.Enrollment.MaxUnapproved < 0 || c.Enrollment.MaxUnapprovedBytes < 0 || c.Enrollment.CreateRate < 0 || c.Enrollment.CreateBurst < 0 {
+		bad("enrollment", "maxUnapproved, maxUnapprovedBytes, createRate and createBurst must not be negative")
 	}
 	if c.Enrollment.SourceRate < 0 || c.Enrollment.SourceBurst < 0 {
 		bad("enrollment", "sourceRate and sourceBurst must not be negative (leave them out for the defaults, %g per second with a burst of %d)", DefaultSourceRate, DefaultSourceBurst)

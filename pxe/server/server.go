@@ -116,8 +116,9 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		ClusterDNS: cfg.Cluster.DNS, ClusterDomain: cfg.Cluster.Domain, NodeNamePrefix: cfg.Enrollment.NodeNamePrefix,
 		PodNetwork:    &bootv1.PodNetwork{Subnet: cfg.Cluster.PodNetwork.Subnet, Backend: cfg.Cluster.PodNetwork.Backend},
 		MaxUnapproved: cfg.Enrollment.MaxUnapproved, CreateRate: cfg.Enrollment.CreateRate, CreateBurst: cfg.Enrollment.CreateBurst,
-		AllowSimulated: cfg.Enrollment.AllowSimulated,
-		Log:            log,
+		MaxUnapprovedBytes: cfg.Enrollment.MaxUnapprovedBytes,
+		AllowSimulated:     cfg.Enrollment.AllowSimulated,
+		Log:                log,
 		OnChange: func(m *inventory.Machine) {
 			ctlMu.Lock()
 			defer ctlMu.Unlock()
