@@ -21,9 +21,9 @@ import (
 // called within the last burst/rate seconds count.
 const maxSources = 1 << 16
 
-// sourceLimiter is a token bucket per source address for the unauthenticated
-// enrollment calls that write to the inventory (Register, Heartbeat). IPv4 sources
-// count per address, IPv6 per /64 (one host usually holds a whole /64).
+// sourceLimiter is a token bucket per source address for the enrollment calls anyone
+// who reaches the TLS port may make (limitedMethods). IPv4 sources count per address,
+// IPv6 per /64 (one host usually holds a whole /64).
 type sourceLimiter struct {
 	limit rate.Limit
 	burst int
@@ -38,22 +38,20 @@ func newSourceLimiter(perSecond float64, burst int) *sourceLimiter {
 	return &sourceLimiter{limit: rate.Limit(perSecond), burst: burst, now: time.Now, buckets: map[netip.Prefix]*rate.Limiter{}}
 }
 
-// limitedMethods are the calls the limiter applies to.
+// limitedMethods are the calls the limiter applies to: every EnrollmentService call,
+// since each may come from a caller gpuboot does not know yet and costs a signature
+// check and an inventory read or write before it is refused (issue 33). One bucket per
+// source serves them all; an agent makes a few calls a minute.
 var limitedMethods = map[string]bool{
-	bootv1.EnrollmentService_Register_FullMethodName:  true,
-	bootv1.EnrollmentService_Heartbeat_FullMethodName: true,
+	bootv1.EnrollmentService_Register_FullMethodName:            true,
+	bootv1.EnrollmentService_Heartbeat_FullMethodName:           true,
+	bootv1.EnrollmentService_GetJoinBundle_FullMethodName:       true,
+	bootv1.EnrollmentService_ReportCommissioning_FullMethodName: true,
 }
 
-// sourceKey is the bucket of addr: the address for IPv4, its /64 for IPv6.
-func sourceKey(addr netip.Addr) netip.Prefix {
-	addr = addr.Unmap()
-	bits := 32
-	if addr.Is6() {
-		bits = 64
-	}
-	p, _ := addr.Prefix(bits)
-	return p
-}
+// sourceKey is the bucket of addr: the address for IPv4, its /64 for IPv6, as the
+// enrollment service counts TPM challenges.
+func sourceKey(addr netip.Addr) netip.Prefix { return enroll.SourcePrefix(addr) }
 
 // allow takes a token from addr's bucket. It reports false when the bucket is empty,
 // or when maxSources other sources hold non-full buckets.
