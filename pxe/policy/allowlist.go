@@ -2,8 +2,13 @@ package policy
 
 import (
 	"bytes"
+	"crypto/ecdsa"
+	"crypto/rsa"
+	"crypto/sha256"
+	"crypto/x509"
 	"encoding/csv"
 	"encoding/hex"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
@@ -25,7 +30,8 @@ type Entry struct {
 	// EKHash names the machine's TPM Endorsement Key, as the vendor reported it:
 	// "sha256:" and 64 lowercase hex digits over the DER SubjectPublicKeyInfo of the
 	// EK's public key. Optional; gpuboot uses it only with `identity: tpm` or
-	// `tpm-or-fallback` (decision 0651).
+	// `tpm-or-fallback` (decision 0651). An ekCertificate column gives it too: the hash
+	// of the certificate's public key.
 	EKHash string
 	// Line is the row's line number in the file (for transition records).
 	Line int
@@ -42,7 +48,10 @@ type List struct {
 }
 
 // manifestColumns are the columns a manifest may have; serial and/or mac are required.
-var manifestColumns = []string{"serial", "mac", "rack", "slot", "ekhash"}
+var manifestColumns = []string{"serial", "mac", "rack", "slot", "ekhash", "ekcertificate"}
+
+// maxEKCertificatePEM bounds one ekCertificate field (an EK certificate is 1 to 2 KB).
+const maxEKCertificatePEM = 16 << 10
 
 // LoadList reads the rack manifest at path (see ParseList).
 func LoadList(path string) (*List, error) {
@@ -55,8 +64,11 @@ func LoadList(path string) (*List, error) {
 }
 
 // ParseList parses a rack manifest: CSV with a header row naming its columns, from
-// serial, mac, rack, slot and ekHash (any order, case-insensitive; serial and/or mac
-// required). ekHash is "sha256:HEX" (see Entry.EKHash); upper-case hex is accepted.
+// serial, mac, rack, slot, ekHash and ekCertificate (any order, case-insensitive;
+// serial and/or mac required). ekHash is "sha256:HEX" (see Entry.EKHash); upper-case
+// hex is accepted. ekCertificate is the TPM's EK certificate as the vendor supplies it,
+// PEM (in a quoted field, since it spans lines); it gives the row's ekHash, and a row
+// with both must name the same key.
 // Lines starting with '#' and blank lines are skipped. MACs are normalised as in
 // CONTRACTS §1; a placeholder serial ("To Be Filled By O.E.M.") is an error, since it
 // would match any machine with the same placeholder. A serial or MAC listed twice is an
@@ -140,6 +152,16 @@ func ParseList(source string, r io.Reader) (*List, error) {
 			}
 			e.EKHash = h
 		}
+		if raw := get("ekcertificate"); raw != "" {
+			h, err := EKHashOfCertificatePEM(raw)
+			if err != nil {
+				return nil, fmt.Errorf("allowlist %s line %d: ekCertificate: %w", source, line, err)
+			}
+			if e.EKHash != "" && e.EKHash != h {
+				return nil, fmt.Errorf("allowlist %s line %d: ekHash %s and the ekCertificate's key (%s) differ: give the one the vendor shipped for this machine", source, line, e.EKHash, h)
+			}
+			e.EKHash = h
+		}
 		idx := len(l.Entries)
 		if e.Serial != "" {
 			if prev, dup := l.bySerial[e.Serial]; dup {
@@ -199,6 +221,42 @@ func hasKey(m map[string]int, k string) bool { _, ok := m[k]; return ok }
 // ParseListBytes is ParseList over a byte slice.
 func ParseListBytes(source string, b []byte) (*List, error) {
 	return ParseList(source, bytes.NewReader(b))
+}
+
+// EKHashOfCertificatePEM returns the EK hash ("sha256:HEX", see Entry.EKHash) of the
+// public key of the one X.509 certificate in the PEM text s.
+func EKHashOfCertificatePEM(s string) (string, error) {
+	if len(s) > maxEKCertificatePEM {
+		return "", fmt.Errorf("%d bytes, more than %d: not one EK certificate", len(s), maxEKCertificatePEM)
+	}
+	block, rest := pem.Decode([]byte(s))
+	if block == nil || block.Type != "CERTIFICATE" {
+		return "", errors.New(`want one PEM "CERTIFICATE" block (-----BEGIN CERTIFICATE----- …), quoted in the CSV since it spans lines`)
+	}
+	if len(bytes.TrimSpace(rest)) != 0 {
+		return "", errors.New("text after the certificate: give one certificate per row")
+	}
+	cert, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		return "", fmt.Errorf("not an X.509 certificate: %v", err)
+	}
+	return ekHashOfKey(cert.PublicKey)
+}
+
+// ekHashOfKey hashes the DER SubjectPublicKeyInfo of pub as gpuboot does for the EK a
+// TPM proves (re-encoded, so equal keys hash the same whatever encoding carried them).
+func ekHashOfKey(pub any) (string, error) {
+	switch pub.(type) {
+	case *rsa.PublicKey, *ecdsa.PublicKey:
+	default:
+		return "", fmt.Errorf("public key of type %T: a TPM EK is RSA or ECC", pub)
+	}
+	der, err := x509.MarshalPKIXPublicKey(pub)
+	if err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(der)
+	return "sha256:" + hex.EncodeToString(sum[:]), nil
 }
 
 // NormalizeEKHash checks an EK hash in the form "sha256:" plus 64 hex digits and returns

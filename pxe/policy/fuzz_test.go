@@ -8,9 +8,13 @@ import (
 )
 
 // FuzzParseList: a rack manifest comes from a vendor; parsing it must never panic, and
-// every entry it accepts must match itself.
+// every entry it accepts must match itself, with its EK (from ekHash or ekCertificate)
+// normalised.
 func FuzzParseList(f *testing.F) {
 	f.Add([]byte("serial,mac,ekHash\nS1,aa:bb:cc:dd:ee:01,sha256:" + strings.Repeat("Ab", 32) + "\n"))
+	cert, _ := testEKCertificate(f)
+	f.Add([]byte("serial,mac,ekCertificate\nS1,aa:bb:cc:dd:ee:01," + quoted(cert) + "\nS2,aa:bb:cc:dd:ee:02,\n"))
+	f.Add([]byte("mac,ekCertificate,ekHash\naa:bb:cc:dd:ee:01,\"-----BEGIN CERTIFICATE-----\nMAA=\n-----END CERTIFICATE-----\n\",\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		l, err := ParseListBytes("fuzz.csv", data)
 		if err != nil {
