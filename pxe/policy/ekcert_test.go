@@ -77,12 +77,12 @@ func TestEKCertificateErrors(t *testing.T) {
 	certA, _ := testEKCertificate(t)
 	_, hashB := testEKCertificate(t)
 	cases := map[string]string{
-		"serial,ekCertificate\nSN1,not a certificate\n":                                                 "m.csv line 2: ekCertificate: want one PEM \"CERTIFICATE\" block",
+		"serial,ekCertificate\nSN1,not a certificate\n":                                                "m.csv line 2: ekCertificate: want one PEM \"CERTIFICATE\" block",
 		"serial,ekCertificate\nSN1,\"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\"\n": "m.csv line 2: ekCertificate: not an X.509 certificate",
-		"serial,ekCertificate\nSN1," + quoted(certA+certA) + "\n":                                       "text after the certificate",
-		"serial,ekCertificate,ekHash\nSN1," + quoted(certA) + "," + hashB + "\n":                        "differ",
-		"serial,ekCertificate\nSN1," + quoted(certA) + "\nSN2," + quoted(certA) + "\n":                  "one TPM is in one machine",
-		"serial,ekCertificate\nSN1," + quoted(strings.Repeat("A", maxEKCertificatePEM+1)) + "\n":        "not one EK certificate",
+		"serial,ekCertificate\nSN1," + quoted(certA+certA) + "\n":                                      "text after the certificate",
+		"serial,ekCertificate,ekHash\nSN1," + quoted(certA) + "," + hashB + "\n":                       "differ",
+		"serial,ekCertificate\nSN1," + quoted(certA) + "\nSN2," + quoted(certA) + "\n":                 "one TPM is in one machine",
+		"serial,ekCertificate\nSN1," + quoted(strings.Repeat("A", maxEKCertificatePEM+1)) + "\n":       "not one EK certificate",
 	}
 	for in, want := range cases {
 		_, err := ParseListBytes("m.csv", []byte(in))
