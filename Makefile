@@ -11,6 +11,7 @@ GPURACK_K8S_DIR ?= $(GPURACK_CACHE)/k8s/v1.34.2
 export GPURACK_CACHE GPURACK_K8S_DIR
 TOOLS       := $(GPURACK_K8S_DIR)/bin
 TEST_FLAGS  ?= -count=1 -timeout 50m
+DURATIONS   ?= $(BIN)/test-durations.tsv
 
 BINARIES := imagebuilder/cmd/gpuimage pxe/cmd/gpuboot agent/cmd/gpuagent controlplane-bootstrap/cmd/controlplane-bootstrap
 
@@ -30,11 +31,17 @@ build: ## build the four binaries into ./bin
 	@ls -l $(BIN)
 
 .PHONY: test
-test: deps ## install what is missing, then run every test (what CI runs)
-	PATH="$(TOOLS):$$PATH" GPURACK_NETNS_REQUIRED=1 $(GO) test $(TEST_FLAGS) ./...
-	cd images/coredns && $(GO) test $(TEST_FLAGS) ./...
-	@leaked=$$(ip netns list 2>/dev/null | grep -c '^gpr-' || true); \
-	  if [ "$$leaked" != 0 ]; then echo "tests leaked $$leaked network namespaces:"; ip netns list; exit 1; fi
+test: deps ## install what is missing, then run every test (what CI runs); durations in $(DURATIONS), the slowest printed at the end
+	@mkdir -p $(BIN) && rm -f $(DURATIONS) && $(GO) build -o $(BIN)/testsummary ./hack/testsummary
+	@set -o pipefail; rc=0; \
+	  echo 'go test -json $(TEST_FLAGS) ./... (the pinned binaries on PATH, GPURACK_NETNS_REQUIRED=1) | testsummary stream'; \
+	  PATH="$(TOOLS):$$PATH" GPURACK_NETNS_REQUIRED=1 $(GO) test -json $(TEST_FLAGS) ./... | $(BIN)/testsummary stream --out $(DURATIONS) || rc=1; \
+	  echo 'cd images/coredns && $(GO) test -json $(TEST_FLAGS) ./... | testsummary stream'; \
+	  (cd images/coredns && $(GO) test -json $(TEST_FLAGS) ./...) | $(BIN)/testsummary stream --out $(DURATIONS) || rc=1; \
+	  leaked=$$(ip netns list 2>/dev/null | grep -c '^gpr-' || true); \
+	  if [ "$$leaked" != 0 ]; then echo "tests leaked $$leaked network namespaces:"; ip netns list; rc=1; fi; \
+	  $(BIN)/testsummary report $(DURATIONS) || rc=1; \
+	  exit $$rc
 
 .PHONY: lint
 lint: ## go vet, staticcheck and gofmt
