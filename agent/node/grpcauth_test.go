@@ -14,6 +14,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -242,16 +244,31 @@ func TestMTLSOperatorLevels(t *testing.T) {
 		return err
 	}
 
-	_, viewer := m.client(t, m.operator(t, "vera", pki.LevelViewer))
+	viewerConn, viewer := m.client(t, m.operator(t, "vera", pki.LevelViewer))
 	if _, err := viewer.Status(ctx, &agentv1.StatusRequest{}); err != nil {
 		t.Errorf("viewer Status: %v", err)
 	}
+	// grpcurl's way in: health and server reflection are a viewer's.
+	if h, err := healthpb.NewHealthClient(viewerConn).Check(ctx, &healthpb.HealthCheckRequest{}); err != nil || h.Status != healthpb.HealthCheckResponse_SERVING {
+		t.Errorf("viewer health Check: %v %v", h, err)
+	}
+	refl, err := reflectionpb.NewServerReflectionClient(viewerConn).ServerReflectionInfo(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := refl.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}}); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := refl.Recv(); err != nil || !strings.Contains(r.String(), "gpurack.agent.v1.AgentService") {
+		t.Errorf("viewer reflection ListServices: %v %v", r, err)
+	}
+	refl.CloseSend()
 	if _, err := viewer.ListGPUs(ctx, &agentv1.ListGPUsRequest{}); err != nil {
 		t.Errorf("viewer ListGPUs: %v", err)
 	}
 	wantRefused(t, "viewer RunChecks", runChecks(viewer), codes.PermissionDenied, "needs operator level operator")
 	wantRefused(t, "viewer InjectFault", inject(viewer), codes.PermissionDenied, "gpuboot certs operator NAME --level admin")
-	_, err := viewer.ClearFaults(ctx, &agentv1.ClearFaultsRequest{})
+	_, err = viewer.ClearFaults(ctx, &agentv1.ClearFaultsRequest{})
 	wantRefused(t, "viewer ClearFaults", err, codes.PermissionDenied, "needs operator level admin")
 
 	_, operator := m.client(t, m.operator(t, "otto", pki.LevelOperator))

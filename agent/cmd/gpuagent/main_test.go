@@ -585,7 +585,8 @@ func TestRunServesMTLS(t *testing.T) {
 func ptr[T any](v T) *T { return &v }
 
 // TestRunPlaintextNeedsFlag: without --insecure and without a certificate, nothing
-// listens on TCP.
+// listens on TCP; with --insecure, not on an address other machines reach unless
+// --insecure-unauthenticated-remote is given.
 func TestRunPlaintextNeedsFlag(t *testing.T) {
 	listen := freePort(t)
 	dir := t.TempDir()
@@ -619,6 +620,14 @@ func TestRunPlaintextNeedsFlag(t *testing.T) {
 		t.Fatal(err)
 	}
 	d.stop(t)
+
+	// --insecure on every address (the default --listen) is refused: it would serve
+	// the API with no authentication to whoever reaches the machine.
+	_, stderr, code := runAgent(t, "run", "--gpu-backend", "sim:dgxh100", "--profile", h100Profile, "--insecure", "--listen", ":"+strings.Split(listen, ":")[1],
+		"--metrics-listen", "", "--socket", "")
+	if code != 2 || !strings.Contains(stderr, "--insecure-unauthenticated-remote") {
+		t.Errorf("--insecure on every address: exit %d, stderr:\n%s", code, stderr)
+	}
 }
 
 // TestThreeAgentsGossip runs three agent processes in one rack: they see each other,
