@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -40,10 +41,11 @@ var methodLevels = map[string]pki.OperatorLevel{
 }
 
 // authorize decides whether the peer presenting certs (leaf first, as TLS gives them)
-// may call method now: its certificates are not on revoked (nil: none revoked), the
-// leaf's role is the operators', and its operator level is at least the method's. The
-// error is a gRPC status saying what the caller can do about it.
-func authorize(method string, certs []*x509.Certificate, revoked *pki.RevocationList) error {
+// may call method at now: its certificates are not on revoked (nil: none revoked) and
+// have not expired since the handshake, the leaf's role is the operators', and its
+// operator level is at least the method's. The error is a gRPC status saying what the
+// caller can do about it.
+func authorize(method string, certs []*x509.Certificate, revoked *pki.RevocationList, now time.Time) error {
 	if len(certs) == 0 || certs[0] == nil {
 		return status.Error(codes.Unauthenticated, "no client certificate: the agent's API takes an operator certificate from gpuboot (gpuboot certs operator NAME)")
 	}
@@ -51,6 +53,10 @@ func authorize(method string, certs []*x509.Certificate, revoked *pki.Revocation
 		return err
 	}
 	leaf := certs[0]
+	if now.After(leaf.NotAfter) {
+		return status.Errorf(codes.Unauthenticated, "certificate %q expired at %s: ask an admin for a new operator certificate (gpuboot certs operator NAME)",
+			leaf.Subject.CommonName, leaf.NotAfter.UTC().Format(time.RFC3339))
+	}
 	if r := pki.RoleOf(leaf); r != pki.RoleOperators {
 		return status.Errorf(codes.PermissionDenied, "certificate %q has role %q, not %s: only operators use the agent's API (gpuboot certs operator NAME)",
 			leaf.Subject.CommonName, r, pki.RoleOperators)
@@ -186,7 +192,7 @@ func (g *Guard) check(ctx context.Context, method string) ([]*x509.Certificate, 
 	if err != nil {
 		return nil, err
 	}
-	return certs, authorize(method, certs, g.revoked)
+	return certs, authorize(method, certs, g.revoked, time.Now())
 }
 
 // peerCertificates are the certificates the peer of ctx's call presented in its TLS

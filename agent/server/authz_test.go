@@ -4,6 +4,7 @@ import (
 	"crypto/x509"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -90,13 +91,18 @@ func TestAuthorize(t *testing.T) {
 		if tt.cert != nil {
 			certs = []*x509.Certificate{tt.cert}
 		}
-		err := authorize(tt.method, certs, revoked)
+		err := authorize(tt.method, certs, revoked, time.Now())
 		if status.Code(err) != tt.code || !strings.Contains(status.Convert(err).Message(), tt.says) {
 			t.Errorf("%s: %v, want %v saying %q", tt.name, err, tt.code, tt.says)
 		}
 	}
 	// An intermediate (or any certificate of the chain) on the list refuses the peer too.
-	if err := authorize(readStatus, []*x509.Certificate{viewer, ca.Cert}, pki.NewRevocationList(ca.Cert.SerialNumber)); status.Code(err) != codes.Unauthenticated {
+	if err := authorize(readStatus, []*x509.Certificate{viewer, ca.Cert}, pki.NewRevocationList(ca.Cert.SerialNumber), time.Now()); status.Code(err) != codes.Unauthenticated {
 		t.Errorf("chain with a revoked CA: %v", err)
+	}
+	// A connection outlives its certificate: the call after NotAfter is refused.
+	if err := authorize(readStatus, []*x509.Certificate{viewer}, nil, viewer.NotAfter.Add(time.Second)); status.Code(err) != codes.Unauthenticated ||
+		!strings.Contains(err.Error(), "expired") {
+		t.Errorf("a call after the certificate expired: %v", err)
 	}
 }
