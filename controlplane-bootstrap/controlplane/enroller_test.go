@@ -1,6 +1,7 @@
 package controlplane_test
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -93,33 +94,96 @@ func TestEnrollerIdentityPermissions(t *testing.T) {
 		t.Errorf("enroller creating a ResourceQuota: %v, want Forbidden", err)
 	}
 
-	// Allowed: Nodes get, list, watch, patch (taints), delete.
-	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "enroller-target"}}
-	if _, err := admin.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
+	// Nodes: get, list, watch every Node; patch and delete only gpurack-managed ones
+	// (labelled joinconfig.ManagedNodeLabel, as every gpurack agent registers its
+	// Node), and of those change only the gpurack.io/ taints (EnrollerNodePolicy).
+	nodes := enroller.CoreV1().Nodes()
+	mk := func(name string, labels map[string]string) *corev1.Node {
+		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels},
+			Spec: corev1.NodeSpec{Taints: []corev1.Taint{{Key: "example.com/dedicated", Value: "infra", Effect: corev1.TaintEffectNoSchedule}}}}
+		created, err := admin.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { admin.CoreV1().Nodes().Delete(ctx, name, metav1.DeleteOptions{}) })
+		return created
 	}
-	defer admin.CoreV1().Nodes().Delete(ctx, node.Name, metav1.DeleteOptions{})
-	if _, err := enroller.CoreV1().Nodes().List(ctx, metav1.ListOptions{}); err != nil {
+	managed := mk("enroller-managed", map[string]string{joinconfig.ManagedNodeLabel: "8", "team": "a"})
+	foreign := mk("enroller-foreign", map[string]string{"team": "a"})
+	if _, err := nodes.List(ctx, metav1.ListOptions{}); err != nil {
 		t.Errorf("enroller list nodes: %v", err)
 	}
-	w, err := enroller.CoreV1().Nodes().Watch(ctx, metav1.ListOptions{})
+	w, err := nodes.Watch(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Errorf("enroller watch nodes: %v", err)
 	} else {
 		w.Stop()
 	}
-	taint := []byte(`{"spec":{"taints":[{"key":"gpurack.io/unvalidated","effect":"NoSchedule"}]}}`)
-	got, err := enroller.CoreV1().Nodes().Patch(ctx, node.Name, types.StrategicMergePatchType, taint, metav1.PatchOptions{})
-	if err != nil {
-		t.Fatalf("enroller tainting a node: %v", err)
+	if _, err := nodes.Get(ctx, foreign.Name, metav1.GetOptions{}); err != nil {
+		t.Errorf("enroller get a foreign node: %v", err)
 	}
-	if len(got.Spec.Taints) != 1 || got.Spec.Taints[0].Key != "gpurack.io/unvalidated" {
+	// What the node controller does: a JSON patch replacing the taints, adding a
+	// gpurack.io/ one and keeping the others.
+	taints := func(n *corev1.Node, extra ...corev1.Taint) []byte {
+		b, _ := json.Marshal([]map[string]any{{"op": "replace", "path": "/spec/taints", "value": append(append([]corev1.Taint{}, n.Spec.Taints...), extra...)}})
+		return b
+	}
+	unhealthy := corev1.Taint{Key: "gpurack.io/gpu-unhealthy", Effect: corev1.TaintEffectNoSchedule}
+	got, err := nodes.Patch(ctx, managed.Name, types.JSONPatchType, taints(managed, unhealthy), metav1.PatchOptions{})
+	if err != nil {
+		t.Fatalf("enroller tainting a gpurack-managed node: %v", err)
+	}
+	if len(got.Spec.Taints) != 2 || got.Spec.Taints[1].Key != unhealthy.Key {
 		t.Errorf("taints after patch: %v", got.Spec.Taints)
 	}
-	if err := enroller.CoreV1().Nodes().Delete(ctx, node.Name, metav1.DeleteOptions{}); err != nil {
-		t.Errorf("enroller deleting a node: %v", err)
+	refused := func(what string, err error) {
+		t.Helper()
+		if err == nil {
+			t.Errorf("enroller %s: allowed", what)
+		} else if !apierrors.IsForbidden(err) && !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), joinconfig.EnrollerUser+" may only") {
+			t.Errorf("enroller %s: %v; want the admission policy's refusal", what, err)
+		}
 	}
-	if _, err := enroller.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); !apierrors.IsForbidden(err) {
+	merge := func(name, patch string) error {
+		_, err := nodes.Patch(ctx, name, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{})
+		return err
+	}
+	refused("tainting a node gpurack does not manage", func() error {
+		_, err := nodes.Patch(ctx, foreign.Name, types.JSONPatchType, taints(foreign, unhealthy), metav1.PatchOptions{})
+		return err
+	}())
+	refused("relabelling a managed node", merge(managed.Name, `{"metadata":{"labels":{"team":"b"}}}`))
+	refused("removing the managed label", merge(managed.Name, `{"metadata":{"labels":{"`+joinconfig.ManagedNodeLabel+`":null}}}`))
+	refused("labelling a foreign node managed", merge(foreign.Name, `{"metadata":{"labels":{"`+joinconfig.ManagedNodeLabel+`":"8"}}}`))
+	refused("annotating a managed node", merge(managed.Name, `{"metadata":{"annotations":{"x":"y"}}}`))
+	refused("cordoning a managed node", merge(managed.Name, `{"spec":{"unschedulable":true}}`))
+	refused("removing a managed node's other taint", func() error {
+		b, _ := json.Marshal([]map[string]any{{"op": "replace", "path": "/spec/taints", "value": []corev1.Taint{unhealthy}}})
+		_, err := nodes.Patch(ctx, managed.Name, types.JSONPatchType, b, metav1.PatchOptions{})
+		return err
+	}())
+	refused("adding a NoExecute taint outside gpurack.io/", func() error {
+		cur, _ := nodes.Get(ctx, managed.Name, metav1.GetOptions{})
+		_, err := nodes.Patch(ctx, managed.Name, types.JSONPatchType, taints(cur, corev1.Taint{Key: "example.com/evict", Effect: corev1.TaintEffectNoExecute}), metav1.PatchOptions{})
+		return err
+	}())
+	refused("deleting a node gpurack does not manage", nodes.Delete(ctx, foreign.Name, metav1.DeleteOptions{}))
+	if _, err := nodes.Get(ctx, foreign.Name, metav1.GetOptions{}); err != nil {
+		t.Errorf("the foreign node after the refused delete: %v", err)
+	}
+	if n, _ := admin.CoreV1().Nodes().Get(ctx, managed.Name, metav1.GetOptions{}); n.Labels["team"] != "a" || n.Spec.Unschedulable || len(n.Spec.Taints) != 2 {
+		t.Errorf("the managed node after the refused patches: labels %v unschedulable %v taints %v", n.Labels, n.Spec.Unschedulable, n.Spec.Taints)
+	}
+	// Status (the agent's GPUHealthy condition): no grant at all.
+	if _, err := nodes.Patch(ctx, managed.Name, types.StrategicMergePatchType, []byte(`{"status":{"conditions":[{"type":"GPUHealthy","status":"True"}]}}`),
+		metav1.PatchOptions{}, "status"); !apierrors.IsForbidden(err) {
+		t.Errorf("enroller patching a node's status: %v, want Forbidden", err)
+	}
+	// Decommissioning deletes the machine's Node.
+	if err := nodes.Delete(ctx, managed.Name, metav1.DeleteOptions{}); err != nil {
+		t.Errorf("enroller deleting a gpurack-managed node: %v", err)
+	}
+	if _, err := nodes.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "enroller-created", Labels: map[string]string{joinconfig.ManagedNodeLabel: "1"}}}, metav1.CreateOptions{}); !apierrors.IsForbidden(err) {
 		t.Errorf("enroller creating a node: %v, want Forbidden", err)
 	}
 }

@@ -78,6 +78,8 @@ func TestObjects(t *testing.T) {
 		"clusterroles gpurack:enroller",
 		"validatingadmissionpolicies " + EnrollerPolicy,
 		"validatingadmissionpolicybindings " + EnrollerPolicy,
+		"validatingadmissionpolicies " + EnrollerNodePolicy,
+		"validatingadmissionpolicybindings " + EnrollerNodePolicy,
 		"clusterroles " + NodeReaderRole,
 		"clusterrolebindings " + NodeReaderRole,
 		"clusterrolebindings " + NodeProxierBinding,
@@ -105,6 +107,21 @@ func TestObjects(t *testing.T) {
 				if v != "get" && v != "list" && v != "watch" {
 					t.Errorf("%s gives system:nodes %s on %v", b.Name, v, r.Resources)
 				}
+			}
+		}
+	}
+	// The Node policy is created before the Secret policy WaitEnrollerPolicy probes.
+	if i, j := slices.Index(names, "validatingadmissionpolicies "+EnrollerNodePolicy), slices.Index(names, "validatingadmissionpolicies "+EnrollerPolicy); i > j {
+		t.Errorf("%s applied after %s: WaitEnrollerPolicy's probe would not cover it", EnrollerNodePolicy, EnrollerPolicy)
+	}
+	// The enroller gets no Node verb beyond what gpuboot uses, and no subresource.
+	for _, r := range roles["gpurack:enroller"] {
+		if slices.Contains(r.Resources, "nodes") && !slices.Equal(r.Verbs, []string{"get", "list", "watch", "patch", "delete"}) {
+			t.Errorf("enroller's Node verbs %v", r.Verbs)
+		}
+		for _, res := range r.Resources {
+			if strings.HasPrefix(res, "nodes/") {
+				t.Errorf("enroller granted %s", res)
 			}
 		}
 	}

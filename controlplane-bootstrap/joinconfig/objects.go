@@ -28,6 +28,7 @@ import (
 	bootstrapapi "k8s.io/cluster-bootstrap/token/api"
 
 	"github.com/gpurack/gpurack/controlplane-bootstrap/clusterconfig"
+	"github.com/gpurack/gpurack/internal/nodecontract"
 )
 
 // Well-known names, equal to kubeadm's where kubeadm has one.
@@ -44,6 +45,14 @@ const (
 	// EnrollerPolicy names the ValidatingAdmissionPolicy (and its binding)
 	// that narrows the enroller's Secret permissions to bootstrap tokens.
 	EnrollerPolicy = "gpurack-enroller-bootstrap-tokens-only"
+	// EnrollerNodePolicy names the ValidatingAdmissionPolicy (and its binding) that
+	// narrows the enroller's Node permissions to gpurack-managed Nodes: it may change
+	// only their gpurack.io/ taints, and delete them, and nothing else.
+	EnrollerNodePolicy = "gpurack-enroller-managed-node-taints-only"
+	// ManagedNodeLabel marks a gpurack-managed Node: every gpurack agent registers its
+	// Node with it (agent/kubejoin.AgentLabels, with or without GPUs), and the
+	// enroller can neither set nor remove it (EnrollerNodePolicy).
+	ManagedNodeLabel = nodecontract.LabelGPUCount
 
 	KubeadmConfigMap = "kubeadm-config"
 	KubeletConfigMap = "kubelet-config"
@@ -210,15 +219,23 @@ func nodeServiceRBAC() []Object {
 	}
 }
 
-// enrollerObjects is the enroller identity's RBAC and the admission policy
-// that narrows it (CONTRACTS.md §4).
+// enrollerObjects is the enroller identity's RBAC and the admission policies
+// that narrow it (CONTRACTS.md §4). The Node policy comes before the Secret policy:
+// WaitEnrollerPolicy probes the Secret policy (a probe of the Node policy would need a
+// Node to exist), and the admission plugin loads policies in the order they were
+// created, so once the later one is enforced the earlier one is too.
 func enrollerObjects() []Object {
 	failClosed := admissionv1.Fail
-	return []Object{
+	return append(enrollerNodeObjects(), []Object{
 		role(metav1.NamespaceSystem, "gpurack:enroller",
 			rbacv1.PolicyRule{Verbs: []string{"create", "delete"}, APIGroups: []string{""}, Resources: []string{"secrets"}}),
 		roleBinding(metav1.NamespaceSystem, "gpurack:enroller", user(EnrollerUser)),
 		clusterRole("gpurack:enroller",
+			// gpuboot's node controller watches Nodes, reads one afresh when its
+			// guarded patch finds it changed, and patches taints; decommissioning
+			// deletes the machine's Node. EnrollerNodePolicy narrows patch and
+			// delete to gpurack-managed Nodes and their gpurack.io/ taints (RBAC
+			// cannot select by label). No nodes/status: the agent owns conditions.
 			rbacv1.PolicyRule{Verbs: []string{"get", "list", "watch", "patch", "delete"}, APIGroups: []string{""}, Resources: []string{"nodes"}},
 			// The tenants' GPU quotas, for the rack report (read only).
 			rbacv1.PolicyRule{Verbs: []string{"list"}, APIGroups: []string{""}, Resources: []string{"resourcequotas"}}),
@@ -247,14 +264,98 @@ func enrollerObjects() []Object {
 				Validations: enrollerValidations(),
 			},
 		}},
-		{gvrVAPBinding, &admissionv1.ValidatingAdmissionPolicyBinding{
-			TypeMeta:   metav1.TypeMeta{APIVersion: "admissionregistration.k8s.io/v1", Kind: "ValidatingAdmissionPolicyBinding"},
-			ObjectMeta: metav1.ObjectMeta{Name: EnrollerPolicy},
-			Spec: admissionv1.ValidatingAdmissionPolicyBindingSpec{
-				PolicyName:        EnrollerPolicy,
-				ValidationActions: []admissionv1.ValidationAction{admissionv1.Deny},
+		policyBinding(EnrollerPolicy),
+	}...)
+}
+
+func policyBinding(policy string) Object {
+	return Object{gvrVAPBinding, &admissionv1.ValidatingAdmissionPolicyBinding{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "admissionregistration.k8s.io/v1", Kind: "ValidatingAdmissionPolicyBinding"},
+		ObjectMeta: metav1.ObjectMeta{Name: policy},
+		Spec: admissionv1.ValidatingAdmissionPolicyBindingSpec{
+			PolicyName:        policy,
+			ValidationActions: []admissionv1.ValidationAction{admissionv1.Deny},
+		},
+	}}
+}
+
+// enrollerNodeObjects is EnrollerNodePolicy and its binding.
+func enrollerNodeObjects() []Object {
+	failClosed := admissionv1.Fail
+	return []Object{
+		{gvrVAP, &admissionv1.ValidatingAdmissionPolicy{
+			TypeMeta:   metav1.TypeMeta{APIVersion: "admissionregistration.k8s.io/v1", Kind: "ValidatingAdmissionPolicy"},
+			ObjectMeta: metav1.ObjectMeta{Name: EnrollerNodePolicy},
+			Spec: admissionv1.ValidatingAdmissionPolicySpec{
+				FailurePolicy: &failClosed,
+				MatchConstraints: &admissionv1.MatchResources{
+					ResourceRules: []admissionv1.NamedRuleWithOperations{{
+						RuleWithOperations: admissionv1.RuleWithOperations{
+							Operations: []admissionv1.OperationType{admissionv1.Create, admissionv1.Update, admissionv1.Delete},
+							Rule:       admissionv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"nodes", "nodes/*"}},
+						},
+					}},
+				},
+				MatchConditions: []admissionv1.MatchCondition{{
+					Name:       "is-enroller",
+					Expression: fmt.Sprintf("request.userInfo.username == %q", EnrollerUser),
+				}},
+				Variables:   enrollerNodeVariables(),
+				Validations: enrollerNodeValidations(),
 			},
 		}},
+		policyBinding(EnrollerNodePolicy),
+	}
+}
+
+// enrollerNodeVariables: managed, whether the Node as stored carries
+// ManagedNodeLabel; oldTaints and newTaints, the Node's taints outside gpurack.io/
+// before and after the change.
+func enrollerNodeVariables() []admissionv1.Variable {
+	foreign := func(obj string) string {
+		return fmt.Sprintf("%[1]s == null || !has(%[1]s.spec.taints) ? [] : %[1]s.spec.taints.filter(t, !t.key.startsWith(%[2]q))", obj, nodecontract.LabelPrefix)
+	}
+	return []admissionv1.Variable{
+		{Name: "managed", Expression: fmt.Sprintf("oldObject != null && has(oldObject.metadata.labels) && %q in oldObject.metadata.labels", ManagedNodeLabel)},
+		{Name: "oldTaints", Expression: foreign("oldObject")},
+		{Name: "newTaints", Expression: foreign("object")},
+	}
+}
+
+// enrollerNodeValidations are EnrollerNodePolicy's checks: the enroller may only
+// patch or delete a gpurack-managed Node (never create one, never another Node,
+// never a subresource such as status), and a patch may change only the Node's
+// gpurack.io/ taints: its labels (so not ManagedNodeLabel either), annotations,
+// owners, finalizers, the rest of its spec and every other taint stay as they are.
+func enrollerNodeValidations() []admissionv1.Validation {
+	forbidden := ptr(metav1.StatusReasonForbidden)
+	same := func(path string) string {
+		return fmt.Sprintf("has(object.%[1]s) == has(oldObject.%[1]s) && (!has(object.%[1]s) || object.%[1]s == oldObject.%[1]s)", path)
+	}
+	var unchanged []string
+	for _, p := range []string{"metadata.labels", "metadata.annotations", "metadata.ownerReferences", "metadata.finalizers",
+		"spec.podCIDR", "spec.podCIDRs", "spec.providerID", "spec.unschedulable", "spec.configSource", "spec.externalID"} {
+		unchanged = append(unchanged, "("+same(p)+")")
+	}
+	return []admissionv1.Validation{
+		{
+			Expression: "request.operation != 'CREATE' && request.subResource == '' && variables.managed",
+			Message: fmt.Sprintf("%s may only patch and delete Nodes labelled %s (those a gpurack agent registered), never create one or write a subresource such as status",
+				EnrollerUser, ManagedNodeLabel),
+			Reason: forbidden,
+		},
+		{
+			Expression: "request.operation == 'DELETE' || (" + strings.Join(unchanged, " && ") + ")",
+			Message: fmt.Sprintf("%s may only change a Node's %s taints: its labels, annotations, owners, finalizers and the rest of its spec stay as they are",
+				EnrollerUser, nodecontract.LabelPrefix),
+			Reason: forbidden,
+		},
+		{
+			Expression: "request.operation == 'DELETE' || variables.newTaints == variables.oldTaints",
+			Message: fmt.Sprintf("%s may only add and remove %s taints: every other taint stays as it is",
+				EnrollerUser, nodecontract.LabelPrefix),
+			Reason: forbidden,
+		},
 	}
 }
 

@@ -111,10 +111,12 @@ func (r *rig) node(name string) *corev1.Node {
 	return n
 }
 
-// createNode registers a Node the way kubelet does (registerWithTaints).
+// createNode registers a Node the way kubelet does (registerWithTaints), with the
+// agent's gpurack.io/gpu.count label that marks it gpurack-managed (the enroller may
+// change only such Nodes).
 func (r *rig) createNode(name string) {
 	_, err := r.admin.CoreV1().Nodes().Create(context.Background(), &corev1.Node{
-		ObjectMeta: metav1.ObjectMeta{Name: name},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"gpurack.io/gpu.count": "1"}},
 		Spec:       corev1.NodeSpec{Taints: []corev1.Taint{{Key: "gpurack.io/unvalidated", Effect: corev1.TaintEffectNoSchedule}}},
 	}, metav1.CreateOptions{})
 	if err != nil {

@@ -51,8 +51,9 @@ func TestServeWithCluster(t *testing.T) {
 	if _, err := admin.CoreV1().Secrets("kube-system").Get(ctx, secret, metav1.GetOptions{}); err != nil {
 		t.Fatalf("bootstrap token secret: %v", err)
 	}
-	// kubelet registers the Node with the unvalidated taint.
-	_, err = admin.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: b.NodeName},
+	// kubelet registers the Node with the unvalidated taint and the agent's labels
+	// (gpurack.io/gpu.count marks it gpurack-managed for the enroller's policy).
+	_, err = admin.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: b.NodeName, Labels: map[string]string{"gpurack.io/gpu.count": "1"}},
 		Spec: corev1.NodeSpec{Taints: []corev1.Taint{{Key: "gpurack.io/unvalidated", Effect: corev1.TaintEffectNoSchedule}}}}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
