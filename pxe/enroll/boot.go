@@ -103,6 +103,11 @@ func (s *Service) DecideBoot(ctx context.Context, id identity.Identity, remote n
 func (s *Service) discover(ctx context.Context, id identity.Identity, remote netip.Addr, now time.Time) (*inventory.Machine, error) {
 	m := &inventory.Machine{ID: inventory.NewID(), Identity: id, CreatedAt: now.UTC(), LastBootAt: now.UTC(), Rack: s.cfg.DefaultRack}
 	d := s.cfg.Policy.Decide(id)
+	if d.EKHash != "" && !s.cfg.Identity.usesTPM() {
+		// The row names a TPM no key proves under mac-uuid-serial: it approves
+		// nothing (checkManifestEK).
+		d.Approve = false
+	}
 	if d.ByAllowlist() {
 		// Held while this machine is created, so two identities on one row are
 		// never both approved.

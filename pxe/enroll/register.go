@@ -99,6 +99,10 @@ func (s *Service) Register(ctx context.Context, req *bootv1.RegisterRequest) (*b
 		call.Checklist, _ = enc.Marshal(req.GetChecklist())
 	}
 
+	if err := s.checkManifestEK(ctx, id, &call); err != nil {
+		return nil, err
+	}
+
 	m, err := s.store.Lookup(ctx, id.Key())
 	if errors.Is(err, inventory.ErrNotFound) {
 		m, err = s.createRegistered(ctx, id, call)
@@ -187,6 +191,45 @@ func (s *Service) createRegistered(ctx context.Context, id identity.Identity, ca
 		return nil, err
 	}
 	return m, nil
+}
+
+// checkManifestEK applies the TPM EK the rack manifest names for id (policy
+// Decision.EKHash) to a Register call: only a key that proved that EK may claim an
+// identity not bound yet (issue 33). Any other key is refused with PermissionDenied and
+// nothing is stored, so a stranger who knows a listed serial and MAC, even one who
+// registers before the machine first boots, neither takes the row nor holds the
+// machine in conflict. An identity already bound (to a key or an EK) is left to ekStep
+// and the key rules, as before: there another key is a conflict an operator sees.
+//
+// Under `identity: mac-uuid-serial` no key proves an EK, so such a row approves
+// nothing: the call goes on with the approval taken out, and the machine waits for an
+// operator (gpuboot serve warns at start).
+func (s *Service) checkManifestEK(ctx context.Context, id identity.Identity, call *registerCall) error {
+	want := call.Verdict.EKHash
+	if want == "" || call.Key.EKHash == want {
+		return nil
+	}
+	if !s.cfg.Identity.usesTPM() {
+		call.Verdict.Approve = false
+		return nil
+	}
+	m, err := s.store.Lookup(ctx, id.Key())
+	switch {
+	case err == nil && (m.EKHash != "" || m.BoundKey != ""):
+		return nil
+	case err != nil && !errors.Is(err, inventory.ErrNotFound):
+		return status.Errorf(codes.Internal, "register %s: %v", id.MAC, err)
+	}
+	claimed := call.Key.EKHash
+	if claimed == "" {
+		claimed = "none"
+	}
+	s.count("ek-refused")
+	s.log.Warn("refused: the rack manifest names another TPM for this serial and MAC", "mac", id.MAC, "serial", id.Serial, "uuid", id.UUID,
+		"row", call.Verdict.Line, "manifestEK", want, "provedEK", claimed, "key", call.Key.Fingerprint, "remote", call.Key.Remote)
+	return status.Errorf(codes.PermissionDenied,
+		"register: the rack manifest (line %d) names TPM EK %s for this machine and this agent proved EK %s: if this is the machine, correct its row in the manifest (ekHash or ekCertificate)",
+		call.Verdict.Line, want, claimed)
 }
 
 // tokenSecretSize is the number of random bytes in a JoinBundle token after the
@@ -451,6 +494,8 @@ func decideRegister(stored *inventory.Machine, call registerCall, rules register
 			resp.Message = fmt.Sprintf("another key (%s) is bound to this identity and still live; waiting for it to go away", short(m.BoundKey))
 		case len(m.Keys) > 1 && !current:
 			resp.Message = "another key for this identity is live; waiting for it to go away"
+		case call.Verdict.EKHash != "" && strings.HasPrefix(call.Verdict.Actor, "policy:allowlist:") && !rules.Identity.usesTPM():
+			resp.Message = "the rack manifest names this machine's TPM EK, which gpuboot does not check with identity: mac-uuid-serial: an operator must approve it, or set enrollment.identity: tpm"
 		case spent:
 			resp.Message = "this machine was decommissioned and its allowlist row no longer approves it: an operator must approve it (gpuboot machines approve)"
 		case call.RowHeldBy != "":

@@ -344,7 +344,8 @@ func TestTPMWrongOrReplayedAnswerRefused(t *testing.T) {
 }
 
 // A vendor manifest's ekHash column binds the identity before the first approval: the
-// TPM it names is approved by its row, another TPM on the same row is a conflict.
+// TPM it names is approved by its row; another TPM is refused on a row not bound yet,
+// and is a conflict on the bound machine's identity.
 func TestTPMManifestEKHash(t *testing.T) {
 	tpmA := swtpmtest.Start(t).Attester(t)
 	csv := "serial,mac,ekHash\nSN-TPM-M,52:54:00:00:07:05," + ekHashOf(t, tpmA) + "\nSN-TPM-N,52:54:00:00:07:06,sha256:" + strings.Repeat("ab", 32) + "\n"
@@ -361,12 +362,17 @@ func TestTPMManifestEKHash(t *testing.T) {
 	if m := e.machine("52:54:00:00:07:05"); m.EKHash != ekHashOf(t, tpmA) {
 		t.Fatalf("EK bound: %q", m.EKHash)
 	}
+	// Another TPM on a row whose machine is not bound yet is refused, nothing stored
+	// (issue 33); on the bound machine's identity it is a conflict an operator sees.
 	b := withTPM(e.agent("52:54:00:00:07:06", "SN-TPM-N"), swtpmtest.Start(t).Attester(t))
-	r := b.mustProve(bootv1.RegisterStatus_REGISTER_STATUS_CONFLICT)
-	if r.Token != "" {
+	if _, err := b.prove(); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("a TPM the manifest does not name, on an unbound row: %v; want PermissionDenied", err)
+	}
+	forger := withTPM(a.rebooted(), swtpmtest.Start(t).Attester(t))
+	if r := forger.mustProve(bootv1.RegisterStatus_REGISTER_STATUS_CONFLICT); r.Token != "" {
 		t.Fatal("a TPM the manifest does not name got a token")
 	}
-	e.checkHistory("52:54:00:00:07:06")
+	e.checkHistory("52:54:00:00:07:05")
 }
 
 // The agent's enrollment client with a real TPM goes through the challenge round on
