@@ -4,19 +4,27 @@ import (
 	"bufio"
 	"context"
 	"crypto/ed25519"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 
 	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
 	machinev1 "github.com/gpurack/gpurack/api/machine/v1"
+	"github.com/gpurack/gpurack/internal/pki"
 	"github.com/gpurack/gpurack/internal/testreq"
+	"github.com/gpurack/gpurack/pxe/enroll"
 )
 
 // procKiB reads a "Name:   N kB" line of /proc/PID/status.
@@ -134,4 +142,179 @@ func TestLoadRandomRegistrations(t *testing.T) {
 			}
 		}
 	}
+}
+
+// floodLine is what TestFloodLatency prints per phase, for test/bench/enrollflood.sh.
+const floodLine = "FLOOD run=%d phase=%s seconds=%.1f flood_per_s=%.0f register_p50_ms=%.2f register_p99_ms=%.2f heartbeat_p50_ms=%.2f heartbeat_p99_ms=%.2f samples=%d\n"
+
+// TestFloodLatency measures (it asserts nothing on time): the p50 and p99 of a bound
+// machine's Register and Heartbeat with no flood and under a flood of unauthenticated
+// Registers (random identities, each call a fresh key) from FLOOD_SOURCES loopback
+// addresses (127.0.N.M) at FLOOD_RATE calls per second in all, alternating quiet and
+// flood phases of FLOOD_SECONDS, FLOOD_RUNS times each, against one real gpuboot with
+// enrollment.sourceRate 50/s per address (the flood's per-address rate at 100
+// addresses). Then gpuboot's RSS at the byte cap on unapproved records: strangers
+// register the largest facts and checklist until refused. Run by
+// test/bench/enrollflood.sh.
+func TestFloodLatency(t *testing.T) {
+	testreq.OptIn(t, "GPURACK_BENCH_FLOOD", "a benchmark of several minutes that loads every core")
+	env := func(name string, def int) int {
+		if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+			return v
+		}
+		return def
+	}
+	rateTotal, sources, seconds, runs := env("FLOOD_RATE", 5000), env("FLOOD_SOURCES", 100), env("FLOOD_SECONDS", 8), env("FLOOD_RUNS", 3)
+	in := newInstance(t, "enrollment: {sourceRate: 50, sourceBurst: 100}\n")
+	in.start()
+	ctx := context.Background()
+
+	// The bound machine: approved, bundle fetched, mTLS heartbeats.
+	c := in.enrollClientFrom("127.0.0.1")
+	m := newTestAgent(1)
+	if _, err := m.register(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	in.cli("machines", "approve", m.facts.Identity.BootMac, "--reason", "flood bench")
+	r, err := m.register(ctx, c)
+	if err != nil || r.Status != bootv1.RegisterStatus_REGISTER_STATUS_APPROVED {
+		t.Fatalf("register after approval: %v %v", r, err)
+	}
+	req := &bootv1.GetJoinBundleRequest{Token: r.Token, Signature: bootv1.SignJoinBundle(m.key, r.Challenge, r.Token)}
+	bootv1.SignRequest(m.key, bootv1.EnrollmentService_GetJoinBundle_FullMethodName, req, time.Now())
+	b, err := c.GetJoinBundle(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := pki.DecodeCertPEM([]byte(b.Bundle.AgentCertificatePem))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tcfg := pki.ClientConfigPinned(in.pin)
+	tcfg.Certificates = []tls.Certificate{{Certificate: [][]byte{cert.Raw}, PrivateKey: m.key, Leaf: cert}}
+	conn, err := grpc.NewClient(in.tlsAddr, grpc.WithTransportCredentials(credentials.NewTLS(tcfg)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	mtls := bootv1.NewEnrollmentServiceClient(conn)
+
+	floodClients := make([]bootv1.EnrollmentServiceClient, sources)
+	for i := range floodClients {
+		n := 256 + i
+		floodClients[i] = in.enrollClientFrom(fmt.Sprintf("127.0.%d.%d", n>>8, n&255))
+	}
+	// measure runs the bound machine's calls (20 Registers and 20 Heartbeats a second)
+	// for d and returns their latencies in ms.
+	measure := func(d time.Duration) (reg, hb []float64) {
+		tick := time.NewTicker(25 * time.Millisecond)
+		defer tick.Stop()
+		end := time.Now().Add(d)
+		for i := 0; time.Now().Before(end); i++ {
+			<-tick.C
+			start := time.Now()
+			if i%2 == 0 {
+				if _, err := m.register(ctx, c); err != nil {
+					t.Errorf("bound machine's register: %v", err)
+				}
+				reg = append(reg, float64(time.Since(start).Microseconds())/1000)
+			} else {
+				if _, err := mtls.Heartbeat(ctx, &bootv1.HeartbeatRequest{Identity: m.facts.Identity}); err != nil {
+					t.Errorf("bound machine's heartbeat: %v", err)
+				}
+				hb = append(hb, float64(time.Since(start).Microseconds())/1000)
+			}
+		}
+		return reg, hb
+	}
+	// flood sends rateTotal Registers a second, spread over the sources, until stop
+	// is closed, and counts the calls answered.
+	flood := func(stop <-chan struct{}, sent *atomic.Int64) *sync.WaitGroup {
+		var wg sync.WaitGroup
+		per := time.Duration(float64(time.Second) * float64(sources) / float64(rateTotal))
+		for s, fc := range floodClients {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				tick := time.NewTicker(per)
+				defer tick.Stop()
+				for i := 0; ; i++ {
+					select {
+					case <-stop:
+						return
+					case <-tick.C:
+					}
+					a := newTestAgent(i)
+					a.facts.Identity.BootMac = fmt.Sprintf("52:54:02:%02x:%02x:%02x", s&0xff, i>>8&0xff, i&0xff)
+					a.register(ctx, fc)
+					sent.Add(1)
+				}
+			}()
+		}
+		return &wg
+	}
+	pct := func(v []float64, p float64) float64 {
+		if len(v) == 0 {
+			return 0
+		}
+		s := append([]float64(nil), v...)
+		sort.Float64s(s)
+		return s[min(len(s)-1, int(p*float64(len(s))))]
+	}
+	measure(2 * time.Second) // warm
+	for run := 1; run <= runs; run++ {
+		phases := []string{"quiet", "flood"}
+		if run%2 == 0 {
+			phases = []string{"flood", "quiet"}
+		}
+		for _, phase := range phases {
+			var sent atomic.Int64
+			stop := make(chan struct{})
+			var wg *sync.WaitGroup
+			if phase == "flood" {
+				wg = flood(stop, &sent)
+				time.Sleep(time.Second)
+				sent.Store(0)
+			}
+			start := time.Now()
+			reg, hb := measure(time.Duration(seconds) * time.Second)
+			took := time.Since(start).Seconds()
+			n := sent.Load()
+			close(stop)
+			if wg != nil {
+				wg.Wait()
+			}
+			fmt.Printf(floodLine, run, phase, took, float64(n)/took, pct(reg, .5), pct(reg, .99), pct(hb, .5), pct(hb, .99), len(reg)+len(hb))
+		}
+	}
+
+	// RSS at the byte cap (enrollment.maxUnapprovedBytes, default 64 MiB).
+	capped := newInstance(t, "enrollment: {createRate: 100000, createBurst: 100000, sourceRate: 100000, sourceBurst: 100000}\n")
+	capped.start()
+	cc := capped.enrollClient()
+	rssStart := procKiB(t, capped.cmd.Process.Pid, "VmRSS")
+	stored := 0
+	for i := 0; ; i++ {
+		a := newTestAgent(i)
+		a.facts.Identity.BootMac = fmt.Sprintf("52:54:03:00:%02x:%02x", i>>8&0xff, i&0xff)
+		a.facts.Gpus = nil
+		for g := range enroll.MaxFactsGPUs {
+			a.facts.Gpus = append(a.facts.Gpus, &machinev1.GPU{Index: int32(g), ProductName: strings.Repeat("x", enroll.MaxFactsBytes/enroll.MaxFactsGPUs-64)})
+		}
+		cl := &machinev1.Checklist{Identity: a.facts.Identity}
+		for k := range enroll.MaxChecklistResults {
+			cl.Results = append(cl.Results, &machinev1.CheckResult{Id: fmt.Sprint("check.", k), Message: strings.Repeat("y", enroll.MaxChecklistBytes/enroll.MaxChecklistResults-48)})
+		}
+		rq := &bootv1.RegisterRequest{Facts: a.facts, Checklist: cl, PublicKey: a.key.Public().(ed25519.PublicKey)}
+		bootv1.SignRequest(a.key, bootv1.EnrollmentService_Register_FullMethodName, rq, time.Now())
+		if _, err := cc.Register(ctx, rq); err != nil {
+			if !strings.Contains(err.Error(), "maxUnapprovedBytes") {
+				t.Fatalf("register %d: %v, want the byte cap", i, err)
+			}
+			break
+		}
+		stored++
+	}
+	pid := capped.cmd.Process.Pid
+	fmt.Printf("RSSCAP records=%d rss_start_mib=%d rss_mib=%d peak_mib=%d\n", stored, rssStart/1024, procKiB(t, pid, "VmRSS")/1024, procKiB(t, pid, "VmHWM")/1024)
 }
