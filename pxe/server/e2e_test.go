@@ -365,7 +365,7 @@ func TestServeAcceptance(t *testing.T) {
 	}
 	metrics, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	for _, want := range []string{`gpuboot_machines{state="registered"} 1`, `gpuboot_machines{state="discovered"} 1`, `gpuboot_enroll_registrations_total{answer="pending"} 1`} {
+	for _, want := range []string{`gpuboot_machines{simulated="false",state="registered"} 1`, `gpuboot_machines{simulated="false",state="discovered"} 1`, `gpuboot_enroll_registrations_total{answer="pending"} 1`} {
 		if !strings.Contains(string(metrics), want) {
 			t.Errorf("/metrics lacks %s", want)
 		}

@@ -11,6 +11,10 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+
+	machinev1 "github.com/gpurack/gpurack/api/machine/v1"
 
 	"github.com/gpurack/gpurack/pxe/identity"
 	"github.com/gpurack/gpurack/pxe/inventory"
@@ -31,16 +35,47 @@ func (l *listCounter) List(ctx context.Context) ([]*inventory.Machine, error) {
 }
 
 // scanByState is what a scrape did before: decode every machine and count.
-func scanByState(t testing.TB, s inventory.Store) map[inventory.State]int {
+// scanByClass counts the store's machines by state and simulated, decoding each
+// checklist in full (what the incremental count must agree with).
+func scanByClass(t testing.TB, s inventory.Store) map[machineClass]int {
 	all, err := s.List(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := map[inventory.State]int{}
+	out := map[machineClass]int{}
 	for _, m := range all {
-		out[m.State]++
+		cl := new(machinev1.Checklist)
+		if err := proto.Unmarshal(m.Checklist, cl); err != nil {
+			t.Fatal(err)
+		}
+		out[machineClass{m.State, cl.GetSimulated()}]++
 	}
 	return out
+}
+
+// checklistBytes is an encoded checklist with a result, simulated or not.
+func checklistBytes(simulated bool) []byte {
+	b, _ := proto.Marshal(&machinev1.Checklist{ImageId: "img", Simulated: simulated, DriverVersion: "580.1",
+		Results: []*machinev1.CheckResult{{Id: "gpu.count", Status: machinev1.CheckStatus_CHECK_STATUS_PASS}}})
+	return b
+}
+
+func TestChecklistSimulated(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		b    []byte
+		want bool
+	}{
+		{"simulated", checklistBytes(true), true},
+		{"real", checklistBytes(false), false},
+		{"none", nil, false},
+		{"truncated", checklistBytes(true)[:5], false},
+		{"the last occurrence wins", append(checklistBytes(true), protowire.AppendVarint(protowire.AppendTag(nil, 11, protowire.VarintType), 0)...), false},
+	} {
+		if got := checklistSimulated(tt.b); got != tt.want {
+			t.Errorf("%s: %v, want %v", tt.name, got, tt.want)
+		}
+	}
 }
 
 func openBolt(t testing.TB) *inventory.BoltStore {
@@ -83,16 +118,18 @@ func TestMachinesByStateIncremental(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(newInventoryCollector(nil, store.byState))
+	reg.MustRegister(newInventoryCollector(nil, store.byClass))
 	listsAtStart := lc.lists
 
 	check := func(round int) {
 		t.Helper()
-		want := scanByState(t, lc)
+		want := scanByClass(t, lc)
 		for _, st := range inventory.States {
-			got := gaugeValue(t, reg, st)
-			if int(got) != want[st] {
-				t.Fatalf("round %d: gpuboot_machines{state=%q} = %v, a full scan counts %d", round, st, got, want[st])
+			for _, sim := range []bool{false, true} {
+				got := gaugeValue(t, reg, st, sim)
+				if int(got) != want[machineClass{st, sim}] {
+					t.Fatalf("round %d: gpuboot_machines{state=%q,simulated=%v} = %v, a full scan counts %d", round, st, sim, got, want[machineClass{st, sim}])
+				}
 			}
 		}
 	}
@@ -114,6 +151,9 @@ func TestMachinesByStateIncremental(t *testing.T) {
 							return nil, nil
 						case 1: // the caller gives up
 							return nil, fmt.Errorf("changed my mind")
+						case 2, 3: // a new checklist, simulated or not, and no move
+							m.Checklist = checklistBytes(r.IntN(2) == 0)
+							return nil, nil
 						}
 						next := legalMoves(m.State)
 						if len(next) == 0 {
@@ -149,8 +189,8 @@ func legalMoves(st inventory.State) []inventory.State {
 	return out
 }
 
-// gaugeValue gathers reg and returns gpuboot_machines{state=st}.
-func gaugeValue(t testing.TB, reg *prometheus.Registry, st inventory.State) float64 {
+// gaugeValue gathers reg and returns gpuboot_machines{state=st,simulated=sim}.
+func gaugeValue(t testing.TB, reg *prometheus.Registry, st inventory.State, sim bool) float64 {
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -160,12 +200,16 @@ func gaugeValue(t testing.TB, reg *prometheus.Registry, st inventory.State) floa
 			continue
 		}
 		for _, m := range mf.GetMetric() {
-			if m.GetLabel()[0].GetValue() == string(st) {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["state"] == string(st) && labels["simulated"] == fmt.Sprint(sim) {
 				return m.GetGauge().GetValue()
 			}
 		}
 	}
-	t.Fatalf("no gpuboot_machines{state=%q}", st)
+	t.Fatalf("no gpuboot_machines{state=%q,simulated=%v}", st, sim)
 	return 0
 }
 
@@ -205,7 +249,7 @@ func BenchmarkScrapeMachinesByState(b *testing.B) {
 		}
 		for name, c := range map[string]prometheus.Collector{
 			"scan":        &scanCollector{s: bolt, desc: prometheus.NewDesc("gpuboot_machines", "h", []string{"state"}, nil)},
-			"incremental": newInventoryCollector(nil, store.byState),
+			"incremental": newInventoryCollector(nil, store.byClass),
 		} {
 			reg := prometheus.NewRegistry()
 			reg.MustRegister(c)

@@ -142,7 +142,7 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	reg.MustRegister(newInventoryCollector(svc, store.byState))
+	reg.MustRegister(newInventoryCollector(svc, store.byClass))
 
 	errc := make(chan error, 8)
 	var wg sync.WaitGroup
