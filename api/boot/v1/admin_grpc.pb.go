@@ -51,6 +51,14 @@ const (
 // PERMISSION_DENIED. The certificate's CN is the operator's name, recorded as the actor
 // of every transition the call causes ("operator:NAME").
 //
+// Each call also needs an operator level, carried in the certificate's subject OU
+// (`gpuboot certs operator NAME --level viewer|operator|admin`; a certificate without
+// one was issued before levels and is an admin's). The levels nest. Reads
+// (ListMachines, GetMachine, History, RackReport, GetGossipKeyStatus, and the REST API
+// and rack view) need viewer; Approve, Reject, Decommission, ResolveConflict and
+// RotateGossipKey need operator; RevokeOperator and ListOperatorAudit need admin. A call
+// above the caller's level is PERMISSION_DENIED, naming the level it needs.
+//
 // Calls that name a machine take a MachineRef: a string holding the machine's
 // Machine.id, its node name, or its boot MAC (lowercase, colon-separated). A ref that
 // matches no machine is NOT_FOUND; one that matches several is INVALID_ARGUMENT, naming
@@ -256,6 +264,14 @@ func (c *adminServiceClient) ListOperatorAudit(ctx context.Context, in *ListOper
 // client certificate the answer is UNAUTHENTICATED, with one of another role (an agent)
 // PERMISSION_DENIED. The certificate's CN is the operator's name, recorded as the actor
 // of every transition the call causes ("operator:NAME").
+//
+// Each call also needs an operator level, carried in the certificate's subject OU
+// (`gpuboot certs operator NAME --level viewer|operator|admin`; a certificate without
+// one was issued before levels and is an admin's). The levels nest. Reads
+// (ListMachines, GetMachine, History, RackReport, GetGossipKeyStatus, and the REST API
+// and rack view) need viewer; Approve, Reject, Decommission, ResolveConflict and
+// RotateGossipKey need operator; RevokeOperator and ListOperatorAudit need admin. A call
+// above the caller's level is PERMISSION_DENIED, naming the level it needs.
 //
 // Calls that name a machine take a MachineRef: a string holding the machine's
 // Machine.id, its node name, or its boot MAC (lowercase, colon-separated). A ref that
