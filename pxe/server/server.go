@@ -135,6 +135,9 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	} else {
 		log.Warn("no cluster.kubeconfig: JoinBundles carry no Kubernetes endpoint or bootstrap token, and the node controller does not run")
 	}
+	for _, w := range enroll.StartWarnings(ecfg) {
+		log.Warn(w)
+	}
 	svc, err := enroll.New(ctx, ecfg)
 	if err != nil {
 		return err
