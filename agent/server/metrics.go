@@ -17,8 +17,9 @@ import (
 )
 
 // gpuLabels are dcgm-exporter's label names, so dashboards can join the two exporters
-// on UUID or pci_bus_id.
-var gpuLabels = []string{"gpu", "UUID", "pci_bus_id", "modelName", "Hostname"}
+// on UUID or pci_bus_id, and "simulated" ("true" for the GPU simulator's GPUs, CONTRACTS
+// §11), so a simulated GPU's figures are never read as a real one's.
+var gpuLabels = []string{"gpu", "UUID", "pci_bus_id", "modelName", "Hostname", "simulated"}
 
 func desc(name, help string, extra ...string) *prometheus.Desc {
 	return prometheus.NewDesc("gpurack_"+name, help, append(append([]string{}, gpuLabels...), extra...), nil)
@@ -101,6 +102,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(mGPUHealthy, b2f(sum.GPUHealthy), h, sum.Reason)
 	gauge(mHealthyGPUs, float64(sum.HealthyGPUs), h)
 	b := c.Monitor.Backend()
+	sim := strconv.FormatBool(b.Simulated())
 	last := c.Monitor.Last()
 	drv, profile := "", ""
 	if p := c.Monitor.Profile(); p != nil {
@@ -121,7 +123,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		}
 		for i := range s.GPUs {
 			g := &s.GPUs[i]
-			l := []string{strconv.Itoa(g.Index), g.UUID, g.PCIBusID, g.Name.V, h}
+			l := []string{strconv.Itoa(g.Index), g.UUID, g.PCIBusID, g.Name.V, h, sim}
 			byIndex[g.Index], byUUID[g.UUID] = l, l
 			c.gpu(gauge, counter, g, l)
 			gauge(mHealthyGPU, b2f(!unhealthy[g.Index]), l...)
@@ -137,12 +139,12 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	for k, n := range c.Monitor.XIDs().Counts() {
 		l, ok := byIndex[k.GPU]
 		if !ok {
-			l = []string{strconv.Itoa(k.GPU), "", "", "", h}
+			l = []string{strconv.Itoa(k.GPU), "", "", "", h, sim}
 		}
 		code := strconv.FormatUint(uint64(k.Code), 10)
 		counter(mXID, float64(n), append(append([]string{}, l...), code, string(xid.ClassOf(k.Code)))...)
 	}
-	gauge(mInfo, 1, h, c.Version, b.Name(), drv, profile, strconv.FormatBool(b.Simulated()))
+	gauge(mInfo, 1, h, c.Version, b.Name(), drv, profile, sim)
 	c.allocations(gauge, h, byUUID)
 	if c.Rack != nil {
 		for st, n := range c.Rack() {

@@ -42,8 +42,8 @@ func TestAllocatedMetrics(t *testing.T) {
 	want := `
 # HELP gpurack_gpu_allocated 1 for each container kubelet allocated the GPU to (pod-resources API; several under time-slicing).
 # TYPE gpurack_gpu_allocated gauge
-gpurack_gpu_allocated{Hostname="gpu-r1-u07",UUID="` + g3.UUID + `",container="main",gpu="3",modelName="` + g3.Name.V + `",namespace="team-a",pci_bus_id="` + g3.PCIBusID + `",pod="train-0"} 1
-gpurack_gpu_allocated{Hostname="gpu-r1-u07",UUID="` + g3.UUID + `",container="server",gpu="3",modelName="` + g3.Name.V + `",namespace="team-b",pci_bus_id="` + g3.PCIBusID + `",pod="infer-1"} 1
+gpurack_gpu_allocated{Hostname="gpu-r1-u07",UUID="` + g3.UUID + `",container="main",gpu="3",modelName="` + g3.Name.V + `",namespace="team-a",pci_bus_id="` + g3.PCIBusID + `",pod="train-0",simulated="true"} 1
+gpurack_gpu_allocated{Hostname="gpu-r1-u07",UUID="` + g3.UUID + `",container="server",gpu="3",modelName="` + g3.Name.V + `",namespace="team-b",pci_bus_id="` + g3.PCIBusID + `",pod="infer-1",simulated="true"} 1
 # HELP gpurack_pod_resources_up 1 when kubelet's pod-resources API answered (gpu_allocated is current), 0 when it failed.
 # TYPE gpurack_pod_resources_up gauge
 gpurack_pod_resources_up{Hostname="gpu-r1-u07"} 1
