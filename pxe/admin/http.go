@@ -232,7 +232,7 @@ func rackViewData(d *bootv1.RackReportData, operator string) map[string]any {
 		rows = append(rows, v)
 	}
 	return map[string]any{"Rack": d.GetRack(), "Rows": rows, "Generated": d.GetGeneratedAt().AsTime().Format("2006-01-02 15:04:05 MST"),
-		"GPUs": d.GetGpuCount(), "Healthy": d.GetHealthyGpuCount(), "Operator": operator}
+		"GPUs": d.GetGpuCount(), "Healthy": d.GetHealthyGpuCount(), "Simulated": report.SimulatedLine(d), "Operator": operator}
 }
 
 var rackViewTemplate = template.Must(template.New("rack").Parse(`<!doctype html>
@@ -242,7 +242,8 @@ var rackViewTemplate = template.Must(template.New("rack").Parse(`<!doctype html>
 <h1>Rack {{.Rack}}</h1>
 <p>{{len .Rows}} machines · GPUs {{.GPUs}}, {{.Healthy}} without a failing check · {{.Generated}} · refreshes every 10 s ·
 <a href="/api/v1/racks/{{.Rack}}/report?format=html">report</a></p>
-<table><tr><th>slot</th><th>node</th><th>machine</th><th>MAC</th><th>state</th><th>last check</th><th>failing</th><th>health</th></tr>
+{{if .Simulated}}<p class="simulated"><b>{{.Simulated}}</b></p>
+{{end}}<table><tr><th>slot</th><th>node</th><th>machine</th><th>MAC</th><th>state</th><th>last check</th><th>failing</th><th>health</th></tr>
 {{range .Rows}}<tr><td>{{.Slot}}</td><td>{{.Node}}</td><td><a href="/api/v1/machines/{{.ID}}"><code>{{.ID}}</code></a></td><td><code>{{.MAC}}</code></td><td class="{{.State}}">{{.State}}</td><td class="{{.Check}}">{{.Check}}</td><td>{{.Failing}}</td><td>{{.Health}}</td></tr>
 {{end}}</table></body></html>
 `))

@@ -71,6 +71,7 @@ type htmlPage struct {
 	Rack, Generated                           string
 	NodesReady, NodesQuarantined, Allocatable uint32
 	Machines, GPUs                            int
+	Simulated                                 string
 	Legend                                    []legendEntry
 	Height, InnerWidth, TextRight             int
 	Slots                                     []svgSlot
@@ -138,7 +139,7 @@ func htmlView(d *bootv1.RackReportData) htmlPage {
 	p := htmlPage{
 		Rack: d.GetRack(), Generated: d.GetGeneratedAt().AsTime().UTC().Format(time.RFC3339),
 		NodesReady: t.GetNodesReady(), NodesQuarantined: t.GetNodesQuarantined(), Allocatable: t.GetGpusAllocatable(),
-		Machines: len(d.GetMachines()), GPUs: int(d.GetGpuCount()),
+		Machines: len(d.GetMachines()), GPUs: int(d.GetGpuCount()), Simulated: SimulatedLine(d),
 		Rows: view(d).Rows, Checks: d.GetChecks(), Tenants: tenantRows(d), QuotaError: d.GetQuotaError(), InnerWidth: rackWidth - 2*rackPad, TextRight: rackWidth - 2*rackPad - 8,
 	}
 	for _, st := range diagramStates {
@@ -223,7 +224,8 @@ var htmlTemplate = template.Must(template.New("report").Parse(`<!doctype html>
 <p>Generated {{.Generated}}. {{.Machines}} machines, {{.GPUs}} GPUs.</p>
 <table class="totals"><tr><th>nodes ready</th><th>nodes quarantined</th><th>GPUs allocatable</th></tr>
 <tr><td id="nodes-ready">{{.NodesReady}}</td><td id="nodes-quarantined">{{.NodesQuarantined}}</td><td id="gpus-allocatable">{{.Allocatable}}</td></tr></table>
-{{if .Quarantined}}<h2>Quarantined</h2>
+{{if .Simulated}}<p class="simulated" id="simulated-split"><b>{{.Simulated}}</b></p>
+{{end}}{{if .Quarantined}}<h2>Quarantined</h2>
 <ul id="quarantined">{{range .Quarantined}}
 <li><b>{{.Slot}}</b> {{.Node}}: <span class="reason">{{.Reason}}</span></li>{{end}}
 </ul>{{end}}

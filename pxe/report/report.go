@@ -22,7 +22,7 @@ import (
 // decommissioned machines are skipped).
 func Build(rack string, machines []*bootv1.Machine, now time.Time) *bootv1.RackReportData {
 	d := &bootv1.RackReportData{Rack: rack, GeneratedAt: timestamppb.New(now), MachinesByState: map[string]uint32{}}
-	var ready, quarantined, allocatable uint32
+	var ready, quarantined, allocatable, readySim, allocatableSim uint32
 	tallies := map[string]*bootv1.CheckTally{}
 	for _, m := range machines {
 		if m.GetRack() != rack || m.GetState() == bootv1.MachineState_MACHINE_STATE_DECOMMISSIONED {
@@ -75,6 +75,10 @@ func Build(rack string, machines []*bootv1.Machine, now time.Time) *bootv1.RackR
 			healthy = gpus - uint32(len(failing))
 		}
 		d.HealthyGpuCount += healthy
+		if row.Simulated {
+			d.SimulatedGpuCount += gpus
+			d.SimulatedHealthyGpuCount += healthy
+		}
 		row.Reason = Reason(m)
 		switch m.GetState() {
 		case bootv1.MachineState_MACHINE_STATE_READY:
@@ -93,8 +97,15 @@ func Build(rack string, machines []*bootv1.Machine, now time.Time) *bootv1.RackR
 			quarantined++
 		}
 		allocatable += row.AllocatableGpuCount
+		if row.Simulated {
+			allocatableSim += row.AllocatableGpuCount
+			if m.GetState() == bootv1.MachineState_MACHINE_STATE_READY {
+				readySim++
+			}
+		}
 	}
-	d.Totals = &bootv1.RackReportTotals{NodesReady: &ready, NodesQuarantined: &quarantined, GpusAllocatable: &allocatable}
+	d.Totals = &bootv1.RackReportTotals{NodesReady: &ready, NodesQuarantined: &quarantined, GpusAllocatable: &allocatable,
+		NodesReadySimulated: &readySim, GpusAllocatableSimulated: &allocatableSim}
 	sort.Slice(d.Machines, func(i, j int) bool {
 		a, b := d.Machines[i], d.Machines[j]
 		if a.Slot != b.Slot {
@@ -111,6 +122,20 @@ func Build(rack string, machines []*bootv1.Machine, now time.Time) *bootv1.RackR
 	sort.Slice(d.Checks, func(i, j int) bool { return d.Checks[i].Id < d.Checks[j].Id })
 	d.Tenants = Tenants(d.Machines)
 	return d
+}
+
+// SimulatedLine says how much of a report's totals is simulated (CONTRACTS §11), or ""
+// when nothing is: the markdown and HTML reports and the rack view print it beside the
+// totals, so simulated GPUs are never read as hardware.
+func SimulatedLine(d *bootv1.RackReportData) string {
+	if d.GetSimulatedGpuCount() == 0 {
+		return ""
+	}
+	t := d.GetTotals()
+	return fmt.Sprintf("Simulated, not hardware (GPU simulator): %d of the %d GPUs (%d of the %d without a failing check), %d of the %d ready nodes, %d of the %d allocatable GPUs. Real GPUs: %d, %d allocatable.",
+		d.GetSimulatedGpuCount(), d.GetGpuCount(), d.GetSimulatedHealthyGpuCount(), d.GetHealthyGpuCount(),
+		t.GetNodesReadySimulated(), t.GetNodesReady(), t.GetGpusAllocatableSimulated(), t.GetGpusAllocatable(),
+		d.GetGpuCount()-d.GetSimulatedGpuCount(), t.GetGpusAllocatable()-t.GetGpusAllocatableSimulated())
 }
 
 // Quota is a tenant's GPU quota across the cluster: hard limit and used.
@@ -477,6 +502,9 @@ func markdown(d *bootv1.RackReportData) []byte {
 		mdEscape(p.Rack), p.Generated, len(p.Rows), strings.Join(p.States, ", "), p.GPUs, p.Healthy)
 	t := d.GetTotals()
 	fmt.Fprintf(&b, "Nodes ready: %d. Nodes quarantined: %d. GPUs allocatable: %d.\n\n", t.GetNodesReady(), t.GetNodesQuarantined(), t.GetGpusAllocatable())
+	if line := SimulatedLine(d); line != "" {
+		b.WriteString(line + "\n\n")
+	}
 	for _, m := range d.GetMachines() {
 		if m.GetState() == bootv1.MachineState_MACHINE_STATE_QUARANTINED {
 			fmt.Fprintf(&b, "- quarantined %s %s: %s\n", mdEscape(m.GetSlot()), mdEscape(nodeOrID(m)), mdEscape(m.GetReason()))

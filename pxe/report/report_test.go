@@ -116,6 +116,25 @@ func TestSimulatedMachinesShown(t *testing.T) {
 	if !strings.Contains(string(h), `<td class="ready">ready <b class="simulated">(simulated)</b></td>`) || strings.Count(string(h), "simulated GPUs</b>") != 2 {
 		t.Errorf("html does not mark the simulated machines:\n%s", h)
 	}
+	// The totals are split: simulated GPUs are never counted as hardware.
+	if d.SimulatedGpuCount != 4 || d.SimulatedHealthyGpuCount != 4 || d.Totals.GetNodesReadySimulated() != 1 || d.Totals.GetGpusAllocatableSimulated() != 4 {
+		t.Errorf("simulated totals: gpus %d healthy %d ready %d allocatable %d; want 4 4 1 4",
+			d.SimulatedGpuCount, d.SimulatedHealthyGpuCount, d.Totals.GetNodesReadySimulated(), d.Totals.GetGpusAllocatableSimulated())
+	}
+	split := "Simulated, not hardware (GPU simulator): 4 of the 8 GPUs (4 of the 7 without a failing check), 1 of the 1 ready nodes, 4 of the 4 allocatable GPUs. Real GPUs: 4, 0 allocatable."
+	if !strings.Contains(string(md), split) {
+		t.Errorf("markdown lacks the split %q:\n%s", split, md)
+	}
+	if !strings.Contains(string(h), `<p class="simulated" id="simulated-split"><b>`+split) {
+		t.Errorf("html lacks the split:\n%s", h)
+	}
+	if !strings.Contains(string(js), `"simulatedGpuCount": 4`) || !strings.Contains(string(js), `"gpusAllocatableSimulated": 4`) {
+		t.Errorf("json lacks the simulated counts:\n%s", js)
+	}
+	real, _, _, _ := Render(Build("r1", machines(), time.Unix(1764400000, 0)), bootv1.ReportFormat_REPORT_FORMAT_MARKDOWN)
+	if strings.Contains(string(real), "Simulated, not hardware") {
+		t.Errorf("a report with no simulated machine has the split line:\n%s", real)
+	}
 }
 
 // TestTenantsInReport: the machines' GPU allocations sum per tenant (a GPU shared by

@@ -1866,9 +1866,14 @@ type RackReportData struct {
 	// ""). Empty when no machine reported an allocation and no quota was read.
 	Tenants []*RackReportTenant `protobuf:"bytes,9,rep,name=tenants,proto3" json:"tenants,omitempty"`
 	// Why the tenants' GPU quotas are missing, when gpuboot could not read them.
-	QuotaError    string `protobuf:"bytes,10,opt,name=quota_error,json=quotaError,proto3" json:"quota_error,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	QuotaError string `protobuf:"bytes,10,opt,name=quota_error,json=quotaError,proto3" json:"quota_error,omitempty"`
+	// Of gpu_count, the GPUs of machines whose latest checklist came from the GPU
+	// simulator (CONTRACTS §11): not hardware. gpu_count - simulated_gpu_count are real.
+	SimulatedGpuCount uint32 `protobuf:"varint,11,opt,name=simulated_gpu_count,json=simulatedGpuCount,proto3" json:"simulated_gpu_count,omitempty"`
+	// Of healthy_gpu_count, the simulated ones.
+	SimulatedHealthyGpuCount uint32 `protobuf:"varint,12,opt,name=simulated_healthy_gpu_count,json=simulatedHealthyGpuCount,proto3" json:"simulated_healthy_gpu_count,omitempty"`
+	unknownFields            protoimpl.UnknownFields
+	sizeCache                protoimpl.SizeCache
 }
 
 func (x *RackReportData) Reset() {
@@ -1969,6 +1974,20 @@ func (x *RackReportData) GetQuotaError() string {
 		return x.QuotaError
 	}
 	return ""
+}
+
+func (x *RackReportData) GetSimulatedGpuCount() uint32 {
+	if x != nil {
+		return x.SimulatedGpuCount
+	}
+	return 0
+}
+
+func (x *RackReportData) GetSimulatedHealthyGpuCount() uint32 {
+	if x != nil {
+		return x.SimulatedHealthyGpuCount
+	}
+	return 0
 }
 
 // RackReportTenant is one tenant's share of a rack's GPUs.
@@ -2074,8 +2093,13 @@ type RackReportTotals struct {
 	NodesQuarantined *uint32 `protobuf:"varint,2,opt,name=nodes_quarantined,json=nodesQuarantined,proto3,oneof" json:"nodes_quarantined,omitempty"`
 	// Sum of RackReportMachine.allocatable_gpu_count: the GPUs the rack offers to pods.
 	GpusAllocatable *uint32 `protobuf:"varint,3,opt,name=gpus_allocatable,json=gpusAllocatable,proto3,oneof" json:"gpus_allocatable,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Of nodes_ready, those whose GPUs are simulated.
+	NodesReadySimulated *uint32 `protobuf:"varint,4,opt,name=nodes_ready_simulated,json=nodesReadySimulated,proto3,oneof" json:"nodes_ready_simulated,omitempty"`
+	// Of gpus_allocatable, the simulated GPUs: what the rack really offers is
+	// gpus_allocatable - gpus_allocatable_simulated.
+	GpusAllocatableSimulated *uint32 `protobuf:"varint,5,opt,name=gpus_allocatable_simulated,json=gpusAllocatableSimulated,proto3,oneof" json:"gpus_allocatable_simulated,omitempty"`
+	unknownFields            protoimpl.UnknownFields
+	sizeCache                protoimpl.SizeCache
 }
 
 func (x *RackReportTotals) Reset() {
@@ -2125,6 +2149,20 @@ func (x *RackReportTotals) GetNodesQuarantined() uint32 {
 func (x *RackReportTotals) GetGpusAllocatable() uint32 {
 	if x != nil && x.GpusAllocatable != nil {
 		return *x.GpusAllocatable
+	}
+	return 0
+}
+
+func (x *RackReportTotals) GetNodesReadySimulated() uint32 {
+	if x != nil && x.NodesReadySimulated != nil {
+		return *x.NodesReadySimulated
+	}
+	return 0
+}
+
+func (x *RackReportTotals) GetGpusAllocatableSimulated() uint32 {
+	if x != nil && x.GpusAllocatableSimulated != nil {
+		return *x.GpusAllocatableSimulated
 	}
 	return 0
 }
@@ -2507,7 +2545,7 @@ const file_api_boot_v1_admin_proto_rawDesc = "" +
 	"\acontent\x18\x01 \x01(\fR\acontent\x12!\n" +
 	"\fcontent_type\x18\x02 \x01(\tR\vcontentType\x12\x1a\n" +
 	"\bfilename\x18\x03 \x01(\tR\bfilename\x123\n" +
-	"\x04data\x18\x04 \x01(\v2\x1f.gpurack.boot.v1.RackReportDataR\x04data\"\xe0\x04\n" +
+	"\x04data\x18\x04 \x01(\v2\x1f.gpurack.boot.v1.RackReportDataR\x04data\"\xcf\x05\n" +
 	"\x0eRackReportData\x12\x12\n" +
 	"\x04rack\x18\x01 \x01(\tR\x04rack\x12=\n" +
 	"\fgenerated_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\vgeneratedAt\x12>\n" +
@@ -2520,7 +2558,9 @@ const file_api_boot_v1_admin_proto_rawDesc = "" +
 	"\atenants\x18\t \x03(\v2!.gpurack.boot.v1.RackReportTenantR\atenants\x12\x1f\n" +
 	"\vquota_error\x18\n" +
 	" \x01(\tR\n" +
-	"quotaError\x1aB\n" +
+	"quotaError\x12.\n" +
+	"\x13simulated_gpu_count\x18\v \x01(\rR\x11simulatedGpuCount\x12=\n" +
+	"\x1bsimulated_healthy_gpu_count\x18\f \x01(\rR\x18simulatedHealthyGpuCount\x1aB\n" +
 	"\x14MachinesByStateEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"\xf3\x01\n" +
@@ -2535,15 +2575,19 @@ const file_api_boot_v1_admin_proto_rawDesc = "" +
 	"\x0egpu_quota_used\x18\x06 \x01(\x03H\x01R\fgpuQuotaUsed\x88\x01\x01B\f\n" +
 	"\n" +
 	"_gpu_quotaB\x11\n" +
-	"\x0f_gpu_quota_used\"\xd5\x01\n" +
+	"\x0f_gpu_quota_used\"\x8a\x03\n" +
 	"\x10RackReportTotals\x12$\n" +
 	"\vnodes_ready\x18\x01 \x01(\rH\x00R\n" +
 	"nodesReady\x88\x01\x01\x120\n" +
 	"\x11nodes_quarantined\x18\x02 \x01(\rH\x01R\x10nodesQuarantined\x88\x01\x01\x12.\n" +
-	"\x10gpus_allocatable\x18\x03 \x01(\rH\x02R\x0fgpusAllocatable\x88\x01\x01B\x0e\n" +
+	"\x10gpus_allocatable\x18\x03 \x01(\rH\x02R\x0fgpusAllocatable\x88\x01\x01\x127\n" +
+	"\x15nodes_ready_simulated\x18\x04 \x01(\rH\x03R\x13nodesReadySimulated\x88\x01\x01\x12A\n" +
+	"\x1agpus_allocatable_simulated\x18\x05 \x01(\rH\x04R\x18gpusAllocatableSimulated\x88\x01\x01B\x0e\n" +
 	"\f_nodes_readyB\x14\n" +
 	"\x12_nodes_quarantinedB\x13\n" +
-	"\x11_gpus_allocatable\"\xc7\x04\n" +
+	"\x11_gpus_allocatableB\x18\n" +
+	"\x16_nodes_ready_simulatedB\x1d\n" +
+	"\x1b_gpus_allocatable_simulated\"\xc7\x04\n" +
 	"\x11RackReportMachine\x12\x1d\n" +
 	"\n" +
 	"machine_id\x18\x01 \x01(\tR\tmachineId\x12\x1b\n" +
