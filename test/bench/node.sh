@@ -11,12 +11,13 @@
 # NetworkPolicy enforcement: the connect time to a policy-selected pod against one no
 # policy selects, and how long a policy change takes to be enforced.
 #
-#   RUNS=3 test/bench/node.sh      three boots (about 8 min each on 2 cores)
+#   test/bench/node.sh             three boots (RUNS=3, as make bench-node; about 8 min each on 2 cores)
+#   RUNS=1 test/bench/node.sh      one boot: each cell then says n= and no spread is claimed
 #   OUT=FILE test/bench/node.sh    write the section to FILE instead of docs/bench/
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . test/bench/lib.sh
-RUNS=${RUNS:-1}
+RUNS=${RUNS:-3}
 OUT=${OUT:-}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -32,12 +33,16 @@ if [ ! -s "$figures" ]; then
 fi
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 git diff --quiet HEAD -- 2>/dev/null || commit="$commit + local changes"
-ms() { # NAME -> "median (min–max)" in ms, or in s when the median is a second or more
+ms() { # NAME -> "median (min–max), n=N" in ms, or in s when the median is a second or more; one sample: "value, n=1"
+  local n
+  n=$(awk -F'\t' -v n="$1" '$1 == n' "$figures" | wc -l)
   set -- $(awk -F'\t' -v n="$1" '$1 == n { printf "%.6f\n", $2 }' "$figures" | bench_spread)
-  awk -v m="$1" -v lo="$2" -v hi="$3" 'BEGIN {
+  awk -v m="$1" -v lo="$2" -v hi="$3" -v n="$n" 'BEGIN {
     if (m == "n/a") { print "n/a"; exit }
-    if (m >= 1) printf "%.1f s (%.1f–%.1f)\n", m, lo, hi
-    else printf "%.2f ms (%.2f–%.2f)\n", m * 1000, lo * 1000, hi * 1000 }'
+    u = "ms"; f = 1000; d = 2
+    if (m >= 1) { u = "s"; f = 1; d = 1 }
+    if (n == 1) printf "%.*f %s, n=1\n", d, m * f, u
+    else printf "%.*f %s (%.*f–%.*f), n=%d\n", d, m * f, u, d, lo * f, d, hi * f, n }'
 }
 median() { awk -F'\t' -v n="$1" '$1 == n { print $2 * 1000 }' "$figures" | bench_spread | cut -d' ' -f1; }
 section=$(mktemp)
@@ -49,7 +54,7 @@ section=$(mktemp)
   echo "boots the tiny image (QEMU -accel tcg, 2 vCPUs, 2 GiB, user-mode network) against a real"
   echo "control plane and gpuboot in a network namespace. Emulated CPUs: the figures are far"
   echo "slower than real hardware and only compare within a run. Cells: median (min–max) over"
-  echo "the runs."
+  echo "every sample of the $RUNS run(s), and n, the number of samples; n=1 is a single reading."
   echo
   echo "| figure | time |"
   echo "|---|---|"
