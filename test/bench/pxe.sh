@@ -210,14 +210,13 @@ stop_pid "$server_pid"
 # DHCP: one server at a time on the link, started fresh (empty lease table) per run.
 dnsmasq_args=(--no-daemon --conf-file=/dev/null --user=root --port=0 --pid-file=
   --bind-interfaces --interface="$sif" --log-facility="$work/dnsmasq.log"
-  --dhcp-leasefile="$work/dnsmasq.leases" --dhcp-range=10.90.1.1,10.90.255.254,255.255.0.0,1h
+  --leasefile-ro --dhcp-range=10.90.1.1,10.90.255.254,255.255.0.0,1h
   --dhcp-lease-max=70000 --dhcp-boot=undionly.kpxe --no-ping)
 perf_args() { echo "-4 -l $cif -r $1 -R $DHCP_CLIENTS -p $DHCP_SECONDS -W 1000000"; }
 start_dhcp() { # side
   if [ "$1" = gpuboot ]; then
     start_gpuboot
   else
-    rm -f "$work/dnsmasq.leases"
     ip netns exec "$srv" dnsmasq "${dnsmasq_args[@]}" >>"$work/peers.log" 2>&1 &
     server_pid=$!
     pids+=("$server_pid")
@@ -285,7 +284,8 @@ section=$(mktemp)
   echo "Peers, measured in the same run: nginx $(version nginx) (sendfile on, tcp_nopush on,"
   echo "access_log off, worker_processes auto), tftpd-hpa $(version tftpd-hpa) (--blocksize 1468),"
   echo "dnsmasq $(version dnsmasq-base) (the same pool, dhcp-lease-max 70000, no-ping since gpuboot does"
-  echo "no ping check either, default DHCP logging to a file)."
+  echo "no ping check either, --leasefile-ro since gpuboot keeps its leases in memory only, default"
+  echo "DHCP logging to a file)."
   echo "Each side is warmed first and runs $RUNS times; the order of the two sides alternates from"
   echo "run to run. Cells: median (min–max); ratio: gpuboot/peer of the medians (min–max of the"
   echo "per-run ratios)."
