@@ -15,6 +15,7 @@ import (
 	"github.com/gpurack/gpurack/imagebuilder/build"
 	"github.com/gpurack/gpurack/imagebuilder/buildtest"
 	"github.com/gpurack/gpurack/internal/netnstest"
+	"github.com/gpurack/gpurack/internal/testreq"
 )
 
 // store holds the images the tests of this package share, signed with one key: each
@@ -144,6 +145,12 @@ func TestMain(m *testing.M) {
 func joinImage(t *testing.T) (bins joinBinaries, imageDir, pubKey string) {
 	t.Helper()
 	reuse := os.Getenv("GPURACK_JOIN_IMAGE")
+	if reuse != "" && testreq.Required() {
+		// A developer's shortcut: it skips the image build and the tool checks, and the
+		// simulated GPU node's checks do not run. Under make test (CI) nothing may be left
+		// out quietly.
+		t.Fatalf("GPURACK_JOIN_IMAGE=%s is set under %s=1: it would skip the image build and the simulated GPU checks; unset it (it is for a developer's local runs only)", reuse, testreq.RequiredEnv)
+	}
 	var k8sDir string
 	if reuse == "" {
 		k8sDir = buildtest.RequireImageTools(t, "go")
