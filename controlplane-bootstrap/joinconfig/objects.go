@@ -310,10 +310,12 @@ func enrollerNodeObjects() []Object {
 
 // enrollerNodeVariables: managed, whether the Node as stored carries
 // ManagedNodeLabel; oldTaints and newTaints, the Node's taints outside gpurack.io/
-// before and after the change.
+// before and after the change, each as "KEY=VALUE:EFFECT" (strings compare where the
+// API server's taint objects did not).
 func enrollerNodeVariables() []admissionv1.Variable {
 	foreign := func(obj string) string {
-		return fmt.Sprintf("%[1]s == null || !has(%[1]s.spec.taints) ? [] : %[1]s.spec.taints.filter(t, !t.key.startsWith(%[2]q))", obj, nodecontract.LabelPrefix)
+		return fmt.Sprintf("%[1]s == null || !has(%[1]s.spec.taints) ? [] : %[1]s.spec.taints.filter(t, !t.key.startsWith(%[2]q))"+
+			".map(t, t.key + '=' + (has(t.value) ? t.value : '') + ':' + t.effect)", obj, nodecontract.LabelPrefix)
 	}
 	return []admissionv1.Variable{
 		{Name: "managed", Expression: fmt.Sprintf("oldObject != null && has(oldObject.metadata.labels) && %q in oldObject.metadata.labels", ManagedNodeLabel)},
@@ -339,7 +341,7 @@ func enrollerNodeValidations() []admissionv1.Validation {
 	}
 	return []admissionv1.Validation{
 		{
-			Expression: "request.operation != 'CREATE' && request.subResource == '' && variables.managed",
+			Expression: "request.operation != 'CREATE' && (!has(request.subResource) || request.subResource == '') && variables.managed",
 			Message: fmt.Sprintf("%s may only patch and delete Nodes labelled %s (those a gpurack agent registered), never create one or write a subresource such as status",
 				EnrollerUser, ManagedNodeLabel),
 			Reason: forbidden,
@@ -351,7 +353,11 @@ func enrollerNodeValidations() []admissionv1.Validation {
 			Reason: forbidden,
 		},
 		{
-			Expression: "request.operation == 'DELETE' || variables.newTaints == variables.oldTaints",
+			// Nothing else removed; nothing else added but what the API server's own
+			// admission adds on the way (TaintNodesByCondition puts
+			// node.kubernetes.io/not-ready on a Node without a Ready condition).
+			Expression: "request.operation == 'DELETE' || (variables.oldTaints.all(t, t in variables.newTaints) && " +
+				"variables.newTaints.all(t, t in variables.oldTaints || t.startsWith('node.kubernetes.io/')))",
 			Message: fmt.Sprintf("%s may only add and remove %s taints: every other taint stays as it is",
 				EnrollerUser, nodecontract.LabelPrefix),
 			Reason: forbidden,
