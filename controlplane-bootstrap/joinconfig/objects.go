@@ -328,7 +328,10 @@ func enrollerNodeVariables() []admissionv1.Variable {
 // patch or delete a gpurack-managed Node (never create one, never another Node,
 // never a subresource such as status), and a patch may change only the Node's
 // gpurack.io/ taints: its labels (so not ManagedNodeLabel either), annotations,
-// owners, finalizers, the rest of its spec and every other taint stay as they are.
+// owners, finalizers, the rest of its spec and every other taint stay as they are
+// (bar node.kubernetes.io/ taints, which the API server's own admission may add to the
+// patched Node, and which the enroller could therefore add too: no more than it can do
+// with gpurack.io/gpu-unhealthy:NoExecute on the same Nodes).
 func enrollerNodeValidations() []admissionv1.Validation {
 	forbidden := ptr(metav1.StatusReasonForbidden)
 	same := func(path string) string {
