@@ -20,7 +20,8 @@ const (
 	// RoleServers is gpuboot's serving certificate (serverAuth).
 	RoleServers Role = "gpurack:servers"
 	// RoleAgents is a node's gpuagent: CN = node name, clientAuth +
-	// serverAuth, SANs = node name + the machine's IPs.
+	// serverAuth, SANs = node name + the address gpuboot saw its GetJoinBundle call come
+	// from.
 	RoleAgents Role = "gpurack:agents"
 	// RoleOperators is a person or tool using AdminService, the REST API
 	// or the rack view (clientAuth).
@@ -163,7 +164,7 @@ const (
 	// Status, ListGPUs and WatchEvents.
 	LevelViewer OperatorLevel = "gpurack:level:viewer"
 	// LevelOperator also changes machines: approve, reject, decommission, resolve a
-	// conflict, rotate a gossip key, wipe a disk; on an agent, RunChecks.
+	// conflict, rotate a gossip key; on an agent, RunChecks.
 	LevelOperator OperatorLevel = "gpurack:level:operator"
 	// LevelAdmin also manages credentials (revokes operators and serials) and, on a
 	// simulated agent, injects and clears faults.

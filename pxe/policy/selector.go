@@ -22,7 +22,8 @@ type Selector struct {
 	// Labels are added to the machine's inventory labels.
 	Labels map[string]string `yaml:"labels"`
 	// NodeLabels and NodeTaints go into the JoinBundle: kubelet registers the Node with
-	// them (CONTRACTS §4). Taints are written "key[=value]:Effect".
+	// the taints (registerWithTaints), and the agent puts the labels on it once kubelet
+	// has registered it (CONTRACTS §4, §5). Taints are written "key[=value]:Effect".
 	NodeLabels map[string]string `yaml:"nodeLabels"`
 	NodeTaints []string          `yaml:"nodeTaints"`
 }

@@ -306,8 +306,9 @@ type TpmAttestation struct {
 	// its public key (what `openssl x509 -pubkey` of its EK certificate gives).
 	EkPublic []byte `protobuf:"bytes,1,opt,name=ek_public,json=ekPublic,proto3" json:"ek_public,omitempty"`
 	// The EK certificate (DER) from the TPM's NV index, when the vendor provisioned
-	// one; empty otherwise. Its public key must be ek_public's. It is recorded;
-	// gpuboot does not yet check its chain against vendor roots.
+	// one; empty otherwise. Its public key must be ek_public's. It is recorded; with
+	// enrollment.ekRoots set its chain must lead to one of those roots (decision 0653),
+	// without it no chain is checked.
 	EkCertificate []byte `protobuf:"bytes,2,opt,name=ek_certificate,json=ekCertificate,proto3" json:"ek_certificate,omitempty"`
 	// TPMT_PUBLIC of the attestation key.
 	AkPublic []byte `protobuf:"bytes,3,opt,name=ak_public,json=akPublic,proto3" json:"ak_public,omitempty"`
@@ -765,7 +766,8 @@ type JoinBundle struct {
 	NodeName string `protobuf:"bytes,4,opt,name=node_name,json=nodeName,proto3" json:"node_name,omitempty"`
 	// Agent certificate, PEM, issued by the gpurack CA for the agent's own key:
 	// O=gpurack:agents, CN = node_name, clientAuth + serverAuth, SANs = node_name and the
-	// machine's IPs from its facts. The agent serves :50051 and calls gpuboot with it.
+	// address gpuboot saw the GetJoinBundle call come from (never the IPs the machine
+	// reports in its facts). The agent serves :50051 and calls gpuboot with it.
 	AgentCertificatePem string `protobuf:"bytes,5,opt,name=agent_certificate_pem,json=agentCertificatePem,proto3" json:"agent_certificate_pem,omitempty"`
 	// Which private key belongs to agent_certificate_pem. The key never travels: gpuboot
 	// certifies the ed25519 key the agent generated and registered, and that key stays on
@@ -794,8 +796,9 @@ type JoinBundle struct {
 	// The identity the bundle was released for. The agent refuses a bundle for another
 	// identity.
 	Identity *v1.MachineIdentity `protobuf:"bytes,12,opt,name=identity,proto3" json:"identity,omitempty"`
-	// Node labels from the profile's node.labels. Kubelet registers the Node with them
-	// (node-labels); the agent adds its own gpurack.io/* labels afterwards (CONTRACTS §5).
+	// Node labels from gpuboot's selector for the machine (nodeLabels). The agent puts
+	// them on its Node, with its own gpurack.io/* labels, once kubelet has registered it
+	// (CONTRACTS §5).
 	// Only labels a kubelet may set under NodeRestriction belong here.
 	NodeLabels map[string]string `protobuf:"bytes,13,rep,name=node_labels,json=nodeLabels,proto3" json:"node_labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// Taints from the profile's node.taints, which kubelet registers the Node with
