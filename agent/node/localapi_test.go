@@ -36,6 +36,9 @@ func TestLocalSocketIsRootOnly(t *testing.T) {
 	if err != nil || fi.Mode()&os.ModeSocket == 0 || fi.Mode().Perm() != 0o600 {
 		t.Fatalf("socket: %v %v, want a socket with mode 0600", fi.Mode(), err)
 	}
+	if l.Addr().String() != path {
+		t.Errorf("listener address %s, want %s (logs and status name it)", l.Addr(), path)
+	}
 	if ents, _ := os.ReadDir(dir); len(ents) != 1 {
 		t.Errorf("socket directory holds %d entries, want the socket alone", len(ents))
 	}

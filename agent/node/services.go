@@ -189,8 +189,17 @@ func listenUnix(path string) (net.Listener, error) {
 		l.Close()
 		return nil, fmt.Errorf("--socket: %w", err)
 	}
-	return l, nil
+	return renamedListener{Listener: l, addr: &net.UnixAddr{Name: path, Net: "unix"}}, nil
 }
+
+// renamedListener is a listener whose socket was renamed after it was bound: Addr is
+// where clients now connect, for logs and status.
+type renamedListener struct {
+	net.Listener
+	addr net.Addr
+}
+
+func (l renamedListener) Addr() net.Addr { return l.addr }
 
 // openDirWarning says, when the socket's directory lets other users in, that it should
 // not (the systemd unit makes /run/gpurack 0700); empty when it is private.
