@@ -17,7 +17,7 @@ import (
 // TestEnrollerTokenLimits checks, against a real API server, that the enroller's
 // admission policy refuses bootstrap tokens that never expire or outlive an hour
 // from their creation (the policy decodes the base64 expiry itself), carry other
-// usages or put their holder in another group (CONTRACTS.md §4), and admits the
+// usages or put their holder in another group (docs/contracts.md §4), and admits the
 // tokens gpuboot mints.
 func TestEnrollerTokenLimits(t *testing.T) {
 	c := testcluster.Shared(t)

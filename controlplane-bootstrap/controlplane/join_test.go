@@ -116,7 +116,7 @@ func TestClientGoJoinAndNodeRestriction(t *testing.T) {
 	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "not allowed to modify node") {
 		t.Errorf("node a patching node b: %v, want NodeRestriction's Forbidden", err)
 	}
-	// ...nor change its own taints (CONTRACTS.md §5: that is gpuboot's job).
+	// ...nor change its own taints (docs/contracts.md §5: that is gpuboot's job).
 	taint := []byte(`{"spec":{"taints":[{"key":"gpurack.io/unvalidated","effect":"NoSchedule"}]}}`)
 	_, err = nodeA.CoreV1().Nodes().Patch(ctx, "join-node-a", types.StrategicMergePatchType, taint, metav1.PatchOptions{})
 	if !apierrors.IsForbidden(err) {

@@ -10,7 +10,7 @@ const EnrollerKubeconfigFile = "enroller.kubeconfig"
 
 // EnrollerKubeconfig issues a client certificate for EnrollerUser from the
 // cluster CA and returns a kubeconfig for the endpoint nodes use
-// (CONTRACTS.md §4). Its permissions are installed by init (Objects).
+// (docs/contracts.md §4). Its permissions are installed by init (Objects).
 func EnrollerKubeconfig(cfg *clusterconfig.Config, set *clusterpki.Set) ([]byte, error) {
 	kp, err := set.IssueClient(EnrollerUser, EnrollerGroup)
 	if err != nil {

@@ -56,7 +56,7 @@ func ClusterDNS(cfg *clusterconfig.Config) string {
 // KubeletConfiguration renders the cluster-wide KubeletConfiguration of the
 // kubelet-config ConfigMap (kubeadm reads it on join and writes it to
 // /var/lib/kubelet/config.yaml). The cgroup driver is systemd, what gpurack's
-// node images run (CONTRACTS.md §6); a node on cgroup v1 without systemd
+// node images run (docs/contracts.md §6); a node on cgroup v1 without systemd
 // overrides it locally.
 func KubeletConfiguration(cfg *clusterconfig.Config) string {
 	return fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1

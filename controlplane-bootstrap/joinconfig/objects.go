@@ -3,7 +3,7 @@
 // node bootstrapper and CSR auto-approval, the kube-public/cluster-info
 // ConfigMap, the kubeadm-config and kubelet-config ConfigMaps), bootstrap
 // tokens, and the enroller identity gpuboot uses to mint tokens and taint
-// Nodes (CONTRACTS.md §4, §5).
+// Nodes (docs/contracts.md §4, §5).
 //
 // Objects are built by pure functions and applied with server-side apply, so
 // running init again changes nothing that is already right. It does not start
@@ -185,7 +185,7 @@ func nodeBootstrapRBAC() []Object {
 	}
 }
 
-// Names of the read-only grants to every node (CONTRACTS.md §10).
+// Names of the read-only grants to every node (docs/contracts.md §10).
 const (
 	// NodeReaderRole lets a node list and watch every Node: the pod network reads
 	// the other nodes' podCIDRs and addresses.
@@ -220,7 +220,7 @@ func nodeServiceRBAC() []Object {
 }
 
 // enrollerObjects is the enroller identity's RBAC and the admission policies
-// that narrow it (CONTRACTS.md §4). The Node policy comes before the Secret policy:
+// that narrow it (docs/contracts.md §4). The Node policy comes before the Secret policy:
 // WaitEnrollerPolicy probes the Secret policy (a probe of the Node policy would need a
 // Node to exist), and the admission plugin loads policies in the order they were
 // created, so once the later one is enforced the earlier one is too.
@@ -368,7 +368,7 @@ func enrollerNodeValidations() []admissionv1.Validation {
 	}
 }
 
-// enrollerValidations are the admission policy's checks (CONTRACTS.md §4): the
+// enrollerValidations are the admission policy's checks (docs/contracts.md §4): the
 // enroller may create and delete only bootstrap-token Secrets, and what it creates
 // must expire, be usable only for authentication (and
 // signing cluster-info), and put its holder in no group but NodeBootstrapGroup.
@@ -424,7 +424,7 @@ func enrollerValidations() []admissionv1.Validation {
 }
 
 // MaxTokenTTL is the longest a bootstrap token the enroller creates may live
-// (CONTRACTS.md §4): gpuboot's are 15 minutes.
+// (docs/contracts.md §4): gpuboot's are 15 minutes.
 const MaxTokenTTL = time.Hour
 
 // expiryVariables decode a bootstrap token's expiration for the admission policy.

@@ -3,7 +3,7 @@
 // binaries of `make k8s-bins`) for the tests of other parts: gpuboot's node
 // controller, the agent's kubelet join, anything that needs an apiserver with
 // bootstrap tokens, CSR auto-approval, NodeRestriction and the enroller
-// identity of CONTRACTS.md §4.
+// identity of docs/contracts.md §4.
 //
 // A control plane takes a few seconds and about 450 MiB, so share one per test
 // binary:
@@ -56,7 +56,7 @@ type Cluster struct {
 	Dir string
 	// AdminKubeconfig authenticates as system:masters.
 	AdminKubeconfig string
-	// EnrollerKubeconfig authenticates as the enroller (CONTRACTS.md §4).
+	// EnrollerKubeconfig authenticates as the enroller (docs/contracts.md §4).
 	EnrollerKubeconfig string
 	// Server is the apiserver URL, CAPEM the cluster CA certificate and
 	// CAPin its kubeadm-style pin (sha256:…).

@@ -1,6 +1,6 @@
 // Package manifest defines a gpurack node image's manifest (manifest.json),
 // its ed25519 signature (manifest.sig), the image id, and the image's SPDX
-// 2.3 SBOM (sbom.spdx.json), as CONTRACTS.md §7 pins them down. gpuimage
+// 2.3 SBOM (sbom.spdx.json), as docs/contracts.md §7 pins them down. gpuimage
 // writes these files; gpuimage verify and gpuboot check them with VerifyDir
 // before serving an image.
 //
@@ -16,7 +16,7 @@
 //
 //	openssl pkeyutl -verify -rawin -pubin -inkey pub.pem -sigfile manifest.sig -in manifest.json
 //
-// What the signature protects against is in CONTRACTS.md §7: a tampered or
+// What the signature protects against is in docs/contracts.md §7: a tampered or
 // corrupted store, not an attacker on the provisioning network.
 //
 // This package does not build images, lay out the store or serve it; it

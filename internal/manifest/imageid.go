@@ -12,7 +12,7 @@ import (
 // a SHA-256 computed over the same bytes for another purpose.
 const imageIDDomain = "gpurack-image-id-v1\x00"
 
-// ImageID returns the image id for a build's inputs (CONTRACTS.md §7): the
+// ImageID returns the image id for a build's inputs (docs/contracts.md §7): the
 // first 40 lowercase hex characters (160 bits) of a SHA-256. It fits a
 // Kubernetes label value (at most 63 characters).
 //

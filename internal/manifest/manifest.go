@@ -17,7 +17,7 @@ import (
 // SchemaVersion is the manifest schema this package reads and writes.
 const SchemaVersion = 1
 
-// File names in an image directory (CONTRACTS.md §7).
+// File names in an image directory (docs/contracts.md §7).
 const (
 	ManifestFile  = "manifest.json"
 	SignatureFile = "manifest.sig"
@@ -252,7 +252,7 @@ func (m *Manifest) Validate() error {
 		bad("schemaVersion", "%d is not supported: this gpurack reads version %d; upgrade it to read this image", m.SchemaVersion, SchemaVersion)
 	}
 	if !isHex(m.ImageID, 40) {
-		bad("imageId", "%q must be 40 lowercase hex characters (see CONTRACTS.md §7)", m.ImageID)
+		bad("imageId", "%q must be 40 lowercase hex characters (see docs/contracts.md §7)", m.ImageID)
 	}
 	if err := checkName(m.Profile); err != nil {
 		bad("profile", "%v", err)

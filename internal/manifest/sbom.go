@@ -28,7 +28,7 @@ const (
 )
 
 // Package is one Debian package installed in an image, as the lock file
-// pins it (CONTRACTS.md §8).
+// pins it (docs/contracts.md §8).
 type Package struct {
 	// Name, Version and Arch are the Debian package name, version (epoch
 	// included, for example "1:2.38.1-5+deb12u1") and architecture

@@ -1,9 +1,9 @@
 // Package pki creates and uses the gpurack certificate authorities: a
 // self-signed CA, the leaf certificates it issues for the roles of
-// CONTRACTS.md §4 (servers, agents, operators), with a fresh key or for a key
+// docs/contracts.md §4 (servers, agents, operators), with a fresh key or for a key
 // its holder keeps (an agent's ed25519 key), their PEM files on disk, the
 // kubeadm-style CA pin that the agent receives on the kernel command line
-// (CONTRACTS.md §3), and gpuboot's list of revoked certificates.
+// (docs/contracts.md §3), and gpuboot's list of revoked certificates.
 //
 // It is used by gpuboot (the gpurack CA) and controlplane-bootstrap (the
 // cluster CA). It is not a general X.509 toolkit: keys it makes are ECDSA P-256,

@@ -14,7 +14,7 @@ import (
 
 const pinPrefix = "sha256:"
 
-// SPKIPin returns cert's public key pin in kubeadm's format (CONTRACTS.md
+// SPKIPin returns cert's public key pin in kubeadm's format (docs/contracts.md
 // §3, the value of gpurack.enroll.ca): "sha256:" followed by the lowercase
 // hex SHA-256 of the certificate's DER SubjectPublicKeyInfo. It equals
 //
@@ -143,7 +143,7 @@ func VerifyLeafAgainstPin(chain []*x509.Certificate, pin string, opts PinnedVeri
 // ClientConfigPinned returns a TLS client configuration for reaching gpuboot
 // when all the client knows is the gpurack CA's pin (the agent before it has
 // a JoinBundle). The server must present a chain that includes the CA
-// certificate (CONTRACTS.md §3); its leaf must verify against that CA for
+// certificate (docs/contracts.md §3); its leaf must verify against that CA for
 // serverAuth, carry role RoleServers, and, when the client connects by host
 // name, name that host.
 //

@@ -12,10 +12,10 @@ import (
 )
 
 // Role is what a certificate issued by the gpurack CA lets its holder do. It
-// is carried in the certificate subject's O field (CONTRACTS.md §4).
+// is carried in the certificate subject's O field (docs/contracts.md §4).
 type Role string
 
-// The gpurack roles (CONTRACTS.md §4).
+// The gpurack roles (docs/contracts.md §4).
 const (
 	// RoleServers is gpuboot's serving certificate (serverAuth).
 	RoleServers Role = "gpurack:servers"

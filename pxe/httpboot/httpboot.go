@@ -1,4 +1,4 @@
-// Package httpboot is gpuboot's plain-HTTP side (CONTRACTS.md §3, port
+// Package httpboot is gpuboot's plain-HTTP side (docs/contracts.md §3, port
 // 8080): what firmware, iPXE and Prometheus fetch.
 //
 //	GET /boot.ipxe                         script that makes iPXE send its identity
@@ -10,8 +10,8 @@
 // Which script a machine gets is not decided here: NewHandler takes a
 // Booter, declared in this package, which the inventory and policy
 // implement (pxe/inventory, pxe/policy). httpboot turns the query into an
-// identity.Identity (CONTRACTS.md §1 normalisation), asks the Booter for a
-// Target, and renders it with pxe/ipxe, appending the CONTRACTS.md §3
+// identity.Identity (docs/contracts.md §1 normalisation), asks the Booter for a
+// Target, and renders it with pxe/ipxe, appending the docs/contracts.md §3
 // kernel arguments (initrd=initrd.img, gpurack.rootfs=, BOOTIF=,
 // gpurack.enroll=, gpurack.enroll.ca=).
 //
@@ -29,9 +29,9 @@
 // Files are served with http.ServeContent (Range, If-None-Match; sendfile
 // for whole files); the ETag is the artifact's sha256 from the signed
 // manifest, and responses are marked immutable, since an image id names
-// fixed content (CONTRACTS.md §7).
+// fixed content (docs/contracts.md §7).
 //
-// Nothing served here is secret; the threat model is CONTRACTS.md §7. The
+// Nothing served here is secret; the threat model is docs/contracts.md §7. The
 // TLS listener (enrollment, admin, REST, rack view) is not this package.
 package httpboot
 
@@ -94,7 +94,7 @@ func (f BooterFunc) BootTarget(ctx context.Context, id identity.Identity, remote
 // Config configures the handler.
 type Config struct {
 	// ImageStore is the directory holding <image-id>/ directories
-	// (CONTRACTS.md §7). Required.
+	// (docs/contracts.md §7). Required.
 	ImageStore string
 	// TrustedKeys are the public keys of trusted image signers; an image
 	// is served if one of them signed its manifest. Required.

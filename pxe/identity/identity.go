@@ -1,5 +1,5 @@
 // Package identity is a booting machine's identity as gpuboot sees it:
-// boot MAC + SMBIOS system UUID + SMBIOS system serial (CONTRACTS.md §1),
+// boot MAC + SMBIOS system UUID + SMBIOS system serial (docs/contracts.md §1),
 // and the normalisation that makes the values read from DHCP option 97,
 // iPXE variables (${net0/mac}, ${uuid}, ${serial}), the kernel command line
 // (BOOTIF=01-aa-bb-…) and /sys/class/dmi/id compare equal.

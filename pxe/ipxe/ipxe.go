@@ -4,7 +4,7 @@
 // I/O, no clock; the caller (pxe/httpboot) decides which script a machine
 // gets and supplies the URLs and the image's cmdline file.
 //
-// Every boot script carries the kernel arguments of CONTRACTS.md §3, in
+// Every boot script carries the kernel arguments of docs/contracts.md §3, in
 // this order after the image's own cmdline and the caller's extra
 // arguments:
 //
@@ -53,7 +53,7 @@ const (
 const InitrdName = "initrd.img"
 
 // DefaultRetrySeconds is how long a held machine waits before asking again
-// (CONTRACTS.md §2 step 2).
+// (docs/contracts.md §2 step 2).
 const DefaultRetrySeconds = 30
 
 // Script is the input of Render.
@@ -75,7 +75,7 @@ type Script struct {
 	// ExtraArgs are appended after Cmdline (for example from a selector).
 	ExtraArgs []string
 	// EnrollAddr is host:port of gpuboot's TLS listener; EnrollCAPin is
-	// "sha256:" + 64 lowercase hex digits (CONTRACTS.md §3).
+	// "sha256:" + 64 lowercase hex digits (docs/contracts.md §3).
 	EnrollAddr  string
 	EnrollCAPin string
 
@@ -153,7 +153,7 @@ func Render(s Script) ([]byte, error) {
 }
 
 // BootArgs returns the kernel arguments of a Boot script: the image's
-// cmdline, ExtraArgs, then the CONTRACTS.md §3 arguments. Arguments that
+// cmdline, ExtraArgs, then the docs/contracts.md §3 arguments. Arguments that
 // the contract sets (initrd=, gpurack.rootfs=, BOOTIF=, gpurack.enroll=,
 // gpurack.enroll.ca=) are dropped from the cmdline and ExtraArgs, so the
 // contract's values win.
@@ -166,7 +166,7 @@ func BootArgs(s Script) ([]string, error) {
 			return nil, err
 		}
 		if !pinRE.MatchString(s.EnrollCAPin) {
-			return nil, fmt.Errorf("enroll CA pin %q: want sha256: and 64 lowercase hex digits (CONTRACTS.md §3)", s.EnrollCAPin)
+			return nil, fmt.Errorf("enroll CA pin %q: want sha256: and 64 lowercase hex digits (docs/contracts.md §3)", s.EnrollCAPin)
 		}
 	}
 	var args []string

@@ -15,14 +15,14 @@ import (
 )
 
 // MaxClockSkew is how far RequestAuth.unix_time may be from the verifier's clock, either
-// way (CONTRACTS.md §2.6).
+// way (docs/contracts.md §2.6).
 const MaxClockSkew = 2 * time.Minute
 
 // ChallengeSize is the length in bytes of RegisterResponse.challenge.
 const ChallengeSize = 32
 
 // JoinBundleSignatureContext prefixes the bytes a GetJoinBundleRequest signature covers
-// (CONTRACTS.md §2.5). It ends with a NUL byte.
+// (docs/contracts.md §2.5). It ends with a NUL byte.
 const JoinBundleSignatureContext = "gpurack-joinbundle-v1\x00"
 
 // Errors VerifyRequest and VerifyJoinBundle wrap, so a server can tell them apart in
@@ -41,7 +41,7 @@ type AuthenticatedRequest interface {
 }
 
 // RequestSigningPayload returns the bytes a RequestAuth signature covers
-// (CONTRACTS.md §2.6, documented on RequestAuth in enroll.proto):
+// (docs/contracts.md §2.6, documented on RequestAuth in enroll.proto):
 //
 //	fullMethod || sha256(req encoded deterministically with auth cleared) || unixTime
 //
@@ -125,7 +125,7 @@ func VerifyRequest(fullMethod string, req AuthenticatedRequest, now time.Time) (
 }
 
 // JoinBundleSigningPayload returns the bytes a GetJoinBundleRequest signature covers
-// (CONTRACTS.md §2.5): JoinBundleSignatureContext || challenge || token.
+// (docs/contracts.md §2.5): JoinBundleSignatureContext || challenge || token.
 func JoinBundleSigningPayload(challenge []byte, token string) []byte {
 	p := make([]byte, 0, len(JoinBundleSignatureContext)+len(challenge)+len(token))
 	p = append(p, JoinBundleSignatureContext...)

@@ -4,7 +4,7 @@
 // and the boot server (gpurack.boot.v1.EnrollmentService, AdminService) stores them and
 // builds rack reports from them. A checklist the agent computes therefore reaches gpuboot's
 // inventory, its rack report, metrics and alerts unchanged, with the same check ids.
-// The design contracts these messages implement are in CONTRACTS.md, cited below as
+// The design contracts these messages implement are in docs/contracts.md, cited below as
 // "CONTRACTS §N".
 //
 // This file holds data only, no services. Every field is plain data a pure function can

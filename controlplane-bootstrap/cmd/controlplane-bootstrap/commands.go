@@ -345,7 +345,7 @@ func newJoinConfigCommand() *cobra.Command {
 		Use:   "join-config --dir DIR --out OUT",
 		Short: "Write OUT/enroller.kubeconfig, the credential gpuboot mints bootstrap tokens and taints Nodes with",
 		Long: `join-config issues a client certificate for the enroller identity (gpurack:enroller)
-from the cluster CA and writes OUT/enroller.kubeconfig (CONTRACTS.md §4). Its server is the
+from the cluster CA and writes OUT/enroller.kubeconfig (docs/contracts.md §4). Its server is the
 endpoint nodes use (apiServer.endpoint) and it trusts the cluster CA. The identity may only
 create and delete bootstrap-token Secrets in kube-system, and get, list, watch, patch and
 delete Nodes.`,

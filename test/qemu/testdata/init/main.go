@@ -11,7 +11,7 @@ import (
 	"syscall"
 )
 
-// required are the CONTRACTS.md §3 arguments gpuboot's script must add.
+// required are the docs/contracts.md §3 arguments gpuboot's script must add.
 var required = []string{"initrd=initrd.img", "gpurack.rootfs=http://", "BOOTIF=01-", "gpurack.enroll=", "gpurack.enroll.ca=sha256:"}
 
 func main() {
