@@ -3,6 +3,7 @@ package server_test
 import (
 	"context"
 	"fmt"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -11,9 +12,14 @@ import (
 
 	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
 	machinev1 "github.com/gpurack/gpurack/api/machine/v1"
+	"github.com/gpurack/gpurack/internal/testreq"
 )
 
-// heartbeat sends a signed heartbeat for a with an allocation of n GPUs to tenant.
+// hostileSerial is a serial a stranger sends that a markdown renderer would make an
+// image and a link of.
+const hostileSerial = "![x](http://evil.example/i.png)[serial](http://evil.example)"
+
+// heartbeatHolding sends a signed heartbeat for a with an allocation of n GPUs to tenant.
 func (a *testAgent) heartbeatHolding(ctx context.Context, c bootv1.EnrollmentServiceClient, tenant string, n int) error {
 	alloc := &machinev1.GPUAllocation{}
 	for i := range n {
@@ -61,6 +67,8 @@ func TestStrangersCountNowhereInRackReport(t *testing.T) {
 	// (its key is registered for the identity it made up) but its allocation must not
 	// be kept.
 	stranger := newTestAgent(32)
+	// Its serial (printable ASCII, as SMBIOS allows) is markup a renderer would act on.
+	stranger.facts.Identity.Serial = hostileSerial
 	if _, err := stranger.register(ctx, c); err != nil {
 		t.Fatal(err)
 	}
@@ -93,6 +101,18 @@ func TestStrangersCountNowhereInRackReport(t *testing.T) {
 		if strings.Contains(md, bad) {
 			t.Errorf("the markdown report shows %q:\n%s", bad, md)
 		}
+	}
+	// The stranger's serial is in the report as text: rendered as GitHub would, it
+	// makes no link, image or HTML (issue 33, 6d).
+	cmark := testreq.Tool(t, "cmark-gfm", "apt-get install cmark-gfm (hack/deps.sh installs it)")
+	cmd := exec.Command(cmark, "--extension", "table", "--extension", "autolink", "--extension", "tagfilter")
+	cmd.Stdin = strings.NewReader(md)
+	html, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("cmark-gfm: %v", err)
+	}
+	if strings.Contains(string(html), "<a ") || strings.Contains(string(html), "<img") || !strings.Contains(string(html), "[serial](http") {
+		t.Errorf("the stranger's serial %q became markup in the rendered report:\n%s", hostileSerial, html)
 	}
 	// The stranger's machine record holds no allocation either (what a later state
 	// change could otherwise bring into the report).
