@@ -42,16 +42,20 @@ func BenchmarkFaultToWithdrawnKubelet(b *testing.B) {
 			g.hn.WaitReady(b, ctx)
 			awaitAllocatable(b, ctx, g.cs, g.hn, 8, "the device plugin's 8 GPUs")
 			const faults = 5
-			var worst time.Duration
+			var worst, sum time.Duration
+			n := 0
 			for b.Loop() {
 				for range faults {
+					b.StopTimer()
 					w := watchNode(b, ctx, g.cs, g.hn.Name)
+					b.StartTimer()
 					t0 := time.Now()
 					if _, err := g.sim.Inject(sim.Fault{Kind: sim.KindXID, GPU: 3, Value: 79}, 0); err != nil {
 						b.Fatal(err)
 					}
 					awaitAllocatableEvent(b, w, 7, "gpu3 withdrawn")
-					worst = max(worst, time.Since(t0))
+					d := time.Since(t0)
+					worst, sum, n = max(worst, d), sum+d, n+1
 					w.Stop()
 					b.StopTimer()
 					g.sim.Clear()
@@ -60,7 +64,9 @@ func BenchmarkFaultToWithdrawnKubelet(b *testing.B) {
 					b.StartTimer()
 				}
 			}
-			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*faults), "ns/fault")
+			// The mean of what each fault took, from the injection to the watch event
+			// (the watch's setup and the recovery are outside it).
+			b.ReportMetric(float64(sum.Nanoseconds())/float64(n), "ns/fault")
 			b.ReportMetric(float64(worst.Milliseconds()), "max-ms")
 		})
 	}
