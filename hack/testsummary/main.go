@@ -1,6 +1,6 @@
 // Command testsummary reads `go test -json` and keeps what `make test` needs from it:
-// the output a plain `go test` would print (package lines, and the whole output of
-// each failing test), and each test's duration, so the run ends with the slowest
+// the package lines a plain `go test` prints, everything a failing package printed (as
+// `go test -v` would show it), and each test's duration, so the run ends with the slowest
 // tests and the totals (docs/testing.md, "The CI budget").
 //
 //	go test -json ./... | testsummary stream --out DURATIONS.tsv   (appends)
@@ -86,12 +86,17 @@ type event struct {
 	Output  string
 }
 
-// stream copies the human part of the events in r to out: package-level output and
-// build output as they come, a test's own output only when it fails (as go test
-// without -v prints it). Each finished test and package is a row in rows. A line that
-// is not an event (go test's own error before any package ran) is copied as it is.
+// stream copies the human part of the events in r to out, a package at a time when it
+// finishes: for a package that passed, its own lines ("ok  pkg  1.2s"); for one that
+// failed, everything its tests printed, in order, then its own lines (as go test -v
+// would print it: test2json attributes a line to the test it believes was running, which
+// is not always the one that printed it, so a failure's output is never cut to one
+// test's). Build output is copied as it comes. Each finished test and package is a row
+// in rows. A line that is not an event (go test's own error before any package ran) is
+// copied as it is.
 func stream(r io.Reader, out io.Writer, rows io.Writer) error {
-	held := map[string][]string{} // package + "\x00" + top-level test → its output and its subtests'
+	type pkgOut struct{ all, own []string }
+	held := map[string]*pkgOut{}
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 1<<20), 16<<20)
 	for sc.Scan() {
@@ -101,38 +106,35 @@ func stream(r io.Reader, out io.Writer, rows io.Writer) error {
 			fmt.Fprintf(out, "%s\n", line)
 			continue
 		}
-		topLevel, _, _ := strings.Cut(e.Test, "/")
-		key := e.Package + "\x00" + topLevel
+		p := held[e.Package]
+		if p == nil {
+			p = &pkgOut{}
+			held[e.Package] = p
+		}
 		switch e.Action {
 		case "output":
-			if e.Test == "" {
-				if !strings.HasPrefix(e.Output, "=== ") && e.Output != "PASS\n" {
-					io.WriteString(out, e.Output)
-				}
-				continue
+			p.all = append(p.all, e.Output)
+			if e.Test == "" && !strings.HasPrefix(e.Output, "=== ") && e.Output != "PASS\n" {
+				p.own = append(p.own, e.Output)
 			}
-			held[key] = append(held[key], e.Output)
 		case "build-output":
 			io.WriteString(out, e.Output)
 		case "pass", "fail", "skip":
-			if e.Test != "" && e.Test == topLevel {
-				if e.Action == "fail" {
-					io.WriteString(out, strings.Join(held[key], ""))
-				}
-				delete(held, key)
-			}
-			if e.Test == "" && e.Action == "fail" {
-				// A package that failed with tests unfinished (a timeout's panic, a
-				// crash): print what they said.
-				for k, lines := range held {
-					if strings.HasPrefix(k, e.Package+"\x00") {
-						io.WriteString(out, strings.Join(lines, ""))
-						delete(held, k)
-					}
-				}
-			}
 			fmt.Fprintf(rows, "%s\t%s\t%s\t%.2f\n", e.Package, e.Test, e.Action, e.Elapsed)
+			if e.Test != "" {
+				continue
+			}
+			if e.Action == "fail" {
+				io.WriteString(out, strings.Join(p.all, ""))
+			} else {
+				io.WriteString(out, strings.Join(p.own, ""))
+			}
+			delete(held, e.Package)
 		}
+	}
+	// Packages that never finished (go test killed): what they printed.
+	for _, p := range held {
+		io.WriteString(out, strings.Join(p.all, ""))
 	}
 	return sc.Err()
 }

