@@ -225,7 +225,6 @@ func nodeServiceRBAC() []Object {
 // Node to exist), and the admission plugin loads policies in the order they were
 // created, so once the later one is enforced the earlier one is too.
 func enrollerObjects() []Object {
-	failClosed := admissionv1.Fail
 	return append(enrollerNodeObjects(), []Object{
 		role(metav1.NamespaceSystem, "gpurack:enroller",
 			rbacv1.PolicyRule{Verbs: []string{"create", "delete"}, APIGroups: []string{""}, Resources: []string{"secrets"}}),
@@ -240,30 +239,10 @@ func enrollerObjects() []Object {
 			// The tenants' GPU quotas, for the rack report (read only).
 			rbacv1.PolicyRule{Verbs: []string{"list"}, APIGroups: []string{""}, Resources: []string{"resourcequotas"}}),
 		clusterRoleBinding("gpurack:enroller", "gpurack:enroller", user(EnrollerUser)),
-		{gvrVAP, &admissionv1.ValidatingAdmissionPolicy{
-			TypeMeta:   metav1.TypeMeta{APIVersion: "admissionregistration.k8s.io/v1", Kind: "ValidatingAdmissionPolicy"},
-			ObjectMeta: metav1.ObjectMeta{Name: EnrollerPolicy},
-			Spec: admissionv1.ValidatingAdmissionPolicySpec{
-				FailurePolicy: &failClosed,
-				MatchConstraints: &admissionv1.MatchResources{
-					ResourceRules: []admissionv1.NamedRuleWithOperations{{
-						RuleWithOperations: admissionv1.RuleWithOperations{
-							Operations: []admissionv1.OperationType{admissionv1.Create, admissionv1.Update, admissionv1.Delete},
-							Rule:       admissionv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"secrets"}},
-						},
-					}},
-				},
-				MatchConditions: []admissionv1.MatchCondition{{
-					Name:       "is-enroller",
-					Expression: fmt.Sprintf("request.userInfo.username == %q", EnrollerUser),
-				}},
-				Variables: append([]admissionv1.Variable{{
-					Name:       "secret",
-					Expression: "request.operation == 'DELETE' ? oldObject : object",
-				}}, expiryVariables()...),
-				Validations: enrollerValidations(),
-			},
-		}},
+		enrollerPolicy(EnrollerPolicy, []string{"secrets"}, append([]admissionv1.Variable{{
+			Name:       "secret",
+			Expression: "request.operation == 'DELETE' ? oldObject : object",
+		}}, expiryVariables()...), enrollerValidations()),
 		policyBinding(EnrollerPolicy),
 	}...)
 }
@@ -281,31 +260,37 @@ func policyBinding(policy string) Object {
 
 // enrollerNodeObjects is EnrollerNodePolicy and its binding.
 func enrollerNodeObjects() []Object {
-	failClosed := admissionv1.Fail
 	return []Object{
-		{gvrVAP, &admissionv1.ValidatingAdmissionPolicy{
-			TypeMeta:   metav1.TypeMeta{APIVersion: "admissionregistration.k8s.io/v1", Kind: "ValidatingAdmissionPolicy"},
-			ObjectMeta: metav1.ObjectMeta{Name: EnrollerNodePolicy},
-			Spec: admissionv1.ValidatingAdmissionPolicySpec{
-				FailurePolicy: &failClosed,
-				MatchConstraints: &admissionv1.MatchResources{
-					ResourceRules: []admissionv1.NamedRuleWithOperations{{
-						RuleWithOperations: admissionv1.RuleWithOperations{
-							Operations: []admissionv1.OperationType{admissionv1.Create, admissionv1.Update, admissionv1.Delete},
-							Rule:       admissionv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"nodes", "nodes/*"}},
-						},
-					}},
-				},
-				MatchConditions: []admissionv1.MatchCondition{{
-					Name:       "is-enroller",
-					Expression: fmt.Sprintf("request.userInfo.username == %q", EnrollerUser),
-				}},
-				Variables:   enrollerNodeVariables(),
-				Validations: enrollerNodeValidations(),
-			},
-		}},
+		enrollerPolicy(EnrollerNodePolicy, []string{"nodes", "nodes/*"}, enrollerNodeVariables(), enrollerNodeValidations()),
 		policyBinding(EnrollerNodePolicy),
 	}
+}
+
+// enrollerPolicy is a ValidatingAdmissionPolicy named name that fails closed and
+// applies to the enroller's creates, updates and deletes of resources (core v1).
+func enrollerPolicy(name string, resources []string, vars []admissionv1.Variable, validations []admissionv1.Validation) Object {
+	failClosed := admissionv1.Fail
+	return Object{gvrVAP, &admissionv1.ValidatingAdmissionPolicy{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "admissionregistration.k8s.io/v1", Kind: "ValidatingAdmissionPolicy"},
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: admissionv1.ValidatingAdmissionPolicySpec{
+			FailurePolicy: &failClosed,
+			MatchConstraints: &admissionv1.MatchResources{
+				ResourceRules: []admissionv1.NamedRuleWithOperations{{
+					RuleWithOperations: admissionv1.RuleWithOperations{
+						Operations: []admissionv1.OperationType{admissionv1.Create, admissionv1.Update, admissionv1.Delete},
+						Rule:       admissionv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: resources},
+					},
+				}},
+			},
+			MatchConditions: []admissionv1.MatchCondition{{
+				Name:       "is-enroller",
+				Expression: fmt.Sprintf("request.userInfo.username == %q", EnrollerUser),
+			}},
+			Variables:   vars,
+			Validations: validations,
+		},
+	}}
 }
 
 // enrollerNodeVariables: managed, whether the Node as stored carries
