@@ -91,8 +91,8 @@ demo-qemu: deps ## make demo with slot 1 a real QEMU machine that PXE-boots the 
 	@PATH="$(TOOLS):$$PATH" GPURACK_NETNS_REQUIRED=1 DEMO_DIR="$${DEMO_QEMU_DIR:-$${TMPDIR:-/tmp}/gpurack-rack-demo-qemu}" $(GO) test -tags demoqemu -count=1 -timeout 50m -v -run '^TestRackDemoQEMU$$' ./test/qemu/
 
 .PHONY: e2e
-e2e: deps ## the end-to-end boots alone: tiny image in QEMU, PXE through SeaBIOS iPXE and OVMF, a tiny node joining Kubernetes, a machine powered on through PXE to a joined node, a TPM machine re-enrolling and a forged one refused, two nodes' pod network (vxlan with a simulated GPU node, and host-gw; logs kept in bin/e2e)
-	PATH="$(TOOLS):$$PATH" GPURACK_NETNS_REQUIRED=1 GPURACK_E2E_TPM=1 GPURACK_E2E_HOSTGW=1 GPURACK_E2E_LOGS="$(abspath $(BIN))/e2e" $(GO) test $(TEST_FLAGS) -v -run 'TestTinyImage|TestBIOSiPXEProxyBoot|TestOVMFNativePXEBoot|TestTinyNodeJoin|TestPowerOnToNode|TestTwoNodePodNetwork|TestTPMIdentityInQEMU' ./imagebuilder/cmd/gpuimage/ ./test/qemu/
+e2e: deps ## the end-to-end boots alone: tiny image in QEMU, PXE through SeaBIOS iPXE and OVMF, the rack (a machine powered on through PXE and a simulated GPU node, joined and checked), a TPM machine re-enrolling and a forged one refused, the pod network with host-gw (logs kept in bin/e2e)
+	PATH="$(TOOLS):$$PATH" GPURACK_NETNS_REQUIRED=1 GPURACK_E2E_TPM=1 GPURACK_E2E_HOSTGW=1 GPURACK_E2E_LOGS="$(abspath $(BIN))/e2e" $(GO) test $(TEST_FLAGS) -v -run 'TestTinyImage|TestBIOSiPXEProxyBoot|TestOVMFNativePXEBoot|TestRack|TestTwoNodeHostGW|TestTPMIdentityInQEMU' ./imagebuilder/cmd/gpuimage/ ./test/qemu/
 
 .PHONY: e2e-slow
 e2e-slow: deps ## build the NVIDIA images with their kernel modules (about 20 min cold; outside make test)

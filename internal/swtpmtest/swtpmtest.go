@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -158,4 +159,71 @@ func (v *Vendor) StartCertified(t testing.TB) *TPM {
 		t.Fatalf("swtpm_setup --create-ek-cert: %v\n%s", err, out)
 	}
 	return StartIn(t, state)
+}
+
+// QEMUTPM is swtpm serving QEMU's TPM emulator backend over a control socket.
+type QEMUTPM struct {
+	// Socket is the control socket: QEMU's -chardev socket,path=Socket with
+	// -tpmdev emulator.
+	Socket string
+	stop   func()
+}
+
+// Stop ends swtpm (as a power-off does); StartForQEMU on the same folder brings the
+// same TPM back.
+func (p *QEMUTPM) Stop() { p.stop() }
+
+// StartForQEMU starts swtpm on the state folder dir for one QEMU machine: it waits
+// for QEMU on its control socket (dir/ctrl.sock) and ends when QEMU closes it
+// (--terminate), or when t ends.
+func StartForQEMU(t testing.TB, dir string) *QEMUTPM {
+	t.Helper()
+	bin := testreq.Tool(t, "swtpm", "apt-get install swtpm swtpm-tools; hack/deps.sh installs it")
+	sock := filepath.Join(dir, "ctrl.sock")
+	os.Remove(sock) // a previous power-on's
+	var out syncBuffer
+	cmd := exec.Command(bin, "socket", "--tpm2", "--tpmstate", "dir="+dir, "--ctrl", "type=unixio,path="+sock, "--terminate")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start swtpm: %v", err)
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	stop := sync.OnceFunc(func() {
+		_ = cmd.Process.Kill()
+		<-exited
+	})
+	t.Cleanup(stop)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if _, err := os.Stat(sock); err == nil {
+			return &QEMUTPM{Socket: sock, stop: stop}
+		}
+		select {
+		case <-exited:
+			t.Fatalf("swtpm exited before it made its control socket: %s", out.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("swtpm made no control socket %s in 10 s: %s", sock, out.String())
+		}
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a process's output and a reader at once.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # node.sh: what a booted node costs a workload, on the QEMU node (make bench-node).
 #
-# Runs TestTinyNodeJoin (test/qemu) RUNS times; each run builds and boots the tiny
-# image under QEMU TCG, joins it to a real control plane and runs the probe pods. The
+# Runs TestRack (test/qemu) RUNS times; each run boots the tiny image (built once, then
+# taken from the image cache) and the simulated GPU image under QEMU TCG, joins them to a
+# real control plane and runs the probe pods on the tiny node. The
 # test appends its figures (GPURACK_NODE_FIGURES) and this script writes the "node"
 # section of docs/benchmarks.md: kubelet's Node registration to Ready, pod create to
 # container start for a preloaded image, and the TCP connect time through the
@@ -23,12 +24,12 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 figures=$work/figures.tsv
 for i in $(seq 1 "$RUNS"); do
-  echo "node bench: run $i of $RUNS (TestTinyNodeJoin)" >&2
-  GPURACK_NETNS_REQUIRED=1 GPURACK_NODE_FIGURES=$figures go test -count=1 -timeout 40m -run 'TestTinyNodeJoin$' ./test/qemu/ >"$work/run-$i.log" 2>&1 ||
+  echo "node bench: run $i of $RUNS (TestRack)" >&2
+  GPURACK_NETNS_REQUIRED=1 GPURACK_NODE_FIGURES=$figures go test -count=1 -timeout 50m -run 'TestRack$' ./test/qemu/ >"$work/run-$i.log" 2>&1 ||
     { tail -50 "$work/run-$i.log" >&2; echo "node bench: run $i failed (log above)" >&2; exit 1; }
 done
 if [ ! -s "$figures" ]; then
-  echo "node bench: the runs wrote no figures (TestTinyNodeJoin writes them once its probe pod has run)" >&2
+  echo "node bench: the runs wrote no figures (TestRack writes them once its probe pod has run)" >&2
   exit 1
 fi
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
@@ -50,8 +51,8 @@ section=$(mktemp)
   echo "## Node: Ready, pod start and the Service's first packet on the QEMU node"
   echo
   echo "Machine: $(bench_machine)."
-  echo "Command: \`make bench-node\` (test/bench/node.sh, RUNS=$RUNS), commit $commit: TestTinyNodeJoin"
-  echo "boots the tiny image (QEMU -accel tcg, 2 vCPUs, 2 GiB, user-mode network) against a real"
+  echo "Command: \`make bench-node\` (test/bench/node.sh, RUNS=$RUNS), commit $commit: TestRack"
+  echo "boots the tiny image (QEMU -accel tcg, 2 vCPUs, 2 GiB, PXE on a bridge, beside a simulated GPU node) against a real"
   echo "control plane and gpuboot in a network namespace. Emulated CPUs: the figures are far"
   echo "slower than real hardware and only compare within a run. Cells: median (min–max) over"
   echo "every sample of the $RUNS run(s), and n, the number of samples; n=1 is a single reading."

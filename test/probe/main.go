@@ -24,6 +24,9 @@
 //	probe chroot DIR CMD [ARG...]   run CMD with DIR as the root directory (a privileged
 //	                                pod with the host's / mounted at DIR: the node's own
 //	                                tools, for a test's diagnostics)
+//	probe cat FILE                  print FILE (at most 4 KiB, the termination message's
+//	                                bound) and leave it as the termination message: a
+//	                                host-network pod reads the node's /proc/net this way
 //	probe flip HOST:PORT NS POLICY [N]
 //	                                N times (default 5): delete NetworkPolicy NS/POLICY
 //	                                through the apiserver (as the pod's service account)
@@ -80,7 +83,7 @@ func main() {
 // fetch also writes its lines.
 func run(args []string, stdout io.Writer, termLog string) error {
 	cmd := "serve"
-	if len(args) > 0 && slices.Contains([]string{"serve", "resolve", "fetch", "hold", "restart", "chroot", "devices", "flip"}, args[0]) {
+	if len(args) > 0 && slices.Contains([]string{"serve", "resolve", "fetch", "hold", "restart", "chroot", "devices", "flip", "cat"}, args[0]) {
 		cmd, args = args[0], args[1:]
 	}
 	switch cmd {
@@ -188,6 +191,19 @@ func run(args []string, stdout io.Writer, termLog string) error {
 		}
 		report(stdout, termLog, text)
 		time.Sleep(hold) // the container keeps its devices that long
+		return nil
+	case "cat":
+		if len(args) != 1 {
+			return errors.New("usage: probe cat FILE")
+		}
+		b, err := os.ReadFile(args[0])
+		if err != nil {
+			return err
+		}
+		if len(b) > 4096 {
+			return fmt.Errorf("%s: %d bytes, more than the termination message's 4096", args[0], len(b))
+		}
+		report(stdout, termLog, string(b))
 		return nil
 	case "chroot":
 		if len(args) < 2 {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"encoding/pem"
 	"io"
@@ -235,5 +236,27 @@ func TestDevices(t *testing.T) {
 	}
 	if _, err := devices(filepath.Join(dir, "none"), nil); err == nil {
 		t.Error("devices of a missing directory: no error")
+	}
+}
+
+func TestCatLeavesTheFileAsTerminationMessage(t *testing.T) {
+	dir := t.TempDir()
+	src, term := filepath.Join(dir, "nf_conntrack"), filepath.Join(dir, "termination-log")
+	want := "entries  searched found new invalid\n00000002  00000000 00000000 00000000 00000005\n"
+	if err := os.WriteFile(src, []byte(want), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := run([]string{"cat", src}, &out, term); err != nil {
+		t.Fatalf("probe cat: %v", err)
+	}
+	if got, _ := os.ReadFile(term); string(got) != want || out.String() != want {
+		t.Errorf("probe cat: termination message %q, stdout %q, want %q", got, out.String(), want)
+	}
+	if err := os.WriteFile(src, bytes.Repeat([]byte("x"), 4097), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := run([]string{"cat", src}, &out, term); err == nil || !strings.Contains(err.Error(), "4096") {
+		t.Errorf("probe cat of 4097 bytes: %v, want the termination message's bound named", err)
 	}
 }

@@ -7,13 +7,15 @@
 // whose /init checks the kernel command line and reports on the serial
 // console and through isa-debug-exit.
 //
-// TestTinyNodeJoin is the whole product on one real node: the tiny image built
-// from the tree, booted from gpuboot's image store with gpuboot's kernel command
-// line, enrolled (waiting for approval, `gpuboot machines approve`), and joined
-// to a control plane from controlplane-bootstrap by the image's own kubelet,
-// which the agent starts over D-Bus. The host side runs in a network namespace
-// that owns 10.0.2.2, the address QEMU's user-mode network gives the guest for
-// the host.
+// TestRack is the whole product on a rack of two real (QEMU) nodes, booted once:
+// the tiny image and its simulated GPU variant, built from the tree (through the
+// content-addressed image cache), one machine powered on through its firmware
+// and PXE, enrolled (waiting for approval, `gpuboot machines approve`), and
+// joined to a control plane from controlplane-bootstrap by the image's own
+// kubelet; every node-level check then runs against them as a subtest. The
+// rig (rig_test.go: startRack) sets up the boot network in a network namespace
+// whose bridge owns 10.0.2.2, the control plane, gpuboot and the machines, from
+// one call.
 //
 // Measured firmware facts behind the setup (RA, fresh OVMF variables,
 // romfile=, isa-debug-exit) are in docs/pxe.md.

@@ -88,19 +88,10 @@ func TestRackDemoQEMU(t *testing.T) {
 	step := func(s string) { fmt.Printf("\n\033[1m== %s\033[0m\n", s) }
 
 	step("0. Build: the four binaries and the tiny image (kernel, initrd, signed rootfs)")
-	say("building (about 3 minutes the first time on 2 cores; GPURACK_JOIN_IMAGE=DIR reuses an image)")
-	bins, imageDir, pubKey := joinImage(t)
-	imageID := filepath.Base(imageDir)
+	say("building (about 3 minutes the first time on 2 cores, from the image cache after that; GPURACK_JOIN_IMAGE=DIR reuses an image)")
 	agentBin := buildDemoAgent(t)
-	say("image %s", imageID)
 
 	step("1. The boot network (a bridge in a network namespace), the control plane, gpuboot with the rack's allowlist")
-	env, ns, br, tap := poweronNetwork(t)
-	say("namespace %s, bridge %s with %s, QEMU's tap %s", ns, br.Name, joinHost, tap.Name)
-	cp := startNamespacedControlPlane(t, env, ns, bins.controlplane)
-	admin := cp.clientset(t, ns)
-	say("control plane up (https://%s)", joinAPI)
-
 	manifest := filepath.Join(out, "rack-r1.csv")
 	rows := []string{"serial,mac,rack,slot", fmt.Sprintf("%s,%s,r1,01", joinSerial, joinMAC)}
 	for i := 2; i <= nodes; i++ {
@@ -112,20 +103,20 @@ func TestRackDemoQEMU(t *testing.T) {
 	say("vendor manifest %s: %d rows, slot 1 is the QEMU machine (%s, %s)", manifest, nodes, joinSerial, joinMAC)
 	// Every simulated machine calls from joinHost: that one address gets the rack's
 	// share of the per-source limit, as in make demo.
-	g := startNamespacedGpuboot(t, env, ns, bins.gpuboot, cp.enroller, filepath.Dir(imageDir), pubKey, imageID, gpubootSettings{
-		bootNet:    poweronBootNet(br.Name),
-		clusterDNS: clusterDNSAddress(t, ctx, admin),
-		policy:     fmt.Sprintf("{approval: allowlist, allowlist: %s}", manifest),
-		enrollment: fmt.Sprintf("{unknownMachines: discover, allowSimulated: true, sourceRate: %d, sourceBurst: %d}", nodes*5, nodes*50),
-	})
+	slot1 := MachineSpec{Node: "slot01-qemu", MAC: joinMAC, IP: poweronNodeIP, Serial: joinSerial, UUID: joinUUID, PXE: true}
+	r := startRack(t, RackOptions{Machines: []MachineSpec{slot1}, NoPowerOn: true,
+		Policy:     fmt.Sprintf("{approval: allowlist, allowlist: %s}", manifest),
+		Enrollment: fmt.Sprintf("{unknownMachines: discover, allowSimulated: true, sourceRate: %d, sourceBurst: %d}", nodes*5, nodes*50)})
+	ns, admin, g := r.ns, r.admin, r.g
+	imageID := r.images.ids[imageTiny]
+	say("image %s; namespace %s, bridge %s with %s; control plane up (https://%s)", imageID, ns, r.bridge.Name, joinHost, joinAPI)
 	say("gpuboot serving DHCP and TFTP on %s, HTTP %s, TLS %s; policy: approval allowlist; enrollment.allowSimulated: true (the %d simulated nodes are labelled gpurack.io/simulated)",
-		br.Name, joinHTTP, joinTLS, nodes-1)
-	startRouterAdverts(t, env, ns, br.Name)
+		r.bridge.Name, joinHTTP, joinTLS, nodes-1)
 
 	step(fmt.Sprintf("2. Power on: slot 1 in QEMU (TCG, PXE), slots 2-%d simulated (slot %d has an XID 79 on GPU 3)", nodes, demoQuarantineSlot))
 	t.Setenv("GPURACK_E2E_LOGS", out) // the milestones, serial console and gpuboot log are kept there
-	con := startConsole(t, pxeQEMU(ns, tap.Name))
-	ms := watchPowerOn(t, con, g, imageID)
+	qm := r.powerOn(t, slot1)
+	con, ms := qm.con, qm.ms
 	for i := 2; i <= nodes; i++ {
 		startDemoAgent(t, ns, agentBin, filepath.Join(out, "nodes", fmt.Sprintf("slot%02d", i)), i, g.pin)
 	}

@@ -3,18 +3,13 @@
 package qemu
 
 import (
-	"context"
-	"os"
-	"os/exec"
-	"path/filepath"
+	"fmt"
 	"regexp"
 	"slices"
-	"syscall"
 	"testing"
 	"time"
 
 	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
-	"github.com/gpurack/gpurack/internal/netnstest"
 	"github.com/gpurack/gpurack/internal/testreq"
 )
 
@@ -36,30 +31,22 @@ func TestTPMIdentityInQEMU(t *testing.T) {
 	// Three boots of the tiny image, about 4 minutes: with it test/qemu passed go test's
 	// package timeout and CI neared its 60 minutes on 2 cores, so it runs in make e2e.
 	testreq.OptIn(t, "GPURACK_E2E_TPM", "three QEMU boots with swtpm, about 4 minutes (make e2e runs it)")
-	testreq.Tool(t, "qemu-system-x86_64", "apt-get install qemu-system-x86 (make deps installs it)")
 	testreq.Tool(t, "swtpm", "apt-get install swtpm swtpm-tools (make deps installs it)")
-	bins, imageDir, pubKey := joinImage(t)
-	imageID := filepath.Base(imageDir)
-
-	env := netnstest.New(t)
-	ns := env.Namespace()
-	env.AddAddr(netnstest.Link{Name: "lo", Netns: ns}, joinHost+"/32")
-	env.AddAddr(netnstest.Link{Name: "lo", Netns: ns}, joinGuestIP+"/32")
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
-	t.Cleanup(cancel)
-	g := startNamespacedGpuboot(t, env, ns, bins.gpuboot, "", filepath.Dir(imageDir), pubKey, imageID,
-		gpubootSettings{enrollment: "{unknownMachines: discover, identity: tpm, reenroll: manual}"})
-	kernel, initrd, cmdline := g.bootScript(t, ctx)
-	cmdline += " gpurack.onfail=poweroff"
-	if os.Getenv("GPURACK_JOIN_JOURNAL") == "1" {
-		cmdline += " systemd.journald.forward_to_console=1"
-	}
+	machine := MachineSpec{Node: joinNode, MAC: joinMAC, IP: poweronNodeIP, Serial: joinSerial, UUID: joinUUID}
+	r := startRack(t, RackOptions{Machines: []MachineSpec{machine}, NoControlPlane: true, NoPowerOn: true,
+		Enrollment: "{unknownMachines: discover, identity: tpm, reenroll: manual}"})
+	g, ctx := r.g, r.ctx
 	tpmA, tpmB := t.TempDir(), t.TempDir()
 	approved := regexp.MustCompile(`gpuagent: approved; fetching the JoinBundle \(gpuboot ` + regexp.QuoteMeta(joinTLS) + `, key (sha256:[0-9a-f]{64})\)`)
+	powerOn := func(name, tpm string) *RackMachine {
+		spec := machine
+		spec.Node, spec.TPMDir = name, tpm
+		return r.powerOn(t, spec)
+	}
 
 	// 1. First power-on of A: the EK proof, an operator's approval, the bundle.
-	a1 := powerOnWithTPM(t, ns, "machine A", tpmA, kernel, initrd, cmdline)
-	key1 := a1.con.waitFor(t, regexp.MustCompile(`gpuagent: waiting for approval \(gpuboot `+regexp.QuoteMeta(joinTLS)+`, key (sha256:[0-9a-f]{64})\)`), bootToWaitLimit)[1]
+	a1 := powerOn("machine-A", tpmA)
+	key1 := a1.con.waitFor(t, waitingLine, bootToWaitLimit)[1]
 	t.Logf("machine A waits for approval after %s with key %s", a1.con.since().Round(time.Second), key1)
 	var mach *bootv1.Machine
 	waitFor(t, ctx, time.Minute, "gpuboot holds A's key with its proved EK", func() bool {
@@ -79,10 +66,10 @@ func TestTPMIdentityInQEMU(t *testing.T) {
 		t.Fatalf("after the approval: EK bound %q, bound key %s (want A's EK and key %s)", ekA, mach.GetKeyFingerprint(), key1)
 	}
 	t.Logf("A approved by an operator: EK %s bound", ekA)
-	a1.powerOff(t)
+	a1.powerOff()
 
 	// 2. A again: the same TPM, a new key, no operator.
-	a2 := powerOnWithTPM(t, ns, "machine A, rebooted", tpmA, kernel, initrd, cmdline)
+	a2 := powerOn("machine-A-rebooted", tpmA)
 	key2 := a2.con.waitFor(t, approved, bootToWaitLimit)[1]
 	if key2 == key1 {
 		t.Fatalf("the rebooted agent used its old key %s: the key should be new each boot", key1)
@@ -97,10 +84,10 @@ func TestTPMIdentityInQEMU(t *testing.T) {
 		t.Fatalf("no approval by policy:tpm-same-ek in the history: %v", mach.GetHistory())
 	}
 	t.Logf("A rebooted re-enrolled without an operator after %s (policy:tpm-same-ek)", a2.con.since().Round(time.Second))
-	a2.powerOff(t)
+	a2.powerOff()
 
 	// 3. B: the same MAC, UUID and serial, another TPM.
-	b := powerOnWithTPM(t, ns, "machine B (forged identity)", tpmB, kernel, initrd, cmdline)
+	b := powerOn("machine-B-forged", tpmB)
 	waitFor(t, ctx, bootToWaitLimit, "the machine goes to conflict when B registers", func() bool {
 		mach = g.machine(t, joinMAC)
 		return mach.GetState() == bootv1.MachineState_MACHINE_STATE_CONFLICT
@@ -108,57 +95,23 @@ func TestTPMIdentityInQEMU(t *testing.T) {
 	if mach.GetKeyFingerprint() != key2 || mach.GetEkHash() != ekA {
 		t.Errorf("during the conflict: bound key %s EK %s, want A's %s and %s", mach.GetKeyFingerprint(), mach.GetEkHash(), key2, ekA)
 	}
-	// B keeps polling; give it time to be wrongly approved before looking.
-	time.Sleep(20 * time.Second)
+	// B keeps polling (Register, backing off to 30 s) for its approval. Look only once
+	// gpuboot has seen two more calls from B's key after the conflict (its last_seen_at
+	// moved twice): had one of them approved B, B's console would say so by then.
+	var seen []time.Time
+	waitFor(t, ctx, 3*time.Minute, "two more calls from B's key after the conflict", func() bool {
+		for _, k := range g.machine(t, joinMAC).GetKeys() {
+			if at := k.GetLastSeenAt().AsTime(); k.GetFingerprint() != key1 && k.GetFingerprint() != key2 && (len(seen) == 0 || at.After(seen[len(seen)-1])) {
+				seen = append(seen, at)
+			}
+		}
+		return len(seen) >= 3 // the first reading, then two calls
+	}, func() string { return fmt.Sprintf("B's key seen at %v", seen) })
+	time.Sleep(2 * time.Second) // the answer's way to B's console
 	if slices.ContainsFunc(b.con.snapshot(), approved.MatchString) {
 		t.Errorf("machine B, with another TPM, was approved:\n%s", b.con.tail())
 	}
 	t.Logf("B (another TPM) got conflict and no bundle; A's key and EK stay bound")
-}
-
-// tpmMachine is a QEMU machine with its TPM.
-type tpmMachine struct {
-	con  *serialConsole
-	qemu *exec.Cmd
-	tpm  *exec.Cmd
-}
-
-// powerOnWithTPM starts swtpm on the TPM state folder dir (the same folder is the same
-// TPM) and QEMU with it as a tpm-tis device, booting the tiny image directly.
-func powerOnWithTPM(t *testing.T, ns, name, dir, kernel, initrd, cmdline string) *tpmMachine {
-	t.Helper()
-	sock := filepath.Join(dir, "ctrl.sock")
-	os.Remove(sock)
-	tpm := exec.Command("swtpm", "socket", "--tpm2", "--tpmstate", "dir="+dir, "--ctrl", "type=unixio,path="+sock, "--terminate")
-	tpm.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	out := &syncBuffer{}
-	tpm.Stdout, tpm.Stderr = out, out
-	if err := tpm.Start(); err != nil {
-		t.Fatalf("start swtpm: %v", err)
-	}
-	exited := make(chan struct{})
-	go func() { tpm.Wait(); close(exited) }()
-	t.Cleanup(func() { tpm.Process.Kill(); <-exited })
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if _, err := os.Stat(sock); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("swtpm made no control socket %s in 10 s: %s", sock, out.String())
-		}
-	}
-	qemu := joinQEMU(ns, kernel, initrd, cmdline,
-		"-chardev", "socket,id=chrtpm,path="+sock, "-tpmdev", "emulator,id=tpm0,chardev=chrtpm", "-device", "tpm-tis,tpmdev=tpm0")
-	t.Logf("%s: power on (TPM state %s)", name, dir)
-	return &tpmMachine{con: startNamedConsole(t, qemu, name), qemu: qemu, tpm: tpm}
-}
-
-// powerOff kills QEMU and its TPM, as pulling the plug does.
-func (m *tpmMachine) powerOff(t *testing.T) {
-	t.Helper()
-	m.qemu.Process.Kill()
-	<-m.con.done
-	m.tpm.Process.Kill()
 }
 
 // snapshot is what the console showed so far.
