@@ -88,8 +88,11 @@ section=$(mktemp)
   echo "the selected pod can take a second: the client's address is not in the apiserver yet,"
   echo "its SYN is dropped and TCP retries (docs/tenants.md). The policy changes are \`probe"
   echo "flip\`'s, 5 per run: a pod deletes and recreates the policy through the apiserver and"
-  echo "connects in between, in its one clock; each figure is an upper bound within one try"
-  echo "(up to 250 ms)."
+  echo "connects in between, in its one clock, starting a try every 50 ms, each cut off at 900 ms"
+  echo "(under the first SYN retransmission). Passing is the start of the first try that passed;"
+  echo "dropped is the start of the first try of 2 s of tries that all timed out (a slow allowed"
+  echo "try is not a drop; a refusal is an error, not a figure). Each is an upper bound within"
+  echo "about 50 ms and the SYN's way to the node."
 } >"$section"
 if [ -n "$OUT" ]; then
   cat "$section" >"$OUT"

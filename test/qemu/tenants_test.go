@@ -214,7 +214,7 @@ func policyChangeToEnforced(t *testing.T, ctx context.Context, admin kubernetes.
 		t.Errorf("policy change -> enforced: %v\n%s", err, terminationMessage(p))
 		return
 	}
-	t.Logf("policy change -> enforced on the node (TCG guest; each an upper bound within one 250 ms try), %d flips:\n%s",
+	t.Logf("policy change -> enforced on the node (TCG guest; each an upper bound: a try every 50 ms, cut off at 900 ms, dropped once every try timed out for 2 s), %d flips:\n%s",
 		policyFlips, strings.TrimSpace(terminationMessage(p)))
 	logFlips(t, terminationMessage(p))
 }
