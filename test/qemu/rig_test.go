@@ -256,6 +256,7 @@ tftp: {enabled: %[4]t}`, r.bridge.Name, joinHost, strings.Join(reservations, ", 
 // powerOn starts QEMU for spec, its NIC a new tap on the rack's bridge.
 func (r *Rack) powerOn(t *testing.T, spec MachineSpec) *RackMachine {
 	t.Helper()
+	spec.Image = cmp.Or(spec.Image, imageTiny)
 	m := &RackMachine{MachineSpec: spec, imageID: r.images.ids[spec.Image]}
 	tap := r.env.Tap(r.ns)
 	r.env.Attach(r.bridge, tap)
