@@ -26,7 +26,7 @@ import (
 // changes the key. Build it with the methods below, then Sum.
 type Key struct {
 	h      hash.Hash
-	inputs []string // labels, in order, for the log
+	inputs int // how many inputs, for the log
 }
 
 // NewKey starts a key for a build recipe named kind (a version of the recipe: bump it
@@ -41,7 +41,7 @@ func NewKey(kind string) *Key {
 func (k *Key) Bytes(label string, b []byte) {
 	fmt.Fprintf(k.h, "%s\x00%d\x00", label, len(b))
 	k.h.Write(b)
-	k.inputs = append(k.inputs, label)
+	k.inputs++
 }
 
 // File adds the content of the file at path under label.
@@ -153,9 +153,6 @@ func goVersion(root string) string {
 // Sum is the key: hex SHA-256, 64 characters.
 func (k *Key) Sum() string { return hex.EncodeToString(k.h.Sum(nil)) }
 
-// Inputs names what the key covers, in order.
-func (k *Key) Inputs() []string { return slices.Clone(k.inputs) }
-
 // ImageCache keeps built images by their Key, so that the tests that boot an image
 // build it once per change of its inputs, not once per test binary or CI run. Entries
 // are directories, written whole into a temporary directory beside the cache and
@@ -207,7 +204,7 @@ func (c *ImageCache) Get(t testing.TB, key *Key, make func(dir string)) (dir str
 		t.Fatalf("image cache: %v", err)
 	}
 	t.Cleanup(func() { os.RemoveAll(tmp) }) // gone after the rename; a failed build's leftovers
-	t.Logf("image cache miss %s: building (key over %d inputs)", sum[:12], len(key.inputs))
+	t.Logf("image cache miss %s: building (key over %d inputs)", sum[:12], key.inputs)
 	make(tmp)
 	if t.Failed() {
 		t.FailNow()

@@ -181,10 +181,17 @@ func StartForQEMU(t testing.TB, dir string) *QEMUTPM {
 	bin := testreq.Tool(t, "swtpm", "apt-get install swtpm swtpm-tools; hack/deps.sh installs it")
 	sock := filepath.Join(dir, "ctrl.sock")
 	os.Remove(sock) // a previous power-on's
-	var out syncBuffer
+	// swtpm's output goes to a file beside its state, read only when it fails to start.
+	logPath := filepath.Join(dir, "swtpm.log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logFile.Close() // swtpm holds its own descriptor
+	out := func() string { b, _ := os.ReadFile(logPath); return string(b) }
 	cmd := exec.Command(bin, "socket", "--tpm2", "--tpmstate", "dir="+dir, "--ctrl", "type=unixio,path="+sock, "--terminate")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.Stdout, cmd.Stderr = logFile, logFile
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start swtpm: %v", err)
 	}
@@ -201,29 +208,11 @@ func StartForQEMU(t testing.TB, dir string) *QEMUTPM {
 		}
 		select {
 		case <-exited:
-			t.Fatalf("swtpm exited before it made its control socket: %s", out.String())
+			t.Fatalf("swtpm exited before it made its control socket: %s", out())
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("swtpm made no control socket %s in 10 s: %s", sock, out.String())
+			t.Fatalf("swtpm made no control socket %s in 10 s: %s", sock, out())
 		}
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for a process's output and a reader at once.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -124,11 +124,10 @@ type RackOptions struct {
 	// Enrollment and Policy replace gpuboot's enrollment and policy settings (flow
 	// YAML); allowSimulated is added when a machine boots the simulated GPU image.
 	Enrollment, Policy string
-	// NoJoin returns once the machines are powered on; otherwise startRack approves
-	// each machine when its agent waits, and returns when every Node is Ready.
-	NoJoin bool
 	// NoPowerOn sets the rack up for Machines (gpuboot's reservations and selectors)
-	// but powers none on: the test does, with Rack.powerOn.
+	// but powers none on: the test does, with Rack.powerOn. Otherwise startRack powers
+	// every machine on, approves each when its agent waits, and returns when every
+	// Node is Ready.
 	NoPowerOn bool
 	// Name is the approval reason (default: the test's name).
 	Name string
@@ -163,12 +162,12 @@ type RackMachine struct {
 	key                  string // the agent's key, as the console showed it
 	node                 *corev1.Node
 	bootToWait, toReady  time.Duration
-	approved, nodeSeenAt time.Time
+	approved             time.Time
 }
 
 // startRack sets up a rack as opts says: the boot network, the control plane, gpuboot
 // (full DHCP with a reservation per machine, the images each machine boots, the pod
-// network), every machine powered on at once, as a rack is; then, unless NoJoin, the
+// network), every machine powered on at once, as a rack is; then, unless NoPowerOn, the
 // approval of each and the wait for each Node to be Ready (rack.join). Everything
 // stops when t ends.
 func startRack(t *testing.T, opts RackOptions) *Rack {
@@ -247,9 +246,7 @@ tftp: {enabled: %[4]t}`, r.bridge.Name, joinHost, strings.Join(reservations, ", 
 	for _, spec := range opts.Machines {
 		r.Machines = append(r.Machines, r.powerOn(t, spec))
 	}
-	if !opts.NoJoin {
-		r.join(t)
-	}
+	r.join(t)
 	return r
 }
 
@@ -371,7 +368,6 @@ func (r *Rack) awaitReady(t *testing.T, m *RackMachine) {
 		node = getNode()
 		return node != nil && node.Status.NodeInfo.KubeletVersion != ""
 	}, r.nodeNames, m.con.tail)
-	m.nodeSeenAt = time.Now()
 	t.Logf("%s: approve -> Node registered by kubelet %s: %s", m.Node, node.Status.NodeInfo.KubeletVersion, time.Since(m.approved).Round(time.Second))
 	if m.ms != nil {
 		m.ms.record(msNode, node.CreationTimestamp.Time, "Kubernetes API: Node created")
@@ -566,10 +562,12 @@ func imageStore(t *testing.T, bins joinBinaries, names ...string) rackImages {
 		if reuse := os.Getenv("GPURACK_JOIN_IMAGE"); reuse != "" {
 			pub := cmp.Or(os.Getenv("GPURACK_JOIN_IMAGE_PUBKEY"), filepath.Join(build.DefaultCacheDir(), "signing-key.pub.pem"))
 			t.Logf("reusing image %s from GPURACK_JOIN_IMAGE (key %s) as %s: its gpuagent is the one built into it, not this tree's", reuse, pub, name)
-			if err := buildtest.LinkTree(reuse, filepath.Join(store.store, filepath.Base(reuse))); err != nil {
-				t.Fatal(err)
+			if len(store.pubKeys) == 0 { // one image stands in for every name
+				if err := buildtest.LinkTree(reuse, filepath.Join(store.store, filepath.Base(reuse))); err != nil {
+					t.Fatal(err)
+				}
+				store.pubKeys = append(store.pubKeys, pub)
 			}
-			store.pubKeys = append(store.pubKeys, pub)
 			store.ids[name] = filepath.Base(reuse)
 			continue
 		}
