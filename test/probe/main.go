@@ -33,6 +33,11 @@
 //	                                and connect to HOST:PORT until a connection passes,
 //	                                then create it again and connect until one is
 //	                                dropped; report each time. Also the termination message.
+//	probe mem COMM                  the memory of the processes named COMM (in a pod
+//	                                with the host's PID namespace, privileged: the
+//	                                node's): VmRSS, VmHWM, RssAnon, RssFile and RSS by
+//	                                mapping from /proc/PID/smaps. Also the termination
+//	                                message.
 //	probe devices [HOLD]            list the container's /dev/nvidia* nodes (type and
 //	                                major:minor) and its NVIDIA_ and GPURACK_ variables:
 //	                                what it got of GPUs. Also the termination message.
@@ -80,145 +85,185 @@ func main() {
 }
 
 // run carries out one command line (without the program name); termLog is where
-// fetch also writes its lines.
+// the commands that report a result also leave it as the termination message.
 func run(args []string, stdout io.Writer, termLog string) error {
-	cmd := "serve"
-	if len(args) > 0 && slices.Contains([]string{"serve", "resolve", "fetch", "hold", "restart", "chroot", "devices", "flip", "cat"}, args[0]) {
-		cmd, args = args[0], args[1:]
-	}
-	switch cmd {
-	case "resolve":
-		if len(args) != 1 && len(args) != 2 {
-			return errors.New("usage: probe resolve NAME [WANT]")
+	name := "serve"
+	if len(args) > 0 {
+		if _, ok := commands[args[0]]; ok {
+			name, args = args[0], args[1:]
 		}
+	}
+	return commands[name](args, stdout, termLog)
+}
+
+// command is one of probe's commands: its arguments after the command's name, where
+// it prints, and the termination message's file.
+type command func(args []string, stdout io.Writer, termLog string) error
+
+// commands is probe's command table; a command line that names none of them serves.
+var commands = map[string]command{
+	"serve":   serveCommand,
+	"resolve": resolveCommand,
+	"fetch":   fetchCommand,
+	"hold":    holdCommand,
+	"restart": restartCommand,
+	"chroot":  chrootCommand,
+	"devices": devicesCommand,
+	"flip":    flipCommand,
+	"cat":     catCommand,
+	"mem":     memCommand,
+}
+
+func resolveCommand(args []string, stdout io.Writer, _ string) error {
+	if len(args) != 1 && len(args) != 2 {
+		return errors.New("usage: probe resolve NAME [WANT]")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	addrs, err := resolve(ctx, args[0])
+	if err != nil {
+		return err
+	}
+	for _, a := range addrs {
+		fmt.Fprintln(stdout, a)
+	}
+	if len(args) == 2 && !slices.Contains(addrs, args[1]) {
+		return fmt.Errorf("%s resolves to %v, not %s", args[0], addrs, args[1])
+	}
+	return nil
+}
+
+func restartCommand(args []string, stdout io.Writer, _ string) error {
+	if len(args) == 0 {
+		return errors.New("usage: probe restart UNIT [UNIT]")
+	}
+	// A unit such as gpuagent (Type=notify) is done once it says it is ready,
+	// which on an emulated machine takes longer than the other commands' limit.
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	return restartUnits(ctx, args, stdout)
+}
+
+func fetchCommand(args []string, stdout io.Writer, termLog string) error {
+	if len(args) == 0 {
+		return errors.New("usage: probe fetch URL [URL]")
+	}
+	// Every URL is tried, each with its own limit, so that one failure still
+	// says how the others went.
+	var out strings.Builder
+	failed := 0
+	for _, u := range args {
+		// A new client each time: every URL pays its own connect.
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		addrs, err := resolve(ctx, args[0])
+		status, connect, err := fetchTimed(ctx, newClient(serviceAccountCA), u)
+		cancel()
 		if err != nil {
-			return err
+			failed++
+			fmt.Fprintf(&out, "%s error: %v\n", u, err)
+			continue
 		}
-		for _, a := range addrs {
-			fmt.Fprintln(stdout, a)
-		}
-		if len(args) == 2 && !slices.Contains(addrs, args[1]) {
-			return fmt.Errorf("%s resolves to %v, not %s", args[0], addrs, args[1])
-		}
-		return nil
-	case "restart":
-		if len(args) == 0 {
-			return errors.New("usage: probe restart UNIT [UNIT]")
-		}
-		// A unit such as gpuagent (Type=notify) is done once it says it is ready,
-		// which on an emulated machine takes longer than the other commands' limit.
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-		defer cancel()
-		return restartUnits(ctx, args, stdout)
-	case "fetch":
-		if len(args) == 0 {
-			return errors.New("usage: probe fetch URL [URL]")
-		}
-		// Every URL is tried, each with its own limit, so that one failure still
-		// says how the others went.
-		var out strings.Builder
-		failed := 0
-		for _, u := range args {
-			// A new client each time: every URL pays its own connect.
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			status, connect, err := fetchTimed(ctx, newClient(serviceAccountCA), u)
-			cancel()
-			if err != nil {
-				failed++
-				fmt.Fprintf(&out, "%s error: %v\n", u, err)
-				continue
-			}
-			fmt.Fprintf(&out, "%s %s connect=%s\n", u, status, connect)
-		}
-		report(stdout, termLog, out.String())
-		if failed > 0 {
-			return fmt.Errorf("%d of %d URLs did not answer", failed, len(args))
-		}
-		return nil
-	case "hold":
-		if len(args) != 2 && len(args) != 3 {
-			return errors.New("usage: probe hold URL DURATION [EVERY]")
-		}
-		d, err := time.ParseDuration(args[1])
-		every := 2 * time.Second
-		if err == nil && len(args) == 3 {
-			every, err = time.ParseDuration(args[2])
-		}
-		if err != nil || d <= 0 || every <= 0 {
-			return fmt.Errorf("probe hold: DURATION and EVERY are durations such as 3m and 2s: %v", args[1:])
-		}
-		summary, err := hold(serviceAccountCA, args[0], d, every)
-		report(stdout, termLog, summary+"\n")
-		return err
-	case "flip":
-		if len(args) != 3 && len(args) != 4 {
-			return errors.New("usage: probe flip HOST:PORT NAMESPACE POLICY [N]")
-		}
-		n := 5
-		if len(args) == 4 {
-			var err error
-			if n, err = strconv.Atoi(args[3]); err != nil || n < 1 || n > 100 {
-				return fmt.Errorf("probe flip: N %q: want a count from 1 to 100", args[3])
-			}
-		}
-		api, err := inClusterAPI()
-		if err != nil {
-			return err
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		defer cancel()
-		text, err := flip(ctx, api, args[0], args[1], args[2], n)
-		report(stdout, termLog, text)
-		return err
-	case "devices":
-		if len(args) > 1 {
-			return errors.New("usage: probe devices [HOLD]")
-		}
-		var hold time.Duration
-		if len(args) == 1 {
-			d, err := time.ParseDuration(args[0])
-			if err != nil || d < 0 {
-				return fmt.Errorf("probe devices: HOLD %q is not a duration like 30s", args[0])
-			}
-			hold = d
-		}
-		text, err := devices("/dev", os.Environ())
-		if err != nil {
-			return err
-		}
-		report(stdout, termLog, text)
-		time.Sleep(hold) // the container keeps its devices that long
-		return nil
-	case "cat":
-		if len(args) != 1 {
-			return errors.New("usage: probe cat FILE")
-		}
-		b, err := os.ReadFile(args[0])
-		if err != nil {
-			return err
-		}
-		if len(b) > 4096 {
-			return fmt.Errorf("%s: %d bytes, more than the termination message's 4096", args[0], len(b))
-		}
-		report(stdout, termLog, string(b))
-		return nil
-	case "chroot":
-		if len(args) < 2 {
-			return errors.New("usage: probe chroot DIR CMD [ARG...]")
-		}
-		return chrootExec(args[0], args[1:])
-	default:
-		fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-		listen := fs.String("listen", ":8080", "address to serve HTTP on")
-		if err := fs.Parse(args); err != nil {
-			return err
-		}
-		srv := &http.Server{Addr: *listen, Handler: newHandler(hostname(), newClient(serviceAccountCA)), ReadHeaderTimeout: 10 * time.Second}
-		return srv.ListenAndServe()
+		fmt.Fprintf(&out, "%s %s connect=%s\n", u, status, connect)
 	}
+	report(stdout, termLog, out.String())
+	if failed > 0 {
+		return fmt.Errorf("%d of %d URLs did not answer", failed, len(args))
+	}
+	return nil
+}
+
+func holdCommand(args []string, stdout io.Writer, termLog string) error {
+	if len(args) != 2 && len(args) != 3 {
+		return errors.New("usage: probe hold URL DURATION [EVERY]")
+	}
+	d, err := time.ParseDuration(args[1])
+	every := 2 * time.Second
+	if err == nil && len(args) == 3 {
+		every, err = time.ParseDuration(args[2])
+	}
+	if err != nil || d <= 0 || every <= 0 {
+		return fmt.Errorf("probe hold: DURATION and EVERY are durations such as 3m and 2s: %v", args[1:])
+	}
+	summary, err := hold(serviceAccountCA, args[0], d, every)
+	report(stdout, termLog, summary+"\n")
+	return err
+}
+
+func flipCommand(args []string, stdout io.Writer, termLog string) error {
+	if len(args) != 3 && len(args) != 4 {
+		return errors.New("usage: probe flip HOST:PORT NAMESPACE POLICY [N]")
+	}
+	n := 5
+	if len(args) == 4 {
+		var err error
+		if n, err = strconv.Atoi(args[3]); err != nil || n < 1 || n > 100 {
+			return fmt.Errorf("probe flip: N %q: want a count from 1 to 100", args[3])
+		}
+	}
+	api, err := inClusterAPI()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	text, err := flip(ctx, api, args[0], args[1], args[2], n)
+	report(stdout, termLog, text)
+	return err
+}
+
+func devicesCommand(args []string, stdout io.Writer, termLog string) error {
+	if len(args) > 1 {
+		return errors.New("usage: probe devices [HOLD]")
+	}
+	var hold time.Duration
+	if len(args) == 1 {
+		d, err := time.ParseDuration(args[0])
+		if err != nil || d < 0 {
+			return fmt.Errorf("probe devices: HOLD %q is not a duration like 30s", args[0])
+		}
+		hold = d
+	}
+	text, err := devices("/dev", os.Environ())
+	if err != nil {
+		return err
+	}
+	report(stdout, termLog, text)
+	time.Sleep(hold) // the container keeps its devices that long
+	return nil
+}
+
+// termLogMax is the most a termination message holds (kubelet cuts it there).
+const termLogMax = 4096
+
+func catCommand(args []string, stdout io.Writer, termLog string) error {
+	if len(args) != 1 {
+		return errors.New("usage: probe cat FILE")
+	}
+	b, err := os.ReadFile(args[0])
+	if err != nil {
+		return err
+	}
+	if len(b) > termLogMax {
+		return fmt.Errorf("%s: %d bytes, more than the termination message's %d", args[0], len(b), termLogMax)
+	}
+	report(stdout, termLog, string(b))
+	return nil
+}
+
+func chrootCommand(args []string, _ io.Writer, _ string) error {
+	if len(args) < 2 {
+		return errors.New("usage: probe chroot DIR CMD [ARG...]")
+	}
+	return chrootExec(args[0], args[1:])
+}
+
+func serveCommand(args []string, _ io.Writer, _ string) error {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	listen := fs.String("listen", ":8080", "address to serve HTTP on")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	srv := &http.Server{Addr: *listen, Handler: newHandler(hostname(), newClient(serviceAccountCA)), ReadHeaderTimeout: 10 * time.Second}
+	return srv.ListenAndServe()
 }
 
 // report prints text and leaves it as the termination message at termLog, which is

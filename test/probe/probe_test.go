@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -258,5 +259,64 @@ func TestCatLeavesTheFileAsTerminationMessage(t *testing.T) {
 	}
 	if err := run([]string{"cat", src}, &out, term); err == nil || !strings.Contains(err.Error(), "4096") {
 		t.Errorf("probe cat of 4097 bytes: %v, want the termination message's bound named", err)
+	}
+}
+
+// TestMem reads this test process's own memory as probe mem reads the agent's on a
+// node: the totals, and a breakdown in which the test binary's text is resident.
+func TestMem(t *testing.T) {
+	self, err := os.ReadFile("/proc/self/comm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	term := filepath.Join(t.TempDir(), "termination-log")
+	var out bytes.Buffer
+	if err := run([]string{"mem", strings.TrimSpace(string(self))}, &out, term); err != nil {
+		t.Fatalf("probe mem %s: %v", self, err)
+	}
+	text := out.String()
+	if !regexp.MustCompile(`pid \d+: VmRSS \d+\.\d MiB, VmHWM \d+\.\d MiB, RssAnon \d+\.\d MiB, RssFile \d+\.\d MiB\n`).MatchString(text) ||
+		!regexp.MustCompile(`\n  binary text +\d+\.\d MiB\n`).MatchString(text) ||
+		!strings.Contains(text, "anonymous (Go heap, stacks)") {
+		t.Errorf("probe mem printed:\n%s", text)
+	}
+	if got, _ := os.ReadFile(term); string(got) != text {
+		t.Errorf("termination message %q, want what was printed", got)
+	}
+	if err := run([]string{"mem", "no-such-process"}, io.Discard, term); err == nil || !strings.Contains(err.Error(), "no process named") {
+		t.Errorf("probe mem no-such-process: %v", err)
+	}
+}
+
+func TestSmapsByMapping(t *testing.T) {
+	smaps := `00400000-00800000 r-xp 00000000 00:1f 12 /usr/bin/gpuagent
+Size:               4096 kB
+Rss:                5734 kB
+00800000-00c00000 r--p 00400000 00:1f 12 /usr/bin/gpuagent
+Rss:                1024 kB
+00c00000-00c10000 rw-p 00800000 00:1f 12 /usr/bin/gpuagent
+Rss:                  64 kB
+c000000000-c004000000 rw-p 00000000 00:00 0 
+Rss:               10240 kB
+7f0000000000-7f0000001000 r--p 00000000 00:1f 40 /usr/lib/x86_64-linux-gnu/libc.so.6
+Rss:                   8 kB
+7ffd00000000-7ffd00021000 rw-p 00000000 00:00 0                          [stack]
+Rss:                  16 kB
+7ffd00100000-7ffd00101000 r--p 00000000 00:00 0                          [vvar]
+Rss:                   0 kB
+`
+	got, err := smapsByMapping(strings.NewReader(smaps), "/usr/bin/gpuagent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []mapping{{"anonymous (Go heap, stacks)", 10240}, {"binary text", 5734}, {"binary rodata", 1024}, {"binary data", 64}, {"[stack]", 16}, {"libc.so.6", 8}}
+	if !slices.Equal(got, want) {
+		t.Errorf("smapsByMapping:\n got %v\nwant %v", got, want)
+	}
+	if _, err := smapsByMapping(strings.NewReader("00400000-00800000 r-xp\nRss: 1 kB\n"), "x"); err == nil {
+		t.Error("a short mapping line: no error")
+	}
+	if _, err := smapsByMapping(strings.NewReader("00400000-00800000 r-xp 0 0 0\nRss: x kB\n"), "x"); err == nil {
+		t.Error("a bad Rss: no error")
 	}
 }

@@ -107,18 +107,24 @@ func runProbePod(t *testing.T, ctx context.Context, admin kubernetes.Interface, 
 // tests. The node's conntrack statistics (the invalid counter, which counted the
 // packets of resets before liberal TCP conntrack) are logged before and after. It
 // returns the console's line count when the restarts began: what the agent says after
-// it is new.
-func restartNodeServices(t *testing.T, ctx context.Context, admin kubernetes.Interface, node *corev1.Node, con *serialConsole) int {
+// it is new. run numbers the pods of a repeated run (0: the first).
+func restartNodeServices(t *testing.T, ctx context.Context, admin kubernetes.Interface, node *corev1.Node, con *serialConsole, run int) int {
 	t.Helper()
+	named := func(name string) string {
+		if run == 0 {
+			return name
+		}
+		return fmt.Sprintf("%s-%d", name, run)
+	}
 	conflistUp := regexp.MustCompile(`gpuagent: pod network: podCIDR \S+ via .*CNI conflist \S+ written`)
 	before := len(conflistUp.FindAllString(con.text(), -1))
 	if before == 0 {
 		t.Fatalf("the console never said the pod network was up (%s)", conflistUp)
 	}
-	statsBefore := conntrackStats(t, ctx, admin, node, "conntrack-before")
-	pod := restartUnitsPod(node, "restart-node-services", "kube-proxy.service", "gpuagent.service")
-	_, target := startProbeServer(t, ctx, admin, node, metav1.NamespaceDefault, "hold-target")
-	holder := probePod(node, "hold-connection", "hold", fmt.Sprintf("http://%s/healthz", target.Spec.ClusterIP), holdFor.String())
+	statsBefore := conntrackStats(t, ctx, admin, node, named("conntrack-before"))
+	pod := restartUnitsPod(node, named("restart-node-services"), "kube-proxy.service", "gpuagent.service")
+	_, target := startProbeServer(t, ctx, admin, node, metav1.NamespaceDefault, named("hold-target"))
+	holder := probePod(node, named("hold-connection"), "hold", fmt.Sprintf("http://%s/healthz", target.Spec.ClusterIP), holdFor.String())
 	if _, err := admin.CoreV1().Pods(holder.Namespace).Create(ctx, holder, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -151,11 +157,11 @@ func restartNodeServices(t *testing.T, ctx context.Context, admin kubernetes.Int
 	default:
 		t.Logf("a pod connection through a ClusterIP Service survived the restarts and the pod network's return: %s", terminationMessage(held))
 	}
-	statsAfter := conntrackStats(t, ctx, admin, node, "conntrack-after")
+	statsAfter := conntrackStats(t, ctx, admin, node, named("conntrack-after"))
 	t.Logf("the node's conntrack statistics (summed over CPUs), before -> after the restarts: %s", conntrackDelta(statsBefore, statsAfter))
 	svc, url := kubernetesService(t, ctx, admin)
-	runProbe(t, ctx, admin, node, "probe-after-restart", "fetch", url)
-	runProbe(t, ctx, admin, node, "resolve-after-restart", "resolve", "kubernetes.default", svc.Spec.ClusterIP)
+	runProbe(t, ctx, admin, node, named("probe-after-restart"), "fetch", url)
+	runProbe(t, ctx, admin, node, named("resolve-after-restart"), "resolve", "kubernetes.default", svc.Spec.ClusterIP)
 	t.Logf("after the restarts a new pod still fetched %s through the Service and resolved kubernetes.default", url)
 	return mark
 }

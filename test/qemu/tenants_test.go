@@ -1,6 +1,7 @@
 package qemu
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
@@ -183,11 +184,13 @@ func logFlips(t *testing.T, report string) {
 	logFigures(t, rows)
 }
 
-func median(ds []time.Duration) time.Duration {
-	if len(ds) == 0 {
-		return 0
+// median is the middle of xs (the upper middle of an even count; zero when empty).
+func median[T cmp.Ordered](xs []T) T {
+	if len(xs) == 0 {
+		var zero T
+		return zero
 	}
-	s := slices.Clone(ds)
+	s := slices.Clone(xs)
 	slices.Sort(s)
 	return s[len(s)/2]
 }
