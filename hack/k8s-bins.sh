@@ -7,20 +7,24 @@
 #   GPURACK_K8S_DIR this version's folder (default: $GPURACK_CACHE/k8s/v1.34.2)
 #
 # Layout:  $GPURACK_K8S_DIR/bin/{kube-apiserver,...,etcd,etcdctl,grpcurl,promtool,
-#          protoc-gen-go,protoc-gen-go-grpc,staticcheck}
+#          staticcheck}
 #          $GPURACK_K8S_DIR/images/pause.tar  (docker archive, tag $PAUSE_IMAGE)
 #
 # Why a throwaway module: k8s.io/kubernetes and etcd's server carry replace directives,
 # so `go install pkg@version` refuses them. A scratch module that requires them and pins
 # each k8s.io staging module to the matching v0.x release builds them unchanged.
+#
+# Only what the tests and `make lint` run is built (the protobuf plugins of `make
+# generate` are hack/generate.sh's to install). The four groups (Kubernetes, etcd, the
+# test tools, the pause image) build at once, each in its own module: on a cold machine
+# one group's module downloads overlap another's compiling. Each group's lines carry its
+# name; a group that fails fails the script, after the others finish.
 set -euo pipefail
 
 K8S_VERSION=v1.34.2
 ETCD_VERSION=v3.6.16
 GRPCURL_VERSION=v1.9.4
 PROMETHEUS_VERSION=v0.316.0
-PROTOC_GEN_GO_VERSION=v1.36.11
-PROTOC_GEN_GO_GRPC_VERSION=v1.6.0
 STATICCHECK_VERSION=v0.8.2
 PAUSE_IMAGE=registry.k8s.io/pause:3.10.1
 
@@ -35,10 +39,10 @@ K8S_CMDS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-pro
 log() { printf 'k8s-bins: %s\n' "$*"; }
 need() { [ ! -x "$bin/$1" ]; }
 
-built=0
 started=$(date +%s)
 
 # --- Kubernetes -------------------------------------------------------------------
+kubernetes() {
 missing=()
 for c in "${K8S_CMDS[@]}"; do need "$c" && missing+=("$c"); done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -69,10 +73,12 @@ if [ ${#missing[@]} -gt 0 ]; then
   for c in "${missing[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$c"); done
   (cd "$w" && GOFLAGS=-mod=mod go list -deps "${pkgs[@]}" >/dev/null)
   (cd "$w" && GOFLAGS=-mod=mod CGO_ENABLED=0 go build -trimpath -ldflags "$ld" -o "$bin/" "${pkgs[@]}")
-  built=$((built + ${#missing[@]}))
+  log "built ${missing[*]}"
 fi
+}
 
 # --- etcd -------------------------------------------------------------------------
+etcd() {
 if need etcd || need etcdctl; then
   log "building etcd $ETCD_VERSION"
   w=$dir/work/etcd
@@ -88,38 +94,51 @@ EOF
   (cd "$w" && GOFLAGS=-mod=mod go list -deps go.etcd.io/etcd/server/v3 go.etcd.io/etcd/etcdctl/v3 >/dev/null)
   (cd "$w" && GOFLAGS=-mod=mod CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$bin/etcd" go.etcd.io/etcd/server/v3)
   (cd "$w" && GOFLAGS=-mod=mod CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$bin/etcdctl" go.etcd.io/etcd/etcdctl/v3)
-  built=$((built + 2))
+  log "built etcd etcdctl"
 fi
+}
 
-# --- test and code-generation tools ----------------------------------------------
+# --- test tools -------------------------------------------------------------------
 install_tool() { # name module@version [ldflags]
   if need "$1"; then
     log "installing $2"
     (cd "$dir/work" && GOFLAGS= GOBIN="$bin" CGO_ENABLED=0 go install -trimpath -ldflags "-s -w ${3:-}" "$2")
-    built=$((built + 1))
   fi
 }
-install_tool protoc-gen-go "google.golang.org/protobuf/cmd/protoc-gen-go@$PROTOC_GEN_GO_VERSION"
-install_tool protoc-gen-go-grpc "google.golang.org/grpc/cmd/protoc-gen-go-grpc@$PROTOC_GEN_GO_GRPC_VERSION"
+tools() {
 install_tool staticcheck "honnef.co/go/tools/cmd/staticcheck@$STATICCHECK_VERSION"
 install_tool grpcurl "github.com/fullstorydev/grpcurl/cmd/grpcurl@$GRPCURL_VERSION" "-X main.version=$GRPCURL_VERSION"
 install_tool promtool "github.com/prometheus/prometheus/cmd/promtool@$PROMETHEUS_VERSION" \
   "-X github.com/prometheus/common/version.Version=$PROMETHEUS_VERSION -X github.com/prometheus/common/version.Branch=release" # about 4 min cold
+}
 
 # --- pause image ------------------------------------------------------------------
+pause() {
 if [ ! -s "$dir/images/pause.tar" ]; then
   log "building the pause image $PAUSE_IMAGE"
   (cd "$repo" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$dir/work/pause" ./hack/pause)
   (cd "$repo" && go run ./hack/imagearchive -binary "$dir/work/pause" -tag "$PAUSE_IMAGE" -out "$dir/images/pause.tar.tmp")
   mv "$dir/images/pause.tar.tmp" "$dir/images/pause.tar"
   echo "$PAUSE_IMAGE" >"$dir/images/pause.tag"
-  built=$((built + 1))
+  log "built the pause image"
 fi
+}
 
-if [ "$built" -eq 0 ]; then
-  log "everything present in $dir; nothing built"
-else
-  log "built $built artifact(s) in $(( $(date +%s) - started )) s into $dir"
+# Each group runs in the background with its lines prefixed; wait collects each one's
+# status (pipefail: the group's, not sed's).
+pids=() groups=(kubernetes etcd tools pause)
+for g in "${groups[@]}"; do
+  (set -euo pipefail; "$g") 2>&1 | sed -u "s/^k8s-bins: /k8s-bins [$g]: /; t; s/^/k8s-bins [$g]: /" &
+  pids+=($!)
+done
+failed=()
+for i in "${!pids[@]}"; do
+  wait "${pids[$i]}" || failed+=("${groups[$i]}")
+done
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "k8s-bins: failed: ${failed[*]} (their lines above say why)" >&2
+  exit 1
 fi
+log "done in $(( $(date +%s) - started )) s: $dir"
 "$bin/kube-apiserver" --version
 "$bin/etcd" --version | sed -n 1p # sed reads it all: no SIGPIPE under pipefail
