@@ -2,12 +2,12 @@ package main
 
 import (
 	"fmt"
-	"os"
 	"strings"
 
 	"github.com/spf13/cobra"
 
 	"github.com/gpurack/gpurack/imagebuilder/build"
+	"github.com/gpurack/gpurack/internal/atomicfile"
 	"github.com/gpurack/gpurack/internal/profile"
 )
 
@@ -68,7 +68,7 @@ when the profile changed or a locked .deb is neither in the archive nor in the c
 			if _, err := profile.ParseLock(lockPath, data); err != nil {
 				return fmt.Errorf("the lock gpuimage made does not validate (a bug): %w", err)
 			}
-			if err := writeFileAtomic(lockPath, data); err != nil {
+			if err := atomicfile.Write(lockPath, data, 0o644); err != nil {
 				return err
 			}
 			var size int64
@@ -84,12 +84,4 @@ when the profile changed or a locked .deb is neither in the archive nor in the c
 	cmd.Flags().StringVar(&cacheDir, "cache", build.DefaultCacheDir(), "cache directory (private apt state, .deb cache)")
 	cmd.Flags().StringVar(&out, "out", "", "write the lock here instead of beside the profile")
 	return cmd
-}
-
-func writeFileAtomic(path string, data []byte) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o644); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
 }
