@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/gpurack/gpurack/internal/smbios"
 )
 
 // Identity is the machine identity of CONTRACTS §1.
@@ -25,28 +27,16 @@ func (r Root) read(p string) string {
 	return strings.TrimSpace(string(b))
 }
 
-// placeholders are values firmware ships instead of real ones (CONTRACTS §1).
-var placeholders = map[string]bool{
-	"": true, "default string": true, "to be filled by o.e.m.": true, "not specified": true,
-	"none": true, "0": true, "system serial number": true, "0123456789": true,
-	"00000000-0000-0000-0000-000000000000": true, "ffffffff-ffff-ffff-ffff-ffffffffffff": true,
-}
-
-// clean returns "" for placeholders.
-func clean(s string) string {
-	if placeholders[strings.ToLower(s)] {
-		return ""
-	}
-	return s
-}
-
 // ReadIdentity reads the identity: BOOTIF= from the kernel command line, SMBIOS UUID
-// (lowercased) and serial from /sys/class/dmi/id. Unreadable or placeholder values are
-// empty.
+// (lowercased) and serial from /sys/class/dmi/id. Unreadable or placeholder values
+// (internal/smbios) are empty.
 func (r Root) ReadIdentity() Identity {
-	id := Identity{
-		SMBIOSUUID: clean(strings.ToLower(r.read("sys/class/dmi/id/product_uuid"))),
-		Serial:     clean(r.read("sys/class/dmi/id/product_serial")),
+	var id Identity
+	if u := strings.ToLower(r.read("sys/class/dmi/id/product_uuid")); !smbios.PlaceholderUUID(u) {
+		id.SMBIOSUUID = u
+	}
+	if s := r.read("sys/class/dmi/id/product_serial"); !smbios.PlaceholderSerial(s) {
+		id.Serial = s
 	}
 	for _, f := range strings.Fields(r.read("proc/cmdline")) {
 		if v, ok := strings.CutPrefix(f, "BOOTIF="); ok {

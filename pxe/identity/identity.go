@@ -21,6 +21,8 @@ import (
 	"fmt"
 	"net"
 	"strings"
+
+	"github.com/gpurack/gpurack/internal/smbios"
 )
 
 // Identity is one machine's identity. An empty field is absent (unknown or
@@ -189,39 +191,9 @@ func UUIDOption97(u string) ([]byte, error) {
 	return out, nil
 }
 
-// placeholderSerials are values firmware vendors leave in the SMBIOS
-// serial field; compared case-insensitively after trimming.
-var placeholderSerials = map[string]bool{
-	"default string":           true,
-	"to be filled by o.e.m.":   true,
-	"to be filled by oem":      true,
-	"system serial number":     true,
-	"chassis serial number":    true,
-	"not specified":            true,
-	"not applicable":           true,
-	"none":                     true,
-	"n/a":                      true,
-	"na":                       true,
-	"0":                        true,
-	"0123456789":               true,
-	"123456789":                true,
-	"serial":                   true,
-	"unknown":                  true,
-	"invalid":                  true,
-	"oem":                      true,
-	"empty":                    true,
-	"xxxxxxxxxx":               true,
-	"system serial":            true,
-	"default":                  true,
-	"to be filled by o.e.m":    true,
-	"not available":            true,
-	"not present":              true,
-	"base board serial number": true,
-}
-
 // NormalizeSerial trims s and returns "" for placeholder serials ("Default
 // string", "To Be Filled By O.E.M.", "System Serial Number", "0", strings
-// made only of zeros, spaces or 'X'/'F'…) and for "". A serial longer than
+// made only of zeros, spaces or 'X'/'F'…: internal/smbios) and for "". A serial longer than
 // 128 bytes or with control or non-ASCII characters is an error: SMBIOS
 // serials are short printable strings, and this one arrives unauthenticated.
 func NormalizeSerial(s string) (string, error) {
@@ -237,10 +209,7 @@ func NormalizeSerial(s string) (string, error) {
 			return "", fmt.Errorf("serial %q has a control or non-ASCII byte at %d: not an SMBIOS serial", truncate(s), i)
 		}
 	}
-	if placeholderSerials[strings.ToLower(s)] {
-		return "", nil
-	}
-	if onlyRunes(s, "0 ") || onlyRunes(strings.ToLower(s), "x ") || onlyRunes(strings.ToLower(s), "f ") || onlyRunes(s, ". -") {
+	if smbios.PlaceholderSerial(s) {
 		return "", nil
 	}
 	return s, nil
@@ -260,25 +229,16 @@ func dashedUUID(s string) bool {
 
 // formatUUID formats 16 bytes in display order; all-zero and all-FF give "".
 func formatUUID(b []byte) string {
-	if isAll(b, 0x00) || isAll(b, 0xff) {
+	h := hex.EncodeToString(b)
+	if smbios.PlaceholderUUID(h) {
 		return ""
 	}
-	h := hex.EncodeToString(b)
 	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:32]
 }
 
 func isAll(b []byte, v byte) bool {
 	for _, c := range b {
 		if c != v {
-			return false
-		}
-	}
-	return true
-}
-
-func onlyRunes(s, set string) bool {
-	for _, r := range s {
-		if !strings.ContainsRune(set, r) {
 			return false
 		}
 	}
