@@ -31,8 +31,9 @@ import (
 	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
 	machinev1 "github.com/gpurack/gpurack/api/machine/v1"
 	"github.com/gpurack/gpurack/internal/pki"
-	"github.com/gpurack/gpurack/pxe/enroll"
 	"github.com/gpurack/gpurack/pxe/inventory"
+	"github.com/gpurack/gpurack/pxe/machineops"
+	"github.com/gpurack/gpurack/pxe/protoconv"
 	"github.com/gpurack/gpurack/pxe/report"
 )
 
@@ -41,7 +42,7 @@ import (
 type Lifecycle interface {
 	// Resolve finds the machine an id, node name or boot MAC names.
 	Resolve(ctx context.Context, ref string) (*inventory.Machine, error)
-	Approve(ctx context.Context, ref string, o enroll.ApproveOptions) (*inventory.Machine, error)
+	Approve(ctx context.Context, ref string, o machineops.ApproveOptions) (*inventory.Machine, error)
 	Reject(ctx context.Context, ref, actor, reason string) (*inventory.Machine, error)
 	// Decommission returns the machine and an error when it was decommissioned but
 	// cleaning up the cluster failed.
@@ -185,9 +186,9 @@ func grpcError(err error) error {
 	switch {
 	case errors.Is(err, inventory.ErrNotFound):
 		return status.Error(codes.NotFound, err.Error())
-	case errors.Is(err, enroll.ErrInvalid), errors.Is(err, enroll.ErrAmbiguous):
+	case errors.Is(err, machineops.ErrInvalid), errors.Is(err, machineops.ErrAmbiguous):
 		return status.Error(codes.InvalidArgument, err.Error())
-	case errors.Is(err, enroll.ErrPrecondition), errors.Is(err, inventory.ErrIllegalTransition):
+	case errors.Is(err, machineops.ErrPrecondition), errors.Is(err, inventory.ErrIllegalTransition):
 		return status.Error(codes.FailedPrecondition, err.Error())
 	}
 	return status.Error(codes.Internal, err.Error())
@@ -196,7 +197,7 @@ func grpcError(err error) error {
 // ToProto converts an inventory machine (and optionally its history) for the API.
 func ToProto(m *inventory.Machine, history []inventory.Transition) *bootv1.Machine {
 	p := &bootv1.Machine{
-		Id: m.ID, Identity: enroll.IdentityProto(m.Identity), State: enroll.StateProto(m.State),
+		Id: m.ID, Identity: protoconv.IdentityProto(m.Identity), State: protoconv.StateProto(m.State),
 		NodeName: m.NodeName, Rack: m.Rack, Slot: m.Slot, Labels: m.Labels, Profile: m.Profile, ImageId: m.ImageID,
 		KeyFingerprint: m.BoundKey, CreatedAt: ts(m.CreatedAt), UpdatedAt: ts(m.UpdatedAt), LastHeartbeatAt: ts(m.LastHeartbeat),
 		EkHash: m.EKHash,
@@ -232,7 +233,7 @@ func ToProto(m *inventory.Machine, history []inventory.Transition) *bootv1.Machi
 
 // TransitionProto converts a transition.
 func TransitionProto(t inventory.Transition) *bootv1.Transition {
-	return &bootv1.Transition{MachineId: t.MachineID, From: enroll.StateProto(t.From), To: enroll.StateProto(t.To),
+	return &bootv1.Transition{MachineId: t.MachineID, From: protoconv.StateProto(t.From), To: protoconv.StateProto(t.To),
 		Time: ts(t.Time), Actor: t.Actor, Reason: t.Reason}
 }
 
@@ -275,7 +276,7 @@ func (s *Server) list(ctx context.Context, req *bootv1.ListMachinesRequest) (*bo
 	}
 	want := map[inventory.State]bool{}
 	for _, st := range req.GetStates() {
-		want[enroll.StateFromProto(st)] = true
+		want[protoconv.StateFromProto(st)] = true
 	}
 	var ms []*inventory.Machine
 	for _, m := range all {
@@ -334,7 +335,7 @@ func (s *Server) Approve(ctx context.Context, req *bootv1.ApproveRequest) (*boot
 	if err != nil {
 		return nil, err
 	}
-	m, err := s.life.Approve(ctx, req.GetMachine(), enroll.ApproveOptions{Actor: "operator:" + op.Name, Reason: req.GetReason(),
+	m, err := s.life.Approve(ctx, req.GetMachine(), machineops.ApproveOptions{Actor: "operator:" + op.Name, Reason: req.GetReason(),
 		NodeName: req.GetNodeName(), Rack: req.GetRack(), Slot: req.GetSlot()})
 	if err != nil {
 		return nil, grpcError(err)

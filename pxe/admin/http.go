@@ -13,8 +13,9 @@ import (
 
 	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
 	"github.com/gpurack/gpurack/internal/pbjson"
-	"github.com/gpurack/gpurack/pxe/enroll"
+	"github.com/gpurack/gpurack/pxe/checklist"
 	"github.com/gpurack/gpurack/pxe/inventory"
+	"github.com/gpurack/gpurack/pxe/protoconv"
 	"github.com/gpurack/gpurack/pxe/report"
 )
 
@@ -116,7 +117,7 @@ func (s *Server) apiList(w http.ResponseWriter, r *http.Request) {
 				http.Error(w, err.Error(), http.StatusBadRequest)
 				return
 			}
-			req.States = append(req.States, enroll.StateProto(parsed))
+			req.States = append(req.States, protoconv.StateProto(parsed))
 		}
 	}
 	resp, err := s.list(r.Context(), req)
@@ -221,8 +222,8 @@ func rackViewData(d *bootv1.RackReportData, operator string) map[string]any {
 	for _, m := range d.GetMachines() {
 		v := viewRow{Slot: m.GetSlot(), Node: m.GetNodeName(), ID: m.GetMachineId(), MAC: m.GetIdentity().GetBootMac(), State: report.StateName(m.GetState())}
 		if cl := m.GetChecklist(); cl != nil {
-			v.Check = report.StatusName(enroll.Overall(cl))
-			v.Failing = strings.Join(enroll.FailingChecks(cl), ", ")
+			v.Check = report.StatusName(checklist.Overall(cl))
+			v.Failing = strings.Join(checklist.FailingChecks(cl), ", ")
 		} else {
 			v.Check = "no-report"
 		}

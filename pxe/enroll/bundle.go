@@ -25,6 +25,7 @@ import (
 	"github.com/gpurack/gpurack/internal/pki"
 	"github.com/gpurack/gpurack/pxe/inventory"
 	"github.com/gpurack/gpurack/pxe/policy"
+	"github.com/gpurack/gpurack/pxe/protoconv"
 )
 
 // GossipPort is memberlist's port on every agent (CONTRACTS §3).
@@ -192,7 +193,7 @@ func (s *Service) bundle(ctx context.Context, m *inventory.Machine, cert *x509.C
 		ImageId:             m.ImageID,
 		ExpiresAt:           timestamppb.New(now.Add(s.cfg.BootstrapTTL)),
 		IssuedAt:            timestamppb.New(now),
-		Identity:            IdentityProto(m.Identity),
+		Identity:            protoconv.IdentityProto(m.Identity),
 		ClusterDns:          s.cfg.ClusterDNS,
 		ClusterDomain:       s.cfg.ClusterDomain,
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/gpurack/gpurack/pxe/identity"
 	"github.com/gpurack/gpurack/pxe/inventory"
 	"github.com/gpurack/gpurack/pxe/policy"
+	"github.com/gpurack/gpurack/pxe/protoconv"
 )
 
 // TestDecommissionSpendsAllowlistRow performs issue 33's attack 3 under `approval:
@@ -49,7 +50,7 @@ func TestDecommissionSpendsAllowlistRow(t *testing.T) {
 	// (Read without GossipKeyStatus, which would move the rotation on: no agent of
 	// the rack is live to hold it back.)
 	if ring, _ := e.svc.rings.get("r1"); ring.Phase() != bootv1.GossipRotationPhase_GOSSIP_ROTATION_PHASE_INSTALLING || !bytes.Equal(ring.Primary, oldKey) {
-		t.Fatalf("gossip key ring after the decommission: %s; want a rotation installing a new key", PhaseWord(ring.Phase()))
+		t.Fatalf("gossip key ring after the decommission: %s; want a rotation installing a new key", protoconv.PhaseWord(ring.Phase()))
 	}
 
 	// The forged boot request starts the record over, spent.
@@ -140,7 +141,7 @@ func TestDecommissionDuringRotation(t *testing.T) {
 	}
 	second, _ := e.svc.rings.get("r1")
 	if second.Phase() != bootv1.GossipRotationPhase_GOSSIP_ROTATION_PHASE_INSTALLING || first.Next == nil || bytes.Equal(second.Next, first.Next) || !bytes.Equal(second.Primary, first.Primary) {
-		t.Fatalf("after a second decommission: %s; want another next key installing beside the same primary", PhaseWord(second.Phase()))
+		t.Fatalf("after a second decommission: %s; want another next key installing beside the same primary", protoconv.PhaseWord(second.Phase()))
 	}
 	// No live agent holds the rack back: asking moves it to retiring.
 	st, _ := e.svc.GossipKeyStatus(ctx, "r1")

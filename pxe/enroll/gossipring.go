@@ -22,6 +22,7 @@ import (
 	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
 	"github.com/gpurack/gpurack/internal/atomicfile"
 	"github.com/gpurack/gpurack/pxe/inventory"
+	"github.com/gpurack/gpurack/pxe/protoconv"
 )
 
 // GossipRing is a rack's gossip key ring (decision 0406). Outside a rotation it holds
@@ -274,7 +275,7 @@ func (s *Service) tryAdvance(ctx context.Context, rack string) ([]string, error)
 		return nil, err
 	}
 	s.log.Info("gossip key rotation advanced: every live agent of the rack has the ring", "rack", rack,
-		"from", PhaseWord(ring.Phase()), "to", PhaseWord(next.Phase()), "primary", bootv1.GossipKeyFingerprint(next.Primary))
+		"from", protoconv.PhaseWord(ring.Phase()), "to", protoconv.PhaseWord(next.Phase()), "primary", bootv1.GossipKeyFingerprint(next.Primary))
 	return nil, nil
 }
 
@@ -322,7 +323,7 @@ func (s *Service) RotateGossipKey(ctx context.Context, rack string) (*bootv1.Gos
 	}
 	if p := r.ring.Phase(); p != bootv1.GossipRotationPhase_GOSSIP_ROTATION_PHASE_STEADY {
 		s.rings.mu.Unlock()
-		return nil, status.Errorf(codes.FailedPrecondition, "rack %s is already rotating its gossip key (%s); see `gpuboot gossip status %s`", rack, PhaseWord(p), rack)
+		return nil, status.Errorf(codes.FailedPrecondition, "rack %s is already rotating its gossip key (%s); see `gpuboot gossip status %s`", rack, protoconv.PhaseWord(p), rack)
 	}
 	key := make([]byte, 32)
 	if _, err := rand.Read(key); err != nil {
@@ -377,9 +378,4 @@ func (s *Service) ringStatus(ctx context.Context, rack string) (*bootv1.GossipKe
 		st.Behind = behind
 	}
 	return st, nil
-}
-
-// PhaseWord is a phase's text form: "steady", "installing", "retiring".
-func PhaseWord(p bootv1.GossipRotationPhase) string {
-	return strings.ToLower(strings.TrimPrefix(p.String(), "GOSSIP_ROTATION_PHASE_"))
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/gpurack/gpurack/pxe/identity"
 	"github.com/gpurack/gpurack/pxe/inventory"
 	"github.com/gpurack/gpurack/pxe/policy"
+	"github.com/gpurack/gpurack/pxe/protoconv"
 )
 
 // TestManifestEKDefeatsStranger performs issue 33's attack 5 under `approval:
@@ -84,7 +85,7 @@ func TestManifestEKWithoutTPMIdentityApprovesNobody(t *testing.T) {
 	}
 	e := newEnv(t, func(c *Config) { c.Policy = policy.Policy{Mode: policy.Allowlist, List: list} })
 	a := e.agent("52:54:00:00:0e:03", "SN-MEK-3")
-	id, _ := IdentityFromProto(a.facts.Identity)
+	id, _ := protoconv.IdentityFromProto(a.facts.Identity)
 	if d, err := e.svc.DecideBoot(context.Background(), id, netip.MustParseAddr("192.0.2.30")); err != nil || e.machine("52:54:00:00:0e:03").State != inventory.Discovered {
 		t.Fatalf("boot request: %+v, %v; want the machine discovered, not approved", d, err)
 	}

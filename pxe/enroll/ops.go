@@ -14,16 +14,15 @@ import (
 
 	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
 	"github.com/gpurack/gpurack/pxe/inventory"
+	"github.com/gpurack/gpurack/pxe/machineops"
+	"github.com/gpurack/gpurack/pxe/protoconv"
 )
 
-// Errors of the operator operations; pxe/admin maps them to gRPC codes.
+// Errors of the operator operations (pxe/machineops); pxe/admin maps them to gRPC codes.
 var (
-	// ErrPrecondition: the machine's state does not allow the action.
-	ErrPrecondition = errors.New("not allowed in the machine's state")
-	// ErrInvalid: a malformed or missing argument.
-	ErrInvalid = errors.New("invalid argument")
-	// ErrAmbiguous: a machine ref matches several machines.
-	ErrAmbiguous = errors.New("ambiguous machine reference")
+	ErrPrecondition = machineops.ErrPrecondition
+	ErrInvalid      = machineops.ErrInvalid
+	ErrAmbiguous    = machineops.ErrAmbiguous
 )
 
 // Resolve finds the machine a MachineRef names: its id, node name or boot MAC.
@@ -60,12 +59,8 @@ func (s *Service) Resolve(ctx context.Context, ref string) (*inventory.Machine, 
 	return nil, fmt.Errorf("%w: %q matches machines %s; use an id", ErrAmbiguous, ref, strings.Join(ids, ", "))
 }
 
-// ApproveOptions are an operator's approval details.
-type ApproveOptions struct {
-	Actor, Reason string
-	NodeName      string
-	Rack, Slot    string
-}
+// ApproveOptions are an operator's approval details (pxe/machineops).
+type ApproveOptions = machineops.ApproveOptions
 
 // Approve lets a machine join (CONTRACTS §2.4): registered → approved binding the live
 // registration's key; discovered → approved (pre-approval: the first key that
@@ -224,7 +219,7 @@ func (s *Service) Decommission(ctx context.Context, ref, actor, reason string) (
 			errs = append(errs, fmt.Errorf("rack %s's gossip key, which machine %s held, is not rotated (%s): run `gpuboot gossip rotate %s` once `gpuboot gossip status %s` says steady",
 				rotate, m.ID, status.Convert(err).Message(), rotate, rotate))
 		} else {
-			s.log.Info("machine decommissioned: its rack's gossip key is being rotated", "machine", m.ID, "rack", rotate, "phase", PhaseWord(st.GetPhase()))
+			s.log.Info("machine decommissioned: its rack's gossip key is being rotated", "machine", m.ID, "rack", rotate, "phase", protoconv.PhaseWord(st.GetPhase()))
 		}
 	}
 	if s.cfg.Cluster != nil {

@@ -16,29 +16,11 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
-	machinev1 "github.com/gpurack/gpurack/api/machine/v1"
 	"github.com/gpurack/gpurack/pxe/identity"
 	"github.com/gpurack/gpurack/pxe/inventory"
 	"github.com/gpurack/gpurack/pxe/policy"
+	"github.com/gpurack/gpurack/pxe/protoconv"
 )
-
-// IdentityFromProto normalises a MachineIdentity (CONTRACTS §1). The boot MAC is
-// required.
-func IdentityFromProto(p *machinev1.MachineIdentity) (identity.Identity, error) {
-	if p == nil {
-		return identity.Identity{}, errors.New("identity is missing")
-	}
-	id, err := identity.New(p.GetBootMac(), p.GetSmbiosUuid(), p.GetSerial())
-	if err != nil {
-		return identity.Identity{}, fmt.Errorf("identity: %w", err)
-	}
-	return id, nil
-}
-
-// IdentityProto converts back.
-func IdentityProto(id identity.Identity) *machinev1.MachineIdentity {
-	return &machinev1.MachineIdentity{BootMac: id.MAC, SmbiosUuid: id.UUID, Serial: id.Serial}
-}
 
 func agentActor(fp string) string { return "agent:" + fp }
 
@@ -65,12 +47,12 @@ func (s *Service) Register(ctx context.Context, req *bootv1.RegisterRequest) (*b
 	if !ed25519.PublicKey(req.GetPublicKey()).Equal(pub) {
 		return nil, status.Error(codes.InvalidArgument, "register: public_key differs from auth.public_key: sign with the key being registered")
 	}
-	id, err := IdentityFromProto(req.GetFacts().GetIdentity())
+	id, err := protoconv.IdentityFromProto(req.GetFacts().GetIdentity())
 	if err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "register: facts.%v", err)
 	}
 	if cl := req.GetChecklist(); cl != nil && cl.GetIdentity() != nil {
-		if cid, err := IdentityFromProto(cl.GetIdentity()); err != nil || cid != id {
+		if cid, err := protoconv.IdentityFromProto(cl.GetIdentity()); err != nil || cid != id {
 			return nil, status.Error(codes.InvalidArgument, "register: checklist.identity differs from facts.identity")
 		}
 	}
@@ -160,7 +142,7 @@ func (s *Service) Register(ctx context.Context, req *bootv1.RegisterRequest) (*b
 			"machine", m.ID, "state", m.State, "key", fp, "bound", m.BoundKey, "remote", call.Key.Remote)
 	}
 	resp := d.Response
-	resp.MachineState = StateProto(m.State)
+	resp.MachineState = protoconv.StateProto(m.State)
 	s.count(strings.ToLower(strings.TrimPrefix(resp.Status.String(), "REGISTER_STATUS_")))
 	return resp, nil
 }
@@ -344,7 +326,7 @@ func decideRegister(stored *inventory.Machine, call registerCall, rules register
 		if moveErr != nil {
 			return registerDecision{}, moveErr
 		}
-		resp.MachineState = StateProto(m.State)
+		resp.MachineState = protoconv.StateProto(m.State)
 		d.Response = resp
 		return d, nil
 	}
@@ -550,20 +532,4 @@ func short(fp string) string {
 		return fp[:19]
 	}
 	return fp
-}
-
-// StateProto converts a lifecycle state to its protobuf enum.
-func StateProto(s inventory.State) bootv1.MachineState {
-	if v, ok := bootv1.MachineState_value["MACHINE_STATE_"+strings.ToUpper(string(s))]; ok {
-		return bootv1.MachineState(v)
-	}
-	return bootv1.MachineState_MACHINE_STATE_UNSPECIFIED
-}
-
-// StateFromProto converts back; UNSPECIFIED is None.
-func StateFromProto(s bootv1.MachineState) inventory.State {
-	if s == bootv1.MachineState_MACHINE_STATE_UNSPECIFIED {
-		return inventory.None
-	}
-	return inventory.State(strings.ToLower(strings.TrimPrefix(s.String(), "MACHINE_STATE_")))
 }

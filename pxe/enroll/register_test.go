@@ -13,6 +13,7 @@ import (
 	"github.com/gpurack/gpurack/pxe/identity"
 	"github.com/gpurack/gpurack/pxe/inventory"
 	"github.com/gpurack/gpurack/pxe/policy"
+	"github.com/gpurack/gpurack/pxe/protoconv"
 )
 
 // TestDecideRegister runs the pure Register decision over the cases of CONTRACTS §2.3,
@@ -148,7 +149,7 @@ func TestDecideRegister(t *testing.T) {
 			if r.Status != tc.status || !strings.Contains(r.Message, tc.message) {
 				t.Errorf("answer %s %q; want %s containing %q", r.Status, r.Message, tc.status, tc.message)
 			}
-			if r.MachineState != StateProto(m.State) || m.State != tc.state {
+			if r.MachineState != protoconv.StateProto(m.State) || m.State != tc.state {
 				t.Errorf("state %s (answer says %s); want %s", m.State, r.MachineState, tc.state)
 			}
 			if m.BoundKey != tc.bound {

@@ -5,7 +5,6 @@ import (
 	"crypto/ed25519"
 	"errors"
 	"fmt"
-	"sort"
 	"strings"
 	"time"
 
@@ -19,7 +18,9 @@ import (
 	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
 	machinev1 "github.com/gpurack/gpurack/api/machine/v1"
 	"github.com/gpurack/gpurack/internal/pki"
+	"github.com/gpurack/gpurack/pxe/checklist"
 	"github.com/gpurack/gpurack/pxe/inventory"
+	"github.com/gpurack/gpurack/pxe/protoconv"
 )
 
 // caller is an authenticated agent: its machine and key fingerprint.
@@ -34,7 +35,7 @@ type caller struct {
 // signature by a key registered for the identity, or else an agent certificate issued
 // to that machine and not revoked.
 func (s *Service) authenticateAgent(ctx context.Context, method string, req bootv1.AuthenticatedRequest, idp *machinev1.MachineIdentity, now time.Time) (*caller, error) {
-	id, err := IdentityFromProto(idp)
+	id, err := protoconv.IdentityFromProto(idp)
 	if err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "%s: %v", method, err)
 	}
@@ -89,49 +90,12 @@ func (s *Service) authenticateAgent(ctx context.Context, method string, req boot
 	return &caller{m: m, fp: bootv1.KeyFingerprint(pub), viaCert: true, nodeName: cert.Subject.CommonName}, nil
 }
 
-// Overall recomputes a checklist's overall status (the order machine.proto defines).
-func Overall(cl *machinev1.Checklist) machinev1.CheckStatus {
-	rank := map[machinev1.CheckStatus]int{
-		machinev1.CheckStatus_CHECK_STATUS_FAIL: 5, machinev1.CheckStatus_CHECK_STATUS_WARN: 4,
-		machinev1.CheckStatus_CHECK_STATUS_UNKNOWN: 3, machinev1.CheckStatus_CHECK_STATUS_UNSPECIFIED: 3,
-		machinev1.CheckStatus_CHECK_STATUS_PASS: 2, machinev1.CheckStatus_CHECK_STATUS_NOT_APPLICABLE: 1,
-	}
-	best := machinev1.CheckStatus_CHECK_STATUS_NOT_APPLICABLE
-	for _, r := range cl.GetResults() {
-		st := r.GetStatus()
-		if st == machinev1.CheckStatus_CHECK_STATUS_UNSPECIFIED {
-			st = machinev1.CheckStatus_CHECK_STATUS_UNKNOWN
-		}
-		if rank[st] > rank[best] {
-			best = st
-		}
-	}
-	return best
-}
-
-// FailingChecks lists "id" or "id on GPU n" for each failing result.
-func FailingChecks(cl *machinev1.Checklist) []string {
-	var out []string
-	for _, r := range cl.GetResults() {
-		if r.GetStatus() != machinev1.CheckStatus_CHECK_STATUS_FAIL {
-			continue
-		}
-		if r.GpuIndex != nil && r.GetGpuIndex() >= 0 {
-			out = append(out, fmt.Sprintf("%s on GPU %d", r.GetId(), r.GetGpuIndex()))
-		} else {
-			out = append(out, r.GetId())
-		}
-	}
-	sort.Strings(out)
-	return out
-}
-
 // commissioningMove returns the state a COMMISSIONING report moves a machine to and
 // the reason. A simulated report (the agent ran the simulator GPU backend) never makes
 // a machine ready unless allowSimulated says so (CONTRACTS §11).
 func commissioningMove(cl *machinev1.Checklist, allowSimulated bool) (inventory.State, string) {
-	if Overall(cl) == machinev1.CheckStatus_CHECK_STATUS_FAIL {
-		return inventory.Quarantined, "commissioning report failed " + strings.Join(FailingChecks(cl), ", ")
+	if checklist.Overall(cl) == machinev1.CheckStatus_CHECK_STATUS_FAIL {
+		return inventory.Quarantined, "commissioning report failed " + strings.Join(checklist.FailingChecks(cl), ", ")
 	}
 	if cl.GetSimulated() {
 		if !allowSimulated {
@@ -217,7 +181,7 @@ func (s *Service) ReportCommissioning(ctx context.Context, req *bootv1.ReportCom
 	if notCurrent != nil {
 		return nil, notCurrent
 	}
-	return &bootv1.ReportCommissioningResponse{MachineState: StateProto(m.State), Message: msg}, nil
+	return &bootv1.ReportCommissioningResponse{MachineState: protoconv.StateProto(m.State), Message: msg}, nil
 }
 
 // Heartbeat implements EnrollmentService.Heartbeat (CONTRACTS §2.6, §2.8).
@@ -293,7 +257,7 @@ func (s *Service) Heartbeat(ctx context.Context, req *bootv1.HeartbeatRequest) (
 		}
 		return nil, status.Errorf(codes.Internal, "heartbeat: %v", err)
 	}
-	resp := &bootv1.HeartbeatResponse{MachineState: StateProto(m.State), Interval: durationpb.New(DefaultHeartbeatEvery),
+	resp := &bootv1.HeartbeatResponse{MachineState: protoconv.StateProto(m.State), Interval: durationpb.New(DefaultHeartbeatEvery),
 		Gossip: s.gossipAnswer(c, m, req.GetGossipKeyring())}
 	if c.viaCert && req.GetRevocationsDigest() != s.cfg.Revocations.Digest() {
 		resp.Revocations = &bootv1.Revocations{Serials: s.cfg.Revocations.Serials()}

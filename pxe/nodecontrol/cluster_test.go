@@ -62,19 +62,16 @@ func newRig(t testing.TB) *rig {
 	}
 	r := &rig{t: t, admin: admin, cluster: cluster}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	nodes := nodecontrol.NewQueue()
 	r.svc, err = enroll.New(context.Background(), enroll.Config{
 		Store: store, CA: ca, Cluster: cluster, Policy: policy.Policy{Mode: policy.Manual},
 		Racks: map[string]enroll.Rack{"r1": {Name: "r1", GossipKey: make([]byte, 32)}}, DefaultRack: "r1", Log: log,
-		OnChange: func(m *inventory.Machine) {
-			if r.ctl != nil {
-				r.ctl.Enqueue(m.NodeName)
-			}
-		},
+		OnChange: func(m *inventory.Machine) { nodes.Enqueue(m.NodeName) },
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	r.ctl = nodecontrol.NewController(cluster, r.svc, nodecontrol.Options{Log: log})
+	r.ctl = nodecontrol.NewController(cluster, r.svc, nodecontrol.Options{Queue: nodes, Log: log})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { r.ctl.Run(ctx); close(done) }()

@@ -27,8 +27,31 @@ type Lifecycle interface {
 	StateByNode(ctx context.Context, nodeName string) (inventory.State, bool, error)
 }
 
+// Queue holds the names of the Nodes the controller is to look at. The enrollment
+// service adds to it when a machine's state changes (e.g. to ready); the controller
+// takes from it. It is made before either, so each is built complete with it.
+type Queue struct {
+	q workqueue.TypedRateLimitingInterface[string]
+}
+
+// NewQueue returns an empty queue.
+func NewQueue() *Queue {
+	return &Queue{q: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
+		workqueue.TypedRateLimitingQueueConfig[string]{Name: "gpuboot-nodes"})}
+}
+
+// Enqueue asks the controller to look at a Node; "" is ignored.
+func (q *Queue) Enqueue(nodeName string) {
+	if nodeName != "" {
+		q.q.Add(nodeName)
+	}
+}
+
 // Options configure a Controller.
 type Options struct {
+	// Queue is where the controller takes Node names from, besides its Node watch;
+	// nil: a queue of its own, filled by the watch alone.
+	Queue *Queue
 	// Effect of gpurack.io/gpu-unhealthy: NoSchedule (default) or NoExecute.
 	Effect corev1.TaintEffect
 	// Workers reconciling Nodes in parallel; default 4.
@@ -62,9 +85,10 @@ func NewController(c *Cluster, life Lifecycle, opts Options) *Controller {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	ctl := &Controller{cluster: c, life: life, opts: opts,
-		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
-			workqueue.TypedRateLimitingQueueConfig[string]{Name: "gpuboot-nodes"})}
+	if opts.Queue == nil {
+		opts.Queue = NewQueue()
+	}
+	ctl := &Controller{cluster: c, life: life, opts: opts, queue: opts.Queue.q}
 	ctl.factory = informers.NewSharedInformerFactory(c.client, 10*time.Minute)
 	inf := ctl.factory.Core().V1().Nodes().Informer()
 	inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -79,14 +103,6 @@ func NewController(c *Cluster, life Lifecycle, opts Options) *Controller {
 func (c *Controller) enqueueObj(obj any) {
 	if n, ok := obj.(*corev1.Node); ok {
 		c.queue.Add(n.Name)
-	}
-}
-
-// Enqueue asks the controller to look at a Node (the enrollment service calls it when a
-// machine's state changes, e.g. to ready).
-func (c *Controller) Enqueue(nodeName string) {
-	if nodeName != "" {
-		c.queue.Add(nodeName)
 	}
 }
 

@@ -31,8 +31,8 @@ import (
 	"github.com/gpurack/gpurack/internal/netnstest"
 	"github.com/gpurack/gpurack/internal/pki"
 	"github.com/gpurack/gpurack/internal/testreq"
-	"github.com/gpurack/gpurack/pxe/enroll"
 	"github.com/gpurack/gpurack/pxe/inventory"
+	"github.com/gpurack/gpurack/pxe/protoconv"
 )
 
 var (
@@ -320,7 +320,7 @@ func checkHistories(t *testing.T, in *instance, ms []*bootv1.Machine) {
 		byMachine[f[1]] = append(byMachine[f[1]], inventory.Transition{Seq: seq, MachineID: f[1], From: from, To: to})
 	}
 	for _, m := range ms {
-		if err := inventory.CheckHistory(byMachine[m.Id], enroll.StateFromProto(m.State)); err != nil {
+		if err := inventory.CheckHistory(byMachine[m.Id], protoconv.StateFromProto(m.State)); err != nil {
 			t.Errorf("machine %s: %v", m.Id, err)
 		}
 	}

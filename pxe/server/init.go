@@ -2,6 +2,7 @@ package server
 
 import (
 	"crypto/rand"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -11,15 +12,21 @@ import (
 
 	"github.com/gpurack/gpurack/internal/atomicfile"
 	"github.com/gpurack/gpurack/internal/pki"
+	"github.com/gpurack/gpurack/pxe/adminclient"
 	"github.com/gpurack/gpurack/pxe/enroll"
 )
 
-// Files of an operator credentials directory (`gpuboot certs operator NAME --out DIR`).
+// Files of an operator credentials directory (`gpuboot certs operator NAME --out DIR`);
+// pxe/adminclient reads them.
 const (
-	OperatorCAFile   = "ca.crt"
-	OperatorCertFile = "operator.crt"
-	OperatorKeyFile  = "operator.key"
+	OperatorCAFile   = adminclient.CAFile
+	OperatorCertFile = adminclient.CertFile
+	OperatorKeyFile  = adminclient.KeyFile
 )
+
+// OperatorTLS is adminclient.OperatorTLS, for the callers that reach a node's agent with
+// the operator credentials.
+func OperatorTLS(dir string) (*tls.Config, error) { return adminclient.OperatorTLS(dir) }
 
 // InitOptions are `gpuboot init`'s inputs.
 type InitOptions struct {

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
+	"github.com/gpurack/gpurack/pxe/adminclient"
 	"github.com/gpurack/gpurack/pxe/server"
 )
 
@@ -163,7 +164,7 @@ func TestOperatorLevels(t *testing.T) {
 	}
 
 	// bob holds a connection open from before the revocation.
-	bob, closeBob, err := server.DialAdmin(in.tlsAddr, bobCreds)
+	bob, closeBob, err := adminclient.DialAdmin(in.tlsAddr, bobCreds)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,7 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
-	"github.com/gpurack/gpurack/pxe/enroll"
+	"github.com/gpurack/gpurack/pxe/protoconv"
 )
 
 func newGossipCommand() *cobra.Command {
@@ -82,7 +82,7 @@ func waitGossipSteady(w io.Writer, c bootv1.AdminServiceClient, rack string, st 
 	for st.GetPhase() != bootv1.GossipRotationPhase_GOSSIP_ROTATION_PHASE_STEADY {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("rotation of rack %s still %s after %s; waiting for %s (see gpuboot gossip status %s)",
-				rack, enroll.PhaseWord(st.GetPhase()), wait, strings.Join(st.GetBehind(), ", "), rack)
+				rack, protoconv.PhaseWord(st.GetPhase()), wait, strings.Join(st.GetBehind(), ", "), rack)
 		}
 		time.Sleep(2 * time.Second)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -101,7 +101,7 @@ func waitGossipSteady(w io.Writer, c bootv1.AdminServiceClient, rack string, st 
 }
 
 func printGossipStatus(w io.Writer, st *bootv1.GossipKeyStatus) {
-	fmt.Fprintf(w, "rack %s: %s, encrypting with key %s", st.GetRack(), enroll.PhaseWord(st.GetPhase()), st.GetPrimaryFingerprint())
+	fmt.Fprintf(w, "rack %s: %s, encrypting with key %s", st.GetRack(), protoconv.PhaseWord(st.GetPhase()), st.GetPrimaryFingerprint())
 	if acc := st.GetAcceptedFingerprints(); len(acc) > 0 {
 		fmt.Fprintf(w, ", also accepting %s", strings.Join(acc, ", "))
 	}

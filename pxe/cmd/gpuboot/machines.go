@@ -19,10 +19,11 @@ import (
 	machinev1 "github.com/gpurack/gpurack/api/machine/v1"
 	"github.com/gpurack/gpurack/internal/atomicfile"
 	"github.com/gpurack/gpurack/internal/pbjson"
-	"github.com/gpurack/gpurack/pxe/enroll"
+	"github.com/gpurack/gpurack/pxe/adminclient"
+	"github.com/gpurack/gpurack/pxe/checklist"
 	"github.com/gpurack/gpurack/pxe/inventory"
+	"github.com/gpurack/gpurack/pxe/protoconv"
 	"github.com/gpurack/gpurack/pxe/report"
-	"github.com/gpurack/gpurack/pxe/server"
 )
 
 // clientFlags are the operator connection flags of machines and rack.
@@ -46,7 +47,7 @@ func (f *clientFlags) register(cmd *cobra.Command) {
 }
 
 func (f *clientFlags) call(fn func(ctx context.Context, c bootv1.AdminServiceClient) error) error {
-	c, closeFn, err := server.DialAdmin(f.server, f.credentials)
+	c, closeFn, err := adminclient.DialAdmin(f.server, f.credentials)
 	if err != nil {
 		return err
 	}
@@ -77,7 +78,7 @@ func newMachinesCommand() *cobra.Command {
 				if err != nil {
 					return err
 				}
-				req.States = append(req.States, enroll.StateProto(st))
+				req.States = append(req.States, protoconv.StateProto(st))
 			}
 			return f.call(func(ctx context.Context, c bootv1.AdminServiceClient) error {
 				var all []*bootv1.Machine
@@ -100,7 +101,7 @@ func newMachinesCommand() *cobra.Command {
 				for _, m := range all {
 					checks := "-"
 					if m.Checklist != nil {
-						checks = report.StatusName(enroll.Overall(m.Checklist))
+						checks = report.StatusName(checklist.Overall(m.Checklist))
 					}
 					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", m.Id, report.StateName(m.State), dash(m.Rack), dash(m.Slot),
 						dash(m.NodeName), m.GetIdentity().GetBootMac(), dash(m.GetIdentity().GetSerial()), checks, dash(shortFP(m.KeyFingerprint)))
@@ -325,7 +326,7 @@ func printMachine(w io.Writer, m *bootv1.Machine) {
 	tw.Flush()
 	if cl := m.Checklist; cl != nil {
 		phase := strings.ToLower(strings.TrimPrefix(cl.Phase.String(), "CHECK_PHASE_"))
-		fmt.Fprintf(w, "\nchecklist (%s, overall %s):\n", phase, report.StatusName(enroll.Overall(cl)))
+		fmt.Fprintf(w, "\nchecklist (%s, overall %s):\n", phase, report.StatusName(checklist.Overall(cl)))
 		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 		res := append([]*machineResult(nil), toResults(cl)...)
 		sort.SliceStable(res, func(i, j int) bool { return res[i].rank > res[j].rank })

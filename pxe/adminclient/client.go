@@ -1,4 +1,10 @@
-package server
+// Package adminclient connects an operator to gpuboot's AdminService (CONTRACTS §4):
+// the operator credentials directory (`gpuboot certs operator NAME --out DIR`) and a
+// gRPC connection that checks it reached gpuboot, not another holder of a gpurack
+// certificate. The `gpuboot machines`, `rack` and `gossip` commands use it.
+//
+// It holds no server side and no enrollment logic; pxe/admin serves what it calls.
+package adminclient
 
 import (
 	"crypto/tls"
@@ -13,6 +19,13 @@ import (
 
 	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
 	"github.com/gpurack/gpurack/internal/pki"
+)
+
+// Files of an operator credentials directory (`gpuboot certs operator NAME --out DIR`).
+const (
+	CAFile   = "ca.crt"
+	CertFile = "operator.crt"
+	KeyFile  = "operator.key"
 )
 
 // MaxOperatorReplyBytes is the largest answer the operator CLI takes, instead of gRPC's
@@ -48,15 +61,15 @@ func DialAdmin(addr, dir string) (bootv1.AdminServiceClient, func() error, error
 // only root. The caller sets the server name (and any role check) for its server:
 // gpuboot (DialAdmin) or a node's agent.
 func OperatorTLS(dir string) (*tls.Config, error) {
-	caPEM, err := os.ReadFile(filepath.Join(dir, OperatorCAFile))
+	caPEM, err := os.ReadFile(filepath.Join(dir, CAFile))
 	if err != nil {
 		return nil, fmt.Errorf("operator credentials: %w (issue them with `gpuboot certs operator NAME --out DIR`, then pass --credentials DIR)", err)
 	}
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM(caPEM) {
-		return nil, fmt.Errorf("operator credentials: %s holds no certificate", filepath.Join(dir, OperatorCAFile))
+		return nil, fmt.Errorf("operator credentials: %s holds no certificate", filepath.Join(dir, CAFile))
 	}
-	kp, err := pki.LoadKeyPair(filepath.Join(dir, OperatorCertFile), filepath.Join(dir, OperatorKeyFile))
+	kp, err := pki.LoadKeyPair(filepath.Join(dir, CertFile), filepath.Join(dir, KeyFile))
 	if err != nil {
 		return nil, fmt.Errorf("operator credentials: %w", err)
 	}

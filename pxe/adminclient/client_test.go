@@ -1,4 +1,4 @@
-package server
+package adminclient
 
 import (
 	"context"
@@ -33,10 +33,10 @@ func TestDialAdminChecksGpubootRole(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := pki.SaveKeyPair(filepath.Join(dir, OperatorCertFile), filepath.Join(dir, OperatorKeyFile), op); err != nil {
+	if err := pki.SaveKeyPair(filepath.Join(dir, CertFile), filepath.Join(dir, KeyFile), op); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, OperatorCAFile), pki.EncodeCertPEM(ca.Cert), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, CAFile), pki.EncodeCertPEM(ca.Cert), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	serve := func(kp *pki.KeyPair) string {

@@ -1,0 +1,333 @@
+package server
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/reflection"
+
+	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
+	"github.com/gpurack/gpurack/internal/manifest"
+	"github.com/gpurack/gpurack/internal/pki"
+	"github.com/gpurack/gpurack/pxe/admin"
+	"github.com/gpurack/gpurack/pxe/config"
+	"github.com/gpurack/gpurack/pxe/enroll"
+	"github.com/gpurack/gpurack/pxe/httpboot"
+	"github.com/gpurack/gpurack/pxe/identity"
+	"github.com/gpurack/gpurack/pxe/inventory"
+	"github.com/gpurack/gpurack/pxe/nodecontrol"
+	"github.com/gpurack/gpurack/pxe/policy"
+	"github.com/gpurack/gpurack/pxe/tftp"
+)
+
+// gpuboot is a running `gpuboot serve`: its configuration and what its services
+// provide, each field set by one service's start, in the order of services.
+type gpuboot struct {
+	cfg *config.Config
+	log *slog.Logger
+
+	// pki
+	ca       *pki.CA
+	serverKP *pki.KeyPair
+	revoked  *pki.RevocationList
+	// inventory
+	store *countingStore
+	// policy
+	policy  policy.Policy
+	ekRoots *enroll.EKRoots
+	// gossip keys
+	racks map[string]enroll.Rack
+	// cluster: nil without cluster.kubeconfig
+	cluster *nodecontrol.Cluster
+	nodes   *nodecontrol.Queue
+	// enrollment
+	enroll *enroll.Service
+	// metrics
+	metrics *prometheus.Registry
+	// http
+	boot     *httpboot.Handler
+	httpAddr net.Addr
+	ipxeDir  string
+	// tls
+	tlsAddr net.Addr
+}
+
+// services are gpuboot's services in start order. A new listener goes here as one
+// more service, after those it needs (see docs/architecture.md, "gpuboot's services").
+func (g *gpuboot) services() []service {
+	return []service{
+		{name: "pki", provides: []string{"ca", "server certificate", "revocations"}, start: g.startPKI},
+		{name: "inventory", provides: []string{"store"}, start: g.startInventory},
+		{name: "policy", provides: []string{"policy", "ek roots"}, start: g.startPolicy},
+		{name: "gossip keys", provides: []string{"racks"}, start: g.startGossipKeys},
+		{name: "cluster", provides: []string{"cluster", "node queue"}, start: g.startCluster},
+		{name: "enrollment", needs: []string{"ca", "revocations", "store", "policy", "ek roots", "racks", "cluster", "node queue"},
+			provides: []string{"enrollment"}, start: g.startEnrollment},
+		{name: "node controller", needs: []string{"cluster", "node queue", "enrollment"}, start: g.startNodeController},
+		{name: "metrics", needs: []string{"store", "enrollment"}, provides: []string{"metrics"}, start: g.startMetrics},
+		{name: "http", needs: []string{"ca", "enrollment", "metrics"}, provides: []string{"boot script url"}, start: g.startHTTP},
+		{name: "tls", needs: []string{"ca", "server certificate", "revocations", "store", "enrollment", "cluster"}, start: g.startTLS},
+		{name: "dhcp", needs: []string{"boot script url", "metrics"}, start: g.startDHCP},
+		{name: "tftp", needs: []string{"metrics"}, start: g.startTFTP},
+	}
+}
+
+// announce logs that gpuboot serves, once every service has started.
+func (g *gpuboot) announce() {
+	cfg := g.cfg
+	g.log.Info("gpuboot serving", "http", g.httpAddr.String(), "tls", g.tlsAddr.String(), "advertise", cfg.Advertise,
+		"approval", g.policy.Mode, "unknownMachines", cfg.Enrollment.UnknownMachines, "reenroll", cfg.Enrollment.Reenroll, "identity", cfg.Enrollment.Identity,
+		"ca_pin", g.ca.Pin(), "cluster", g.cluster != nil)
+}
+
+func (g *gpuboot) startPKI(context.Context) (started, error) {
+	cfg := g.cfg
+	var err error
+	if g.ca, err = pki.LoadCA(cfg.PKIDir()); err != nil {
+		return started{}, fmt.Errorf("%w (run `gpuboot init --state-dir %s --advertise …` first)", err, cfg.StateDir)
+	}
+	if g.serverKP, err = pki.LoadKeyPair(cfg.ServerCertPath(), cfg.ServerKeyPath()); err != nil {
+		return started{}, fmt.Errorf("server certificate: %w", err)
+	}
+	g.revoked = pki.NewRevocationList()
+	if _, err := os.Stat(cfg.RevocationsPath()); err == nil {
+		if g.revoked, err = pki.LoadRevocationList(cfg.RevocationsPath()); err != nil {
+			return started{}, err
+		}
+	}
+	return started{}, nil
+}
+
+// startInventory opens the bbolt inventory; every write goes through the counting
+// store, which keeps the machines-by-state gauge.
+func (g *gpuboot) startInventory(ctx context.Context) (started, error) {
+	bolt, err := inventory.OpenBolt(g.cfg.InventoryPath())
+	if err != nil {
+		return started{}, err
+	}
+	if g.store, err = newCountingStore(ctx, bolt); err != nil {
+		bolt.Close()
+		return started{}, err
+	}
+	return started{release: func() { bolt.Close() }}, nil
+}
+
+func (g *gpuboot) startPolicy(context.Context) (started, error) {
+	cfg, log := g.cfg, g.log
+	mode, _ := policy.ParseMode(cfg.Policy.Approval)
+	g.policy = policy.Policy{Mode: mode}
+	var err error
+	if cfg.Policy.Allowlist != "" {
+		if g.policy.List, err = policy.LoadList(cfg.Policy.Allowlist); err != nil {
+			return started{}, err
+		}
+	}
+	if w := g.policy.Warning(); w != "" {
+		log.Warn(w)
+	}
+	if cfg.Enrollment.AllowSimulated {
+		log.Warn("enrollment.allowSimulated is on: machines whose agent runs the simulator GPU backend (no real GPUs) can become ready; use it only in labs and demos")
+	}
+	if len(cfg.Enrollment.EKRoots) > 0 {
+		if g.ekRoots, err = enroll.LoadEKRoots(cfg.Enrollment.EKRoots); err != nil {
+			return started{}, err
+		}
+		log.Info("TPMs must be certified by a vendor: EK certificates must chain to enrollment.ekRoots", "roots", g.ekRoots.Roots())
+	}
+	return started{}, nil
+}
+
+func (g *gpuboot) startGossipKeys(context.Context) (started, error) {
+	g.racks = map[string]enroll.Rack{}
+	for _, r := range g.cfg.Racks {
+		p, key, err := EnsureGossipKey(g.cfg.StateDir, r.Name)
+		if err != nil {
+			return started{}, err
+		}
+		g.racks[r.Name] = enroll.Rack{Name: r.Name, DefaultImage: r.DefaultImage, GossipKey: key}
+		g.log.Debug("gossip key", "rack", r.Name, "file", p)
+	}
+	return started{}, nil
+}
+
+// startCluster loads the enroller kubeconfig, if there is one, and makes the queue
+// the enrollment service and the node controller share.
+func (g *gpuboot) startCluster(context.Context) (started, error) {
+	if g.cfg.Cluster.Kubeconfig == "" {
+		g.log.Warn("no cluster.kubeconfig: JoinBundles carry no Kubernetes endpoint or bootstrap token, and the node controller does not run")
+		return started{}, nil
+	}
+	var err error
+	if g.cluster, err = nodecontrol.Load(g.cfg.Cluster.Kubeconfig); err != nil {
+		return started{}, err
+	}
+	g.nodes = nodecontrol.NewQueue()
+	return started{}, nil
+}
+
+func (g *gpuboot) startEnrollment(ctx context.Context) (started, error) {
+	cfg := g.cfg
+	ecfg := enroll.Config{
+		Store: g.store, Policy: g.policy, Selectors: cfg.Selectors, Racks: g.racks, DefaultRack: cfg.DefaultRack,
+		GossipKeyDir:    filepath.Join(cfg.StateDir, "gossip"),
+		UnknownMachines: enroll.UnknownMachines(cfg.Enrollment.UnknownMachines), Reenroll: enroll.Reenroll(cfg.Enrollment.Reenroll),
+		Identity: enroll.IdentityMode(cfg.Enrollment.Identity), EKRoots: g.ekRoots,
+		CA: g.ca, Revocations: g.revoked, RevocationsPath: cfg.RevocationsPath(),
+		ClusterDNS: cfg.Cluster.DNS, ClusterDomain: cfg.Cluster.Domain, NodeNamePrefix: cfg.Enrollment.NodeNamePrefix,
+		PodNetwork:    &bootv1.PodNetwork{Subnet: cfg.Cluster.PodNetwork.Subnet, Backend: cfg.Cluster.PodNetwork.Backend},
+		MaxUnapproved: cfg.Enrollment.MaxUnapproved, CreateRate: cfg.Enrollment.CreateRate, CreateBurst: cfg.Enrollment.CreateBurst,
+		MaxUnapprovedBytes: cfg.Enrollment.MaxUnapprovedBytes,
+		AllowSimulated:     cfg.Enrollment.AllowSimulated,
+		Log:                g.log,
+	}
+	if g.cluster != nil {
+		ecfg.Cluster = g.cluster
+		ecfg.OnChange = func(m *inventory.Machine) { g.nodes.Enqueue(m.NodeName) }
+	}
+	for _, w := range enroll.StartWarnings(ecfg) {
+		g.log.Warn(w)
+	}
+	var err error
+	g.enroll, err = enroll.New(ctx, ecfg)
+	return started{}, err
+}
+
+func (g *gpuboot) startNodeController(ctx context.Context) (started, error) {
+	if g.cluster == nil {
+		return started{}, nil
+	}
+	if g.cfg.Cluster.ClearAfter != 0 {
+		g.log.Warn("cluster.clearAfter is ignored: the taint follows GPUHealthy and the agent's --clear-after is the only hysteresis (decision 0205); remove it from the configuration")
+	}
+	ctl := nodecontrol.NewController(g.cluster, g.enroll, nodecontrol.Options{
+		Queue: g.nodes, Effect: corev1Effect(g.cfg.Cluster.UnhealthyEffect), Log: g.log})
+	return started{loops: []loop{{name: "node controller", run: func() error { return ctl.Run(ctx) }}}}, nil
+}
+
+func (g *gpuboot) startMetrics(context.Context) (started, error) {
+	g.metrics = prometheus.NewRegistry()
+	g.metrics.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	g.metrics.MustRegister(newInventoryCollector(g.enroll, g.store.byClass))
+	return started{}, nil
+}
+
+// startHTTP serves plain HTTP: /boot.ipxe, /images, /metrics (and /ipxe with TFTP on).
+func (g *gpuboot) startHTTP(context.Context) (started, error) {
+	cfg := g.cfg
+	_, tlsPort, _ := net.SplitHostPort(cfg.Listen.TLS)
+	_, httpPort, _ := net.SplitHostPort(cfg.Listen.HTTP)
+	keys, err := manifest.LoadPublicKeys(cfg.Images.TrustedKeys...)
+	if err != nil {
+		return started{}, fmt.Errorf("images.trustedKeys: %w", err)
+	}
+	if cfg.TFTPEnabled() {
+		g.ipxeDir = tftpDir(cfg)
+	}
+	g.boot, err = httpboot.NewHandler(httpboot.Config{
+		ImageStore: cfg.Images.Store, TrustedKeys: keys,
+		// Verified artifacts are served from private copies (unlinked, so the
+		// directory stays empty): the store's files may change after verification.
+		VerifiedCopies: filepath.Join(cfg.StateDir, "verified-images"),
+		BaseURL:        "http://" + net.JoinHostPort(cfg.Advertise, httpPort),
+		EnrollAddr:     net.JoinHostPort(cfg.Advertise, tlsPort), EnrollCAPin: g.ca.Pin(),
+		IPXEDir: g.ipxeDir, Registry: g.metrics, Log: g.log,
+	}, httpboot.BooterFunc(g.decideBoot))
+	if err != nil {
+		return started{}, err
+	}
+	lis, err := net.Listen("tcp", cfg.Listen.HTTP)
+	if err != nil {
+		return started{}, fmt.Errorf("listen.http: %w", err)
+	}
+	g.httpAddr = lis.Addr()
+	srv := newHTTPServer(g.boot, defaultHTTPLimits)
+	return started{loops: []loop{{name: "http", run: func() error { return srv.Serve(lis) },
+		stop: func(ctx context.Context) { srv.Shutdown(ctx) }}}}, nil
+}
+
+// decideBoot is httpboot's Booter: the enrollment service decides.
+func (g *gpuboot) decideBoot(ctx context.Context, id identity.Identity, remote netip.Addr) (httpboot.Target, error) {
+	d, err := g.enroll.DecideBoot(ctx, id, remote)
+	if err != nil {
+		return httpboot.Target{}, err
+	}
+	if d.Action == enroll.BootHold {
+		return httpboot.Target{Action: httpboot.Hold}, nil
+	}
+	return httpboot.Target{Action: httpboot.Boot, ImageID: d.ImageID}, nil
+}
+
+// startTLS serves the TLS port: gRPC (Enrollment, Admin, reflection) and the REST API
+// and rack view.
+func (g *gpuboot) startTLS(context.Context) (started, error) {
+	cfg := g.cfg
+	gs := grpc.NewServer(grpcServerOptions(newSourceLimiter(cfg.Enrollment.SourceRate, cfg.Enrollment.SourceBurst))...)
+	bootv1.RegisterEnrollmentServiceServer(gs, g.enroll)
+	rackNames := make([]string, 0, len(cfg.Racks))
+	for _, r := range cfg.Racks {
+		rackNames = append(rackNames, r.Name)
+	}
+	adm, err := admin.New(admin.Config{Lifecycle: g.enroll, Inventory: g.store, CA: g.ca.Cert, Revoked: g.enroll.Revoked,
+		Racks: rackNames, Tokens: mustTokens(cfg, g.log), Gossip: g.enroll,
+		Operators: &operatorCreds{stateDir: cfg.StateDir, tokensFile: cfg.Admin.TokensFile, svc: g.enroll, log: g.log},
+		Quotas:    tenantQuotas(g.cluster)})
+	if err != nil {
+		return started{}, err
+	}
+	bootv1.RegisterAdminServiceServer(gs, adm)
+	reflection.Register(gs)
+	restHandler := adm.Handler()
+	lis, err := net.Listen("tcp", cfg.Listen.TLS)
+	if err != nil {
+		return started{}, fmt.Errorf("listen.tls: %w", err)
+	}
+	g.tlsAddr = lis.Addr()
+	srv := newHTTPServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ProtoMajor == 2 && strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc") {
+			gs.ServeHTTP(w, r)
+			return
+		}
+		restHandler.ServeHTTP(w, r)
+	}), defaultHTTPLimits)
+	srv.TLSConfig = &tls.Config{
+		MinVersion:       tls.VersionTLS12,
+		Certificates:     []tls.Certificate{g.serverKP.TLSCertificate(g.ca.Cert)},
+		ClientAuth:       tls.VerifyClientCertIfGiven,
+		ClientCAs:        g.ca.CertPool(),
+		VerifyConnection: g.revoked.VerifyConnection,
+		NextProtos:       []string{"h2", "http/1.1"},
+	}
+	return started{loops: []loop{{name: "tls", run: func() error { return srv.ServeTLS(lis, "", "") },
+		stop: func(ctx context.Context) {
+			if srv.Shutdown(ctx) != nil {
+				srv.Close()
+			}
+			gs.Stop()
+		}}}}, nil
+}
+
+func (g *gpuboot) startTFTP(ctx context.Context) (started, error) {
+	if !g.cfg.TFTPEnabled() {
+		return started{}, nil
+	}
+	ts, err := tftp.New(tftp.Config{Dir: g.ipxeDir, SinglePort: g.cfg.TFTP.SinglePort}, tftp.NewMetrics(g.metrics), g.log)
+	if err != nil {
+		return started{}, err
+	}
+	conn, err := tftp.Listen(":69")
+	if err != nil {
+		return started{}, err
+	}
+	return started{loops: []loop{{name: "tftp", run: func() error { return ts.Serve(ctx, conn) }}}}, nil
+}
