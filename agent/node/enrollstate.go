@@ -22,13 +22,20 @@ func (e *enrollState) get() *agentv1.EnrollmentStatus {
 	return proto.Clone(e.st).(*agentv1.EnrollmentStatus)
 }
 
-func (e *enrollState) set(state agentv1.EnrollmentState, msg string) {
+// move applies ev to the state (the lifecycle table, next) with msg as the new
+// message, and returns the states before and after. An illegal event changes nothing.
+func (e *enrollState) move(ev event, msg string) (from, to agentv1.EnrollmentState, err error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.st.State != state {
+	from = e.st.State
+	if to, err = next(from, ev); err != nil {
+		return from, from, err
+	}
+	if from != to {
 		e.st.Since = timestamppb.Now()
 	}
-	e.st.State, e.st.Message = state, msg
+	e.st.State, e.st.Message = to, msg
+	return from, to, nil
 }
 
 // update sets the fields of gpuboot's answers; empty values leave a field as it is.
@@ -61,7 +68,7 @@ func (j *joinService) Name() string { return "join" }
 func (j *joinService) Status() ServiceStatus {
 	st := j.n.enrollment.get()
 	state := Running
-	if st.GetState() == agentv1.EnrollmentState_ENROLLMENT_STATE_FAILED {
+	if st.GetState() == failed {
 		state = Failed
 	}
 	return ServiceStatus{State: state, Message: st.GetState().String() + ": " + st.GetMessage(), Since: st.GetSince().AsTime()}

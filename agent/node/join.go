@@ -30,6 +30,7 @@ import (
 	"github.com/gpurack/gpurack/agent/monitor"
 	"github.com/gpurack/gpurack/agent/podres"
 	"github.com/gpurack/gpurack/agent/protoconv"
+	"github.com/gpurack/gpurack/agent/retry"
 	agentv1 "github.com/gpurack/gpurack/api/agent/v1"
 	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
 	machinev1 "github.com/gpurack/gpurack/api/machine/v1"
@@ -39,136 +40,179 @@ import (
 // the pre-approval checklist, wait for approval, GetJoinBundle, then withBundle (mTLS
 // listener, gossip), heartbeats, the Kubernetes join and the commissioning report.
 func (n *node) enrollAndJoin(ctx context.Context, target enroll.Target) {
-	fail := func(msg string, err error) {
-		n.log.Error(msg, "error", err)
-		n.enrollment.set(agentv1.EnrollmentState_ENROLLMENT_STATE_FAILED, msg+": "+err.Error())
-	}
 	key, created, err := enroll.LoadOrCreateKey(n.cfg.KeyDir)
 	if err != nil {
-		fail("enrollment key", err)
+		n.stepFailed("enrollment key", err)
 		return
 	}
 	fp := bootv1.KeyFingerprint(key.Public().(ed25519.PublicKey))
 	n.enrollment.update("", fp)
 	n.log.Info("enrollment key", "fingerprint", fp, "created", created, "dir", n.cfg.KeyDir)
-	id := n.identity
 	hbStart := make(chan struct{})
 	var hbOnce sync.Once
-	// The checklist runs at once (CONTRACTS §2.3); its snapshot gives the GPU inventory.
+	startHeartbeats := func() { hbOnce.Do(func() { close(hbStart) }) }
+	c := n.enrollmentClient(target, key, fp, startHeartbeats)
+	defer n.useTPM(c)()
+	if err := c.Dial(); err != nil {
+		n.stepFailed("enroll", err)
+		return
+	}
+	defer c.Close()
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-hbStart:
+			n.heartbeats(ctx, c)
+		}
+	}()
+	bundle, creds, ok := n.joinBundle(ctx, c, startHeartbeats)
+	if !ok {
+		return
+	}
+	if err := c.UseCertificate(tls.Certificate{Certificate: [][]byte{creds.Cert.Raw}, PrivateKey: creds.Key, Leaf: creds.Cert}); err != nil {
+		n.stepFailed("mutual TLS to gpuboot", err)
+		return
+	}
+	if err := n.withBundle(bundle, creds); err != nil {
+		n.stepFailed("starting with the JoinBundle", err)
+		return
+	}
+	n.advance(evBundleInUse, "JoinBundle received from gpuboot; joining Kubernetes as "+bundle.GetNodeName())
+	n.join(ctx, bundle, func(ctx context.Context) { n.commission(ctx, c, bundle.GetNodeName()) })
+}
+
+// advance moves the node's state by ev (the lifecycle table) with msg as its message.
+// An event the table does not allow from the current state is a bug: it is logged and
+// changes nothing. It returns the states before and after.
+func (n *node) advance(ev event, msg string) (from, to agentv1.EnrollmentState) {
+	from, to, err := n.enrollment.move(ev, msg)
+	if err != nil {
+		n.log.Error("node state not changed", "error", err, "message", msg)
+	}
+	return from, to
+}
+
+// stepFailed says that a step that is not retried failed: in the log and the state.
+func (n *node) stepFailed(msg string, err error) {
+	n.log.Error(msg, "error", err)
+	n.advance(evStepFailed, msg+": "+err.Error())
+}
+
+// enrollmentClient is the enrollment client for target with the machine's facts and
+// pre-approval checklist (run at once, CONTRACTS §2.3; its snapshot gives the GPU
+// inventory). Its progress moves the node's state; the first answer from gpuboot
+// calls startHeartbeats.
+func (n *node) enrollmentClient(target enroll.Target, key ed25519.PrivateKey, fp string, startHeartbeats func()) *enroll.Client {
+	id := n.identity
 	pre := n.mon.RunChecks(monitor.PhasePreApproval)
-	c := &enroll.Client{Target: target, Key: key, Log: n.log, Facts: n.facts(id, pre),
+	return &enroll.Client{Target: target, Key: key, Log: n.log, Facts: n.facts(id, pre),
 		PreApproval: func() *machinev1.Checklist { return protoconv.Checklist(pre, id, n.imageID, "") },
 		Progress: func(st agentv1.EnrollmentState, msg, ms string) {
-			prev := n.enrollment.state()
-			n.enrollment.set(st, msg)
+			ev, ok := gpubootEvent(st)
+			if !ok {
+				n.log.Error("node state not changed: the enrollment client reported a state that is not gpuboot's answer", "state", st.String(), "message", msg)
+				return
+			}
+			from, to := n.advance(ev, msg)
 			n.enrollment.update(ms, "")
-			if st != prev {
-				n.log.Info("enrollment", "state", st.String(), "message", msg, "machine_state", ms)
+			if to != from {
+				n.log.Info("enrollment", "state", to.String(), "message", msg, "machine_state", ms)
 				daemon.SdNotify(false, "STATUS="+msg)
 				consoleLine(n.cfg.Console, fmt.Sprintf("gpuagent: %s (gpuboot %s, key %s)", msg, target.Endpoint, fp))
 			}
-			if st == agentv1.EnrollmentState_ENROLLMENT_STATE_WAITING_FOR_APPROVAL || st == agentv1.EnrollmentState_ENROLLMENT_STATE_APPROVED {
-				hbOnce.Do(func() { close(hbStart) })
+			if to == waiting || to == approved {
+				startHeartbeats()
 			}
 		}}
-	// The machine's TPM proves its identity when gpuboot asks for it (decision 0650);
-	// without one the agent enrolls by MAC, UUID and serial alone.
-	if tpm, err := attest.Open(); err != nil {
+}
+
+// useTPM lets the machine's TPM prove its identity when gpuboot asks for it (decision
+// 0650); without one the agent enrolls by MAC, UUID and serial alone. It returns what
+// closes the TPM once enrollment is over.
+func (n *node) useTPM(c *enroll.Client) (closeTPM func()) {
+	tpm, err := attest.Open()
+	if err != nil {
 		if errors.Is(err, attest.ErrNoTPM) {
 			n.log.Info("no TPM 2.0: enrolling without TPM attestation", "looked", attest.DevicePaths)
 		} else {
 			n.log.Warn("TPM unusable: enrolling without TPM attestation", "error", err)
 		}
-	} else {
-		defer tpm.Close()
-		if a, err := attest.New(tpm); err != nil {
-			n.log.Warn("TPM keys could not be created: enrolling without TPM attestation", "error", err)
-		} else {
-			defer a.Close()
-			c.TPM = a
-		}
+		return func() {}
 	}
-	if err := c.Dial(); err != nil {
-		fail("enroll", err)
-		return
+	a, err := attest.New(tpm)
+	if err != nil {
+		n.log.Warn("TPM keys could not be created: enrolling without TPM attestation", "error", err)
+		return func() { tpm.Close() }
 	}
-	defer c.Close()
+	c.TPM = a
+	return func() { a.Close(); tpm.Close() }
+}
 
-	// Heartbeats from the first Register answer on (CONTRACTS §2.6); a health change
-	// sends one at once.
+// heartbeats sends heartbeats from the first Register answer on (CONTRACTS §2.6)
+// until ctx ends; a health change sends one at once.
+func (n *node) heartbeats(ctx context.Context, c *enroll.Client) {
 	kick := make(chan struct{}, 1)
-	go func() {
-		select {
-		case <-ctx.Done():
-			return
-		case <-hbStart:
+	go monitor.Follow(ctx, n.mon.Broker(), func(e monitor.Event) {
+		if e.Health != nil {
+			select {
+			case kick <- struct{}{}:
+			default:
+			}
 		}
-		go monitor.Follow(ctx, n.mon.Broker(), func(e monitor.Event) {
-			if e.Health != nil {
-				select {
-				case kick <- struct{}{}:
-				default:
-				}
-			}
-		}, nil)
-		c.Heartbeats(ctx, func() enroll.HeartbeatFields {
-			hf := enroll.HeartbeatFields{Identity: protoconv.Identity(id), NodeName: n.nodeNameIfJoined(), Health: protoconv.Health(n.mon.Health()),
-				ImageID: n.imageID, BootID: n.cfg.FactsRoot.BootID(), AgentStartedAt: n.started, GossipKeyring: n.rack.Load().keyringDigest(),
-				RevocationsDigest: n.revoked.Digest()}
-			if last := n.mon.Last(); last != nil {
-				hf.DriverVersion = last.Snapshot.Driver.Version
-			}
-			hf.GPUAllocation = n.gpuAllocation(ctx)
-			return hf
-		}, kick, func(r *bootv1.HeartbeatResponse) {
-			n.enrollment.update(enroll.MachineStateWord(r.GetMachineState()), "")
-			n.rack.Load().useKeys(r.GetGossip(), n.log)
-			n.useRevocations(r.GetRevocations())
-		})
-	}()
+	}, nil)
+	c.Heartbeats(ctx, func() enroll.HeartbeatFields {
+		hf := enroll.HeartbeatFields{Identity: protoconv.Identity(n.identity), NodeName: n.nodeNameIfJoined(), Health: protoconv.Health(n.mon.Health()),
+			ImageID: n.imageID, BootID: n.cfg.FactsRoot.BootID(), AgentStartedAt: n.started, GossipKeyring: n.rack.Load().keyringDigest(),
+			RevocationsDigest: n.revoked.Digest()}
+		if last := n.mon.Last(); last != nil {
+			hf.DriverVersion = last.Snapshot.Driver.Version
+		}
+		hf.GPUAllocation = n.gpuAllocation(ctx)
+		return hf
+	}, kick, func(r *bootv1.HeartbeatResponse) {
+		n.enrollment.update(enroll.MachineStateWord(r.GetMachineState()), "")
+		n.rack.Load().useKeys(r.GetGossip(), n.log)
+		n.useRevocations(r.GetRevocations())
+	})
+}
 
-	// gpuboot releases the bundle once per key: after a restart by systemd the agent
-	// uses the one it kept beside its key (both are gone after a reboot).
+// joinBundle is the JoinBundle and its credentials: the one kept beside the key from
+// before a restart by systemd (gpuboot releases the bundle once per key; both are
+// gone after a reboot), else gpuboot's, once enrollment is approved. ok is false when
+// there is none: ctx ended, gpuboot stopped enrollment, or the bundle is unusable (the
+// log and the state say which).
+func (n *node) joinBundle(ctx context.Context, c *enroll.Client, startHeartbeats func()) (*bootv1.JoinBundle, *joinbundle.Credentials, bool) {
 	bundle, creds, err := joinbundle.Kept(n.cfg.KeyDir)
 	if err == nil {
 		n.log.Info("JoinBundle kept from before a restart", "node", bundle.GetNodeName(), "api_server", bundle.GetApiServerEndpoint(), "file", filepath.Join(n.cfg.KeyDir, joinbundle.KeptFile))
-		n.enrollment.set(agentv1.EnrollmentState_ENROLLMENT_STATE_APPROVED, "approved earlier; using the JoinBundle kept from before the agent restarted")
-		hbOnce.Do(func() { close(hbStart) })
-	} else {
-		if !errors.Is(err, fs.ErrNotExist) {
-			n.log.Warn("kept JoinBundle not used; enrolling", "error", err)
-		}
-		if bundle, err = c.Enroll(ctx); err != nil {
-			if ctx.Err() == nil {
-				n.log.Error("enrollment ended", "error", err)
-			}
-			return
-		}
-		n.log.Info("JoinBundle received", "node", bundle.GetNodeName(), "api_server", bundle.GetApiServerEndpoint())
-		if creds, err = joinbundle.LoadCredentials(bundle, n.cfg.KeyDir); err != nil {
-			fail("JoinBundle from gpuboot", err)
-			return
-		}
-		if err := joinbundle.Keep(bundle, n.cfg.KeyDir); err != nil {
-			n.log.Warn("JoinBundle not kept; a restart of the agent will need an operator to re-approve", "error", err)
-		}
+		n.advance(evBundleKept, "approved earlier; using the JoinBundle kept from before the agent restarted")
+		startHeartbeats()
+		return bundle, creds, true
 	}
-	if err := c.UseCertificate(tls.Certificate{Certificate: [][]byte{creds.Cert.Raw}, PrivateKey: creds.Key, Leaf: creds.Cert}); err != nil {
-		fail("mutual TLS to gpuboot", err)
-		return
+	if !errors.Is(err, fs.ErrNotExist) {
+		n.log.Warn("kept JoinBundle not used; enrolling", "error", err)
 	}
-	if err := n.withBundle(bundle, creds); err != nil {
-		fail("starting with the JoinBundle", err)
-		return
+	if bundle, err = c.Enroll(ctx); err != nil {
+		if ctx.Err() == nil {
+			n.log.Error("enrollment ended", "error", err)
+		}
+		return nil, nil, false
 	}
-	n.enrollment.set(agentv1.EnrollmentState_ENROLLMENT_STATE_JOINING, "JoinBundle received from gpuboot; joining Kubernetes as "+bundle.GetNodeName())
-	n.join(ctx, bundle, func(ctx context.Context) { n.commission(ctx, c, id, bundle.GetNodeName()) })
+	n.log.Info("JoinBundle received", "node", bundle.GetNodeName(), "api_server", bundle.GetApiServerEndpoint())
+	if creds, err = joinbundle.LoadCredentials(bundle, n.cfg.KeyDir); err != nil {
+		n.stepFailed("JoinBundle from gpuboot", err)
+		return nil, nil, false
+	}
+	if err := joinbundle.Keep(bundle, n.cfg.KeyDir); err != nil {
+		n.log.Warn("JoinBundle not kept; a restart of the agent will need an operator to re-approve", "error", err)
+	}
+	return bundle, creds, true
 }
 
 // nodeNameIfJoined is the node name once the agent has a bundle, else "".
 func (n *node) nodeNameIfJoined() string {
 	switch n.enrollment.state() {
-	case agentv1.EnrollmentState_ENROLLMENT_STATE_JOINING, agentv1.EnrollmentState_ENROLLMENT_STATE_COMMISSIONING, agentv1.EnrollmentState_ENROLLMENT_STATE_JOINED:
+	case joining, commissioning, joined:
 		return n.name.get()
 	}
 	return ""
@@ -177,25 +221,20 @@ func (n *node) nodeNameIfJoined() string {
 // commission runs the commissioning checklist once the Node exists and reports it
 // (CONTRACTS §2.7); gpuboot moves the machine to ready or quarantined. It retries until
 // the report is delivered.
-func (n *node) commission(ctx context.Context, c *enroll.Client, id facts.Identity, nodeName string) {
-	n.enrollment.set(agentv1.EnrollmentState_ENROLLMENT_STATE_COMMISSIONING, "Node "+nodeName+" registered; running and reporting the commissioning checklist")
-	cl := protoconv.Checklist(n.mon.RunChecks(monitor.PhaseCommissioning), id, n.imageID, nodeName)
-	for wait := time.Second; ctx.Err() == nil; wait = min(2*wait, 30*time.Second) {
+func (n *node) commission(ctx context.Context, c *enroll.Client, nodeName string) {
+	n.advance(evNodeRegistered, "Node "+nodeName+" registered; running and reporting the commissioning checklist")
+	cl := protoconv.Checklist(n.mon.RunChecks(monitor.PhaseCommissioning), n.identity, n.imageID, nodeName)
+	joinRetry.Do(ctx, func(ctx context.Context) error {
 		r, err := c.Report(ctx, cl)
-		if err == nil {
-			ms := enroll.MachineStateWord(r.GetMachineState())
-			n.enrollment.update(ms, "")
-			n.log.Info("commissioning report delivered", "overall", cl.GetOverall().String(), "machine_state", ms)
-			n.enrollment.set(agentv1.EnrollmentState_ENROLLMENT_STATE_JOINED,
-				"joined as "+nodeName+"; commissioning "+cl.GetOverall().String()+"; gpuboot: "+ms+"; heartbeating and keeping GPUHealthy")
-			return
+		if err != nil {
+			return err
 		}
-		n.log.Warn("commissioning report not delivered; retrying", "error", err)
-		select {
-		case <-ctx.Done():
-		case <-time.After(wait):
-		}
-	}
+		ms := enroll.MachineStateWord(r.GetMachineState())
+		n.enrollment.update(ms, "")
+		n.log.Info("commissioning report delivered", "overall", cl.GetOverall().String(), "machine_state", ms)
+		n.advance(evReported, "joined as "+nodeName+"; commissioning "+cl.GetOverall().String()+"; gpuboot: "+ms+"; heartbeating and keeping GPUHealthy")
+		return nil
+	}, func(f retry.Failure) { n.log.Warn("commissioning report not delivered; retrying", "error", f.Err) })
 }
 
 // facts are the machine facts sent with Register.
@@ -232,18 +271,67 @@ func hostIPs() []string {
 	return out
 }
 
+// joinRetry is the backoff of the join's steps (the simulated join, starting kubelet
+// and kube-proxy) and of the commissioning report.
+var joinRetry = retry.Backoff{First: time.Second, Max: 30 * time.Second}
+
 // join joins the cluster named by the JoinBundle; afterNode runs once the Node exists
 // (the commissioning report), before the agent starts following health.
 //   - Simulator: there is no kubelet, so the agent does kubelet's TLS bootstrap,
 //     registers the Node and keeps its Lease itself (kubejoin).
 //   - Real GPUs: the agent writes kubelet's bootstrap kubeconfig and config.yaml, sets
 //     the hostname and starts kubelet.service over D-Bus, then waits for kubelet's
-//     node kubeconfig and uses it for labels and GPUHealthy.
+//     node kubeconfig and uses it for labels and GPUHealthy; the post-join services
+//     (postJoinServices) start then.
 func (n *node) join(ctx context.Context, bundle *bootv1.JoinBundle, afterNode func(context.Context)) {
 	if bundle == nil || bundle.GetApiServerEndpoint() == "" || bundle.GetBootstrapToken() == "" {
 		return
 	}
+	labels := n.nodeLabels(bundle)
+	var node *kubejoin.Node
+	var lease time.Duration
+	if n.cfg.Backend.Simulated() && n.cfg.Sim != nil && !n.cfg.DevicePlugin && !n.cfg.Profile.Simulated() {
+		// The simulator without a kubelet: the agent registers the Node and its GPUs.
+		// With DevicePlugin, or in a simulated GPU image (profile gpu.simulator: it has
+		// a kubelet and the GPU container runtime), the simulated GPUs go through the
+		// real kubelet below.
+		node, lease = n.joinSimulated(ctx, bundle, labels), 10*time.Second
+	} else if node = n.joinKubelet(ctx, bundle, labels); node != nil {
+		n.startPostJoin(bundle)
+	}
+	if node == nil {
+		return
+	}
+	if afterNode != nil {
+		afterNode(ctx)
+	} else {
+		n.advance(evNodeUp, "joined as "+bundle.GetNodeName()+"; keeping GPUHealthy")
+	}
+	kubejoin.Follow(ctx, node, n.mon, lease, n.log)
+}
+
+// startPostJoin starts the services that run once kubelet has joined.
+func (n *node) startPostJoin(bundle *bootv1.JoinBundle) {
 	name := bundle.GetNodeName()
+	kubeconfig := kubeletPaths(n.cfg.KubeletDir).Kubeconfig
+	if pn, err := n.podNetworkSettings(bundle); err != nil {
+		// No pod network: the Node stays NotReady, and says why.
+		n.services.Start(&failedService{name: "pod-network", err: err})
+		consoleLine(n.cfg.Console, "gpuagent: pod network: "+err.Error())
+	} else {
+		kp := n.kubeProxy(kubeconfig, name, pn.PodSubnet)
+		n.services.Start(kp)
+		n.services.Start(n.podNetwork(kubeconfig, name, pn, kp.WaitSynced))
+	}
+	n.services.Start(n.networkPolicy(kubeconfig, name))
+	if !n.cfg.DevicePlugin { // else it runs since the start
+		n.services.Start(n.devicePlugin())
+	}
+}
+
+// nodeLabels are the Node's labels: the bundle's, then the agent's (image, driver,
+// GPU product and count, time-slicing, simulated).
+func (n *node) nodeLabels(bundle *bootv1.JoinBundle) map[string]string {
 	labels := map[string]string{}
 	for k, v := range bundle.GetNodeLabels() {
 		labels[k] = v
@@ -262,108 +350,115 @@ func (n *node) join(ctx context.Context, bundle *bootv1.JoinBundle, afterNode fu
 	if n.cfg.Sim != nil {
 		gpus = n.cfg.Sim.GPUCount()
 	}
-	simulated := n.cfg.Backend.Simulated()
-	for k, v := range kubejoin.AgentLabels(n.imageID, driver, product, gpus, n.cfg.Profile.GPU.TimeSlicingReplicas(), simulated) {
+	for k, v := range kubejoin.AgentLabels(n.imageID, driver, product, gpus, n.cfg.Profile.GPU.TimeSlicingReplicas(), n.cfg.Backend.Simulated()) {
 		labels[k] = v
 	}
-	var node *kubejoin.Node
-	var lease time.Duration
-	if simulated && n.cfg.Sim != nil && !n.cfg.DevicePlugin && !n.cfg.Profile.Simulated() {
-		// The simulator without a kubelet: the agent registers the Node and its GPUs.
-		// With DevicePlugin, or in a simulated GPU image (profile gpu.simulator: it has
-		// a kubelet and the GPU container runtime), the simulated GPUs go through the
-		// real kubelet below.
-		node, lease = n.joinSimulated(ctx, bundle, labels), 10*time.Second
-	} else {
-		if node = n.joinKubelet(ctx, bundle, labels); node != nil {
-			kubeconfig := kubeletPaths(n.cfg.KubeletDir).Kubeconfig
-			if pn, err := n.podNetworkSettings(bundle); err != nil {
-				// No pod network: the Node stays NotReady, and says why.
-				n.services.Start(&failedService{name: "pod-network", err: err})
-				consoleLine(n.cfg.Console, "gpuagent: pod network: "+err.Error())
-			} else {
-				kp := n.kubeProxy(kubeconfig, name, pn.PodSubnet)
-				n.services.Start(kp)
-				n.services.Start(n.podNetwork(kubeconfig, name, pn, kp.WaitSynced))
-			}
-			n.services.Start(n.networkPolicy(kubeconfig, name))
-			if !n.cfg.DevicePlugin { // else it runs since the start
-				n.services.Start(n.devicePlugin())
-			}
-		}
-	}
-	if node == nil {
-		return
-	}
-	if afterNode != nil {
-		afterNode(ctx)
-	} else {
-		n.enrollment.set(agentv1.EnrollmentState_ENROLLMENT_STATE_JOINED, "joined as "+name+"; keeping GPUHealthy")
-	}
-	kubejoin.Follow(ctx, node, n.mon, lease, n.log)
+	return labels
 }
 
-// joinSimulated is the simulation mode: client-go TLS bootstrap and Node registration.
+// joinSimulated is the simulation mode: client-go TLS bootstrap and Node registration,
+// tried until it succeeds or ctx ends (nil then).
 func (n *node) joinSimulated(ctx context.Context, bundle *bootv1.JoinBundle, labels map[string]string) *kubejoin.Node {
 	name := bundle.GetNodeName()
-	for attempt, wait := 1, time.Second; ctx.Err() == nil; attempt, wait = attempt+1, min(2*wait, 30*time.Second) {
+	var node *kubejoin.Node
+	joinRetry.Do(ctx, func(ctx context.Context) error {
 		t0 := time.Now()
-		// Node credentials from before a restart first: gpuboot deletes the bootstrap
-		// token once the machine is ready.
-		cfg, err := kubejoin.KeptCredentials(n.cfg.KeyDir, bundle.GetApiServerEndpoint(), []byte(bundle.GetClusterCaPem()), name)
-		kept := err == nil
-		if kept {
-			n.log.Info("using the node credentials kept from before a restart", "node", name)
-		} else {
-			if cfg, err = kubejoin.Bootstrap(ctx, bundle.GetApiServerEndpoint(), []byte(bundle.GetClusterCaPem()), bundle.GetBootstrapToken(), name); err == nil {
-				if kerr := kubejoin.KeepCredentials(n.cfg.KeyDir, cfg); kerr != nil {
-					n.log.Warn("node credentials not kept; a restarted agent will need the bootstrap token", "error", kerr)
-				}
-			}
-		}
+		var err error
+		node, err = n.registerSimulated(ctx, bundle, labels)
 		if err == nil {
-			var client *kubernetes.Clientset
-			if client, err = kubernetes.NewForConfig(cfg); err == nil {
-				var node *kubejoin.Node
-				node, err = kubejoin.Register(ctx, client, kubejoin.NodeSpec{Name: name, Labels: labels, Taints: taints(bundle),
-					GPUs: n.cfg.Sim.GPUCount(), Replicas: n.cfg.Profile.GPU.TimeSlicingReplicas()})
-				if err == nil {
-					n.log.Info("joined Kubernetes as a simulated node", "node", name, "took", time.Since(t0).Round(time.Millisecond))
-					n.enrollment.set(agentv1.EnrollmentState_ENROLLMENT_STATE_JOINED,
-						"simulated kubelet: TLS bootstrap done, Node registered, GPUHealthy and the node Lease kept by the agent")
-					return node
-				}
-			}
+			n.log.Info("joined Kubernetes as a simulated node", "node", name, "took", time.Since(t0).Round(time.Millisecond))
 		}
-		if kept && apierrors.IsUnauthorized(err) {
-			// Kept from another cluster, or for a node since deleted: they will never
-			// work; the bootstrap token may (at once, not after the backoff).
-			n.log.Warn("the API server refused the kept node credentials; forgetting them and using the bootstrap token", "error", err)
-			if ferr := kubejoin.ForgetCredentials(n.cfg.KeyDir); ferr != nil {
-				n.log.Warn("forget the kept node credentials", "error", ferr)
-			} else {
-				continue
-			}
-		}
-		n.log.Warn("Kubernetes join failed; retrying", "attempt", attempt, "error", err)
-		n.enrollment.set(agentv1.EnrollmentState_ENROLLMENT_STATE_JOINING, "join failed, retrying: "+err.Error())
-		select {
-		case <-ctx.Done():
-		case <-time.After(wait):
-		}
-	}
-	return nil
+		return err
+	}, func(f retry.Failure) {
+		n.log.Warn("Kubernetes join failed; retrying", "attempt", f.Attempt, "error", f.Err)
+		n.advance(evJoinRetry, "join failed, retrying: "+f.Err.Error())
+	})
+	return node
 }
 
-// joinKubelet is the real-node join (CONTRACTS §6).
+// registerSimulated is one attempt at the simulated join: node credentials from before
+// a restart first (gpuboot deletes the bootstrap token once the machine is ready),
+// else kubelet's TLS bootstrap with the bundle's token; then the Node. Kept credentials
+// the API server refuses are forgotten and the token tried at once (retry.Now).
+func (n *node) registerSimulated(ctx context.Context, bundle *bootv1.JoinBundle, labels map[string]string) (*kubejoin.Node, error) {
+	name, server, ca := bundle.GetNodeName(), bundle.GetApiServerEndpoint(), []byte(bundle.GetClusterCaPem())
+	cfg, err := kubejoin.KeptCredentials(n.cfg.KeyDir, server, ca, name)
+	kept := err == nil
+	if kept {
+		n.log.Info("using the node credentials kept from before a restart", "node", name)
+	} else if cfg, err = kubejoin.Bootstrap(ctx, server, ca, bundle.GetBootstrapToken(), name); err != nil {
+		return nil, err
+	} else if kerr := kubejoin.KeepCredentials(n.cfg.KeyDir, cfg); kerr != nil {
+		n.log.Warn("node credentials not kept; a restarted agent will need the bootstrap token", "error", kerr)
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	node, err := kubejoin.Register(ctx, client, kubejoin.NodeSpec{Name: name, Labels: labels, Taints: taints(bundle),
+		GPUs: n.cfg.Sim.GPUCount(), Replicas: n.cfg.Profile.GPU.TimeSlicingReplicas()})
+	if err != nil && kept && apierrors.IsUnauthorized(err) {
+		// Kept from another cluster, or for a node since deleted: they will never
+		// work; the bootstrap token may (at once, not after the backoff).
+		n.log.Warn("the API server refused the kept node credentials; forgetting them and using the bootstrap token", "error", err)
+		if ferr := kubejoin.ForgetCredentials(n.cfg.KeyDir); ferr != nil {
+			n.log.Warn("forget the kept node credentials", "error", ferr)
+			return nil, err
+		}
+		return nil, retry.Now()
+	}
+	return node, err
+}
+
+// joinKubelet is the real-node join (CONTRACTS §6): kubelet's files and unit (tried
+// until it starts), then its node kubeconfig and the Node.
 func (n *node) joinKubelet(ctx context.Context, bundle *bootv1.JoinBundle, labels map[string]string) *kubejoin.Node {
 	name := bundle.GetNodeName()
 	paths := kubeletPaths(n.cfg.KubeletDir)
-	driver, err := kubejoin.DetectCgroupDriver(n.cfg.CgroupRoot)
+	kj, err := kubeletJoin(bundle, n.cfg.CgroupRoot)
 	if err != nil {
-		n.enrollment.set(agentv1.EnrollmentState_ENROLLMENT_STATE_FAILED, err.Error())
+		n.advance(evStepFailed, err.Error())
 		n.log.Error("kubelet join", "error", err)
 		return nil
+	}
+	host := n.cfg.Host
+	if host == nil {
+		host = kubejoin.SystemdHost{}
+	}
+	if joinRetry.Do(ctx, func(ctx context.Context) error { return kubejoin.StartKubelet(ctx, host, paths, name, kj) }, func(f retry.Failure) {
+		n.log.Warn("starting kubelet failed; retrying", "error", f.Err)
+		n.advance(evJoinRetry, "starting kubelet failed, retrying: "+f.Err.Error())
+	}) != nil {
+		return nil
+	}
+	n.log.Info("kubelet started", "node", name, "cgroup_driver", kj.CgroupDriver, "bootstrap_kubeconfig", paths.BootstrapKubeconfig, "config", paths.Config)
+	n.advance(evKubeletStarted, "kubelet started; waiting for its TLS bootstrap ("+paths.Kubeconfig+") and Node registration")
+	cfg, err := kubejoin.WaitNodeCredentials(ctx, paths.Kubeconfig)
+	if err != nil {
+		return nil
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		n.advance(evStepFailed, "node kubeconfig: "+err.Error())
+		return nil
+	}
+	node, err := kubejoin.Attach(ctx, client, name, labels)
+	if err != nil {
+		if ctx.Err() == nil {
+			n.advance(evStepFailed, err.Error())
+			n.log.Error("kubelet join", "error", err)
+		}
+		return nil
+	}
+	return node
+}
+
+// kubeletJoin is what kubelet is started with: the bundle's API server, CA, token,
+// DNS and taints, the machine's cgroup driver and resolv.conf.
+func kubeletJoin(bundle *bootv1.JoinBundle, cgroupRoot string) (kubejoin.KubeletJoin, error) {
+	driver, err := kubejoin.DetectCgroupDriver(cgroupRoot)
+	if err != nil {
+		return kubejoin.KubeletJoin{}, err
 	}
 	kj := kubejoin.KubeletJoin{Server: bundle.GetApiServerEndpoint(), ClusterCAPEM: []byte(bundle.GetClusterCaPem()),
 		Token: bundle.GetBootstrapToken(), ClusterDNS: bundle.GetClusterDns(), ClusterDomain: bundle.GetClusterDomain(), CgroupDriver: driver,
@@ -371,43 +466,7 @@ func (n *node) joinKubelet(ctx context.Context, bundle *bootv1.JoinBundle, label
 	for _, t := range bundle.GetNodeTaints() {
 		kj.Taints = append(kj.Taints, kubejoin.TaintSpec{Key: t.GetKey(), Value: t.GetValue(), Effect: t.GetEffect()})
 	}
-	host := n.cfg.Host
-	if host == nil {
-		host = kubejoin.SystemdHost{}
-	}
-	for wait := time.Second; ; wait = min(2*wait, 30*time.Second) {
-		err = kubejoin.StartKubelet(ctx, host, paths, name, kj)
-		if err == nil {
-			break
-		}
-		n.log.Warn("starting kubelet failed; retrying", "error", err)
-		n.enrollment.set(agentv1.EnrollmentState_ENROLLMENT_STATE_JOINING, "starting kubelet failed, retrying: "+err.Error())
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(wait):
-		}
-	}
-	n.log.Info("kubelet started", "node", name, "cgroup_driver", driver, "bootstrap_kubeconfig", paths.BootstrapKubeconfig, "config", paths.Config)
-	n.enrollment.set(agentv1.EnrollmentState_ENROLLMENT_STATE_JOINING, "kubelet started; waiting for its TLS bootstrap ("+paths.Kubeconfig+") and Node registration")
-	cfg, err := kubejoin.WaitNodeCredentials(ctx, paths.Kubeconfig)
-	if err != nil {
-		return nil
-	}
-	client, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		n.enrollment.set(agentv1.EnrollmentState_ENROLLMENT_STATE_FAILED, "node kubeconfig: "+err.Error())
-		return nil
-	}
-	node, err := kubejoin.Attach(ctx, client, name, labels)
-	if err != nil {
-		if ctx.Err() == nil {
-			n.enrollment.set(agentv1.EnrollmentState_ENROLLMENT_STATE_FAILED, err.Error())
-			n.log.Error("kubelet join", "error", err)
-		}
-		return nil
-	}
-	return node
+	return kj, nil
 }
 
 func kubeletPaths(dir string) kubejoin.KubeletPaths {

@@ -337,14 +337,14 @@ func initialEnrollment(cfg Config, since time.Time) *agentv1.EnrollmentStatus {
 	st := &agentv1.EnrollmentStatus{Since: timestamppb.New(since)}
 	switch {
 	case cfg.Bundle != nil:
-		st.State = agentv1.EnrollmentState_ENROLLMENT_STATE_JOINING
+		st.State = joining
 		st.Message = "JoinBundle loaded from " + cfg.BundleFile
 	case cfg.Enroll != nil:
-		st.State = agentv1.EnrollmentState_ENROLLMENT_STATE_REGISTERING
+		st.State = registering
 		st.Endpoint = cfg.Enroll.Endpoint
 		st.Message = "registering with gpuboot at " + cfg.Enroll.Endpoint
 	default:
-		st.State = agentv1.EnrollmentState_ENROLLMENT_STATE_NOT_ENROLLING
+		st.State = notEnrolling
 		st.Message = "no gpurack.enroll on the kernel command line and no --enroll: serving the API and checks only"
 	}
 	return st
