@@ -5,22 +5,19 @@
 // both keys are loaded in it.
 //
 // It talks to a TPM through go-tpm's transport: the kernel's resource manager
-// (/dev/tpmrm0) or the raw device (/dev/tpm0) on a node, or a TPM command stream over
-// TCP (swtpm's server socket) in tests. It is not the enrollment client (agent/enroll
+// (/dev/tpmrm0) or the raw device (/dev/tpm0) on a node, or in tests swtpm's server
+// socket (internal/swtpmtest's Stream). It is not the enrollment client (agent/enroll
 // calls it) and decides nothing: gpuboot checks the answer.
 package attest
 
 import (
 	"crypto/x509"
 	"encoding/asn1"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"sync"
-	"time"
 
 	"github.com/google/go-tpm/tpm2"
 	"github.com/google/go-tpm/tpm2/transport"
@@ -232,58 +229,3 @@ func (a *Attester) Close() error {
 	a.ak, a.ek = tpm2.NamedHandle{}, tpm2.NamedHandle{}
 	return errors.Join(errs...)
 }
-
-// Stream is a TPM reached over a byte stream that carries raw TPM commands and
-// responses, such as swtpm's server socket (`swtpm socket --server type=tcp`). Each
-// response is read in full by its header's size. It is safe for concurrent use.
-type Stream struct {
-	mu sync.Mutex
-	rw io.ReadWriteCloser
-}
-
-// NewStream wraps rw.
-func NewStream(rw io.ReadWriteCloser) *Stream { return &Stream{rw: rw} }
-
-// maxResponse bounds a response (TPM 2.0 responses are at most a few KiB).
-const maxResponse = 64 << 10
-
-// rcRetry is TPM_RC_RETRY: the TPM could not start the command and it is to be sent
-// again.
-const rcRetry = 0x922
-
-// Send implements transport.TPM. It sends a command again, after 1 ms doubling to 1 s,
-// while the TPM answers TPM_RC_RETRY, as go-tpm does for a device.
-func (s *Stream) Send(cmd []byte) ([]byte, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for wait := time.Millisecond; ; wait *= 2 {
-		rsp, err := s.send(cmd)
-		if err != nil || wait > time.Second || len(rsp) < 10 || binary.BigEndian.Uint32(rsp[6:10]) != rcRetry {
-			return rsp, err
-		}
-		time.Sleep(wait)
-	}
-}
-
-func (s *Stream) send(cmd []byte) ([]byte, error) {
-	if _, err := s.rw.Write(cmd); err != nil {
-		return nil, fmt.Errorf("attest: send TPM command: %w", err)
-	}
-	hdr := make([]byte, 10)
-	if _, err := io.ReadFull(s.rw, hdr); err != nil {
-		return nil, fmt.Errorf("attest: read TPM response header: %w", err)
-	}
-	size := int(binary.BigEndian.Uint32(hdr[2:6]))
-	if size < len(hdr) || size > maxResponse {
-		return nil, fmt.Errorf("attest: TPM response of %d bytes: not a TPM 2.0 response", size)
-	}
-	rsp := make([]byte, size)
-	copy(rsp, hdr)
-	if _, err := io.ReadFull(s.rw, rsp[len(hdr):]); err != nil {
-		return nil, fmt.Errorf("attest: read TPM response: %w", err)
-	}
-	return rsp, nil
-}
-
-// Close closes the stream.
-func (s *Stream) Close() error { return s.rw.Close() }

@@ -85,19 +85,21 @@ func StartIn(t testing.TB, dir string) *TPM {
 	return nil
 }
 
-// Dial connects go-tpm to the TPM; the connection closes when t ends.
-func (p *TPM) Dial(t testing.TB) *attest.Stream {
+// Dial connects to the TPM's command stream, a go-tpm transport; the connection closes
+// when t ends.
+func (p *TPM) Dial(t testing.TB) *Stream {
 	t.Helper()
 	c, err := net.Dial("tcp", p.Addr)
 	if err != nil {
 		t.Fatalf("dial swtpm %s: %v", p.Addr, err)
 	}
-	s := attest.NewStream(c)
+	s := NewStream(c)
 	t.Cleanup(func() { s.Close() })
 	return s
 }
 
-// Attester creates the EK and AK in the TPM.
+// Attester creates the EK and AK in the TPM. It is this package's one use of the
+// agent (agent/attest), kept while pxe/enroll's tests call it.
 func (p *TPM) Attester(t testing.TB) *attest.Attester {
 	t.Helper()
 	a, err := attest.New(p.Dial(t))
