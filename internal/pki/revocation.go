@@ -165,18 +165,7 @@ func (l *RevocationList) UnmarshalJSON(data []byte) error {
 	if err := json.Unmarshal(data, &hexes); err != nil {
 		return fmt.Errorf("revocation list must be a JSON array of hex serial numbers: %w", err)
 	}
-	set := make(map[string]struct{}, len(hexes))
-	for i, h := range hexes {
-		n, err := parseSerial(h)
-		if err != nil {
-			return fmt.Errorf("revocation list entry %d: %w", i, err)
-		}
-		set[n.Text(16)] = struct{}{}
-	}
-	l.mu.Lock()
-	l.serials = set
-	l.mu.Unlock()
-	return nil
+	return l.Replace(hexes)
 }
 
 // parseSerial parses a hex serial number; colons (openssl's "3F:1A:…"
