@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	gpunvml "github.com/gpurack/gpurack/agent/gpu/nvml"
 )
 
 // Backend is a source of NVML: the real library (agent/gpu/nvml) or the simulator
@@ -256,7 +258,7 @@ func (r *reader) slow(g *GPU, d nvml.Device) {
 	}
 	g.Name = call(r, g, "nvmlDeviceGetName", d.GetName)
 	if v := call(r, g, "nvmlDeviceGetPciInfo", d.GetPciInfo); v.OK() {
-		g.PCIBusID = busID(v.V.BusId)
+		g.PCIBusID = gpunvml.BusID(v.V)
 	}
 	if v := call(r, g, "nvmlDeviceGetSerial", d.GetSerial); v.OK() {
 		g.Serial = v.V
@@ -422,7 +424,7 @@ func (r *reader) nvlinks(g *GPU, d nvml.Device) Value[[]NVLink] {
 		// leaves it unknown.
 		if link.Active && remote {
 			if p, ret := d.GetNvLinkRemotePciInfo(l); ret == nvml.SUCCESS {
-				link.RemoteBusID = busID(p.BusId)
+				link.RemoteBusID = gpunvml.BusID(p)
 			}
 		}
 		if link.Active && remoteType {
@@ -508,16 +510,4 @@ func fieldUint(f nvml.FieldValue) uint64 {
 	default:
 		return binary.LittleEndian.Uint64(b)
 	}
-}
-
-// busID converts NVML's NUL-terminated char array.
-func busID(b [32]int8) string {
-	out := make([]byte, 0, len(b))
-	for _, c := range b {
-		if c == 0 {
-			break
-		}
-		out = append(out, byte(c))
-	}
-	return string(out)
 }

@@ -13,6 +13,8 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"golang.org/x/sys/unix"
+
+	gpunvml "github.com/gpurack/gpurack/agent/gpu/nvml"
 )
 
 // EventLibrary is the part of NVML the event watch uses.
@@ -74,7 +76,7 @@ func WatchNVML(ctx context.Context, lib EventLibrary, log *slog.Logger, emit fun
 			log.Warn("NVML events: register", "gpu", i, "error", ret.Error())
 		}
 		if p, ret := d.GetPciInfo(); ret == nvml.SUCCESS {
-			buses[i] = cString(p.BusId[:])
+			buses[i] = gpunvml.BusID(p)
 		}
 	}
 	for ctx.Err() == nil {
@@ -103,17 +105,6 @@ func WatchNVML(ctx context.Context, lib EventLibrary, log *slog.Logger, emit fun
 		emit(ev)
 	}
 	return nil
-}
-
-func cString(b []int8) string {
-	out := make([]byte, 0, len(b))
-	for _, c := range b {
-		if c == 0 {
-			break
-		}
-		out = append(out, byte(c))
-	}
-	return string(out)
 }
 
 // KmsgPath is the kernel log device.

@@ -31,6 +31,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path"
 	"regexp"
@@ -299,7 +300,7 @@ var hexRE = regexp.MustCompile(`^[0-9a-f]{64}$`)
 // check verifies the content-addressed blobs, then the OCI index and the docker
 // manifest, whichever the archive has.
 func (c *contents) check() (*Archive, error) {
-	for _, name := range sortedKeys(c.files) {
+	for _, name := range slices.Sorted(maps.Keys(c.files)) {
 		if hexPart, ok := strings.CutPrefix(name, "blobs/sha256/"); ok {
 			if !hexRE.MatchString(hexPart) {
 				return nil, fmt.Errorf("blob %s is not named by a sha256 (64 lowercase hex digits)", name)
@@ -349,7 +350,7 @@ func (c *contents) check() (*Archive, error) {
 		return nil, errors.New("carries no image name (no RepoTags, no io.containerd.image.name), so no pod could refer to it; export it by name, for example docker save NAME:TAG")
 	}
 	a.Images = amd64
-	a.Names = sortedKeys(names)
+	a.Names = slices.Sorted(maps.Keys(names))
 	return a, nil
 }
 
@@ -701,13 +702,4 @@ func Normalize(ref string) (string, error) {
 		ref += ":latest"
 	}
 	return ref, nil
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"path"
 	"reflect"
 	"slices"
@@ -282,7 +283,7 @@ func (m *Manifest) Validate() error {
 	}
 	checkText("kubernetesVersion", m.KubernetesVersion)
 
-	for _, name := range sortedKeys(m.Binaries) {
+	for _, name := range slices.Sorted(maps.Keys(m.Binaries)) {
 		d := m.Binaries[name]
 		field := fmt.Sprintf("binaries[%q]", name)
 		if err := checkFileName(name); err != nil {
@@ -361,15 +362,6 @@ func quoteAll(ss []string) []string {
 		out[i] = fmt.Sprintf("%q", s)
 	}
 	return out
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
 }
 
 // isHex reports whether s is exactly n lowercase hex digits.

@@ -310,7 +310,7 @@ func (v *validator) images(ims []ImageArchive) {
 }
 
 func (v *validator) checks(c map[string]CheckOverride) {
-	for _, id := range sortedKeys(c) {
+	for _, id := range slices.Sorted(maps.Keys(c)) {
 		f := "checks[" + id + "]"
 		if !checkid.Known(id) {
 			v.fail(f, "unknown check id %q; the ids are listed in docs/checks.md", id)
@@ -327,7 +327,7 @@ func (v *validator) checks(c map[string]CheckOverride) {
 }
 
 func (v *validator) node(n *Node) {
-	for _, k := range sortedKeys(n.Labels) {
+	for _, k := range slices.Sorted(maps.Keys(n.Labels)) {
 		f := "node.labels[" + k + "]"
 		if msg := labelKeyProblem(k); msg != "" {
 			v.fail(f, "%s", msg)
@@ -388,5 +388,3 @@ func (v *validator) boot(b *Boot) {
 		}
 	}
 }
-
-func sortedKeys[V any](m map[string]V) []string { return slices.Sorted(maps.Keys(m)) }

@@ -99,3 +99,16 @@ func (b *Backend) Close() error {
 	}
 	return nil
 }
+
+// BusID is p's PCI bus id as NVML writes it ("00000000:3B:00.0"): its NUL-terminated
+// char array as a string.
+func BusID(p gonvml.PciInfo) string {
+	out := make([]byte, 0, len(p.BusId))
+	for _, c := range p.BusId {
+		if c == 0 {
+			break
+		}
+		out = append(out, byte(c))
+	}
+	return string(out)
+}

@@ -1,4 +1,4 @@
-package nvml
+package nvml_test
 
 import (
 	"os"
@@ -7,12 +7,13 @@ import (
 	"testing"
 
 	"github.com/gpurack/gpurack/agent/gpu"
+	"github.com/gpurack/gpurack/agent/gpu/nvml"
 )
 
 // TestOpenWithoutLibrary loads a library path that does not exist, which is what a
 // node without the NVIDIA driver looks like. The process must survive and say why.
 func TestOpenWithoutLibrary(t *testing.T) {
-	b := Open(filepath.Join(t.TempDir(), "libnvidia-ml.so.1"))
+	b := nvml.Open(filepath.Join(t.TempDir(), "libnvidia-ml.so.1"))
 	defer b.Close()
 	if _, err := b.Library(); err == nil || !strings.HasPrefix(err.Error(), "NVML not available: ERROR_LIBRARY_NOT_FOUND") {
 		t.Fatalf("Library() error = %v, want NVML not available: ERROR_LIBRARY_NOT_FOUND", err)
@@ -26,7 +27,7 @@ func TestOpenWithoutLibrary(t *testing.T) {
 // TestOpenDefault uses the system's library the way `gpuagent --gpu-backend nvml`
 // does. On machines without a driver it must fail cleanly; with one it must read.
 func TestOpenDefault(t *testing.T) {
-	b := Open("")
+	b := nvml.Open("")
 	defer b.Close()
 	s := gpu.Read(b)
 	if !s.Driver.Loaded {
