@@ -326,6 +326,23 @@ func (c *Config) Validate() error {
 	bad := func(field, format string, args ...any) {
 		errs = append(errs, c.pos.At(c.Source, field, fmt.Sprintf(format, args...)))
 	}
+	c.validateServing(bad)
+	c.validateDHCP(bad)
+	c.validateEnrollment(bad)
+	c.validateRacks(bad)
+	c.validateCluster(bad)
+	if len(errs) > 0 {
+		return errs.Sorted()
+	}
+	return nil
+}
+
+// badField records one problem: the field and what to fix.
+type badField func(field, format string, args ...any)
+
+// validateServing checks the state directory, the advertised address, the listeners
+// and the interfaces.
+func (c *Config) validateServing(bad badField) {
 	if c.StateDir == "" {
 		bad("stateDir", "required: the directory `gpuboot init` created")
 	}
@@ -351,6 +368,10 @@ func (c *Config) Validate() error {
 			bad(fmt.Sprintf("interfaces[%d].name", i), "required")
 		}
 	}
+}
+
+// validateDHCP checks dhcp and images.
+func (c *Config) validateDHCP(bad badField) {
 	switch c.DHCP.Mode {
 	case "proxy":
 		if c.DHCP.Pool != nil || len(c.DHCP.Reservations) > 0 {
@@ -391,6 +412,10 @@ func (c *Config) Validate() error {
 	if len(c.Images.TrustedKeys) == 0 {
 		bad("images.trustedKeys", "at least one image signing public key is required; unsigned images are never served")
 	}
+}
+
+// validateEnrollment checks enrollment and policy.
+func (c *Config) validateEnrollment(bad badField) {
 	switch c.Enrollment.UnknownMachines {
 	case "discover", "hold":
 	default:
@@ -422,6 +447,10 @@ func (c *Config) Validate() error {
 	if mode == policy.Allowlist && c.Policy.Allowlist == "" {
 		bad("policy.allowlist", "required with approval: allowlist (the rack manifest CSV)")
 	}
+}
+
+// validateRacks checks racks, defaultRack and selectors.
+func (c *Config) validateRacks(bad badField) {
 	if len(c.Racks) == 0 {
 		bad("racks", "at least one rack is required")
 	}
@@ -447,6 +476,10 @@ func (c *Config) Validate() error {
 	if err := policy.ValidateSelectors(c.Selectors); err != nil {
 		bad("selectors", "%v", err)
 	}
+}
+
+// validateCluster checks cluster and logLevel.
+func (c *Config) validateCluster(bad badField) {
 	switch c.Cluster.UnhealthyEffect {
 	case "NoSchedule", "NoExecute":
 	default:
@@ -466,10 +499,6 @@ func (c *Config) Validate() error {
 	default:
 		bad("logLevel", "%q: use debug, info, warn or error", c.LogLevel)
 	}
-	if len(errs) > 0 {
-		return errs.Sorted()
-	}
-	return nil
 }
 
 var imageID = regexp.MustCompile(`^[0-9a-f]{40}$`)

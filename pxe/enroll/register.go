@@ -36,51 +36,11 @@ func remoteOf(ctx context.Context) string {
 // identity, the randomness of a new approval, the time), lets decideRegister decide and
 // stores what it returns.
 func (s *Service) Register(ctx context.Context, req *bootv1.RegisterRequest) (*bootv1.RegisterResponse, error) {
-	if err := checkRegisterLimits(req); err != nil {
-		return nil, err
-	}
-	now := s.cfg.Now()
-	pub, err := bootv1.VerifyRequest(bootv1.EnrollmentService_Register_FullMethodName, req, now)
-	if err != nil {
-		return nil, status.Error(codes.Unauthenticated, err.Error())
-	}
-	if !ed25519.PublicKey(req.GetPublicKey()).Equal(pub) {
-		return nil, status.Error(codes.InvalidArgument, "register: public_key differs from auth.public_key: sign with the key being registered")
-	}
-	id, err := protoconv.IdentityFromProto(req.GetFacts().GetIdentity())
-	if err != nil {
-		return nil, status.Errorf(codes.InvalidArgument, "register: facts.%v", err)
-	}
-	if cl := req.GetChecklist(); cl != nil && cl.GetIdentity() != nil {
-		if cid, err := protoconv.IdentityFromProto(cl.GetIdentity()); err != nil || cid != id {
-			return nil, status.Error(codes.InvalidArgument, "register: checklist.identity differs from facts.identity")
-		}
-	}
-	fp := bootv1.KeyFingerprint(pub)
-	// TPM-bound identity (decision 0650): a key proves its EK before anything is
-	// stored for it.
-	ek, ekCert, challenge, err := s.proveTPM(ctx, id, fp, req.GetTpm(), now)
+	id, call, challenge, err := s.readRegister(ctx, req)
 	if err != nil || challenge != nil {
 		return challenge, err
 	}
-	call := registerCall{
-		Key: inventory.Key{
-			Fingerprint: fp, PublicKey: append([]byte(nil), pub...), RegisteredAt: now.UTC(), LastSeen: now.UTC(),
-			BootID: req.GetFacts().GetBootId(), Remote: remoteOf(ctx), EKHash: ek, EKCertificate: ekCert,
-		},
-		Verdict:     s.cfg.Policy.Decide(id),
-		Now:         now,
-		TokenSecret: randomBytes(tokenSecretSize),
-		Challenge:   randomBytes(bootv1.ChallengeSize),
-	}
-	// Deterministic, so the same facts encode the same and an unchanged Register
-	// writes nothing.
-	enc := proto.MarshalOptions{Deterministic: true}
-	call.Facts, _ = enc.Marshal(req.GetFacts())
-	if req.GetChecklist() != nil {
-		call.Checklist, _ = enc.Marshal(req.GetChecklist())
-	}
-
+	fp := call.Key.Fingerprint
 	if err := s.checkManifestEK(ctx, id, &call); err != nil {
 		return nil, err
 	}
@@ -145,6 +105,58 @@ func (s *Service) Register(ctx context.Context, req *bootv1.RegisterRequest) (*b
 	resp.MachineState = protoconv.StateProto(m.State)
 	s.count(strings.ToLower(strings.TrimPrefix(resp.Status.String(), "REGISTER_STATUS_")))
 	return resp, nil
+}
+
+// readRegister authenticates a Register call and draws what decideRegister needs: the
+// identity, the calling key as it would be stored, the policy's verdict, the time and
+// the randomness of a new approval. A response instead is the TPM challenge the key
+// must answer first (decision 0650).
+func (s *Service) readRegister(ctx context.Context, req *bootv1.RegisterRequest) (identity.Identity, registerCall, *bootv1.RegisterResponse, error) {
+	if err := checkRegisterLimits(req); err != nil {
+		return identity.Identity{}, registerCall{}, nil, err
+	}
+	now := s.cfg.Now()
+	pub, err := bootv1.VerifyRequest(bootv1.EnrollmentService_Register_FullMethodName, req, now)
+	if err != nil {
+		return identity.Identity{}, registerCall{}, nil, status.Error(codes.Unauthenticated, err.Error())
+	}
+	if !ed25519.PublicKey(req.GetPublicKey()).Equal(pub) {
+		return identity.Identity{}, registerCall{}, nil, status.Error(codes.InvalidArgument, "register: public_key differs from auth.public_key: sign with the key being registered")
+	}
+	id, err := protoconv.IdentityFromProto(req.GetFacts().GetIdentity())
+	if err != nil {
+		return identity.Identity{}, registerCall{}, nil, status.Errorf(codes.InvalidArgument, "register: facts.%v", err)
+	}
+	if cl := req.GetChecklist(); cl != nil && cl.GetIdentity() != nil {
+		if cid, err := protoconv.IdentityFromProto(cl.GetIdentity()); err != nil || cid != id {
+			return identity.Identity{}, registerCall{}, nil, status.Error(codes.InvalidArgument, "register: checklist.identity differs from facts.identity")
+		}
+	}
+	fp := bootv1.KeyFingerprint(pub)
+	// TPM-bound identity (decision 0650): a key proves its EK before anything is
+	// stored for it.
+	ek, ekCert, challenge, err := s.proveTPM(ctx, id, fp, req.GetTpm(), now)
+	if err != nil || challenge != nil {
+		return id, registerCall{}, challenge, err
+	}
+	call := registerCall{
+		Key: inventory.Key{
+			Fingerprint: fp, PublicKey: append([]byte(nil), pub...), RegisteredAt: now.UTC(), LastSeen: now.UTC(),
+			BootID: req.GetFacts().GetBootId(), Remote: remoteOf(ctx), EKHash: ek, EKCertificate: ekCert,
+		},
+		Verdict:     s.cfg.Policy.Decide(id),
+		Now:         now,
+		TokenSecret: randomBytes(tokenSecretSize),
+		Challenge:   randomBytes(bootv1.ChallengeSize),
+	}
+	// Deterministic, so the same facts encode the same and an unchanged Register
+	// writes nothing.
+	enc := proto.MarshalOptions{Deterministic: true}
+	call.Facts, _ = enc.Marshal(req.GetFacts())
+	if req.GetChecklist() != nil {
+		call.Checklist, _ = enc.Marshal(req.GetChecklist())
+	}
+	return id, call, nil, nil
 }
 
 func (s *Service) count(answer string) {
@@ -330,8 +342,7 @@ func decideRegister(stored *inventory.Machine, call registerCall, rules register
 		d.Response = resp
 		return d, nil
 	}
-	key := call.Key
-	fp := key.Fingerprint
+	fp := call.Key.Fingerprint
 	switch m.State {
 	case inventory.Decommissioned:
 		return done(&bootv1.RegisterResponse{Status: bootv1.RegisterStatus_REGISTER_STATUS_DECOMMISSIONED,
@@ -345,71 +356,10 @@ func decideRegister(stored *inventory.Machine, call registerCall, rules register
 			return done(resp)
 		}
 	}
-
-	if i := m.FindKey(fp); i >= 0 {
-		k := &m.Keys[i]
-		// With another key beside it, liveness decides who keeps the identity
-		// (conflictMove): then every call counts.
-		if key.EKHash != "" && k.EKHash == "" {
-			k.EKHash, k.EKCertificate = key.EKHash, key.EKCertificate
-		}
-		if now.Sub(k.LastSeen) >= lastSeenStep || len(m.Keys) > 1 || (key.BootID != "" && key.BootID != k.BootID) {
-			k.LastSeen, k.Remote = now.UTC(), key.Remote
-			if key.BootID != "" {
-				k.BootID = key.BootID
-			}
-		}
-	} else {
-		var live []inventory.Key
-		for _, k := range m.Keys {
-			if k.Live(now) {
-				live = append(live, k)
-			}
-		}
-		if len(live) >= 2 {
-			// Two live keys already; a third is not stored (bounded growth).
-			return done(&bootv1.RegisterResponse{Status: bootv1.RegisterStatus_REGISTER_STATUS_PENDING,
-				Message: "two other keys for this identity are live; an operator must resolve it", RetryAfter: durationpb.New(DefaultPollEvery)})
-		}
-		// Dead keys are dropped; a live one stays beside the new key. The machine
-		// may have rebooted without its boot request reaching gpuboot, or another
-		// machine claims its identity: if both stay live it is a conflict
-		// (conflictMove); if the old one goes away the new one takes over below.
-		if m.State == inventory.Conflict {
-			m.Keys = append(m.Keys, key)
-		} else {
-			m.Keys = append(live, key)
-		}
+	if resp := keepKey(m, call.Key, now); resp != nil {
+		return done(resp)
 	}
-	othersLive := false
-	for _, k := range m.Keys {
-		othersLive = othersLive || (k.Fingerprint != fp && k.Live(now))
-	}
-	if !othersLive && m.BoundKey != fp && m.State != inventory.Conflict {
-		old := m.BoundKey
-		m.Keys = []inventory.Key{m.Keys[m.FindKey(fp)]}
-		switch {
-		case old != "":
-			// Re-enrollment (CONTRACTS §2.8): the bound key is gone, and with it the
-			// certificates issued to it.
-			d.Revoke = m.AgentCertSerials
-			m.Approval = nil
-			m.AgentCertSerials = nil
-			if rules.Reenroll == ReenrollAuto {
-				m.BoundKey = fp
-				move(inventory.Approved, "policy:reenroll-auto", fmt.Sprintf("new key %s after reboot; bound key %s no longer live", short(fp), short(old)))
-			} else {
-				m.BoundKey = ""
-				move(inventory.Registered, "policy:reenroll-manual", fmt.Sprintf("new key %s after reboot; bound key %s no longer live; waiting for an operator", short(fp), short(old)))
-			}
-		case m.State == inventory.Approved:
-			// Approved ahead of its agent (hold mode, allowlist): bind the first key.
-			m.BoundKey = fp
-			move(inventory.Approved, agentActor(fp), "first key registered for a pre-approved identity is bound")
-		case m.State == inventory.Discovered:
-			move(inventory.Registered, agentActor(fp), "agent registered")
-		}
-	}
+	bindLoneKey(m, fp, rules.Reenroll, now, &d, move)
 	if moveErr == nil {
 		t, ok, err := conflictMove(m, now)
 		if err != nil {
@@ -444,6 +394,91 @@ func decideRegister(stored *inventory.Machine, call registerCall, rules register
 	if rules.Identity.usesTPM() {
 		bindEK(m)
 	}
+	return done(registerAnswer(m, call, rules, current, spent))
+}
+
+// keepKey stores the calling key in m: a known key's last sighting (and EK) is
+// refreshed; a new key joins the live ones and dead keys are dropped. With two other
+// keys live it stores nothing and returns the answer (bounded growth); else nil.
+func keepKey(m *inventory.Machine, key inventory.Key, now time.Time) *bootv1.RegisterResponse {
+	if i := m.FindKey(key.Fingerprint); i >= 0 {
+		k := &m.Keys[i]
+		// With another key beside it, liveness decides who keeps the identity
+		// (conflictMove): then every call counts.
+		if key.EKHash != "" && k.EKHash == "" {
+			k.EKHash, k.EKCertificate = key.EKHash, key.EKCertificate
+		}
+		if now.Sub(k.LastSeen) >= lastSeenStep || len(m.Keys) > 1 || (key.BootID != "" && key.BootID != k.BootID) {
+			k.LastSeen, k.Remote = now.UTC(), key.Remote
+			if key.BootID != "" {
+				k.BootID = key.BootID
+			}
+		}
+		return nil
+	}
+	var live []inventory.Key
+	for _, k := range m.Keys {
+		if k.Live(now) {
+			live = append(live, k)
+		}
+	}
+	if len(live) >= 2 {
+		return &bootv1.RegisterResponse{Status: bootv1.RegisterStatus_REGISTER_STATUS_PENDING,
+			Message: "two other keys for this identity are live; an operator must resolve it", RetryAfter: durationpb.New(DefaultPollEvery)}
+	}
+	// Dead keys are dropped; a live one stays beside the new key. The machine may have
+	// rebooted without its boot request reaching gpuboot, or another machine claims
+	// its identity: if both stay live it is a conflict (conflictMove); if the old one
+	// goes away the new one takes over (bindLoneKey).
+	if m.State == inventory.Conflict {
+		m.Keys = append(m.Keys, key)
+	} else {
+		m.Keys = append(live, key)
+	}
+	return nil
+}
+
+// bindLoneKey acts when the calling key fp is the only live one and not yet bound
+// (outside conflict): the other keys are dropped, and a re-enrollment (CONTRACTS §2.8:
+// the bound key is gone, its certificates are revoked), a pre-approved identity or a
+// discovered machine moves on.
+func bindLoneKey(m *inventory.Machine, fp string, reenroll Reenroll, now time.Time, d *registerDecision, move func(inventory.State, string, string)) {
+	for _, k := range m.Keys {
+		if k.Fingerprint != fp && k.Live(now) {
+			return
+		}
+	}
+	if m.BoundKey == fp || m.State == inventory.Conflict {
+		return
+	}
+	old := m.BoundKey
+	m.Keys = []inventory.Key{m.Keys[m.FindKey(fp)]}
+	switch {
+	case old != "":
+		d.Revoke = m.AgentCertSerials
+		m.Approval = nil
+		m.AgentCertSerials = nil
+		if reenroll == ReenrollAuto {
+			m.BoundKey = fp
+			move(inventory.Approved, "policy:reenroll-auto", fmt.Sprintf("new key %s after reboot; bound key %s no longer live", short(fp), short(old)))
+		} else {
+			m.BoundKey = ""
+			move(inventory.Registered, "policy:reenroll-manual", fmt.Sprintf("new key %s after reboot; bound key %s no longer live; waiting for an operator", short(fp), short(old)))
+		}
+	case m.State == inventory.Approved:
+		// Approved ahead of its agent (hold mode, allowlist): bind the first key.
+		m.BoundKey = fp
+		move(inventory.Approved, agentActor(fp), "first key registered for a pre-approved identity is bound")
+	case m.State == inventory.Discovered:
+		move(inventory.Registered, agentActor(fp), "agent registered")
+	}
+}
+
+// registerAnswer is the answer to the calling key once m is decided; for an approved,
+// bound key it issues the one-time token (a new one when the last is used, expired or
+// another key's).
+func registerAnswer(m *inventory.Machine, call registerCall, rules registerRules, current, spent bool) *bootv1.RegisterResponse {
+	fp, now := call.Key.Fingerprint, call.Now
 	resp := &bootv1.RegisterResponse{}
 	switch {
 	case m.State == inventory.Conflict:
@@ -471,22 +506,27 @@ func decideRegister(stored *inventory.Machine, call registerCall, rules register
 	default:
 		resp.Status = bootv1.RegisterStatus_REGISTER_STATUS_PENDING
 		resp.RetryAfter = durationpb.New(DefaultPollEvery)
-		switch {
-		case m.BoundKey != "" && m.BoundKey != fp:
-			resp.Message = fmt.Sprintf("another key (%s) is bound to this identity and still live; waiting for it to go away", short(m.BoundKey))
-		case len(m.Keys) > 1 && !current:
-			resp.Message = "another key for this identity is live; waiting for it to go away"
-		case call.Verdict.EKHash != "" && strings.HasPrefix(call.Verdict.Actor, "policy:allowlist:") && !rules.Identity.usesTPM():
-			resp.Message = "the rack manifest names this machine's TPM EK, which gpuboot does not check with identity: mac-uuid-serial: an operator must approve it, or set enrollment.identity: tpm"
-		case spent:
-			resp.Message = "this machine was decommissioned and its allowlist row no longer approves it: an operator must approve it (gpuboot machines approve)"
-		case call.RowHeldBy != "":
-			resp.Message = fmt.Sprintf("the allowlist row for this serial and MAC is bound to machine %s; an operator must approve or reject this identity", call.RowHeldBy)
-		default:
-			resp.Message = "waiting for approval"
-		}
+		resp.Message = pendingMessage(m, call, rules, current, spent)
 	}
-	return done(resp)
+	return resp
+}
+
+// pendingMessage says why a key waits.
+func pendingMessage(m *inventory.Machine, call registerCall, rules registerRules, current, spent bool) string {
+	fp := call.Key.Fingerprint
+	switch {
+	case m.BoundKey != "" && m.BoundKey != fp:
+		return fmt.Sprintf("another key (%s) is bound to this identity and still live; waiting for it to go away", short(m.BoundKey))
+	case len(m.Keys) > 1 && !current:
+		return "another key for this identity is live; waiting for it to go away"
+	case call.Verdict.EKHash != "" && strings.HasPrefix(call.Verdict.Actor, "policy:allowlist:") && !rules.Identity.usesTPM():
+		return "the rack manifest names this machine's TPM EK, which gpuboot does not check with identity: mac-uuid-serial: an operator must approve it, or set enrollment.identity: tpm"
+	case spent:
+		return "this machine was decommissioned and its allowlist row no longer approves it: an operator must approve it (gpuboot machines approve)"
+	case call.RowHeldBy != "":
+		return fmt.Sprintf("the allowlist row for this serial and MAC is bound to machine %s; an operator must approve or reject this identity", call.RowHeldBy)
+	}
+	return "waiting for approval"
 }
 
 // conflictMove moves m to conflict when two of its keys are live and both were seen

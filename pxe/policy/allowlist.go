@@ -85,25 +85,9 @@ func ParseList(source string, r io.Reader) (*List, error) {
 	if err != nil {
 		return nil, fmt.Errorf("allowlist %s: %w", source, err)
 	}
-	col := map[string]int{}
-	for i, h := range header {
-		h = strings.ToLower(strings.TrimSpace(h))
-		known := false
-		for _, c := range manifestColumns {
-			known = known || c == h
-		}
-		if !known {
-			return nil, fmt.Errorf("allowlist %s line 1: unknown column %q: columns are %s (serial and/or mac required)", source, header[i], strings.Join(manifestColumns, ", "))
-		}
-		if _, dup := col[h]; dup {
-			return nil, fmt.Errorf("allowlist %s line 1: column %q appears twice", source, h)
-		}
-		col[h] = i
-	}
-	_, hasSerial := col["serial"]
-	_, hasMAC := col["mac"]
-	if !hasSerial && !hasMAC {
-		return nil, fmt.Errorf("allowlist %s line 1: no serial or mac column: the header must name at least one of them", source)
+	col, err := manifestHeader(header)
+	if err != nil {
+		return nil, fmt.Errorf("allowlist %s line 1: %w", source, err)
 	}
 	l := &List{Source: source, bySerial: map[string]int{}, byMAC: map[string]int{}, byEK: map[string]int{}}
 	for {
@@ -118,72 +102,120 @@ func ParseList(source string, r io.Reader) (*List, error) {
 		if len(rec) != len(header) {
 			return nil, fmt.Errorf("allowlist %s line %d: %d fields, the header has %d", source, line, len(rec), len(header))
 		}
-		get := func(name string) string {
-			if i, ok := col[name]; ok {
-				return strings.TrimSpace(rec[i])
-			}
-			return ""
+		e, err := manifestEntry(rec, col, line)
+		if err == nil {
+			err = l.add(e)
 		}
-		e := Entry{Rack: get("rack"), Slot: get("slot"), Line: line}
-		if raw := get("serial"); raw != "" {
-			s, err := identity.NormalizeSerial(raw)
-			if err != nil {
-				return nil, fmt.Errorf("allowlist %s line %d: serial %q: %w", source, line, raw, err)
-			}
-			if s == "" {
-				return nil, fmt.Errorf("allowlist %s line %d: serial %q is a placeholder that many machines share; list the MAC instead", source, line, raw)
-			}
-			e.Serial = s
+		if err != nil {
+			return nil, fmt.Errorf("allowlist %s line %d: %w", source, line, err)
 		}
-		if raw := get("mac"); raw != "" {
-			m, err := identity.NormalizeMAC(raw)
-			if err != nil {
-				return nil, fmt.Errorf("allowlist %s line %d: %w", source, line, err)
-			}
-			e.MAC = strings.ToLower(m.String())
-		}
-		if e.Serial == "" && e.MAC == "" {
-			return nil, fmt.Errorf("allowlist %s line %d: neither serial nor mac is set", source, line)
-		}
-		if raw := get("ekhash"); raw != "" {
-			h, err := NormalizeEKHash(raw)
-			if err != nil {
-				return nil, fmt.Errorf("allowlist %s line %d: %w", source, line, err)
-			}
-			e.EKHash = h
-		}
-		if raw := get("ekcertificate"); raw != "" {
-			h, err := EKHashOfCertificatePEM(raw)
-			if err != nil {
-				return nil, fmt.Errorf("allowlist %s line %d: ekCertificate: %w", source, line, err)
-			}
-			if e.EKHash != "" && e.EKHash != h {
-				return nil, fmt.Errorf("allowlist %s line %d: ekHash %s and the ekCertificate's key (%s) differ: give the one the vendor shipped for this machine", source, line, e.EKHash, h)
-			}
-			e.EKHash = h
-		}
-		idx := len(l.Entries)
-		if e.Serial != "" {
-			if prev, dup := l.bySerial[e.Serial]; dup {
-				return nil, fmt.Errorf("allowlist %s line %d: serial %q already listed on line %d", source, line, e.Serial, l.Entries[prev].Line)
-			}
-			l.bySerial[e.Serial] = idx
-		}
-		if e.EKHash != "" {
-			if prev, dup := l.byEK[e.EKHash]; dup {
-				return nil, fmt.Errorf("allowlist %s line %d: ekHash %s already listed on line %d: one TPM is in one machine", source, line, e.EKHash, l.Entries[prev].Line)
-			}
-			l.byEK[e.EKHash] = idx
-		}
-		if e.MAC != "" {
-			if prev, dup := l.byMAC[e.MAC]; dup {
-				return nil, fmt.Errorf("allowlist %s line %d: mac %s already listed on line %d", source, line, e.MAC, l.Entries[prev].Line)
-			}
-			l.byMAC[e.MAC] = idx
-		}
-		l.Entries = append(l.Entries, e)
 	}
 	return l, nil
+}
+
+// manifestHeader returns the index of each column the header names.
+func manifestHeader(header []string) (map[string]int, error) {
+	col := map[string]int{}
+	for i, h := range header {
+		h = strings.ToLower(strings.TrimSpace(h))
+		known := false
+		for _, c := range manifestColumns {
+			known = known || c == h
+		}
+		if !known {
+			return nil, fmt.Errorf("unknown column %q: columns are %s (serial and/or mac required)", header[i], strings.Join(manifestColumns, ", "))
+		}
+		if _, dup := col[h]; dup {
+			return nil, fmt.Errorf("column %q appears twice", h)
+		}
+		col[h] = i
+	}
+	_, hasSerial := col["serial"]
+	_, hasMAC := col["mac"]
+	if !hasSerial && !hasMAC {
+		return nil, errors.New("no serial or mac column: the header must name at least one of them")
+	}
+	return col, nil
+}
+
+// manifestEntry parses one row, normalising its serial, MAC and EK.
+func manifestEntry(rec []string, col map[string]int, line int) (Entry, error) {
+	get := func(name string) string {
+		if i, ok := col[name]; ok {
+			return strings.TrimSpace(rec[i])
+		}
+		return ""
+	}
+	e := Entry{Rack: get("rack"), Slot: get("slot"), Line: line}
+	if raw := get("serial"); raw != "" {
+		s, err := identity.NormalizeSerial(raw)
+		if err != nil {
+			return Entry{}, fmt.Errorf("serial %q: %w", raw, err)
+		}
+		if s == "" {
+			return Entry{}, fmt.Errorf("serial %q is a placeholder that many machines share; list the MAC instead", raw)
+		}
+		e.Serial = s
+	}
+	if raw := get("mac"); raw != "" {
+		m, err := identity.NormalizeMAC(raw)
+		if err != nil {
+			return Entry{}, err
+		}
+		e.MAC = strings.ToLower(m.String())
+	}
+	if e.Serial == "" && e.MAC == "" {
+		return Entry{}, errors.New("neither serial nor mac is set")
+	}
+	if raw := get("ekhash"); raw != "" {
+		h, err := NormalizeEKHash(raw)
+		if err != nil {
+			return Entry{}, err
+		}
+		e.EKHash = h
+	}
+	if raw := get("ekcertificate"); raw != "" {
+		h, err := EKHashOfCertificatePEM(raw)
+		if err != nil {
+			return Entry{}, fmt.Errorf("ekCertificate: %w", err)
+		}
+		if e.EKHash != "" && e.EKHash != h {
+			return Entry{}, fmt.Errorf("ekHash %s and the ekCertificate's key (%s) differ: give the one the vendor shipped for this machine", e.EKHash, h)
+		}
+		e.EKHash = h
+	}
+	return e, nil
+}
+
+// add appends e, refusing a serial, EK or MAC another row already lists.
+func (l *List) add(e Entry) error {
+	idx := len(l.Entries)
+	if e.Serial != "" {
+		if prev, dup := l.bySerial[e.Serial]; dup {
+			return fmt.Errorf("serial %q already listed on line %d", e.Serial, l.Entries[prev].Line)
+		}
+	}
+	if e.EKHash != "" {
+		if prev, dup := l.byEK[e.EKHash]; dup {
+			return fmt.Errorf("ekHash %s already listed on line %d: one TPM is in one machine", e.EKHash, l.Entries[prev].Line)
+		}
+	}
+	if e.MAC != "" {
+		if prev, dup := l.byMAC[e.MAC]; dup {
+			return fmt.Errorf("mac %s already listed on line %d", e.MAC, l.Entries[prev].Line)
+		}
+	}
+	if e.Serial != "" {
+		l.bySerial[e.Serial] = idx
+	}
+	if e.EKHash != "" {
+		l.byEK[e.EKHash] = idx
+	}
+	if e.MAC != "" {
+		l.byMAC[e.MAC] = idx
+	}
+	l.Entries = append(l.Entries, e)
+	return nil
 }
 
 // Match returns the entry for the identity c: one whose every given field (serial, MAC)

@@ -28,52 +28,12 @@ func Build(rack string, machines []*bootv1.Machine, now time.Time) *bootv1.RackR
 		if m.GetRack() != rack || m.GetState() == bootv1.MachineState_MACHINE_STATE_DECOMMISSIONED {
 			continue
 		}
-		row := &bootv1.RackReportMachine{
-			MachineId: m.GetId(), NodeName: m.GetNodeName(), Slot: m.GetSlot(), Identity: m.GetIdentity(),
-			State: m.GetState(), Checklist: m.GetChecklist(), Health: m.GetHealth(),
-			ImageId: m.GetChecklist().GetImageId(), DriverVersion: m.GetChecklist().GetDriverVersion(),
-			Simulated: m.GetChecklist().GetSimulated(), GpuAllocation: m.GetGpuAllocation(),
-		}
-		if row.ImageId == "" {
-			row.ImageId = m.GetImageId()
-		}
-		if row.DriverVersion == "" {
-			row.DriverVersion = m.GetFacts().GetDriverVersion()
-		}
+		row := reportRow(m)
 		d.Machines = append(d.Machines, row)
 		d.MachinesByState[StateName(m.GetState())]++
 		gpus := uint32(len(m.GetFacts().GetGpus()))
-		failing := map[int32]bool{}
-		nodeFail := false
-		for _, r := range m.GetChecklist().GetResults() {
-			t := tallies[r.GetId()]
-			if t == nil {
-				t = &bootv1.CheckTally{Id: r.GetId()}
-				tallies[r.GetId()] = t
-			}
-			switch r.GetStatus() {
-			case machinev1.CheckStatus_CHECK_STATUS_PASS:
-				t.Pass++
-			case machinev1.CheckStatus_CHECK_STATUS_WARN:
-				t.Warn++
-			case machinev1.CheckStatus_CHECK_STATUS_FAIL:
-				t.Fail++
-				if r.GpuIndex != nil && r.GetGpuIndex() >= 0 {
-					failing[r.GetGpuIndex()] = true
-				} else {
-					nodeFail = true
-				}
-			case machinev1.CheckStatus_CHECK_STATUS_NOT_APPLICABLE:
-				t.NotApplicable++
-			default:
-				t.Unknown++
-			}
-		}
+		healthy := tally(tallies, m.GetChecklist(), gpus)
 		d.GpuCount += gpus
-		healthy := uint32(0)
-		if !nodeFail && uint32(len(failing)) <= gpus {
-			healthy = gpus - uint32(len(failing))
-		}
 		d.HealthyGpuCount += healthy
 		if row.Simulated {
 			d.SimulatedGpuCount += gpus
@@ -83,16 +43,7 @@ func Build(rack string, machines []*bootv1.Machine, now time.Time) *bootv1.RackR
 		switch m.GetState() {
 		case bootv1.MachineState_MACHINE_STATE_READY:
 			ready++
-			row.AllocatableGpuCount = healthy
-			if h := m.GetHealth(); h.GetGpuCount() > 0 {
-				row.AllocatableGpuCount = min(h.GetHealthyGpuCount(), h.GetGpuCount())
-			}
-			// A node with GPUHealthy False carries gpurack.io/gpu-unhealthy: no pod that
-			// does not tolerate it gets any of its GPUs. Withdrawn GPUs (GPUHealthy
-			// stays True, decision 0630) cost only themselves.
-			if h := m.GetHealth(); h.GetState() == machinev1.HealthState_HEALTH_STATE_UNHEALTHY && !h.GetGpuHealthy() {
-				row.AllocatableGpuCount = 0
-			}
+			row.AllocatableGpuCount = allocatableGPUs(m.GetHealth(), healthy)
 		case bootv1.MachineState_MACHINE_STATE_QUARANTINED:
 			quarantined++
 		}
@@ -122,6 +73,75 @@ func Build(rack string, machines []*bootv1.Machine, now time.Time) *bootv1.RackR
 	sort.Slice(d.Checks, func(i, j int) bool { return d.Checks[i].Id < d.Checks[j].Id })
 	d.Tenants = Tenants(d.Machines)
 	return d
+}
+
+// reportRow is m's row, before its reason and GPU counts.
+func reportRow(m *bootv1.Machine) *bootv1.RackReportMachine {
+	row := &bootv1.RackReportMachine{
+		MachineId: m.GetId(), NodeName: m.GetNodeName(), Slot: m.GetSlot(), Identity: m.GetIdentity(),
+		State: m.GetState(), Checklist: m.GetChecklist(), Health: m.GetHealth(),
+		ImageId: m.GetChecklist().GetImageId(), DriverVersion: m.GetChecklist().GetDriverVersion(),
+		Simulated: m.GetChecklist().GetSimulated(), GpuAllocation: m.GetGpuAllocation(),
+	}
+	if row.ImageId == "" {
+		row.ImageId = m.GetImageId()
+	}
+	if row.DriverVersion == "" {
+		row.DriverVersion = m.GetFacts().GetDriverVersion()
+	}
+	return row
+}
+
+// tally counts cl's results into tallies (by check id) and returns how many of the
+// machine's gpus are healthy: none when a node-wide check fails, else those no
+// failing check names.
+func tally(tallies map[string]*bootv1.CheckTally, cl *machinev1.Checklist, gpus uint32) uint32 {
+	failing := map[int32]bool{}
+	nodeFail := false
+	for _, r := range cl.GetResults() {
+		t := tallies[r.GetId()]
+		if t == nil {
+			t = &bootv1.CheckTally{Id: r.GetId()}
+			tallies[r.GetId()] = t
+		}
+		switch r.GetStatus() {
+		case machinev1.CheckStatus_CHECK_STATUS_PASS:
+			t.Pass++
+		case machinev1.CheckStatus_CHECK_STATUS_WARN:
+			t.Warn++
+		case machinev1.CheckStatus_CHECK_STATUS_FAIL:
+			t.Fail++
+			if r.GpuIndex != nil && r.GetGpuIndex() >= 0 {
+				failing[r.GetGpuIndex()] = true
+			} else {
+				nodeFail = true
+			}
+		case machinev1.CheckStatus_CHECK_STATUS_NOT_APPLICABLE:
+			t.NotApplicable++
+		default:
+			t.Unknown++
+		}
+	}
+	if nodeFail || uint32(len(failing)) > gpus {
+		return 0
+	}
+	return gpus - uint32(len(failing))
+}
+
+// allocatableGPUs is how many GPUs of a ready machine pods may get: its healthy ones,
+// or what its agent last reported allocatable.
+func allocatableGPUs(h *machinev1.HealthSummary, healthy uint32) uint32 {
+	n := healthy
+	if h.GetGpuCount() > 0 {
+		n = min(h.GetHealthyGpuCount(), h.GetGpuCount())
+	}
+	// A node with GPUHealthy False carries gpurack.io/gpu-unhealthy: no pod that
+	// does not tolerate it gets any of its GPUs. Withdrawn GPUs (GPUHealthy
+	// stays True, decision 0630) cost only themselves.
+	if h.GetState() == machinev1.HealthState_HEALTH_STATE_UNHEALTHY && !h.GetGpuHealthy() {
+		n = 0
+	}
+	return n
 }
 
 // SimulatedLine says how much of a report's totals is simulated (CONTRACTS §11), or ""

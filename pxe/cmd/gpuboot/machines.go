@@ -65,6 +65,13 @@ func newMachinesCommand() *cobra.Command {
 		Long:  `Machines are named by a MACHINE reference: the inventory id, the node name or the boot MAC.`,
 	}
 	f.register(cmd)
+	reject, resolve, decom := newMachinesDecisionCommands(&f)
+	cmd.AddCommand(newMachinesListCommand(&f), newMachinesShowCommand(&f), newMachinesApproveCommand(&f), reject, resolve, decom, newMachinesHistoryCommand(&f))
+	return cmd
+}
+
+// newMachinesListCommand is `machines list`.
+func newMachinesListCommand(f *clientFlags) *cobra.Command {
 	var states []string
 	var rack, output string
 	list := &cobra.Command{
@@ -113,7 +120,11 @@ func newMachinesCommand() *cobra.Command {
 	list.Flags().StringSliceVar(&states, "state", nil, "only machines in these states")
 	list.Flags().StringVar(&rack, "rack", "", "only machines of this rack")
 	list.Flags().StringVarP(&output, "output", "o", "table", "table or json")
+	return list
+}
 
+// newMachinesShowCommand is `machines show`.
+func newMachinesShowCommand(f *clientFlags) *cobra.Command {
 	var showOut string
 	show := &cobra.Command{
 		Use:   "show MACHINE",
@@ -134,8 +145,12 @@ func newMachinesCommand() *cobra.Command {
 		},
 	}
 	show.Flags().StringVarP(&showOut, "output", "o", "text", "text or json")
+	return show
+}
 
-	var reason, nodeName, apRack, slot, key string
+// newMachinesApproveCommand is `machines approve`.
+func newMachinesApproveCommand(f *clientFlags) *cobra.Command {
+	var reason, nodeName, apRack, slot string
 	approve := &cobra.Command{
 		Use:   "approve MACHINE [--reason R] [--node-name N] [--rack R] [--slot S]",
 		Short: "Approve a machine: it gets its JoinBundle once, for the key shown by `machines show`",
@@ -155,7 +170,13 @@ func newMachinesCommand() *cobra.Command {
 	approve.Flags().StringVar(&nodeName, "node-name", "", "Kubernetes node name (default: gpuboot's naming rule)")
 	approve.Flags().StringVar(&apRack, "rack", "", "place the machine in this rack")
 	approve.Flags().StringVar(&slot, "slot", "", "place the machine in this slot")
+	return approve
+}
 
+// newMachinesDecisionCommands are `machines reject`, `resolve-conflict` and
+// `decommission`: each needs a reason.
+func newMachinesDecisionCommands(f *clientFlags) (reject, resolve, decom *cobra.Command) {
+	var reason, key string
 	simple := func(use, short string, call func(ctx context.Context, c bootv1.AdminServiceClient, ref string) (*bootv1.Machine, error)) *cobra.Command {
 		cmd := &cobra.Command{
 			Use: use, Short: short, Args: cobra.ExactArgs(1),
@@ -176,20 +197,24 @@ func newMachinesCommand() *cobra.Command {
 		cmd.Flags().StringVar(&reason, "reason", "", "why (required, recorded in the history)")
 		return cmd
 	}
-	reject := simple("reject MACHINE --reason R", "Reject a discovered or registered machine", func(ctx context.Context, c bootv1.AdminServiceClient, ref string) (*bootv1.Machine, error) {
+	reject = simple("reject MACHINE --reason R", "Reject a discovered or registered machine", func(ctx context.Context, c bootv1.AdminServiceClient, ref string) (*bootv1.Machine, error) {
 		return c.Reject(ctx, &bootv1.RejectRequest{Machine: ref, Reason: reason})
 	})
-	decom := simple("decommission MACHINE --reason R", "Retire a machine: revoke its certificate, delete its Node and tokens", func(ctx context.Context, c bootv1.AdminServiceClient, ref string) (*bootv1.Machine, error) {
+	decom = simple("decommission MACHINE --reason R", "Retire a machine: revoke its certificate, delete its Node and tokens", func(ctx context.Context, c bootv1.AdminServiceClient, ref string) (*bootv1.Machine, error) {
 		return c.Decommission(ctx, &bootv1.DecommissionRequest{Machine: ref, Reason: reason})
 	})
-	resolve := simple("resolve-conflict MACHINE --key FINGERPRINT --reason R", "End a conflict by choosing the key that keeps the identity", func(ctx context.Context, c bootv1.AdminServiceClient, ref string) (*bootv1.Machine, error) {
+	resolve = simple("resolve-conflict MACHINE --key FINGERPRINT --reason R", "End a conflict by choosing the key that keeps the identity", func(ctx context.Context, c bootv1.AdminServiceClient, ref string) (*bootv1.Machine, error) {
 		if key == "" {
 			return nil, fmt.Errorf("--key is required: the fingerprint (sha256:…) of the winning key, from `machines show`")
 		}
 		return c.ResolveConflict(ctx, &bootv1.ResolveConflictRequest{Machine: ref, WinningKeyFingerprint: key, Reason: reason})
 	})
 	resolve.Flags().StringVar(&key, "key", "", "fingerprint of the key that wins (required)")
+	return reject, resolve, decom
+}
 
+// newMachinesHistoryCommand is `machines history`.
+func newMachinesHistoryCommand(f *clientFlags) *cobra.Command {
 	var hRack string
 	var limit uint32
 	history := &cobra.Command{
@@ -213,9 +238,7 @@ func newMachinesCommand() *cobra.Command {
 	}
 	history.Flags().StringVar(&hRack, "rack", "", "only machines of this rack")
 	history.Flags().Uint32Var(&limit, "limit", 0, "only the latest N transitions")
-
-	cmd.AddCommand(list, show, approve, reject, resolve, decom, history)
-	return cmd
+	return history
 }
 
 func newRackCommand() *cobra.Command {
