@@ -48,7 +48,13 @@ func (n *node) writeCDISpec(ctx context.Context, gpus []deviceplugin.GPU) error 
 
 func (s *devicePluginService) Name() string { return "device-plugin" }
 
-func (s *devicePluginService) Run(ctx context.Context) error {
+// Run runs the device plugin from the start (Config.DevicePlugin), outside the
+// supervisor.
+func (s *devicePluginService) Run(ctx context.Context) error { return s.attempt(ctx, gated{}) }
+
+// attempt serves the device plugin until ctx ends, once the first checklist is in;
+// with no GPU it stops. It is not restarted.
+func (s *devicePluginService) attempt(ctx context.Context, _ gated) error {
 	s.set(Starting, "waiting for the first checklist")
 	if err := s.p.Run(ctx); errors.Is(err, deviceplugin.ErrNoGPU) {
 		s.set(Stopped, "no GPU on this node: "+deviceplugin.ErrNoGPU.Error())

@@ -297,7 +297,7 @@ func (n *node) join(ctx context.Context, bundle *bootv1.JoinBundle, afterNode fu
 		// real kubelet below.
 		node, lease = n.joinSimulated(ctx, bundle, labels), 10*time.Second
 	} else if node = n.joinKubelet(ctx, bundle, labels); node != nil {
-		n.startPostJoin(bundle)
+		n.supervise(n.postJoinServices(bundle), kubeletJoined)
 	}
 	if node == nil {
 		return
@@ -308,25 +308,6 @@ func (n *node) join(ctx context.Context, bundle *bootv1.JoinBundle, afterNode fu
 		n.advance(evNodeUp, "joined as "+bundle.GetNodeName()+"; keeping GPUHealthy")
 	}
 	kubejoin.Follow(ctx, node, n.mon, lease, n.log)
-}
-
-// startPostJoin starts the services that run once kubelet has joined.
-func (n *node) startPostJoin(bundle *bootv1.JoinBundle) {
-	name := bundle.GetNodeName()
-	kubeconfig := kubeletPaths(n.cfg.KubeletDir).Kubeconfig
-	if pn, err := n.podNetworkSettings(bundle); err != nil {
-		// No pod network: the Node stays NotReady, and says why.
-		n.services.Start(&failedService{name: "pod-network", err: err})
-		consoleLine(n.cfg.Console, "gpuagent: pod network: "+err.Error())
-	} else {
-		kp := n.kubeProxy(kubeconfig, name, pn.PodSubnet)
-		n.services.Start(kp)
-		n.services.Start(n.podNetwork(kubeconfig, name, pn, kp.WaitSynced))
-	}
-	n.services.Start(n.networkPolicy(kubeconfig, name))
-	if !n.cfg.DevicePlugin { // else it runs since the start
-		n.services.Start(n.devicePlugin())
-	}
 }
 
 // nodeLabels are the Node's labels: the bundle's, then the agent's (image, driver,

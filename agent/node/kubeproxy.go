@@ -2,10 +2,12 @@ package node
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"time"
 
 	"github.com/gpurack/gpurack/agent/kubejoin"
+	"github.com/gpurack/gpurack/agent/retry"
 )
 
 // kubeProxyService starts kube-proxy.service once kubelet has joined (decision 0602),
@@ -17,9 +19,8 @@ type kubeProxyService struct {
 	host kubejoin.Host
 	path string
 	j    kubejoin.KubeProxyJoin
-	// metrics is kube-proxy's metrics URL; synced closes once its rules are in place.
+	// metrics is kube-proxy's metrics URL, asked whether its rules are in place.
 	metrics string
-	synced  chan struct{}
 	console string
 }
 
@@ -30,59 +31,49 @@ func (n *node) kubeProxy(kubeconfig, nodeName, clusterCIDR string) *kubeProxySer
 	}
 	return &kubeProxyService{host: host, path: kubejoin.DefaultKubeProxyConfig,
 		j:       kubejoin.KubeProxyJoin{NodeName: nodeName, Kubeconfig: kubeconfig, ClusterCIDR: clusterCIDR},
-		metrics: "http://" + kubejoin.KubeProxyMetricsAddr + "/metrics", synced: make(chan struct{}), console: n.cfg.Console}
-}
-
-// WaitSynced returns once kube-proxy has put its Service rules in place, or with
-// ctx's error. The pod network waits for it before it lets kubelet report Ready, so
-// that a Ready node's pods reach Services from their first packet.
-func (s *kubeProxyService) WaitSynced(ctx context.Context) error {
-	select {
-	case <-s.synced:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+		metrics: "http://" + kubejoin.KubeProxyMetricsAddr + "/metrics", console: n.cfg.Console}
 }
 
 func (s *kubeProxyService) Name() string { return "kube-proxy" }
 
-func (s *kubeProxyService) Run(ctx context.Context) error {
+// kubeProxyPoll is how often kube-proxy's metrics are asked for its first rule sync.
+var kubeProxyPoll = retry.Backoff{First: time.Second, Max: time.Second}
+
+// errNotSynced is kube-proxy answering that its rules are not in place yet.
+var errNotSynced = errors.New("kube-proxy: no rule sync yet")
+
+// attempt starts kube-proxy.service (a kernel without nftables is final; a failed
+// start the supervisor tries again), waits for its first rule sync, then opens its
+// gate (kube-proxy synced) and holds until ctx ends.
+func (s *kubeProxyService) attempt(ctx context.Context, g gated) error {
 	if err := kubejoin.CheckNFTables(); err != nil {
-		return err
+		return retry.Permanent(err)
 	}
-	for wait := time.Second; ; wait = min(2*wait, 30*time.Second) {
-		err := kubejoin.StartKubeProxy(ctx, s.host, s.path, s.j)
-		if err == nil {
-			break
-		}
-		s.set(Starting, "starting kube-proxy failed, retrying: "+err.Error())
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(wait):
-		}
+	if err := kubejoin.StartKubeProxy(ctx, s.host, s.path, s.j); err != nil {
+		return err
 	}
 	started := kubejoin.KubeProxyUnit + " started (nftables mode, " + s.path + ")"
 	s.set(Starting, started+"; waiting for its first rule sync")
 	client := &http.Client{Timeout: 5 * time.Second}
 	last := ""
-	for {
+	if kubeProxyPoll.Do(ctx, func(ctx context.Context) error {
 		ok, err := kubejoin.KubeProxySynced(ctx, client, s.metrics)
-		if ok {
-			break
+		switch {
+		case ok:
+			return nil
+		case err == nil:
+			return errNotSynced
 		}
-		if err != nil && err.Error() != last { // each new reason once, not every second
-			last = err.Error()
+		return err
+	}, func(f retry.Failure) {
+		if f.Err != errNotSynced && f.Err.Error() != last { // each new reason once, not every second
+			last = f.Err.Error()
 			s.set(Starting, started+"; waiting for its first rule sync: "+last)
 		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(time.Second):
-		}
+	}) != nil {
+		return nil // ctx ended
 	}
-	close(s.synced)
+	g.open()
 	inPlace := "Service rules in place; TCP conntrack liberal"
 	if err := kubejoin.CheckConntrackLiberal(kubejoin.ConntrackLiberalSysctl); err != nil {
 		inPlace = "Service rules in place; WARNING: " + err.Error()

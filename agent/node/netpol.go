@@ -11,12 +11,11 @@ import (
 // joined. Simulation mode has no kubelet and no pods.
 type networkPolicyService struct {
 	statusCell
-	cfg     netpol.Config
-	console string
+	cfg netpol.Config
 }
 
 func (n *node) networkPolicy(kubeconfig, nodeName string) *networkPolicyService {
-	s := &networkPolicyService{console: n.cfg.Console}
+	s := &networkPolicyService{}
 	s.cfg = netpol.Config{Kubeconfig: kubeconfig, NodeName: nodeName, Log: n.log.With("service", "network-policy"),
 		Progress: s.progress(n.cfg.Console, "network policy")}
 	return s
@@ -24,9 +23,9 @@ func (n *node) networkPolicy(kubeconfig, nodeName string) *networkPolicyService 
 
 func (s *networkPolicyService) Name() string { return "network-policy" }
 
-// Run enforces NetworkPolicy until ctx ends, retrying a failed start: a node that does
-// not enforce them must say so, in its status, until it does.
-func (s *networkPolicyService) Run(ctx context.Context) error {
-	retrying(ctx, &s.statusCell, s.cfg.Log, s.console, "network policy", func(ctx context.Context) error { return netpol.Run(ctx, s.cfg) })
-	return nil
+// attempt enforces NetworkPolicy until ctx ends; the supervisor restarts it
+// (serviceRestart): a node that does not enforce them must say so, in its status, until
+// it does.
+func (s *networkPolicyService) attempt(ctx context.Context, _ gated) error {
+	return netpol.Run(ctx, s.cfg)
 }

@@ -3,9 +3,7 @@ package node
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"net/netip"
-	"time"
 
 	"github.com/gpurack/gpurack/agent/podnet"
 	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
@@ -16,17 +14,16 @@ import (
 // kubeconfig, once kubelet has joined. Simulation mode has no kubelet and no pods.
 type podNetworkService struct {
 	statusCell
-	cfg     podnet.Config
-	console string
+	cfg podnet.Config
 }
 
-func (n *node) podNetwork(kubeconfig, nodeName string, pn profile.PodNetwork, servicesReady func(context.Context) error) *podNetworkService {
-	s := &podNetworkService{console: n.cfg.Console}
+func (n *node) podNetwork(kubeconfig, nodeName string, pn profile.PodNetwork) *podNetworkService {
+	s := &podNetworkService{}
 	// podNetworkSettings checked the subnet.
 	subnet, _ := netip.ParsePrefix(pn.PodSubnet)
 	s.cfg = podnet.Config{Kubeconfig: kubeconfig, NodeName: nodeName, Log: n.log.With("service", "pod-network"),
 		CNIBinDir: n.cfg.CNIBinDir, CNIConfDir: n.cfg.CNIConfDir,
-		Backend: pn.Backend, PodSubnet: subnet, ServicesReady: servicesReady,
+		Backend: pn.Backend, PodSubnet: subnet,
 		Progress: s.progress(n.cfg.Console, "pod network")}
 	return s
 }
@@ -46,39 +43,14 @@ func (c *statusCell) progress(console, what string) func(msg string, up bool) {
 
 func (s *podNetworkService) Name() string { return "pod-network" }
 
-// podNetworkRetry bounds the wait between attempts to bring the pod network (or the
-// NetworkPolicy enforcement) up.
-var podNetworkRetry = struct{ first, max time.Duration }{5 * time.Second, time.Minute}
-
-// Run brings the pod network up and keeps it up (retrying, below): a node whose pod
-// network is down stays NotReady, so giving up would only hide it.
-func (s *podNetworkService) Run(ctx context.Context) error {
-	retrying(ctx, &s.statusCell, s.cfg.Log, s.console, "pod network", func(ctx context.Context) error { return podnet.Run(ctx, s.cfg) })
-	return nil
-}
-
-// retrying runs run until ctx ends. A failed attempt (an apiserver not answering, a
-// kernel module still loading, a named error an operator must fix) is said on the
-// console and in the service's status, and tried again with backoff.
-func retrying(ctx context.Context, cell *statusCell, log *slog.Logger, console, what string, run func(context.Context) error) {
-	cell.set(Starting, "starting")
-	wait := podNetworkRetry.first
-	for {
-		err := run(ctx)
-		if err == nil || ctx.Err() != nil {
-			return
-		}
-		msg := fmt.Sprintf("failed: %v (trying again in %s)", err, wait)
-		cell.set(Failed, msg)
-		log.Error(what, "error", err, "retry", wait)
-		consoleLine(console, "gpuagent: "+what+" "+msg)
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(wait):
-		}
-		wait = min(2*wait, podNetworkRetry.max)
-	}
+// attempt brings the pod network up and keeps it up; the supervisor restarts it
+// (serviceRestart): a node whose pod network is down stays NotReady, so giving up would
+// only hide it. The CNI conflist waits for the service's upAfter gate (kube-proxy's
+// rules).
+func (s *podNetworkService) attempt(ctx context.Context, g gated) error {
+	cfg := s.cfg
+	cfg.ServicesReady = g.wait
+	return podnet.Run(ctx, cfg)
 }
 
 // podNetworkSettings are the pod network settings the node runs with: the

@@ -144,13 +144,18 @@ func (n NamedStatus) String() string {
 	return fmt.Sprintf("%s: %s (%s)", n.Name, n.State, n.Message)
 }
 
-// failedService stands for a service that could not be set up: it fails at once with
-// err, so Status shows why it is not running.
+// failedService stands for a post-join service that could not be set up: it fails at
+// once with err, said on the console as "gpuagent: WHAT: ERR", so Status shows why it
+// is not running.
 type failedService struct {
 	statusCell
-	name string
-	err  error
+	name, what, console string
+	err                 error
 }
 
-func (s *failedService) Name() string              { return s.name }
-func (s *failedService) Run(context.Context) error { return s.err }
+func (s *failedService) Name() string { return s.name }
+
+func (s *failedService) attempt(context.Context, gated) error {
+	consoleLine(s.console, "gpuagent: "+s.what+": "+s.err.Error())
+	return s.err
+}
