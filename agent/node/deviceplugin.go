@@ -22,27 +22,19 @@ func (n *node) devicePlugin() *devicePluginService {
 }
 
 // writeCDISpec writes the CDI spec that defines the devices Allocate names
-// (agent/cdi): nvidia.yaml from NVML on real GPUs, the simulation-labelled spec over
+// (agent/cdi.Write): nvidia.yaml from NVML on real GPUs, the simulation-labelled spec over
 // null-device nodes on the simulator.
 func (n *node) writeCDISpec(ctx context.Context, gpus []deviceplugin.GPU) error {
-	if n.cfg.Backend.Simulated() {
-		sg := deviceplugin.CDIGPUs(gpus)
-		path, err := cdi.WriteSimulated(ctx, cdi.SimOptions{Dir: n.cfg.CDIDir, DevDir: n.cfg.SimDevDir, GPUs: sg})
-		if err != nil {
-			return err
-		}
-		n.log.Warn("wrote the SIMULATED GPUs' CDI spec: containers get null-device nodes, not GPUs", "spec", path, "device_nodes", cdi.SimDevDir, "gpus", len(sg))
-		return nil
-	}
-	lib, err := n.cfg.Backend.Library()
-	if err != nil {
+	path, simulated, err := cdi.Write(ctx, n.cfg.Backend, cdi.Options{Dir: n.cfg.CDIDir, DevDir: n.cfg.SimDevDir, Log: n.log,
+		SimGPUs: func() []cdi.GPU { return deviceplugin.CDIGPUs(gpus) }})
+	switch {
+	case err != nil:
 		return err
+	case simulated:
+		n.log.Warn("wrote the SIMULATED GPUs' CDI spec: containers get null-device nodes, not GPUs", "spec", path, "device_nodes", cdi.SimDevDir, "gpus", len(gpus))
+	default:
+		n.log.Info("wrote the GPUs' CDI spec", "spec", path, "gpus", len(gpus))
 	}
-	path, err := cdi.WriteNVML(ctx, cdi.NVMLOptions{Dir: n.cfg.CDIDir, NVML: lib, Log: n.log})
-	if err != nil {
-		return err
-	}
-	n.log.Info("wrote the GPUs' CDI spec", "spec", path, "gpus", len(gpus))
 	return nil
 }
 

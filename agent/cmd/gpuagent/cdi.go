@@ -44,21 +44,13 @@ directory it cannot use, or a spec the CDI library refuses.`,
 				return err
 			}
 			defer b.Close()
-			var path string
-			if b.Simulated() {
-				snap := gpu.Read(b)
+			path, _, err := cdi.Write(cmd.Context(), b, cdi.Options{Dir: dir, DevDir: devDir, Log: log, SimGPUs: func() []cdi.GPU {
 				var gpus []cdi.GPU
-				for _, g := range snap.GPUs {
+				for _, g := range gpu.Read(b).GPUs {
 					gpus = append(gpus, cdi.GPU{UUID: g.UUID, Index: g.Index})
 				}
-				path, err = cdi.WriteSimulated(cmd.Context(), cdi.SimOptions{Dir: dir, DevDir: devDir, GPUs: gpus})
-			} else {
-				lib, lerr := b.Library()
-				if lerr != nil {
-					return &exitError{2, lerr}
-				}
-				path, err = cdi.WriteNVML(cmd.Context(), cdi.NVMLOptions{NVML: lib, Dir: dir, Log: log})
-			}
+				return gpus
+			}})
 			if err != nil {
 				return &exitError{2, fmt.Errorf("CDI spec not written: %w", err)}
 			}
