@@ -197,10 +197,23 @@ func newNode(ctx context.Context, cfg Config) (*node, error) {
 	n.enrollment = &enrollState{st: initialEnrollment(cfg, n.started)}
 	n.api.Enrollment = n.enrollment.get
 
-	// Everything that can fail on bad configuration first, so that nothing runs
-	// when Run returns an error.
+	start, err := n.configuredServices()
+	if err != nil {
+		return nil, err
+	}
+	for _, s := range start {
+		n.services.Start(s)
+	}
+	return n, nil
+}
+
+// configuredServices sets up the services the configuration asks for at start, not
+// started yet. Everything that can fail on bad configuration comes first, so that
+// nothing runs when it returns an error; what it opened before then it closes.
+func (n *node) configuredServices() ([]Service, error) {
+	cfg := n.cfg
 	var start []Service
-	fail := func(err error) (*node, error) {
+	fail := func(err error) ([]Service, error) {
 		for _, s := range start {
 			if c, ok := s.(interface{ close() }); ok {
 				c.close()
@@ -214,68 +227,91 @@ func newNode(ctx context.Context, cfg Config) (*node, error) {
 			return fail(err)
 		}
 		start = append(start, svcs...)
-	} else if g, err := startGossip(cfg.Gossip, nil, n.name.get(), n.imageID, n.mon, log); err != nil {
+	} else if g, err := startGossip(cfg.Gossip, nil, n.name.get(), n.imageID, n.mon, n.log); err != nil {
 		return fail(err)
 	} else if g != nil {
 		n.rack.Store(g.rack)
 		start = append(start, g)
 	}
-	if cfg.Socket != "" {
-		l, err := listenUnix(cfg.Socket)
+	for _, listener := range []func() (Service, error){n.socketListener, n.tcpListener, n.metricsListener} {
+		s, err := listener()
 		if err != nil {
 			return fail(err)
 		}
-		if w := openDirWarning(cfg.Socket); w != "" {
-			log.Warn(w)
+		if s != nil {
+			start = append(start, s)
 		}
-		gs, _ := server.NewGRPC(n.api, nil, nil)
-		start = append(start, &grpcService{name: "grpc-unix", l: l, gs: gs, log: log, socket: cfg.Socket})
-	}
-	switch {
-	case cfg.Listen == "" || cfg.Credentials != nil:
-	case cfg.Insecure:
-		if err := insecureAddressAllowed(cfg.Listen, cfg.InsecureRemote); err != nil {
-			return fail(err)
-		}
-		l, err := net.Listen("tcp", cfg.Listen)
-		if err != nil {
-			return fail(fmt.Errorf("--listen: %w", err))
-		}
-		log.Warn("serving gRPC WITHOUT TLS OR AUTHENTICATION (--insecure): whoever reaches the address may inject faults and run checks; use only in labs", "address", cfg.Listen)
-		gs, _ := server.NewGRPC(n.api, nil, nil)
-		start = append(start, &grpcService{name: "grpc-tcp-plaintext", l: l, gs: gs, log: log})
-	case cfg.Enroll != nil:
-		log.Info("no TCP gRPC until enrollment brings the agent certificate; the local socket serves", "socket", cfg.Socket)
-	default:
-		log.Info("no TCP gRPC: no certificate yet (pass --join-bundle or --enroll, or --insecure in labs); the local socket serves", "socket", cfg.Socket)
-	}
-	if cfg.MetricsListen != "" {
-		l, err := net.Listen("tcp", cfg.MetricsListen)
-		if err != nil {
-			return fail(fmt.Errorf("--metrics-listen: %w", err))
-		}
-		col := &server.Collector{Monitor: n.mon, Hostname: facts.Hostname(), Version: buildinfo.String(), Holders: n.pods.Holders,
-			Rack: func() map[string]int {
-				if r := n.rack.Load(); r != nil {
-					return r.counts()
-				}
-				return nil
-			}}
-		start = append(start, &metricsService{l: l, log: log,
-			srv: &http.Server{Handler: server.MetricsHandler(col), ReadHeaderTimeout: 10 * time.Second}})
 	}
 	start = append(start, &checksService{mon: n.mon, interval: cfg.Interval},
-		&watchdogService{mon: n.mon, interval: cfg.Interval, log: log})
+		&watchdogService{mon: n.mon, interval: cfg.Interval, log: n.log})
 	if cfg.Bundle != nil || cfg.Enroll != nil {
 		start = append(start, &joinService{n: n})
 	}
 	if cfg.DevicePlugin {
 		start = append(start, n.devicePlugin())
 	}
-	for _, s := range start {
-		n.services.Start(s)
+	return start, nil
+}
+
+// socketListener serves the API on the local unix socket (Config.Socket); nil: none.
+func (n *node) socketListener() (Service, error) {
+	if n.cfg.Socket == "" {
+		return nil, nil
 	}
-	return n, nil
+	l, err := listenUnix(n.cfg.Socket)
+	if err != nil {
+		return nil, err
+	}
+	if w := openDirWarning(n.cfg.Socket); w != "" {
+		n.log.Warn(w)
+	}
+	gs, _ := server.NewGRPC(n.api, nil, nil)
+	return &grpcService{name: "grpc-unix", l: l, gs: gs, log: n.log, socket: n.cfg.Socket}, nil
+}
+
+// tcpListener serves the API in plaintext on Config.Listen (--insecure); nil when
+// there is none at start (mutual TLS comes with the JoinBundle's certificate).
+func (n *node) tcpListener() (Service, error) {
+	cfg := n.cfg
+	switch {
+	case cfg.Listen == "" || cfg.Credentials != nil:
+	case cfg.Insecure:
+		if err := insecureAddressAllowed(cfg.Listen, cfg.InsecureRemote); err != nil {
+			return nil, err
+		}
+		l, err := net.Listen("tcp", cfg.Listen)
+		if err != nil {
+			return nil, fmt.Errorf("--listen: %w", err)
+		}
+		n.log.Warn("serving gRPC WITHOUT TLS OR AUTHENTICATION (--insecure): whoever reaches the address may inject faults and run checks; use only in labs", "address", cfg.Listen)
+		gs, _ := server.NewGRPC(n.api, nil, nil)
+		return &grpcService{name: "grpc-tcp-plaintext", l: l, gs: gs, log: n.log}, nil
+	case cfg.Enroll != nil:
+		n.log.Info("no TCP gRPC until enrollment brings the agent certificate; the local socket serves", "socket", cfg.Socket)
+	default:
+		n.log.Info("no TCP gRPC: no certificate yet (pass --join-bundle or --enroll, or --insecure in labs); the local socket serves", "socket", cfg.Socket)
+	}
+	return nil, nil
+}
+
+// metricsListener serves /metrics on Config.MetricsListen; nil: none.
+func (n *node) metricsListener() (Service, error) {
+	if n.cfg.MetricsListen == "" {
+		return nil, nil
+	}
+	l, err := net.Listen("tcp", n.cfg.MetricsListen)
+	if err != nil {
+		return nil, fmt.Errorf("--metrics-listen: %w", err)
+	}
+	col := &server.Collector{Monitor: n.mon, Hostname: facts.Hostname(), Version: buildinfo.String(), Holders: n.pods.Holders,
+		Rack: func() map[string]int {
+			if r := n.rack.Load(); r != nil {
+				return r.counts()
+			}
+			return nil
+		}}
+	return &metricsService{l: l, log: n.log,
+		srv: &http.Server{Handler: server.MetricsHandler(col), ReadHeaderTimeout: 10 * time.Second}}, nil
 }
 
 // insecureAddressAllowed refuses plaintext gRPC (--insecure) on an address other
