@@ -2,8 +2,11 @@
 // loop, the gRPC API on the local socket and over mutual TLS, metrics, gossip, the
 // systemd watchdog) behind one small interface, Service, and takes the node through
 // enrollment with gpuboot, the Kubernetes join and commissioning (CONTRACTS §2, §5,
-// §6). The Kubernetes node services (the pod network, kube-proxy, NetworkPolicy
-// enforcement, the device plugin) plug in as one more Service each.
+// §6). The node's state is a transition table (lifecycle.go): the enrollment and join
+// code reports events and never sets a state itself. The Kubernetes node services
+// (kube-proxy, the pod network, NetworkPolicy enforcement, the device plugin) are a
+// declared list (postJoinServices) that one supervisor starts once kubelet has joined,
+// restarts by each one's policy (agent/retry) and reports.
 //
 // It is not the command line: agent/cmd/gpuagent parses flags, loads the profile and
 // the JoinBundle, opens the GPU backend and hands a Config to Run. Health decisions are

@@ -9,8 +9,9 @@ import (
 )
 
 // Service is one thing the node runs: the check loop, a gRPC listener, the metrics
-// server, gossip, the enrollment and Kubernetes join, the watchdog; later the pod
-// network, kube-proxy and the device plugin, each as one more Service.
+// server, gossip, the enrollment and Kubernetes join, the watchdog. The services that
+// start after the join (postJoinServices) run under the supervisor, which makes each
+// a Service.
 type Service interface {
 	// Name is short and stable, for logs and status ("checks", "grpc-unix").
 	Name() string
