@@ -238,114 +238,37 @@ var dnsLabel = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
 var dnsName = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
 var flagName = regexp.MustCompile(`^[a-z0-9][a-z0-9-]*$`)
 
+// problems collects FieldErrors.
+type problems []FieldError
+
+func (p *problems) add(field, format string, args ...any) {
+	*p = append(*p, FieldError{Field: field, Msg: fmt.Sprintf(format, args...)})
+}
+
 // Validate checks a defaulted configuration and returns every problem.
 func (c *Config) Validate() []FieldError {
-	var errs []FieldError
-	add := func(field, format string, args ...any) {
-		errs = append(errs, FieldError{Field: field, Msg: fmt.Sprintf(format, args...)})
-	}
+	var p problems
 	if c.APIVersion != APIVersion {
-		add("apiVersion", "is %q; write %q", c.APIVersion, APIVersion)
+		p.add("apiVersion", "is %q; write %q", c.APIVersion, APIVersion)
 	}
 	if c.Kind != Kind {
-		add("kind", "is %q; write %q", c.Kind, Kind)
+		p.add("kind", "is %q; write %q", c.Kind, Kind)
 	}
 	if !dnsLabel.MatchString(c.ClusterName) || len(c.ClusterName) > 63 {
-		add("clusterName", "%q is not a DNS label (lowercase letters, digits and '-', at most 63)", c.ClusterName)
+		p.add("clusterName", "%q is not a DNS label (lowercase letters, digits and '-', at most 63)", c.ClusterName)
 	}
 	if c.KubernetesVersion != KubernetesVersion {
-		add("kubernetesVersion", "is %q, but the pinned binaries are %s: write %s (other versions need a different `make k8s-bins` pin)", c.KubernetesVersion, KubernetesVersion, KubernetesVersion)
+		p.add("kubernetesVersion", "is %q, but the pinned binaries are %s: write %s (other versions need a different `make k8s-bins` pin)", c.KubernetesVersion, KubernetesVersion, KubernetesVersion)
 	}
 	if !dnsName.MatchString(c.NodeName) || len(c.NodeName) > 253 {
-		add("nodeName", "%q is not a DNS name (lowercase letters, digits, '-' and '.')", c.NodeName)
+		p.add("nodeName", "%q is not a DNS name (lowercase letters, digits, '-' and '.')", c.NodeName)
 	}
-	adv, err := netip.ParseAddr(c.APIServer.AdvertiseAddress)
-	switch {
-	case err != nil:
-		add("apiServer.advertiseAddress", "%q is not an IP address", c.APIServer.AdvertiseAddress)
-	case adv.IsUnspecified():
-		add("apiServer.advertiseAddress", "%q is unspecified: give the address other hosts reach this one on", c.APIServer.AdvertiseAddress)
-	}
-	if _, err := netip.ParseAddr(c.APIServer.BindAddress); err != nil {
-		add("apiServer.bindAddress", "%q is not an IP address (0.0.0.0 listens on all)", c.APIServer.BindAddress)
-	}
-	derived := c.APIServer.Endpoint == net.JoinHostPort(c.APIServer.AdvertiseAddress, strconv.Itoa(c.APIServer.Port))
-	if derived && (c.APIServer.Port < 1 || c.APIServer.Port > 65535) {
-		// The default endpoint repeats apiServer.port, reported below.
-	} else if host, port, err := net.SplitHostPort(c.APIServer.Endpoint); err != nil || host == "" {
-		add("apiServer.endpoint", "%q is not host:port (for example 192.0.2.10:6443)", c.APIServer.Endpoint)
-	} else if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
-		add("apiServer.endpoint", "%q: port %q is not 1-65535", c.APIServer.Endpoint, port)
-	}
-	for i, san := range c.APIServer.CertSANs {
-		if _, err := netip.ParseAddr(san); err == nil {
-			continue
-		}
-		if !dnsName.MatchString(san) {
-			add(fmt.Sprintf("apiServer.certSANs[%d]", i), "%q is neither an IP address nor a DNS name", san)
-		}
-	}
-	if o := c.APIServer.OIDC; o.IssuerURL != "" {
-		u, err := url.Parse(o.IssuerURL)
-		if err != nil || u.Scheme != "https" || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
-			add("apiServer.oidc.issuerURL", "%q is not an https URL without query or fragment (for example https://idp.example.com/realms/gpu)", o.IssuerURL)
-		}
-		if o.ClientID == "" {
-			add("apiServer.oidc.clientID", "is required with issuerURL: the audience of the ID tokens")
-		}
-		if o.GroupsClaim != "" && (o.GroupsPrefix == "" || strings.HasPrefix(o.GroupsPrefix, "system:")) {
-			add("apiServer.oidc.groupsPrefix", "%q: give a prefix such as gpurack:tenant: so that the provider cannot name groups like system:masters", o.GroupsPrefix)
-		}
-		if o.UsernamePrefix == "-" || strings.HasPrefix(o.UsernamePrefix, "system:") {
-			add("apiServer.oidc.usernamePrefix", "%q: give a prefix such as oidc: so that tokens cannot pose as certificate or system users", o.UsernamePrefix)
-		}
-		for k, v := range o.RequiredClaims {
-			if k == "" || strings.ContainsAny(k+v, ",=") {
-				add("apiServer.oidc.requiredClaims["+k+"]", "claim names and values may not be empty or contain ',' or '='")
-			}
-		}
-	} else if o.ClientID != "" || o.GroupsClaim != "" || o.CAFile != "" || len(o.RequiredClaims) > 0 {
-		add("apiServer.oidc.issuerURL", "is required when any other apiServer.oidc field is set")
-	}
-	ports := []struct {
-		field string
-		v     int
-	}{
-		{"apiServer.port", c.APIServer.Port},
-		{"etcd.clientPort", c.Etcd.ClientPort},
-		{"etcd.peerPort", c.Etcd.PeerPort},
-		{"etcd.metricsPort", c.Etcd.MetricsPort},
-		{"controllerManager.port", c.ControllerManager.Port},
-		{"scheduler.port", c.Scheduler.Port},
-	}
-	seen := map[int]string{}
-	for _, p := range ports {
-		if p.v < 1 || p.v > 65535 {
-			add(p.field, "%d is not a port (1-65535)", p.v)
-			continue
-		}
-		if other, ok := seen[p.v]; ok {
-			add(p.field, "%d is also %s: give each component its own port", p.v, other)
-		}
-		seen[p.v] = p.field
-	}
-	svc, err := netip.ParsePrefix(c.Networking.ServiceSubnet)
-	if err != nil {
-		add("networking.serviceSubnet", "%q is not a CIDR (for example 10.96.0.0/12)", c.Networking.ServiceSubnet)
-	} else if svc.Addr().Is4() && svc.Bits() < 12 {
-		add("networking.serviceSubnet", "%q is larger than /12, which kube-apiserver refuses", c.Networking.ServiceSubnet)
-	}
-	pod, err := netip.ParsePrefix(c.Networking.PodSubnet)
-	if err != nil {
-		add("networking.podSubnet", "%q is not a CIDR (for example 10.244.0.0/16)", c.Networking.PodSubnet)
-	} else if svc.IsValid() && pod.Overlaps(svc) {
-		add("networking.podSubnet", "%q overlaps networking.serviceSubnet %q", c.Networking.PodSubnet, c.Networking.ServiceSubnet)
-	}
-	if !dnsName.MatchString(c.Networking.DNSDomain) {
-		add("networking.dnsDomain", "%q is not a DNS name", c.Networking.DNSDomain)
-	}
+	c.APIServer.validate(&p)
+	c.APIServer.OIDC.validate(&p)
+	c.validatePorts(&p)
+	c.Networking.validate(&p)
 	if d, err := time.ParseDuration(c.BootstrapTokens.TTL); err != nil || d <= 0 {
-		add("bootstrapTokens.ttl", "%q is not a positive duration (for example 24h or 15m)", c.BootstrapTokens.TTL)
+		p.add("bootstrapTokens.ttl", "%q is not a positive duration (for example 24h or 15m)", c.BootstrapTokens.TTL)
 	}
 	for _, ea := range []struct {
 		field string
@@ -358,11 +281,113 @@ func (c *Config) Validate() []FieldError {
 	} {
 		for k := range ea.m {
 			if !flagName.MatchString(k) {
-				add(ea.field+"["+k+"]", "%q is not a flag name: write it without leading dashes, for example audit-log-maxage", k)
+				p.add(ea.field+"["+k+"]", "%q is not a flag name: write it without leading dashes, for example audit-log-maxage", k)
 			}
 		}
 	}
-	return errs
+	return p
+}
+
+// validate checks the addresses, the endpoint and the certificate SANs (the port is
+// validatePorts').
+func (a *APIServer) validate(p *problems) {
+	adv, err := netip.ParseAddr(a.AdvertiseAddress)
+	switch {
+	case err != nil:
+		p.add("apiServer.advertiseAddress", "%q is not an IP address", a.AdvertiseAddress)
+	case adv.IsUnspecified():
+		p.add("apiServer.advertiseAddress", "%q is unspecified: give the address other hosts reach this one on", a.AdvertiseAddress)
+	}
+	if _, err := netip.ParseAddr(a.BindAddress); err != nil {
+		p.add("apiServer.bindAddress", "%q is not an IP address (0.0.0.0 listens on all)", a.BindAddress)
+	}
+	derived := a.Endpoint == net.JoinHostPort(a.AdvertiseAddress, strconv.Itoa(a.Port))
+	if derived && (a.Port < 1 || a.Port > 65535) {
+		// The default endpoint repeats apiServer.port, reported by validatePorts.
+	} else if host, port, err := net.SplitHostPort(a.Endpoint); err != nil || host == "" {
+		p.add("apiServer.endpoint", "%q is not host:port (for example 192.0.2.10:6443)", a.Endpoint)
+	} else if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		p.add("apiServer.endpoint", "%q: port %q is not 1-65535", a.Endpoint, port)
+	}
+	for i, san := range a.CertSANs {
+		if _, err := netip.ParseAddr(san); err == nil {
+			continue
+		}
+		if !dnsName.MatchString(san) {
+			p.add(fmt.Sprintf("apiServer.certSANs[%d]", i), "%q is neither an IP address nor a DNS name", san)
+		}
+	}
+}
+
+func (o *OIDC) validate(p *problems) {
+	if o.IssuerURL == "" {
+		if o.ClientID != "" || o.GroupsClaim != "" || o.CAFile != "" || len(o.RequiredClaims) > 0 {
+			p.add("apiServer.oidc.issuerURL", "is required when any other apiServer.oidc field is set")
+		}
+		return
+	}
+	u, err := url.Parse(o.IssuerURL)
+	if err != nil || u.Scheme != "https" || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
+		p.add("apiServer.oidc.issuerURL", "%q is not an https URL without query or fragment (for example https://idp.example.com/realms/gpu)", o.IssuerURL)
+	}
+	if o.ClientID == "" {
+		p.add("apiServer.oidc.clientID", "is required with issuerURL: the audience of the ID tokens")
+	}
+	if o.GroupsClaim != "" && (o.GroupsPrefix == "" || strings.HasPrefix(o.GroupsPrefix, "system:")) {
+		p.add("apiServer.oidc.groupsPrefix", "%q: give a prefix such as gpurack:tenant: so that the provider cannot name groups like system:masters", o.GroupsPrefix)
+	}
+	if o.UsernamePrefix == "-" || strings.HasPrefix(o.UsernamePrefix, "system:") {
+		p.add("apiServer.oidc.usernamePrefix", "%q: give a prefix such as oidc: so that tokens cannot pose as certificate or system users", o.UsernamePrefix)
+	}
+	for k, v := range o.RequiredClaims {
+		if k == "" || strings.ContainsAny(k+v, ",=") {
+			p.add("apiServer.oidc.requiredClaims["+k+"]", "claim names and values may not be empty or contain ',' or '='")
+		}
+	}
+}
+
+// validatePorts checks that every component's port is a port and its own.
+func (c *Config) validatePorts(p *problems) {
+	ports := []struct {
+		field string
+		v     int
+	}{
+		{"apiServer.port", c.APIServer.Port},
+		{"etcd.clientPort", c.Etcd.ClientPort},
+		{"etcd.peerPort", c.Etcd.PeerPort},
+		{"etcd.metricsPort", c.Etcd.MetricsPort},
+		{"controllerManager.port", c.ControllerManager.Port},
+		{"scheduler.port", c.Scheduler.Port},
+	}
+	seen := map[int]string{}
+	for _, port := range ports {
+		if port.v < 1 || port.v > 65535 {
+			p.add(port.field, "%d is not a port (1-65535)", port.v)
+			continue
+		}
+		if other, ok := seen[port.v]; ok {
+			p.add(port.field, "%d is also %s: give each component its own port", port.v, other)
+		}
+		seen[port.v] = port.field
+	}
+}
+
+func (n *Networking) validate(p *problems) {
+	svc, err := netip.ParsePrefix(n.ServiceSubnet)
+	if err != nil {
+		p.add("networking.serviceSubnet", "%q is not a CIDR (for example 10.96.0.0/12)", n.ServiceSubnet)
+	} else if svc.Addr().Is4() && svc.Bits() < 12 {
+		p.add("networking.serviceSubnet", "%q is larger than /12, which kube-apiserver refuses", n.ServiceSubnet)
+	}
+	pod, err := netip.ParsePrefix(n.PodSubnet)
+	if err != nil {
+		p.add("networking.podSubnet", "%q is not a CIDR (for example 10.244.0.0/16)", n.PodSubnet)
+	} else if svc.IsValid() && pod.Overlaps(svc) {
+		p.add("networking.podSubnet", "%q overlaps networking.serviceSubnet %q", n.PodSubnet, n.ServiceSubnet)
+	}
+	if !dnsName.MatchString(n.DNSDomain) {
+		p.add("networking.dnsDomain", "%q is not a DNS name", n.DNSDomain)
+	}
 }
 
 // TokenTTL returns BootstrapTokens.TTL as a duration; call it on a valid Config.

@@ -131,31 +131,14 @@ func Init(ctx context.Context, opts Options) (*ControlPlane, error) {
 	if out == nil {
 		out = io.Discard
 	}
-	logf := opts.Logf
-	if logf == nil {
-		logf = func(format string, args ...any) { fmt.Fprintf(out, "supervisor: "+format+"\n", args...) }
-	}
-	timeout := opts.ReadyTimeout
-	if timeout == 0 {
-		timeout = 3 * time.Minute
-	}
 	dir, err := filepath.Abs(opts.Dir)
 	if err != nil {
 		return nil, err
 	}
 	l := components.Layout{Dir: dir}
-	cfg := opts.Config
-	cfgYAML := opts.ConfigYAML
-	if cfg == nil {
-		if cfg, err = clusterconfig.Load(l.ConfigFile()); err != nil {
-			return nil, fmt.Errorf("no --config given and none in %s: %w", dir, err)
-		}
-		cfgYAML = nil
-	}
-	if cfgYAML == nil && opts.Config != nil {
-		if cfgYAML, err = cfg.Marshal(); err != nil {
-			return nil, err
-		}
+	cfg, cfgYAML, err := initConfig(opts, l)
+	if err != nil {
+		return nil, err
 	}
 	specs := components.Specs(cfg, l)
 
@@ -173,7 +156,52 @@ func Init(ctx context.Context, opts Options) (*ControlPlane, error) {
 		return cp, nil
 	}
 
-	// Check every input before writing or starting anything.
+	bins, err := checkInputs(cfg, specs, opts.Mode)
+	if err != nil {
+		return nil, err
+	}
+	set, err := writeFiles(l, cfg, cfgYAML)
+	if err != nil {
+		return nil, err
+	}
+	cp := &ControlPlane{Layout: l, Config: cfg, PKI: set}
+	if err := cp.start(ctx, opts, specs, bins, out); err != nil {
+		return nil, err
+	}
+	cp.ReadyAfter = time.Since(began)
+	if err := cp.applyJoinMaterial(ctx); err != nil {
+		cp.Stop()
+		return nil, err
+	}
+	cp.Health = cp.Probe(ctx)
+	return cp, nil
+}
+
+// initConfig is the configuration Init runs: opts.Config, or else the cluster.yaml
+// already in the directory; and the YAML to write there (nil when it is already
+// there).
+func initConfig(opts Options, l components.Layout) (*clusterconfig.Config, []byte, error) {
+	if opts.Config == nil {
+		cfg, err := clusterconfig.Load(l.ConfigFile())
+		if err != nil {
+			return nil, nil, fmt.Errorf("no --config given and none in %s: %w", l.Dir, err)
+		}
+		return cfg, nil, nil
+	}
+	if opts.ConfigYAML != nil {
+		return opts.Config, opts.ConfigYAML, nil
+	}
+	data, err := opts.Config.Marshal()
+	if err != nil {
+		return nil, nil, err
+	}
+	return opts.Config, data, nil
+}
+
+// checkInputs checks every input before anything is written or started: the
+// components' binaries (returned by name), systemd when mode needs it, and that the
+// components' ports are free.
+func checkInputs(cfg *clusterconfig.Config, specs []components.Component, mode Mode) (map[string]string, error) {
 	binDir := components.BinDir(cfg.BinDir)
 	bins := map[string]string{}
 	for _, c := range specs {
@@ -183,18 +211,24 @@ func Init(ctx context.Context, opts Options) (*ControlPlane, error) {
 		}
 		bins[c.Name] = p
 	}
-	if opts.Mode == Systemd && !components.SystemdBooted() {
+	if mode == Systemd && !components.SystemdBooted() {
 		return nil, errors.New("this host's PID 1 is not systemd, so the components cannot run as units: run `init --foreground` to supervise them from this process")
 	}
 	if err := components.CheckPorts(specs); err != nil {
 		return nil, err
 	}
+	return bins, nil
+}
 
-	// Files: each written whole (temporary file, then rename).
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+// writeFiles writes the cluster directory: the PKI (kept when it exists), the
+// components' kubeconfigs, the encryption and audit configuration, cfgYAML as
+// cluster.yaml when it is not nil, and the log directory. Each file is written whole
+// (temporary file, then rename).
+func writeFiles(l components.Layout, cfg *clusterconfig.Config, cfgYAML []byte) (*clusterpki.Set, error) {
+	if err := os.MkdirAll(l.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("create cluster directory: %w", err)
 	}
-	removeStaleTemps(dir)
+	removeStaleTemps(l.Dir)
 	set, err := clusterpki.Ensure(l.PKIDir(), cfg)
 	if err != nil {
 		return nil, err
@@ -232,32 +266,36 @@ func Init(ctx context.Context, opts Options) (*ControlPlane, error) {
 	if err := os.MkdirAll(l.LogDir(), 0o755); err != nil {
 		return nil, err
 	}
+	return set, nil
+}
 
-	cp := &ControlPlane{Layout: l, Config: cfg, PKI: set}
+// start starts the components as opts.Mode says and waits until each is healthy; a
+// failure in the foreground stops what was started.
+func (cp *ControlPlane) start(ctx context.Context, opts Options, specs []components.Component, bins map[string]string, out io.Writer) error {
+	timeout := opts.ReadyTimeout
+	if timeout == 0 {
+		timeout = 3 * time.Minute
+	}
 	switch opts.Mode {
 	case Foreground:
 		if opts.WritePIDFile {
-			if err := writePIDFile(l.SupervisorPIDFile(), os.Getpid()); err != nil {
-				return nil, err
+			if err := writePIDFile(cp.Layout.SupervisorPIDFile(), os.Getpid()); err != nil {
+				return err
 			}
+		}
+		logf := opts.Logf
+		if logf == nil {
+			logf = func(format string, args ...any) { fmt.Fprintf(out, "supervisor: "+format+"\n", args...) }
 		}
 		cp.Supervisor = components.NewSupervisor(logf)
 		if err := cp.startForeground(ctx, specs, bins, out, timeout); err != nil {
 			cp.Stop()
-			return nil, err
+			return err
 		}
 	case Systemd:
-		if err := cp.startSystemd(ctx, specs, bins, opts.UnitDir, out, timeout); err != nil {
-			return nil, err
-		}
+		return cp.startSystemd(ctx, specs, bins, opts.UnitDir, out, timeout)
 	}
-	cp.ReadyAfter = time.Since(began)
-	if err := cp.applyJoinMaterial(ctx); err != nil {
-		cp.Stop()
-		return nil, err
-	}
-	cp.Health = cp.Probe(ctx)
-	return cp, nil
+	return nil
 }
 
 // load builds the ControlPlane for an existing directory (no processes).

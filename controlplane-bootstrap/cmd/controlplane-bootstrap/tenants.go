@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"path/filepath"
@@ -22,48 +23,35 @@ import (
 	"github.com/gpurack/gpurack/internal/atomicfile"
 )
 
-// adminClients opens the control plane in dir and returns admin clients.
-func adminClients(dir string) (*controlplane.ControlPlane, kubernetes.Interface, dynamic.Interface, error) {
-	cp, err := controlplane.Open(dir)
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	rc, err := cp.RESTConfig()
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	cs, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	dyn, err := dynamic.NewForConfig(rc)
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	return cp, cs, dyn, nil
-}
-
 func newTenantsCommand() *cobra.Command {
 	cmd := &cobra.Command{Use: "tenants", Short: "Apply tenants.yaml (namespaces, GPU quotas, roles, network policies) and show quota use"}
-	var dir, textfile string
-	var prune bool
-	plan := func(cmd *cobra.Command, path string) (*tenants.Plan, dynamic.Interface, kubernetes.Interface, *controlplane.ControlPlane, error) {
-		f, err := tenants.Load(path)
-		if err != nil {
-			return nil, nil, nil, nil, err
-		}
-		objs, err := tenants.Objects(f)
-		if err != nil {
-			return nil, nil, nil, nil, err
-		}
-		cp, cs, dyn, err := adminClients(dir)
-		if err != nil {
-			return nil, nil, nil, nil, err
-		}
-		p, err := tenants.ComputePlan(cmd.Context(), dyn, objs)
-		return p, dyn, cs, cp, err
+	cmd.AddCommand(newTenantsApplyCommand(), newTenantsDiffCommand(), newTenantsStatusCommand())
+	return cmd
+}
+
+// tenantPlan computes what applying the tenants file at path to the control plane in
+// dir would change.
+func tenantPlan(ctx context.Context, dir, path string) (*tenants.Plan, dynamic.Interface, kubernetes.Interface, *controlplane.ControlPlane, error) {
+	f, err := tenants.Load(path)
+	if err != nil {
+		return nil, nil, nil, nil, err
 	}
-	apply := &cobra.Command{
+	objs, err := tenants.Objects(f)
+	if err != nil {
+		return nil, nil, nil, nil, err
+	}
+	cp, cs, dyn, err := adminClients(dir)
+	if err != nil {
+		return nil, nil, nil, nil, err
+	}
+	p, err := tenants.ComputePlan(ctx, dyn, objs)
+	return p, dyn, cs, cp, err
+}
+
+func newTenantsApplyCommand() *cobra.Command {
+	var dir string
+	var prune bool
+	cmd := &cobra.Command{
 		Use:   "apply --dir DIR FILE [--prune]",
 		Short: "Create or update every tenant's objects; ask before deleting what the file no longer lists",
 		Long: `apply reads FILE (see docs/examples/tenants.yaml) and applies, with server-side
@@ -76,7 +64,7 @@ namespace or tier) are deleted only with --prune or after typing 'yes'; they are
 first. Deleting a namespace deletes everything in it.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			p, dyn, cs, cp, err := plan(cmd, args[0])
+			p, dyn, cs, cp, err := tenantPlan(cmd.Context(), dir, args[0])
 			if err != nil {
 				return err
 			}
@@ -96,7 +84,7 @@ first. Deleting a namespace deletes everything in it.`,
 			if err := tenants.Execute(cmd.Context(), dyn, p, confirmed); err != nil {
 				return err
 			}
-			store, err := tenantusers.LoadStore(filepath.Join(cp.Layout.Dir, tenantusers.StoreFile))
+			store, err := tenantusers.LoadStore(userStorePath(cp))
 			if err != nil {
 				return err
 			}
@@ -107,13 +95,19 @@ first. Deleting a namespace deletes everything in it.`,
 			return nil
 		},
 	}
-	apply.Flags().BoolVar(&prune, "prune", false, "delete, without asking, what earlier applies created and the file no longer lists")
-	diff := &cobra.Command{
+	dirFlag(cmd, &dir)
+	cmd.Flags().BoolVar(&prune, "prune", false, "delete, without asking, what earlier applies created and the file no longer lists")
+	return cmd
+}
+
+func newTenantsDiffCommand() *cobra.Command {
+	var dir string
+	cmd := &cobra.Command{
 		Use:   "diff --dir DIR FILE",
 		Short: "Print what apply would create, update and delete (server-side dry run); changes nothing",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			p, _, _, _, err := plan(cmd, args[0])
+			p, _, _, _, err := tenantPlan(cmd.Context(), dir, args[0])
 			if err != nil {
 				return err
 			}
@@ -121,7 +115,13 @@ first. Deleting a namespace deletes everything in it.`,
 			return nil
 		},
 	}
-	status := &cobra.Command{
+	dirFlag(cmd, &dir)
+	return cmd
+}
+
+func newTenantsStatusCommand() *cobra.Command {
+	var dir, textfile string
+	cmd := &cobra.Command{
 		Use:   "status --dir DIR",
 		Short: "Print each tenant's quota use against its quota (GPUs, CPU, memory, pods, storage); --textfile writes gauges",
 		Args:  cobra.NoArgs,
@@ -143,11 +143,8 @@ first. Deleting a namespace deletes everything in it.`,
 			return nil
 		},
 	}
-	status.Flags().StringVar(&textfile, "textfile", "", "also write the figures as Prometheus gauges to this file (node_exporter's textfile collector format)")
-	for _, c := range []*cobra.Command{apply, diff, status} {
-		dirFlag(c, &dir)
-		cmd.AddCommand(c)
-	}
+	dirFlag(cmd, &dir)
+	cmd.Flags().StringVar(&textfile, "textfile", "", "also write the figures as Prometheus gauges to this file (node_exporter's textfile collector format)")
 	return cmd
 }
 
@@ -198,10 +195,19 @@ func printStatus(out io.Writer, us []tenants.Usage) {
 
 func newUsersCommand() *cobra.Command {
 	cmd := &cobra.Command{Use: "users", Short: "Issue, list and revoke tenant users' kubeconfigs (client certificates)"}
+	cmd.AddCommand(newUsersAddCommand(), newUsersListCommand(), newUsersRevokeCommand())
+	return cmd
+}
+
+// userStorePath is where the control plane in cp keeps its tenant users' credentials.
+func userStorePath(cp *controlplane.ControlPlane) string {
+	return filepath.Join(cp.Layout.Dir, tenantusers.StoreFile)
+}
+
+func newUsersAddCommand() *cobra.Command {
 	var dir, tenant, role, out string
 	var ttl time.Duration
-	storePath := func(cp *controlplane.ControlPlane) string { return filepath.Join(cp.Layout.Dir, tenantusers.StoreFile) }
-	add := &cobra.Command{
+	cmd := &cobra.Command{
 		Use:   "add --dir DIR NAME --tenant T --role user|admin [--ttl 720h] [--out FILE]",
 		Short: "Write a kubeconfig for NAME with a client certificate that has tenant T's role",
 		Long: `add issues a client certificate from the cluster CA (CN NAME, groups
@@ -214,7 +220,7 @@ writes the kubeconfig to --out (default NAME.kubeconfig). See docs/tenants.md.`,
 			if err != nil {
 				return err
 			}
-			store, err := tenantusers.LoadStore(storePath(cp))
+			store, err := tenantusers.LoadStore(userStorePath(cp))
 			if err != nil {
 				return err
 			}
@@ -231,7 +237,7 @@ writes the kubeconfig to --out (default NAME.kubeconfig). See docs/tenants.md.`,
 			if err := atomicfile.WriteMkdirAll(out, kc, 0o600, 0o700); err != nil {
 				return err
 			}
-			if err := store.Save(storePath(cp)); err != nil {
+			if err := store.Save(userStorePath(cp)); err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "wrote %s: %s, %s of tenant %s, credential %s, serial %s, valid until %s\n",
@@ -239,12 +245,18 @@ writes the kubeconfig to --out (default NAME.kubeconfig). See docs/tenants.md.`,
 			return nil
 		},
 	}
-	add.Flags().StringVar(&tenant, "tenant", "", "the tenant (as named in tenants.yaml)")
-	add.MarkFlagRequired("tenant")
-	add.Flags().StringVar(&role, "role", tenantusers.RoleUser, "user or admin")
-	add.Flags().DurationVar(&ttl, "ttl", tenantusers.DefaultTTL, "how long the certificate is valid")
-	add.Flags().StringVar(&out, "out", "", "where to write the kubeconfig (default NAME.kubeconfig)")
-	list := &cobra.Command{
+	dirFlag(cmd, &dir)
+	cmd.Flags().StringVar(&tenant, "tenant", "", "the tenant (as named in tenants.yaml)")
+	cmd.MarkFlagRequired("tenant")
+	cmd.Flags().StringVar(&role, "role", tenantusers.RoleUser, "user or admin")
+	cmd.Flags().DurationVar(&ttl, "ttl", tenantusers.DefaultTTL, "how long the certificate is valid")
+	cmd.Flags().StringVar(&out, "out", "", "where to write the kubeconfig (default NAME.kubeconfig)")
+	return cmd
+}
+
+func newUsersListCommand() *cobra.Command {
+	var dir string
+	cmd := &cobra.Command{
 		Use:   "list --dir DIR",
 		Short: "List every credential issued, with its state (active, revoked, expired)",
 		Args:  cobra.NoArgs,
@@ -253,7 +265,7 @@ writes the kubeconfig to --out (default NAME.kubeconfig). See docs/tenants.md.`,
 			if err != nil {
 				return err
 			}
-			store, err := tenantusers.LoadStore(storePath(cp))
+			store, err := tenantusers.LoadStore(userStorePath(cp))
 			if err != nil {
 				return err
 			}
@@ -270,7 +282,13 @@ writes the kubeconfig to --out (default NAME.kubeconfig). See docs/tenants.md.`,
 			return tw.Flush()
 		},
 	}
-	revoke := &cobra.Command{
+	dirFlag(cmd, &dir)
+	return cmd
+}
+
+func newUsersRevokeCommand() *cobra.Command {
+	var dir string
+	cmd := &cobra.Command{
 		Use:   "revoke --dir DIR NAME",
 		Short: "Remove every binding of NAME's credentials; waits until the apiserver denies them",
 		Args:  cobra.ExactArgs(1),
@@ -279,12 +297,12 @@ writes the kubeconfig to --out (default NAME.kubeconfig). See docs/tenants.md.`,
 			if err != nil {
 				return err
 			}
-			store, err := tenantusers.LoadStore(storePath(cp))
+			store, err := tenantusers.LoadStore(userStorePath(cp))
 			if err != nil {
 				return err
 			}
 			deleted, err := tenantusers.Revoke(cmd.Context(), cs, store, args[0], time.Now())
-			if saveErr := store.Save(storePath(cp)); saveErr != nil && err == nil {
+			if saveErr := store.Save(userStorePath(cp)); saveErr != nil && err == nil {
 				err = saveErr
 			}
 			for _, d := range deleted {
@@ -297,9 +315,6 @@ writes the kubeconfig to --out (default NAME.kubeconfig). See docs/tenants.md.`,
 			return nil
 		},
 	}
-	for _, c := range []*cobra.Command{add, list, revoke} {
-		dirFlag(c, &dir)
-		cmd.AddCommand(c)
-	}
+	dirFlag(cmd, &dir)
 	return cmd
 }

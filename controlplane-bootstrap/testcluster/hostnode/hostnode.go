@@ -99,30 +99,12 @@ func Start(t testing.TB, c *testcluster.Cluster, o Options) *Node {
 	if o.Name == "" {
 		o.Name = "kubelet-node-1"
 	}
-	k8sDir := filepath.Dir(components.BinDir(""))
-	pauseTar := filepath.Join(k8sDir, "images", "pause.tar")
-	tagData, err := os.ReadFile(filepath.Join(k8sDir, "images", "pause.tag"))
-	if err != nil {
-		testreq.Missing(t, fmt.Sprintf("no pause image (%v)", err), "run make k8s-bins")
-	}
-	pauseTag := strings.TrimSpace(string(tagData))
-	kubelet, _ := components.FindBinary(components.BinDir(""), "kubelet")
-
+	pauseTar, pauseTag := pauseImage(t)
 	cs := c.Clientset(t)
 	token := c.JoinToken(t)
 	env := netnstest.New(t)
 	ns := env.Namespace()
-
-	// Forward ns's 127.0.0.1:<port> to the apiserver on the host.
-	var ln net.Listener
-	if err := netnstest.InNamespace(ns, func() (err error) {
-		ln, err = net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(c.Config.APIServer.Port)))
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go forward(ln, net.JoinHostPort("127.0.0.1", strconv.Itoa(c.Config.APIServer.Port)))
+	forwardAPIServer(t, ns, c.Config.APIServer.Port)
 
 	dir, err := os.MkdirTemp("", "gpr-kubelet-") // short: unix socket paths are limited to 108 bytes
 	if err != nil {
@@ -139,115 +121,13 @@ func Start(t testing.TB, c *testcluster.Cluster, o Options) *Node {
 		restoreSysctls(t, saved)
 		cs.CoreV1().Nodes().Delete(context.Background(), o.Name, metav1.DeleteOptions{})
 	})
-	// The kubelet wants its cgroupRoot to exist in every hierarchy (cgroup v1 here); a
-	// new cpuset cgroup starts with no CPUs, so copy them.
-	for _, hier := range cgroupHierarchies() {
-		p := filepath.Join(hier, cgroupRoot)
-		if err := os.Mkdir(p, 0o755); err != nil {
-			t.Fatalf("create cgroup %s: %v", p, err)
-		}
-		for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
-			if v, err := os.ReadFile(filepath.Join(hier, f)); err == nil {
-				os.WriteFile(filepath.Join(p, f), v, 0o644)
-			}
-		}
-	}
-	sock := filepath.Join(dir, "containerd.sock")
+	makeCgroupRoot(t, cgroupRoot)
 	ports, err := testcluster.FreePorts(2)
 	if err != nil {
 		t.Fatal(err)
 	}
-	criExtra := ""
-	if o.CRIConfig != nil {
-		criExtra = o.CRIConfig(n)
-	}
-	var imports strings.Builder
-	for _, im := range append([]string{pauseTar}, o.Images...) {
-		fmt.Fprintf(&imports, "ctr -a %s -n k8s.io images import %s >>%s/import.log 2>&1\n", sock, im, dir)
-	}
-	files := map[string]string{
-		"containerd.toml": fmt.Sprintf(`version = 2
-root = %[1]q
-state = %[2]q
-[grpc]
-  address = %[3]q
-[ttrpc]
-  address = %[4]q
-[plugins."io.containerd.internal.v1.opt"]
-  path = %[5]q
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = %[6]q
-  restrict_oom_score_adj = true
-  netns_mounts_under_state_dir = true
-  enable_selinux = false
-%[9]s
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "/usr/lib/cni"
-    conf_dir = %[7]q
-  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-    runtime_type = "io.containerd.runc.v2"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-      SystemdCgroup = false
-      Root = %[8]q
-`, filepath.Join(dir, "containerd", "root"), filepath.Join(dir, "containerd", "state"), sock, sock+".ttrpc",
-			filepath.Join(dir, "containerd", "opt"), pauseTag, filepath.Join(dir, "cni"), n.RuncRoot(), criExtra),
-		"cni/10-gpurack-test.conflist": fmt.Sprintf(`{"cniVersion": "0.4.0", "name": %q, "plugins": [
-  {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false,
-   "ipam": {"type": "host-local", "dataDir": %q, "ranges": [[{"subnet": "10.244.0.0/24"}]], "routes": [{"dst": "0.0.0.0/0"}]}},
-  {"type": "loopback"}]}
-`, filepath.Base(dir), filepath.Join(dir, "cni-ipam")),
-		"ca.crt": string(c.CAPEM),
-		"bootstrap.kubeconfig": fmt.Sprintf(`apiVersion: v1
-kind: Config
-clusters:
-- name: c
-  cluster: {server: %q, certificate-authority: %q}
-users:
-- name: bootstrap
-  user: {token: %q}
-contexts:
-- name: c
-  context: {cluster: c, user: bootstrap}
-current-context: c
-`, c.Server, filepath.Join(dir, "ca.crt"), token),
-		"kubelet.yaml": fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
-kind: KubeletConfiguration
-cgroupDriver: cgroupfs
-cgroupRoot: %q
-containerRuntimeEndpoint: unix://%s
-failSwapOn: false
-rotateCertificates: true
-address: 127.0.0.1
-port: %d
-readOnlyPort: 0
-healthzBindAddress: 127.0.0.1
-healthzPort: %d
-podLogsDir: %q
-authentication:
-  anonymous: {enabled: false}
-  webhook: {enabled: true}
-  x509: {clientCAFile: %q}
-authorization: {mode: Webhook}
-evictionHard: {}
-imageGCHighThresholdPercent: 100
-%s
-`, cgroupRoot, sock, ports[0], ports[1], filepath.Join(dir, "pod-logs"), filepath.Join(dir, "ca.crt"), o.KubeletConfig),
-		// kubelet runs again after RestartKubelet kills it (the restart file says the
-		// exit was asked for); any other exit ends the script, which Exited reports.
-		"node.sh": fmt.Sprintf(`set -e
-mkdir -p %[1]s/device-plugins /var/lib/kubelet/device-plugins
-mount --bind %[1]s/device-plugins /var/lib/kubelet/device-plugins
-containerd --config %[1]s/containerd.toml >%[1]s/containerd.log 2>&1 &
-for i in $(seq 100); do [ -S %[2]s ] && break; sleep 0.1; done
-%[3]swhile :; do
-  %[4]s --config=%[1]s/kubelet.yaml --bootstrap-kubeconfig=%[1]s/bootstrap.kubeconfig \
-    --kubeconfig=%[1]s/kubelet.kubeconfig --cert-dir=%[1]s/pki --root-dir=%[6]s \
-    --hostname-override=%[5]s --node-ip=127.0.0.1 >>%[1]s/kubelet.log 2>&1 || true
-  [ -e %[1]s/kubelet.restart ] || exit 1
-  rm %[1]s/kubelet.restart
-done
-`, dir, sock, imports.String(), kubelet, o.Name, n.KubeletDir()),
-	}
+	kubelet, _ := components.FindBinary(components.BinDir(""), "kubelet")
+	files := n.configFiles(c, o, nodeSettings{kubelet: kubelet, pauseTar: pauseTar, cgroupRoot: cgroupRoot, port: ports[0], healthzPort: ports[1]})
 	for name, content := range files {
 		p := filepath.Join(dir, name)
 		os.MkdirAll(filepath.Dir(p), 0o700)
@@ -265,6 +145,47 @@ done
 	}
 	go func() { n.exited <- cmd.Wait() }()
 	return n
+}
+
+// pauseImage is the pinned sandbox image: its archive and its tag (make k8s-bins).
+func pauseImage(t testing.TB) (tar, tag string) {
+	k8sDir := filepath.Dir(components.BinDir(""))
+	tagData, err := os.ReadFile(filepath.Join(k8sDir, "images", "pause.tag"))
+	if err != nil {
+		testreq.Missing(t, fmt.Sprintf("no pause image (%v)", err), "run make k8s-bins")
+	}
+	return filepath.Join(k8sDir, "images", "pause.tar"), strings.TrimSpace(string(tagData))
+}
+
+// forwardAPIServer forwards the namespace ns's 127.0.0.1:port to the apiserver on the
+// host, until t ends.
+func forwardAPIServer(t testing.TB, ns string, port int) {
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	var ln net.Listener
+	if err := netnstest.InNamespace(ns, func() (err error) {
+		ln, err = net.Listen("tcp", addr)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go forward(ln, addr)
+}
+
+// makeCgroupRoot creates kubelet's cgroupRoot, which it wants in every hierarchy
+// (cgroup v1 here); a new cpuset cgroup starts with no CPUs, so they are copied.
+func makeCgroupRoot(t testing.TB, cgroupRoot string) {
+	for _, hier := range cgroupHierarchies() {
+		p := filepath.Join(hier, cgroupRoot)
+		if err := os.Mkdir(p, 0o755); err != nil {
+			t.Fatalf("create cgroup %s: %v", p, err)
+		}
+		for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
+			if v, err := os.ReadFile(filepath.Join(hier, f)); err == nil {
+				os.WriteFile(filepath.Join(p, f), v, 0o644)
+			}
+		}
+	}
 }
 
 // KubeletDir is kubelet's root directory (--root-dir).
