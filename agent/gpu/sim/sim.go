@@ -406,21 +406,51 @@ func lostOr[T any](r reading, v T) (T, nvml.Return) {
 	return v, nvml.SUCCESS
 }
 
+// setFuncs answers each NVML device call the agent makes from the simulator's state;
+// a lost GPU answers ERROR_GPU_IS_LOST.
 func (d *Device) setFuncs(serial string) {
-	s, m := d.sim, d.sim.model
-	rd := func() reading { return s.read(d.phys) }
+	d.setIdentityFuncs(serial)
+	d.setMemoryFuncs()
+	d.setLinkFuncs()
+	d.setSensorFuncs()
+}
+
+// reading is the device's current state.
+func (d *Device) reading() reading { return d.sim.read(d.phys) }
+
+// pciInfo is a PciInfo naming bus, as NVML writes it (NUL-terminated).
+func pciInfo(bus string) nvml.PciInfo {
+	var p nvml.PciInfo
+	for i := 0; i < len(bus) && i < len(p.BusId)-1; i++ {
+		p.BusId[i] = int8(bus[i])
+	}
+	return p
+}
+
+// setIdentityFuncs answers for the index, names, PCI identity, VBIOS, InfoROM and
+// persistence mode.
+func (d *Device) setIdentityFuncs(serial string) {
+	m := d.sim.model
+	rd := d.reading
 	d.GetIndexFunc = func() (int, nvml.Return) { return lostOr(rd(), d.index()) }
 	d.GetMinorNumberFunc = func() (int, nvml.Return) { return lostOr(rd(), d.phys) }
 	d.GetUUIDFunc = func() (string, nvml.Return) { return lostOr(rd(), d.UUID) }
 	d.GetNameFunc = func() (string, nvml.Return) { return lostOr(rd(), cmp.Or(m.product, d.Config.Name)) }
 	d.GetSerialFunc = func() (string, nvml.Return) { return lostOr(rd(), serial) }
 	d.GetPciInfoFunc = func() (nvml.PciInfo, nvml.Return) {
-		p := nvml.PciInfo{PciDeviceId: d.Config.PciDeviceId}
-		for i := 0; i < len(d.PciBusID) && i < len(p.BusId)-1; i++ {
-			p.BusId[i] = int8(d.PciBusID[i])
-		}
+		p := pciInfo(d.PciBusID)
+		p.PciDeviceId = d.Config.PciDeviceId
 		return lostOr(rd(), p)
 	}
+	d.GetVbiosVersionFunc = func() (string, nvml.Return) { return lostOr(rd(), m.vbios) }
+	d.ValidateInforomFunc = func() nvml.Return { _, ret := lostOr(rd(), 0); return ret }
+	d.GetInforomImageVersionFunc = func() (string, nvml.Return) { return lostOr(rd(), m.inforom) }
+	d.GetPersistenceModeFunc = func() (nvml.EnableState, nvml.Return) { return lostOr(rd(), nvml.FEATURE_ENABLED) }
+}
+
+// setMemoryFuncs answers for memory use, ECC counters, remapped rows and retired pages.
+func (d *Device) setMemoryFuncs() {
+	rd := d.reading
 	d.GetMemoryInfoFunc = func() (nvml.Memory, nvml.Return) {
 		r := rd()
 		total := d.MemoryInfo.Total
@@ -433,10 +463,6 @@ func (d *Device) setFuncs(serial string) {
 		used := min(r.usedMiB<<20, total)
 		return lostOr(r, nvml.Memory_v2{Total: total, Used: used, Free: total - used})
 	}
-	d.GetVbiosVersionFunc = func() (string, nvml.Return) { return lostOr(rd(), m.vbios) }
-	d.GetInforomImageVersionFunc = func() (string, nvml.Return) { return lostOr(rd(), m.inforom) }
-	d.ValidateInforomFunc = func() nvml.Return { _, ret := lostOr(rd(), 0); return ret }
-	d.GetPersistenceModeFunc = func() (nvml.EnableState, nvml.Return) { return lostOr(rd(), nvml.FEATURE_ENABLED) }
 	d.GetEccModeFunc = func() (nvml.EnableState, nvml.EnableState, nvml.Return) {
 		r := rd()
 		if r.lost {
@@ -470,6 +496,12 @@ func (d *Device) setFuncs(serial string) {
 		return lostOr(r, pages)
 	}
 	d.GetRetiredPagesPendingStatusFunc = func() (nvml.EnableState, nvml.Return) { return lostOr(rd(), nvml.FEATURE_DISABLED) }
+}
+
+// setLinkFuncs answers for the PCIe link and the NVLinks.
+func (d *Device) setLinkFuncs() {
+	s, m := d.sim, d.sim.model
+	rd := d.reading
 	d.GetCurrPcieLinkGenerationFunc = func() (int, nvml.Return) { r := rd(); return lostOr(r, r.pcieGen) }
 	d.GetCurrPcieLinkWidthFunc = func() (int, nvml.Return) { r := rd(); return lostOr(r, r.pcieWidth) }
 	d.GetMaxPcieLinkGenerationFunc = func() (int, nvml.Return) { return lostOr(rd(), m.pcieGen) }
@@ -496,11 +528,7 @@ func (d *Device) setFuncs(serial string) {
 		if m.nvlinkPairs {
 			bus = s.devs[d.phys^1].PciBusID
 		}
-		var p nvml.PciInfo
-		for i := 0; i < len(bus) && i < len(p.BusId)-1; i++ {
-			p.BusId[i] = int8(bus[i])
-		}
-		return lostOr(r, p)
+		return lostOr(r, pciInfo(bus))
 	}
 	d.GetNvLinkRemoteDeviceTypeFunc = func(l int) (nvml.IntNvLinkDeviceType, nvml.Return) {
 		r := rd()
@@ -522,6 +550,13 @@ func (d *Device) setFuncs(serial string) {
 		}
 		return lostOr(r, uint64(0))
 	}
+}
+
+// setSensorFuncs answers for temperature, clocks, processes, field values, power and
+// events.
+func (d *Device) setSensorFuncs() {
+	m := d.sim.model
+	rd := d.reading
 	d.GetTemperatureFunc = func(nvml.TemperatureSensors) (uint32, nvml.Return) { r := rd(); return lostOr(r, uint32(r.tempC)) }
 	d.GetTemperatureThresholdFunc = func(t nvml.TemperatureThresholds) (uint32, nvml.Return) {
 		switch t {
