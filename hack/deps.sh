@@ -24,6 +24,7 @@ packages=(
   chromium          # pxe/report: the HTML rack checklist is opened in headless Chromium
   cmark-gfm         # pxe/report: the markdown rack report is rendered as GitHub would, to prove its escaping
   swtpm swtpm-tools # agent/attest, pxe/enroll: a software TPM 2.0 for the TPM-bound identity tests
+  xfsprogs e2fsprogs lvm2 mdadm # agent/datadisk: XFS with project quotas on data disks; ext4, LVM and RAID disks it must refuse
 )
 
 missing=()
