@@ -66,6 +66,10 @@ func (n *Node) Write(overlay string) ([]string, error) {
 	if n.AgentUnit == "" {
 		return nil, fmt.Errorf("node files: no gpuagent unit given (the image installs and enables gpuagent.service)")
 	}
+	copies, err := n.copies()
+	if err != nil {
+		return nil, err
+	}
 	// overlay may exist already; it becomes the root directory.
 	if err := mkdir(overlay); err != nil {
 		return nil, err
@@ -73,7 +77,32 @@ func (n *Node) Write(overlay string) ([]string, error) {
 	if err := os.Chmod(overlay, 0o755); err != nil {
 		return nil, err
 	}
-	files := map[string]string{
+	for name, content := range n.files() {
+		mode := os.FileMode(0o644)
+		if strings.HasPrefix(name, "usr/lib/gpurack/") {
+			mode = 0o755
+		}
+		if err := writeFile(filepath.Join(overlay, name), []byte(content), mode); err != nil {
+			return nil, err
+		}
+	}
+	if err := writeFile(filepath.Join(overlay, "etc/gpurack/profile.json"), n.ProfileJSON, 0o644); err != nil {
+		return nil, err
+	}
+	if err := n.writeGPURuntime(overlay); err != nil {
+		return nil, err
+	}
+	for dst, c := range copies {
+		if err := copyFile(c.src, filepath.Join(overlay, dst), c.mode); err != nil {
+			return nil, err
+		}
+	}
+	return n.hookCommands(), nil
+}
+
+// files are the files Write writes from memory, by path under the overlay.
+func (n *Node) files() map[string]string {
+	return map[string]string{
 		"etc/hostname":                                "",
 		"etc/gpurack/image-id":                        n.ImageID + "\n",
 		"etc/containerd/config.toml":                  containerdConfig(n.PauseTag, n.GPURuntime),
@@ -92,75 +121,51 @@ func (n *Node) Write(overlay string) ([]string, error) {
 		"etc/systemd/networkd.conf.d/gpurack.conf":           networkdForeign,
 		"etc/systemd/journald.conf.d/gpurack.conf":           "[Journal]\nStorage=volatile\n",
 	}
-	for name, content := range files {
-		mode := os.FileMode(0o644)
-		if strings.HasPrefix(name, "usr/lib/gpurack/") {
-			mode = 0o755
-		}
-		if err := writeFile(filepath.Join(overlay, name), []byte(content), mode); err != nil {
-			return nil, err
-		}
-	}
-	if err := writeFile(filepath.Join(overlay, "etc/gpurack/profile.json"), n.ProfileJSON, 0o644); err != nil {
-		return nil, err
-	}
-	if err := n.writeGPURuntime(overlay); err != nil {
-		return nil, err
-	}
-	copies := map[string]struct {
-		src  string
-		mode os.FileMode
-	}{
-		"usr/bin/kubelet":  {n.Kubelet, 0o755},
-		"usr/bin/gpuagent": {n.Agent, 0o755},
-		pauseArchive:       {n.PauseImage, 0o644},
+}
+
+// copied is a file Write copies into the overlay.
+type copied struct {
+	src  string
+	mode os.FileMode
+}
+
+// copies are the files Write copies, by path under the overlay: the binaries, the
+// gpuagent unit, the image archives and the kernel modules.
+func (n *Node) copies() (map[string]copied, error) {
+	copies := map[string]copied{
+		"usr/bin/kubelet":                     {n.Kubelet, 0o755},
+		"usr/bin/gpuagent":                    {n.Agent, 0o755},
+		pauseArchive:                          {n.PauseImage, 0o644},
+		"etc/systemd/system/gpuagent.service": {n.AgentUnit, 0o644},
 	}
 	if n.KubeProxy != "" {
-		copies["usr/bin/kube-proxy"] = struct {
-			src  string
-			mode os.FileMode
-		}{n.KubeProxy, 0o755}
+		copies["usr/bin/kube-proxy"] = copied{n.KubeProxy, 0o755}
 	}
-	copies["etc/systemd/system/gpuagent.service"] = struct {
-		src  string
-		mode os.FileMode
-	}{n.AgentUnit, 0o644}
-	enable := []string{"var-lib-containerd.mount", "systemd-networkd.service", "systemd-resolved.service", "gpurack-images.service", "gpurack-boot-report.service", "gpuagent.service"}
 	for _, im := range n.Images {
 		dst := strings.TrimPrefix(im.Dst, "/")
 		if !strings.HasPrefix(dst, "usr/share/gpurack/images/") || strings.Contains(dst, "..") || dst == pauseArchive {
 			return nil, fmt.Errorf("node files: image archive %s: %q is not a file in /usr/share/gpurack/images", im.Src, im.Dst)
 		}
-		copies[dst] = struct {
-			src  string
-			mode os.FileMode
-		}{im.Src, 0o644}
+		copies[dst] = copied{im.Src, 0o644}
 	}
+	modules := filepath.Join("usr/lib/modules", n.KernelVersion)
 	for dst, src := range n.ExtraModules {
-		copies[filepath.Join("usr/lib/modules", n.KernelVersion, dst)] = struct {
-			src  string
-			mode os.FileMode
-		}{src, 0o644}
+		copies[filepath.Join(modules, dst)] = copied{src, 0o644}
 	}
 	for _, m := range n.Modules {
-		copies[filepath.Join("usr/lib/modules", n.KernelVersion, m)] = struct {
-			src  string
-			mode os.FileMode
-		}{filepath.Join(n.KernelModules, m), 0o644}
+		copies[filepath.Join(modules, m)] = copied{filepath.Join(n.KernelModules, m), 0o644}
 	}
 	for _, f := range []string{"modules.order", "modules.builtin", "modules.builtin.modinfo"} {
 		if _, err := os.Stat(filepath.Join(n.KernelModules, f)); err == nil {
-			copies[filepath.Join("usr/lib/modules", n.KernelVersion, f)] = struct {
-				src  string
-				mode os.FileMode
-			}{filepath.Join(n.KernelModules, f), 0o644}
+			copies[filepath.Join(modules, f)] = copied{filepath.Join(n.KernelModules, f), 0o644}
 		}
 	}
-	for dst, c := range copies {
-		if err := copyFile(c.src, filepath.Join(overlay, dst), c.mode); err != nil {
-			return nil, err
-		}
-	}
+	return copies, nil
+}
+
+// hookCommands are the customize-hook commands that finish the tree ($1 is the tree).
+func (n *Node) hookCommands() []string {
+	enable := []string{"var-lib-containerd.mount", "systemd-networkd.service", "systemd-resolved.service", "gpurack-images.service", "gpurack-boot-report.service", "gpuagent.service"}
 	cmds := []string{}
 	if len(n.ExtraModules) > 0 {
 		// What nvidia-kernel-dkms would ship: modprobe.d entry for Debian's driver
@@ -182,7 +187,7 @@ func (n *Node) Write(overlay string) ([]string, error) {
 		": > \"$1/etc/hostname\"",
 		"chroot \"$1\" dpkg-query -W -f='${Package} ${Version} ${Architecture}\\n' > " + shellQuote(n.InstalledList),
 	}...)
-	return cmds, nil
+	return cmds
 }
 
 // mkdir makes dir and its missing parents, each with mode 0755 whatever the umask.
