@@ -95,6 +95,22 @@ func TestEnrollerIdentityPermissions(t *testing.T) {
 		t.Errorf("enroller creating a ResourceQuota: %v, want Forbidden", err)
 	}
 
+	// ConfigMaps: get kube-system/kubeadm-config only (gpuboot reads the cluster's
+	// networking facts there, decision 0672); no other ConfigMap, no list, no write.
+	cms := enroller.CoreV1().ConfigMaps(metav1.NamespaceSystem)
+	if _, err := cms.Get(ctx, joinconfig.KubeadmConfigMap, metav1.GetOptions{}); err != nil {
+		t.Errorf("enroller get kube-system/%s: %v", joinconfig.KubeadmConfigMap, err)
+	}
+	if _, err := cms.Get(ctx, joinconfig.KubeletConfigMap, metav1.GetOptions{}); !apierrors.IsForbidden(err) {
+		t.Errorf("enroller get kube-system/%s: %v, want Forbidden", joinconfig.KubeletConfigMap, err)
+	}
+	if _, err := cms.List(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
+		t.Errorf("enroller list ConfigMaps: %v, want Forbidden", err)
+	}
+	if _, err := cms.Update(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: joinconfig.KubeadmConfigMap, Namespace: metav1.NamespaceSystem}}, metav1.UpdateOptions{}); !apierrors.IsForbidden(err) {
+		t.Errorf("enroller update kube-system/%s: %v, want Forbidden", joinconfig.KubeadmConfigMap, err)
+	}
+
 	// Nodes: get, list, watch every Node; patch and delete only gpurack-managed ones
 	// (labelled joinconfig.ManagedNodeLabel, as every gpurack agent registers its
 	// Node), and of those change only the gpurack.io/ taints (EnrollerNodePolicy).

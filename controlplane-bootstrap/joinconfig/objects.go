@@ -227,7 +227,11 @@ func nodeServiceRBAC() []Object {
 func enrollerObjects() []Object {
 	return append(enrollerNodeObjects(), []Object{
 		role(metav1.NamespaceSystem, "gpurack:enroller",
-			rbacv1.PolicyRule{Verbs: []string{"create", "delete"}, APIGroups: []string{""}, Resources: []string{"secrets"}}),
+			rbacv1.PolicyRule{Verbs: []string{"create", "delete"}, APIGroups: []string{""}, Resources: []string{"secrets"}},
+			// gpuboot reads the cluster's networking facts (pod and service subnets,
+			// DNS domain, control-plane endpoint) from the kubeadm-config ConfigMap
+			// and no other (decision 0672).
+			rbacv1.PolicyRule{Verbs: []string{"get"}, APIGroups: []string{""}, Resources: []string{"configmaps"}, ResourceNames: []string{KubeadmConfigMap}}),
 		roleBinding(metav1.NamespaceSystem, "gpurack:enroller", user(EnrollerUser)),
 		clusterRole("gpurack:enroller",
 			// gpuboot's node controller watches Nodes, reads one afresh when its

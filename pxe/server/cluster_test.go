@@ -3,6 +3,8 @@ package server_test
 import (
 	"context"
 	"os"
+	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -10,8 +12,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 
 	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
+	"github.com/gpurack/gpurack/controlplane-bootstrap/clusterdns"
 	"github.com/gpurack/gpurack/controlplane-bootstrap/testcluster"
 )
 
@@ -46,6 +50,13 @@ func TestServeWithCluster(t *testing.T) {
 	b := resp.Bundle
 	if b.ApiServerEndpoint != c.Server || !strings.Contains(b.ClusterCaPem, "BEGIN CERTIFICATE") || len(b.BootstrapToken) != 23 {
 		t.Fatalf("bundle: endpoint %q (want %q), token %q", b.ApiServerEndpoint, c.Server, b.BootstrapToken)
+	}
+	// gpuboot.yaml sets no pod subnet, DNS address or domain: the bundle carries the
+	// cluster's, read from kube-system/kubeadm-config (decision 0672).
+	cfg := c.ControlPlane().Config
+	if b.GetPodNetwork().GetSubnet() != cfg.Networking.PodSubnet || !slices.Equal(b.ClusterDns, []string{clusterDNS(t, admin)}) || b.ClusterDomain != cfg.Networking.DNSDomain {
+		t.Errorf("bundle: pod subnet %q, cluster DNS %q, domain %q; want the cluster's %q, [%s], %q",
+			b.GetPodNetwork().GetSubnet(), b.ClusterDns, b.ClusterDomain, cfg.Networking.PodSubnet, clusterDNS(t, admin), cfg.Networking.DNSDomain)
 	}
 	secret := "bootstrap-token-" + b.BootstrapToken[:6]
 	if _, err := admin.CoreV1().Secrets("kube-system").Get(ctx, secret, metav1.GetOptions{}); err != nil {
@@ -99,4 +110,41 @@ func TestServeWithCluster(t *testing.T) {
 		t.Fatalf("Node after decommission: %v", err)
 	}
 	in.stop()
+}
+
+// clusterDNS is the ClusterIP of the kube-dns Service controlplane-bootstrap created.
+func clusterDNS(t *testing.T, admin kubernetes.Interface) string {
+	t.Helper()
+	svc, err := admin.CoreV1().Services(clusterdns.Namespace).Get(context.Background(), clusterdns.ServiceName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return svc.Spec.ClusterIP
+}
+
+// TestServeRefusesAContradictingOverride: gpuboot.yaml's pod subnet and DNS address
+// that the real cluster contradicts stop `gpuboot serve` at start, with an error that
+// names each setting and its line, its value, the cluster's value and where that came
+// from; an override that agrees starts.
+func TestServeRefusesAContradictingOverride(t *testing.T) {
+	c := testcluster.Shared(t)
+	cfg := c.ControlPlane().Config
+	in := newInstance(t, "cluster:\n  kubeconfig: "+c.EnrollerKubeconfig+"\n  podNetwork: {subnet: 10.99.0.0/16}\n  dns: [10.96.0.53]\n")
+	out, err := exec.Command(in.bin, "serve", "--config", in.cfg).CombinedOutput()
+	if err == nil {
+		t.Fatalf("gpuboot serve started with a contradicting pod subnet and DNS address:\n%s", out)
+	}
+	for _, want := range []string{
+		"cluster.podNetwork.subnet: 10.99.0.0/16 contradicts the cluster's pod subnet " + cfg.Networking.PodSubnet + " (networking.podSubnet in kube-system/kubeadm-config)",
+		"cluster.dns: [10.96.0.53] contradicts the cluster's DNS address " + clusterDNS(t, c.Clientset(t)) + " (the tenth address of networking.serviceSubnet " + cfg.Networking.ServiceSubnet + " in kube-system/kubeadm-config)",
+		in.cfg + ":",
+	} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("gpuboot serve's error lacks %q:\n%s", want, out)
+		}
+	}
+
+	agrees := newInstance(t, "cluster: {kubeconfig: "+c.EnrollerKubeconfig+", podNetwork: {subnet: "+cfg.Networking.PodSubnet+"}}\n")
+	agrees.start()
+	agrees.stop()
 }

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -11,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -48,9 +50,12 @@ type gpuboot struct {
 	ekRoots *enroll.EKRoots
 	// gossip keys
 	racks map[string]enroll.Rack
-	// cluster: nil without cluster.kubeconfig
-	cluster *nodecontrol.Cluster
-	nodes   *nodecontrol.Queue
+	// cluster: nil without cluster.kubeconfig; settings are what nodes are told of
+	// the cluster (gpuboot.yaml's cluster, filled from and checked against the
+	// cluster's own facts)
+	cluster  *nodecontrol.Cluster
+	nodes    *nodecontrol.Queue
+	settings config.Cluster
 	// enrollment
 	enroll *enroll.Service
 	// metrics
@@ -71,8 +76,8 @@ func (g *gpuboot) services() []service {
 		{name: "inventory", provides: []string{"store"}, start: g.startInventory},
 		{name: "policy", provides: []string{"policy", "ek roots"}, start: g.startPolicy},
 		{name: "gossip keys", provides: []string{"racks"}, start: g.startGossipKeys},
-		{name: "cluster", provides: []string{"cluster", "node queue"}, start: g.startCluster},
-		{name: "enrollment", needs: []string{"ca", "revocations", "store", "policy", "ek roots", "racks", "cluster", "node queue"},
+		{name: "cluster", provides: []string{"cluster", "cluster settings", "node queue"}, start: g.startCluster},
+		{name: "enrollment", needs: []string{"ca", "revocations", "store", "policy", "ek roots", "racks", "cluster", "cluster settings", "node queue"},
 			provides: []string{"enrollment"}, start: g.startEnrollment},
 		{name: "node controller", needs: []string{"cluster", "node queue", "enrollment"}, start: g.startNodeController},
 		{name: "metrics", needs: []string{"store", "enrollment"}, provides: []string{"metrics"}, start: g.startMetrics},
@@ -161,9 +166,11 @@ func (g *gpuboot) startGossipKeys(context.Context) (started, error) {
 	return started{}, nil
 }
 
-// startCluster loads the enroller kubeconfig, if there is one, and makes the queue
-// the enrollment service and the node controller share.
-func (g *gpuboot) startCluster(context.Context) (started, error) {
+// startCluster loads the enroller kubeconfig, if there is one, reads the cluster's
+// networking facts and settles what nodes are told of the cluster (decision 0672),
+// and makes the queue the enrollment service and the node controller share.
+func (g *gpuboot) startCluster(ctx context.Context) (started, error) {
+	g.settings = g.cfg.Cluster
 	if g.cfg.Cluster.Kubeconfig == "" {
 		g.log.Warn("no cluster.kubeconfig: JoinBundles carry no Kubernetes endpoint or bootstrap token, and the node controller does not run")
 		return started{}, nil
@@ -172,8 +179,46 @@ func (g *gpuboot) startCluster(context.Context) (started, error) {
 	if g.cluster, err = nodecontrol.Load(g.cfg.Cluster.Kubeconfig); err != nil {
 		return started{}, err
 	}
+	n, err := readNetworking(ctx, g.cluster)
+	switch {
+	case errors.Is(err, nodecontrol.ErrNetworkingUnpublished):
+		g.log.Warn("gpuboot.yaml's cluster.podNetwork.subnet, cluster.dns and cluster.domain go to nodes unchecked: the cluster's own are not readable (run `controlplane-bootstrap init` again to grant the enroller kube-system/kubeadm-config)", "err", err)
+	case err != nil:
+		return started{}, err
+	default:
+		if g.settings, err = g.cfg.WithCluster(config.ClusterFacts{PodSubnet: n.PodSubnet, ServiceSubnet: n.ServiceSubnet,
+			DNSAddress: n.DNSAddress, DNSDomain: n.DNSDomain, Source: nodecontrol.NetworkingSource}); err != nil {
+			return started{}, err
+		}
+		g.log.Info("cluster networking", "source", nodecontrol.NetworkingSource, "podSubnet", n.PodSubnet, "serviceSubnet", n.ServiceSubnet,
+			"dns", n.DNSAddress, "domain", n.DNSDomain, "endpoint", n.ControlPlaneEndpoint)
+		if ep := strings.TrimPrefix(g.cluster.Endpoint(), "https://"); n.ControlPlaneEndpoint != "" && ep != n.ControlPlaneEndpoint {
+			g.log.Warn("nodes are given the enroller kubeconfig's API endpoint, which is not the one the cluster names", "kubeconfig", ep, "cluster", n.ControlPlaneEndpoint)
+		}
+	}
 	g.nodes = nodecontrol.NewQueue()
 	return started{}, nil
+}
+
+// networkingWait bounds how long gpuboot waits at start for the apiserver to answer.
+const networkingWait = 30 * time.Second
+
+// readNetworking reads the cluster's networking facts, retrying for networkingWait
+// while the apiserver does not answer (gpuboot may start before it).
+func readNetworking(ctx context.Context, c *nodecontrol.Cluster) (nodecontrol.Networking, error) {
+	ctx, cancel := context.WithTimeout(ctx, networkingWait)
+	defer cancel()
+	for {
+		n, err := c.Networking(ctx)
+		if err == nil || errors.Is(err, nodecontrol.ErrNetworkingUnpublished) {
+			return n, err
+		}
+		select {
+		case <-ctx.Done():
+			return n, fmt.Errorf("the cluster's networking facts (cluster.kubeconfig %s): %w", c.Endpoint(), err)
+		case <-time.After(time.Second):
+		}
+	}
 }
 
 func (g *gpuboot) startEnrollment(ctx context.Context) (started, error) {
@@ -184,8 +229,8 @@ func (g *gpuboot) startEnrollment(ctx context.Context) (started, error) {
 		UnknownMachines: enroll.UnknownMachines(cfg.Enrollment.UnknownMachines), Reenroll: enroll.Reenroll(cfg.Enrollment.Reenroll),
 		Identity: enroll.IdentityMode(cfg.Enrollment.Identity), EKRoots: g.ekRoots,
 		CA: g.ca, Revocations: g.revoked, RevocationsPath: cfg.RevocationsPath(),
-		ClusterDNS: cfg.Cluster.DNS, ClusterDomain: cfg.Cluster.Domain, NodeNamePrefix: cfg.Enrollment.NodeNamePrefix,
-		PodNetwork:    &bootv1.PodNetwork{Subnet: cfg.Cluster.PodNetwork.Subnet, Backend: cfg.Cluster.PodNetwork.Backend},
+		ClusterDNS: g.settings.DNS, ClusterDomain: g.settings.Domain, NodeNamePrefix: cfg.Enrollment.NodeNamePrefix,
+		PodNetwork:    &bootv1.PodNetwork{Subnet: g.settings.PodNetwork.Subnet, Backend: g.settings.PodNetwork.Backend},
 		MaxUnapproved: cfg.Enrollment.MaxUnapproved, CreateRate: cfg.Enrollment.CreateRate, CreateBurst: cfg.Enrollment.CreateBurst,
 		MaxUnapprovedBytes: cfg.Enrollment.MaxUnapprovedBytes,
 		AllowSimulated:     cfg.Enrollment.AllowSimulated,

@@ -219,7 +219,6 @@ func startRack(t *testing.T, opts RackOptions) *Rack {
 				}
 			}
 		})
-		set.clusterDNS = clusterDNSAddress(t, ctx, r.admin)
 	}
 	var reservations, selectors []string
 	for _, m := range opts.Machines {
@@ -883,27 +882,12 @@ type gpubootSettings struct {
 	bootNet string
 	// podNetwork is cluster.podNetwork (flow YAML, e.g. "{backend: host-gw}").
 	podNetwork string
-	// clusterDNS is cluster.dns, the cluster DNS Service's address (clusterDNSAddress),
-	// which kubelet writes into pods' resolv.conf; empty: none (pods get the node's).
-	clusterDNS string
 	// policy and enrollment replace gpuboot's policy (default {approval: manual}) and
 	// enrollment (default {unknownMachines: discover}) settings (flow YAML).
 	policy, enrollment string
 	// selectors is gpuboot's selectors (a flow YAML list): which image which machine
 	// boots; empty: none, every machine boots the rack's default image.
 	selectors string
-}
-
-// clusterDNSAddress is the ClusterIP of the cluster DNS Service that
-// `controlplane-bootstrap init` created: what an operator sets as gpuboot's
-// cluster.dns.
-func clusterDNSAddress(t *testing.T, ctx context.Context, admin kubernetes.Interface) string {
-	t.Helper()
-	svc, err := admin.CoreV1().Services(clusterdns.Namespace).Get(ctx, clusterdns.ServiceName, metav1.GetOptions{})
-	if err != nil || svc.Spec.ClusterIP == "" {
-		t.Fatalf("the cluster DNS Service %s/%s: %v", clusterdns.Namespace, clusterdns.ServiceName, err)
-	}
-	return svc.Spec.ClusterIP
 }
 
 // startNamespacedGpuboot starts gpuboot with DHCP and TFTP off, or on a boot network
@@ -935,10 +919,10 @@ enrollment: %s
 policy: %s
 selectors: %s
 logLevel: info
-cluster: {kubeconfig: %s, dns: [%s], domain: cluster.local, podNetwork: %s}
+cluster: {kubeconfig: %s, podNetwork: %s}
 `, joinHost, store, strings.Join(pubKeys, ", "), imageID, cmp.Or(set.bootNet, "dhcp: {enabled: false}\ntftp: {enabled: false}"),
 		cmp.Or(set.enrollment, "{unknownMachines: discover}"), cmp.Or(set.policy, "{approval: manual}"), cmp.Or(set.selectors, "[]"),
-		enroller, set.clusterDNS, cmp.Or(set.podNetwork, "{}"))
+		enroller, cmp.Or(set.podNetwork, "{}"))
 	cfgPath := filepath.Join(dir, "gpuboot.yaml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
