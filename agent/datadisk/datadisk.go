@@ -5,7 +5,7 @@
 // The rule it exists to keep: the agent never writes to a disk that holds anything it did
 // not make. A disk is inspected read-only (Inspect: blkid's low-level probe of the whole
 // device and of where gpurack's partition starts, the GPT read with go-diskfs, and the raw
-// first 2 MiB and last 1 MiB), and a pure function (Decide) turns what was read into a
+// first and last 2 MiB), and a pure function (Decide) turns what was read into a
 // Verdict: Empty (may be prepared), Ours (this cluster's; mounted as it is, never formatted
 // again), OtherCluster or Foreign (refused, with what was found). Ensure acts only on Empty
 // and Ours; Wipe, the one way to make a refused disk usable, needs the disk's serial as

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -28,6 +29,9 @@ type Preparer struct {
 	// PartitionWait bounds the wait for the partition's device node after the table
 	// is written (0 is 10 s).
 	PartitionWait time.Duration
+	// withoutQuota mounts without prjquota. Only tests set it, on a kernel built without
+	// XFS quota support, to exercise everything else.
+	withoutQuota bool
 }
 
 // Result is what Ensure did with one disk.
@@ -106,7 +110,7 @@ func (p Preparer) Ensure(ctx context.Context, d Disk) (Result, error) {
 		root = DefaultMountRoot
 	}
 	res.MountPoint = filepath.Join(root, strings.ToLower(v.Partition.GUID))
-	if err := mountXFS(dev, res.MountPoint); err != nil {
+	if err := mountXFS(dev, res.MountPoint, !p.withoutQuota); err != nil {
 		return res, fmt.Errorf("prepare %s: %w", d, err)
 	}
 	return res, nil
@@ -168,7 +172,10 @@ func rereadPartitions(f *os.File) error {
 }
 
 // partition returns the device node of d's data partition once the kernel lists it and
-// agrees with the table on where it starts and how large it is.
+// agrees with the table on where it starts and how large it is. A kernel that has not
+// listed it (one built without a GPT parser, CONFIG_EFI_PARTITION off, as on some test
+// machines) is told where it is with BLKPG_ADD_PARTITION, as partx(8) does; that changes
+// the kernel's view only, nothing on the disk.
 func (p Preparer) partition(d Disk, part Partition) (string, error) {
 	devRoot, wait := p.DevRoot, p.PartitionWait
 	if devRoot == "" {
@@ -176,6 +183,11 @@ func (p Preparer) partition(d Disk, part Partition) (string, error) {
 	}
 	if wait == 0 {
 		wait = 10 * time.Second
+	}
+	if _, err := partitionDevice(d, part.Index, devRoot); err != nil {
+		if err := addPartition(d, part); err != nil {
+			return "", err
+		}
 	}
 	deadline := time.Now().Add(wait)
 	for {
@@ -190,6 +202,21 @@ func (p Preparer) partition(d Disk, part Partition) (string, error) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// addPartition tells the kernel about part of d (BLKPG_ADD_PARTITION, linux/blkpg.h).
+func addPartition(d Disk, part Partition) error {
+	f, err := os.Open(d.Path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	bp := unix.BlkpgPartition{Start: part.Start, Length: part.Size, Pno: int32(part.Index)}
+	arg := unix.BlkpgIoctlArg{Op: unix.BLKPG_ADD_PARTITION, Datalen: int32(unsafe.Sizeof(bp)), Data: (*byte)(unsafe.Pointer(&bp))}
+	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, f.Fd(), unix.BLKPG, uintptr(unsafe.Pointer(&arg))); errno != 0 {
+		return fmt.Errorf("the kernel lists no partition %d, and adding it (BLKPG) failed: %w", part.Index, errno)
+	}
+	return nil
 }
 
 // checkKernelPartition compares the kernel's idea of partition dev (sysfs, 512-byte
@@ -225,9 +252,10 @@ func mkfsXFS(ctx context.Context, dev string) error {
 	return nil
 }
 
-// mountXFS mounts dev at target with project quotas (prjquota), nosuid and nodev,
-// unless it is mounted there already, and checks that project quotas are on.
-func mountXFS(dev, target string) error {
+// mountXFS mounts dev at target with project quotas (prjquota, when quota is set),
+// nosuid and nodev, unless it is mounted there already, and checks that project quotas
+// are on.
+func mountXFS(dev, target string, quota bool) error {
 	if err := os.MkdirAll(target, 0o755); err != nil {
 		return err
 	}
@@ -235,10 +263,21 @@ func mountXFS(dev, target string) error {
 	if err != nil {
 		return err
 	}
+	data := ""
+	if quota {
+		data = "prjquota"
+	}
 	if !mounted {
-		if err := unix.Mount(dev, target, "xfs", unix.MS_NOSUID|unix.MS_NODEV, "prjquota"); err != nil {
-			return fmt.Errorf("mount %s at %s: %w", dev, target, err)
+		if err := unix.Mount(dev, target, "xfs", unix.MS_NOSUID|unix.MS_NODEV, data); err != nil {
+			hint := ""
+			if errors.Is(err, unix.EINVAL) && quota {
+				hint = "; a kernel built without XFS quota support (CONFIG_XFS_QUOTA) refuses prjquota, and the kernel log says which"
+			}
+			return fmt.Errorf("mount %s at %s with %q: %w%s", dev, target, data, err, hint)
 		}
+	}
+	if !quota {
+		return nil
 	}
 	opts, err := superOptions(target)
 	if err != nil {
