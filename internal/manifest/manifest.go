@@ -239,121 +239,139 @@ func sortArtifacts(as []Artifact) {
 	slices.SortFunc(as, func(a, b Artifact) int { return strings.Compare(a.Name, b.Name) })
 }
 
+// problems collects what Validate finds, each naming its field.
+type problems []error
+
+func (p *problems) bad(field, format string, args ...any) {
+	*p = append(*p, fmt.Errorf("manifest field %s: %s", field, fmt.Sprintf(format, args...)))
+}
+
+// text checks that v is plain text (checkText).
+func (p *problems) text(field, v string) {
+	if err := checkText(v); err != nil {
+		p.bad(field, "%v", err)
+	}
+}
+
+// file checks a listed file's SHA-256 and size.
+func (p *problems) file(field, sha256 string, size int64) {
+	if !isHex(sha256, 64) {
+		p.bad(field+".sha256", "%q must be 64 lowercase hex characters", sha256)
+	}
+	if size < 0 {
+		p.bad(field+".size", "%d is negative", size)
+	}
+}
+
 // Validate checks every field of m and returns all the problems found, each
 // naming its field and what a valid value looks like.
 func (m *Manifest) Validate() error {
-	var errs []error
-	bad := func(field, format string, args ...any) {
-		errs = append(errs, fmt.Errorf("manifest field %s: %s", field, fmt.Sprintf(format, args...)))
+	var p problems
+	m.validateBuild(&p)
+	m.validateBinaries(&p)
+	listed := m.validateArtifacts(&p)
+	m.validateImages(&p)
+	for _, name := range requiredArtifacts {
+		if !listed[name] {
+			p.bad("artifacts", "%q is missing: every image lists %s", name, strings.Join(quoteAll(requiredArtifacts), ", "))
+		}
 	}
+	return errors.Join(p...)
+}
+
+// validateBuild checks the schema version and what the image was built from.
+func (m *Manifest) validateBuild(p *problems) {
 	switch {
 	case m.SchemaVersion == 0:
-		bad("schemaVersion", "missing: want %d", SchemaVersion)
+		p.bad("schemaVersion", "missing: want %d", SchemaVersion)
 	case m.SchemaVersion != SchemaVersion:
-		bad("schemaVersion", "%d is not supported: this gpurack reads version %d; upgrade it to read this image", m.SchemaVersion, SchemaVersion)
+		p.bad("schemaVersion", "%d is not supported: this gpurack reads version %d; upgrade it to read this image", m.SchemaVersion, SchemaVersion)
 	}
 	if !isHex(m.ImageID, 40) {
-		bad("imageId", "%q must be 40 lowercase hex characters (see docs/contracts.md §7)", m.ImageID)
+		p.bad("imageId", "%q must be 40 lowercase hex characters (see docs/contracts.md §7)", m.ImageID)
 	}
 	if err := checkName(m.Profile); err != nil {
-		bad("profile", "%v", err)
+		p.bad("profile", "%v", err)
 	}
 	for _, d := range []struct{ field, v string }{{"profileDigest", m.ProfileDigest}, {"lockDigest", m.LockDigest}} {
 		if !isHex(strings.TrimPrefix(d.v, "sha256:"), 64) {
-			bad(d.field, "%q must be a SHA-256: 64 lowercase hex characters, optionally prefixed with \"sha256:\"", d.v)
+			p.bad(d.field, "%q must be a SHA-256: 64 lowercase hex characters, optionally prefixed with \"sha256:\"", d.v)
 		}
 	}
-	checkText := func(field, v string) {
-		if err := checkText(v); err != nil {
-			bad(field, "%v", err)
-		}
-	}
-	checkText("builderVersion", m.BuilderVersion)
+	p.text("builderVersion", m.BuilderVersion)
 	if m.SourceDateEpoch < 0 {
-		bad("sourceDateEpoch", "%d is negative: want the build's SOURCE_DATE_EPOCH in seconds", m.SourceDateEpoch)
+		p.bad("sourceDateEpoch", "%d is negative: want the build's SOURCE_DATE_EPOCH in seconds", m.SourceDateEpoch)
 	}
-	checkText("kernel.version", m.Kernel.Version)
-	checkText("kernel.package", m.Kernel.Package)
+	p.text("kernel.version", m.Kernel.Version)
+	p.text("kernel.package", m.Kernel.Package)
 	if d := m.Driver; d != nil {
-		checkText("driver.version", d.Version)
+		p.text("driver.version", d.Version)
 		if d.Flavor != FlavorOpen && d.Flavor != FlavorProprietary {
-			bad("driver.flavor", "%q must be %q or %q", d.Flavor, FlavorOpen, FlavorProprietary)
+			p.bad("driver.flavor", "%q must be %q or %q", d.Flavor, FlavorOpen, FlavorProprietary)
 		}
-		checkText("driver.vermagic", d.Vermagic)
+		p.text("driver.vermagic", d.Vermagic)
 	}
-	checkText("kubernetesVersion", m.KubernetesVersion)
+	p.text("kubernetesVersion", m.KubernetesVersion)
+}
 
+func (m *Manifest) validateBinaries(p *problems) {
 	for _, name := range slices.Sorted(maps.Keys(m.Binaries)) {
 		d := m.Binaries[name]
 		field := fmt.Sprintf("binaries[%q]", name)
 		if err := checkFileName(name); err != nil {
-			bad(field, "the binary name: %v", err)
+			p.bad(field, "the binary name: %v", err)
 		}
-		if !isHex(d.SHA256, 64) {
-			bad(field+".sha256", "%q must be 64 lowercase hex characters", d.SHA256)
-		}
-		if d.Size < 0 {
-			bad(field+".size", "%d is negative", d.Size)
-		}
+		p.file(field, d.SHA256, d.Size)
 	}
 	for _, name := range requiredBinaries {
 		if _, ok := m.Binaries[name]; !ok {
-			bad("binaries", "%q is missing: every image lists %s", name, strings.Join(quoteAll(requiredBinaries), " and "))
+			p.bad("binaries", "%q is missing: every image lists %s", name, strings.Join(quoteAll(requiredBinaries), " and "))
 		}
 	}
+}
 
+// validateArtifacts checks the artifacts and returns the names listed.
+func (m *Manifest) validateArtifacts(p *problems) map[string]bool {
 	seen := map[string]bool{}
 	for i, a := range m.Artifacts {
 		field := fmt.Sprintf("artifacts[%d]", i)
 		if err := checkFileName(a.Name); err != nil {
-			bad(field+".name", "%v", err)
+			p.bad(field+".name", "%v", err)
 		} else if a.Name == ManifestFile || a.Name == SignatureFile {
-			bad(field+".name", "%q cannot be an artifact: the manifest and its signature do not list themselves", a.Name)
+			p.bad(field+".name", "%q cannot be an artifact: the manifest and its signature do not list themselves", a.Name)
 		} else {
 			field = fmt.Sprintf("artifacts[%q]", a.Name)
 		}
 		if seen[a.Name] {
-			bad(field, "listed more than once: each file appears once")
+			p.bad(field, "listed more than once: each file appears once")
 		}
 		seen[a.Name] = true
-		if !isHex(a.SHA256, 64) {
-			bad(field+".sha256", "%q must be 64 lowercase hex characters", a.SHA256)
-		}
-		if a.Size < 0 {
-			bad(field+".size", "%d is negative", a.Size)
-		}
+		p.file(field, a.SHA256, a.Size)
 	}
-	seenImage := map[string]bool{}
+	return seen
+}
+
+func (m *Manifest) validateImages(p *problems) {
+	seen := map[string]bool{}
 	for i, im := range m.Images {
 		field := fmt.Sprintf("images[%d]", i)
 		if dir, base := path.Split(im.Path); dir != ImagesDir+"/" || checkFileName(base) != nil {
-			bad(field+".path", "%q must be a plain file name in %s", im.Path, ImagesDir)
-		} else if seenImage[im.Path] {
-			bad(field+".path", "%q is listed more than once", im.Path)
+			p.bad(field+".path", "%q must be a plain file name in %s", im.Path, ImagesDir)
+		} else if seen[im.Path] {
+			p.bad(field+".path", "%q is listed more than once", im.Path)
 		}
-		seenImage[im.Path] = true
-		if !isHex(im.SHA256, 64) {
-			bad(field+".sha256", "%q must be 64 lowercase hex characters", im.SHA256)
-		}
-		if im.Size < 0 {
-			bad(field+".size", "%d is negative", im.Size)
-		}
+		seen[im.Path] = true
+		p.file(field, im.SHA256, im.Size)
 		if len(im.Names) == 0 {
-			bad(field+".names", "missing: an archive ships only with a name a pod can refer to")
+			p.bad(field+".names", "missing: an archive ships only with a name a pod can refer to")
 		}
 		for j, n := range im.Names {
-			checkText(fmt.Sprintf("%s.names[%d]", field, j), n)
+			p.text(fmt.Sprintf("%s.names[%d]", field, j), n)
 			if strings.ContainsRune(n, ' ') {
-				bad(fmt.Sprintf("%s.names[%d]", field, j), "%q must be an image reference, without spaces", n)
+				p.bad(fmt.Sprintf("%s.names[%d]", field, j), "%q must be an image reference, without spaces", n)
 			}
 		}
 	}
-	for _, name := range requiredArtifacts {
-		if !seen[name] {
-			bad("artifacts", "%q is missing: every image lists %s", name, strings.Join(quoteAll(requiredArtifacts), ", "))
-		}
-	}
-	return errors.Join(errs...)
 }
 
 func quoteAll(ss []string) []string {
