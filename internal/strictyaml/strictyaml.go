@@ -234,61 +234,9 @@ func (w *walker) walk(n *yaml.Node, t reflect.Type, path string) {
 	}
 	switch t.Kind() {
 	case reflect.Struct:
-		if n.Kind != yaml.MappingNode {
-			w.fail(n, path, "expected a mapping of fields, found %s", kindNames[n.Kind])
-			return
-		}
-		fields := structFields(t)
-		byName := make(map[string]reflect.Type, len(fields))
-		names := make([]string, len(fields))
-		for i, f := range fields {
-			byName[f.name] = f.typ
-			names[i] = f.name
-		}
-		seen := map[string]bool{}
-		for i := 0; i+1 < len(n.Content); i += 2 {
-			k, v := n.Content[i], n.Content[i+1]
-			key := k.Value
-			ft, ok := byName[key]
-			fp := join(path, key)
-			switch {
-			case k.Kind != yaml.ScalarNode:
-				w.fail(k, path, "a field name must be a plain word, found %s", kindNames[k.Kind])
-			case !ok:
-				w.fail(k, fp, "unknown field %q%s; known fields here: %s", key, Suggest(key, names), strings.Join(names, ", "))
-			case seen[key]:
-				w.fail(k, fp, "field %q is given twice; keep one", key)
-			default:
-				seen[key] = true
-				w.pos[fp] = k.Line
-				w.walk(v, ft, fp)
-			}
-		}
+		w.walkStruct(n, t, path)
 	case reflect.Map:
-		if n.Kind != yaml.MappingNode {
-			w.fail(n, path, "expected a mapping, found %s", kindNames[n.Kind])
-			return
-		}
-		seen := map[string]bool{}
-		for i := 0; i+1 < len(n.Content); i += 2 {
-			k, v := n.Content[i], n.Content[i+1]
-			if k.Kind != yaml.ScalarNode {
-				w.fail(k, path, "a key must be a plain value, found %s", kindNames[k.Kind])
-				continue
-			}
-			kp := path + "[" + k.Value + "]"
-			if seen[k.Value] {
-				w.fail(k, kp, "key %q is given twice; keep one", k.Value)
-				continue
-			}
-			seen[k.Value] = true
-			if err := k.Decode(reflect.New(t.Key()).Interface()); err != nil {
-				w.fail(k, kp, "expected %s as the key, found %q", scalarName(t.Key()), k.Value)
-				continue
-			}
-			w.pos[kp] = k.Line
-			w.walk(v, t.Elem(), kp)
-		}
+		w.walkMap(n, t, path)
 	case reflect.Slice, reflect.Array:
 		if n.Kind != yaml.SequenceNode {
 			w.fail(n, path, "expected a list, found %s", kindNames[n.Kind])
@@ -304,23 +252,92 @@ func (w *walker) walk(n *yaml.Node, t reflect.Type, path string) {
 	case reflect.Interface:
 		// Anything goes; the schema says no more.
 	default:
-		if n.Kind != yaml.ScalarNode {
-			w.fail(n, path, "expected %s, found %s", scalarName(t), kindNames[n.Kind])
-			return
+		w.walkScalar(n, t, path)
+	}
+}
+
+// walkStruct checks a mapping against the struct type t: known fields, each once.
+func (w *walker) walkStruct(n *yaml.Node, t reflect.Type, path string) {
+	if n.Kind != yaml.MappingNode {
+		w.fail(n, path, "expected a mapping of fields, found %s", kindNames[n.Kind])
+		return
+	}
+	fields := structFields(t)
+	byName := make(map[string]reflect.Type, len(fields))
+	names := make([]string, len(fields))
+	for i, f := range fields {
+		byName[f.name] = f.typ
+		names[i] = f.name
+	}
+	seen := map[string]bool{}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		key := k.Value
+		ft, ok := byName[key]
+		fp := join(path, key)
+		switch {
+		case k.Kind != yaml.ScalarNode:
+			w.fail(k, path, "a field name must be a plain word, found %s", kindNames[k.Kind])
+		case !ok:
+			w.fail(k, fp, "unknown field %q%s; known fields here: %s", key, Suggest(key, names), strings.Join(names, ", "))
+		case seen[key]:
+			w.fail(k, fp, "field %q is given twice; keep one", key)
+		default:
+			seen[key] = true
+			w.pos[fp] = k.Line
+			w.walk(v, ft, fp)
 		}
-		if t.Kind() == reflect.String && n.Tag == "!!bool" {
-			// yaml.v3 would turn true into the text "true" silently; insist on quoting.
-			w.fail(n, path, "expected text, found the boolean %s; quote it", n.Value)
-			return
+	}
+}
+
+// walkMap checks a mapping against the map type t: plain keys of its key type, each
+// once.
+func (w *walker) walkMap(n *yaml.Node, t reflect.Type, path string) {
+	if n.Kind != yaml.MappingNode {
+		w.fail(n, path, "expected a mapping, found %s", kindNames[n.Kind])
+		return
+	}
+	seen := map[string]bool{}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		if k.Kind != yaml.ScalarNode {
+			w.fail(k, path, "a key must be a plain value, found %s", kindNames[k.Kind])
+			continue
 		}
-		if wholeNumber(t) && n.Tag == "!!float" {
-			// yaml.v3 would truncate 2.5 to 2 silently.
-			w.fail(n, path, "expected %s, found %q", scalarName(t), n.Value)
-			return
+		kp := path + "[" + k.Value + "]"
+		if seen[k.Value] {
+			w.fail(k, kp, "key %q is given twice; keep one", k.Value)
+			continue
 		}
-		if err := n.Decode(reflect.New(t).Interface()); err != nil {
-			w.fail(n, path, "expected %s, found %q", scalarName(t), n.Value)
+		seen[k.Value] = true
+		if err := k.Decode(reflect.New(t.Key()).Interface()); err != nil {
+			w.fail(k, kp, "expected %s as the key, found %q", scalarName(t.Key()), k.Value)
+			continue
 		}
+		w.pos[kp] = k.Line
+		w.walk(v, t.Elem(), kp)
+	}
+}
+
+// walkScalar checks a value against the scalar type t, refusing what yaml.v3 would
+// convert silently.
+func (w *walker) walkScalar(n *yaml.Node, t reflect.Type, path string) {
+	if n.Kind != yaml.ScalarNode {
+		w.fail(n, path, "expected %s, found %s", scalarName(t), kindNames[n.Kind])
+		return
+	}
+	if t.Kind() == reflect.String && n.Tag == "!!bool" {
+		// yaml.v3 would turn true into the text "true" silently; insist on quoting.
+		w.fail(n, path, "expected text, found the boolean %s; quote it", n.Value)
+		return
+	}
+	if wholeNumber(t) && n.Tag == "!!float" {
+		// yaml.v3 would truncate 2.5 to 2 silently.
+		w.fail(n, path, "expected %s, found %q", scalarName(t), n.Value)
+		return
+	}
+	if err := n.Decode(reflect.New(t).Interface()); err != nil {
+		w.fail(n, path, "expected %s, found %q", scalarName(t), n.Value)
 	}
 }
 
