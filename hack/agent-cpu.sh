@@ -62,15 +62,18 @@ if [[ -n $stub ]]; then
   plugin=(--device-plugin)
 fi
 
-# freeport prints a loopback TCP port nobody listens on now.
-freeport() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-mport=$(freeport)
+# Four loopback TCP ports nobody listens on now, distinct (all held open while chosen):
+# /metrics, gRPC, and the two gossip members'.
+read -r mport gport g1 g2 < <(python3 -c '
+import socket
+socks = [socket.socket() for _ in range(4)]
+for s in socks: s.bind(("127.0.0.1", 0))
+print(*[s.getsockname()[1] for s in socks])')
 node=()
 if [[ -n $nodelike ]]; then
   head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$work/rack.key"
-  g1=$(freeport) g2=$(freeport)
   gossip=(--rack r1 --gossip-key-file "$work/rack.key")
-  node=(--listen "127.0.0.1:$(freeport)" --insecure --kmsg /dev/kmsg --node-name sim-a
+  node=(--listen "127.0.0.1:$gport" --insecure --kmsg /dev/kmsg --node-name sim-a
     --gossip-bind "127.0.0.1:$g1" --gossip-seed "127.0.0.1:$g2" "${gossip[@]}")
   mkdir -p "$work/peer"
   "$bin" run --gpu-backend sim:dgxh100 --profile "$root/profiles/debian12-nvidia535.yaml" \

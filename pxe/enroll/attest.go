@@ -246,7 +246,6 @@ type tpmChallenges struct {
 	strangers list.List
 	bySource  map[netip.Prefix]int
 	byEK      map[string]int // strangers only
-	swept     time.Time
 }
 
 type challengeEntry struct {

@@ -159,10 +159,10 @@ type RackMachine struct {
 	qemu *exec.Cmd
 	tpm  *swtpmtest.QEMUTPM
 	// What the join saw.
-	key                  string // the agent's key, as the console showed it
-	node                 *corev1.Node
-	bootToWait, toReady  time.Duration
-	approved             time.Time
+	key                 string // the agent's key, as the console showed it
+	node                *corev1.Node
+	bootToWait, toReady time.Duration
+	approved            time.Time
 }
 
 // startRack sets up a rack as opts says: the boot network, the control plane, gpuboot
