@@ -28,6 +28,7 @@ import (
 	bootstrapapi "k8s.io/cluster-bootstrap/token/api"
 
 	"github.com/gpurack/gpurack/controlplane-bootstrap/clusterconfig"
+	"github.com/gpurack/gpurack/controlplane-bootstrap/clusterpki"
 	"github.com/gpurack/gpurack/internal/nodecontract"
 )
 
@@ -99,6 +100,7 @@ func Objects(cfg *clusterconfig.Config, caPEM []byte) ([]Object, error) {
 	objs = append(objs, kubeadmConfigMaps(cfg)...)
 	objs = append(objs, enrollerObjects()...)
 	objs = append(objs, nodeServiceRBAC()...)
+	objs = append(objs, apiserverKubeletRBAC())
 	return objs, nil
 }
 
@@ -217,6 +219,19 @@ func nodeServiceRBAC() []Object {
 			rbacv1.PolicyRule{Verbs: []string{"get", "list", "watch"}, APIGroups: []string{"networking.k8s.io"}, Resources: []string{"networkpolicies"}}),
 		clusterRoleBinding(NodePolicyReaderRole, NodePolicyReaderRole, group(NodesGroup)),
 	}
+}
+
+// APIServerKubeletBinding lets the apiserver's client certificate for kubelets
+// (clusterpki's kube-apiserver-kubelet-client) through the kubelet's webhook
+// authorization: `kubectl logs`, `exec`, `port-forward` and the nodes/proxy reads
+// that a node's kubelet checks with a SubjectAccessReview. Its certificate's group,
+// kubeadm:cluster-admins, is bound to nothing here (kubeadm binds it to
+// cluster-admin); the user gets the kubelet API and nothing else.
+const APIServerKubeletBinding = "gpurack:apiserver-kubelet-client"
+
+func apiserverKubeletRBAC() Object {
+	return clusterRoleBinding(APIServerKubeletBinding, "system:kubelet-api-admin",
+		rbacv1.Subject{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: clusterpki.APIServerKubeletUser})
 }
 
 // enrollerObjects is the enroller identity's RBAC and the admission policies
