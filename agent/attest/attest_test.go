@@ -8,6 +8,7 @@ import (
 	"github.com/google/go-tpm/tpm2"
 
 	"github.com/gpurack/gpurack/agent/attest"
+	"github.com/gpurack/gpurack/agent/attest/attesttest"
 	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
 	"github.com/gpurack/gpurack/internal/swtpmtest"
 )
@@ -42,7 +43,7 @@ func challenge(t *testing.T, att *bootv1.TpmAttestation, secret []byte) *bootv1.
 // EK and AK across a restart (a reboot), and cannot answer one made for another TPM.
 func TestActivateWithSWTPM(t *testing.T) {
 	a := swtpmtest.Start(t)
-	att := a.Attester(t)
+	att := attesttest.New(t, a)
 	got := att.Attestation()
 	if len(got.EkPublic) == 0 || len(got.AkPublic) == 0 || len(got.AkCreationData) == 0 {
 		t.Fatalf("attestation incomplete: %d EK, %d AK, %d creation data bytes", len(got.EkPublic), len(got.AkPublic), len(got.AkCreationData))
@@ -61,13 +62,13 @@ func TestActivateWithSWTPM(t *testing.T) {
 		t.Fatal(err)
 	}
 	a.Stop()
-	again := swtpmtest.StartIn(t, a.Dir).Attester(t).Attestation()
+	again := attesttest.New(t, swtpmtest.StartIn(t, a.Dir)).Attestation()
 	if !bytes.Equal(again.EkPublic, got.EkPublic) || !bytes.Equal(again.AkPublic, got.AkPublic) {
 		t.Fatal("the restarted TPM has another EK or AK")
 	}
 
 	// Another TPM cannot recover a secret made for this one.
-	other := swtpmtest.Start(t).Attester(t)
+	other := attesttest.New(t, swtpmtest.Start(t))
 	if bytes.Equal(other.Attestation().EkPublic, got.EkPublic) {
 		t.Fatal("two swtpm instances share an EK")
 	}

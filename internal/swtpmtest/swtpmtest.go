@@ -17,7 +17,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpurack/gpurack/agent/attest"
 	"github.com/gpurack/gpurack/internal/testreq"
 )
 
@@ -96,18 +95,6 @@ func (p *TPM) Dial(t testing.TB) *Stream {
 	s := NewStream(c)
 	t.Cleanup(func() { s.Close() })
 	return s
-}
-
-// Attester creates the EK and AK in the TPM. It is this package's one use of the
-// agent (agent/attest), kept while pxe/enroll's tests call it.
-func (p *TPM) Attester(t testing.TB) *attest.Attester {
-	t.Helper()
-	a, err := attest.New(p.Dial(t))
-	if err != nil {
-		t.Fatalf("swtpm %s: %v", p.Dir, err)
-	}
-	t.Cleanup(func() { a.Close() })
-	return a
 }
 
 func freePort() (int, error) {

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/gpurack/gpurack/agent/attest/attesttest"
 	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
 	"github.com/gpurack/gpurack/internal/swtpmtest"
 	"github.com/gpurack/gpurack/pxe/inventory"
@@ -39,7 +40,7 @@ func TestEKRootsAdmitOnlyCertifiedTPMs(t *testing.T) {
 	}
 	e := newEnv(t, func(c *Config) { c.Identity, c.EKRoots = IdentityTPM, roots })
 
-	a := withTPM(e.agent("52:54:00:00:08:01", "SN-EK-A"), certified.Attester(t))
+	a := withTPM(e.agent("52:54:00:00:08:01", "SN-EK-A"), attesttest.New(t, certified))
 	if len(a.tpm.Attestation().GetEkCertificate()) == 0 {
 		t.Fatal("the certified TPM's attestation carries no EK certificate: the agent did not read NV index 0x01c00002")
 	}
@@ -56,7 +57,7 @@ func TestEKRootsAdmitOnlyCertifiedTPMs(t *testing.T) {
 		{"a software TPM without an EK certificate", "52:54:00:00:08:02", "sent no EK certificate", swtpmtest.Start(t)},
 		{"a TPM certified by another vendor", "52:54:00:00:08:03", "does not chain to enrollment.ekRoots", foreign},
 	} {
-		b := withTPM(e.agent(c.mac, "SN-EK-B"), c.tpm.Attester(t))
+		b := withTPM(e.agent(c.mac, "SN-EK-B"), attesttest.New(t, c.tpm))
 		r, err := b.registerTPM(b.tpm.Attestation(), nil)
 		if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: Register answered %v, %v; want PermissionDenied saying %q", c.name, r, err, c.want)

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/gpurack/gpurack/agent/attest/attesttest"
 	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
 	"github.com/gpurack/gpurack/internal/swtpmtest"
 	"github.com/gpurack/gpurack/pxe/identity"
@@ -26,8 +27,8 @@ import (
 // nothing stored, no token. Then the machine with the named TPM is approved by its row
 // and receives its bundle.
 func TestManifestEKDefeatsStranger(t *testing.T) {
-	tpmA := swtpmtest.Start(t).Attester(t)
-	certified := swtpmtest.NewVendor(t).StartCertified(t).Attester(t)
+	tpmA := attesttest.New(t, swtpmtest.Start(t))
+	certified := attesttest.New(t, swtpmtest.NewVendor(t).StartCertified(t))
 	der := certified.Attestation().GetEkCertificate()
 	if len(der) == 0 {
 		t.Fatal("the certified swtpm sent no EK certificate")
@@ -49,7 +50,7 @@ func TestManifestEKDefeatsStranger(t *testing.T) {
 		{"52:54:00:00:0e:02", "SN-MEK-2"},
 	} {
 		real := e.agent(c.mac, c.serial)
-		stranger := withTPM(real.rebooted(), swtpmtest.Start(t).Attester(t))
+		stranger := withTPM(real.rebooted(), attesttest.New(t, swtpmtest.Start(t)))
 		_, err := stranger.prove()
 		if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), "rack manifest") {
 			t.Fatalf("%s: the stranger's proven Register: %v; want PermissionDenied naming the manifest", c.serial, err)

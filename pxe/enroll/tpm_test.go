@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/gpurack/gpurack/agent/attest"
+	"github.com/gpurack/gpurack/agent/attest/attesttest"
 	agentenroll "github.com/gpurack/gpurack/agent/enroll"
 	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
 	machinev1 "github.com/gpurack/gpurack/api/machine/v1"
@@ -137,7 +138,7 @@ func TestTPMRebootReenrollsWithoutOperator(t *testing.T) {
 	e := newEnv(t, func(c *Config) { c.Identity, c.Reenroll = IdentityTPM, ReenrollManual })
 	const mac = "52:54:00:00:07:01"
 	tpmA := swtpmtest.Start(t)
-	a := withTPM(e.agent(mac, "SN-TPM-A"), tpmA.Attester(t))
+	a := withTPM(e.agent(mac, "SN-TPM-A"), attesttest.New(t, tpmA))
 	a.mustProve(bootv1.RegisterStatus_REGISTER_STATUS_PENDING)
 	a.poll(bootv1.RegisterStatus_REGISTER_STATUS_PENDING)
 	e.approve(mac)
@@ -153,7 +154,7 @@ func TestTPMRebootReenrollsWithoutOperator(t *testing.T) {
 	// Reboot: the TPM powers off and on, the agent makes a new key.
 	a.tpm.Close()
 	tpmA.Stop()
-	b := withTPM(a.rebooted(), swtpmtest.StartIn(t, tpmA.Dir).Attester(t))
+	b := withTPM(a.rebooted(), attesttest.New(t, swtpmtest.StartIn(t, tpmA.Dir)))
 	r := b.mustProve(bootv1.RegisterStatus_REGISTER_STATUS_APPROVED)
 	b.fetch(r)
 	m = e.machine(mac)
@@ -187,12 +188,12 @@ func TestTPMForgedIdentityFromAnotherTPMIsConflict(t *testing.T) {
 		t.Run(string(mode), func(t *testing.T) {
 			e := newEnv(t, func(c *Config) { c.Identity, c.Reenroll = mode, ReenrollAuto })
 			const mac = "52:54:00:00:07:02"
-			a := withTPM(e.agent(mac, "SN-TPM-B"), swtpmtest.Start(t).Attester(t))
+			a := withTPM(e.agent(mac, "SN-TPM-B"), attesttest.New(t, swtpmtest.Start(t)))
 			a.mustProve(bootv1.RegisterStatus_REGISTER_STATUS_PENDING)
 			e.approve(mac)
 			mtls, serial := a.fetch(a.poll(bootv1.RegisterStatus_REGISTER_STATUS_APPROVED))
 
-			forger := withTPM(a.rebooted(), swtpmtest.Start(t).Attester(t))
+			forger := withTPM(a.rebooted(), attesttest.New(t, swtpmtest.Start(t)))
 			for i := 0; i < 2; i++ {
 				// The first call proves the forger's TPM; the second is a poll by the
 				// key that proved it.
@@ -263,7 +264,7 @@ func TestTPMRequiredRefusesAgentWithoutTPM(t *testing.T) {
 	}
 
 	d := newEnv(t, nil)
-	a := withTPM(d.agent(mac, "SN-TPM-D"), swtpmtest.Start(t).Attester(t))
+	a := withTPM(d.agent(mac, "SN-TPM-D"), attesttest.New(t, swtpmtest.Start(t)))
 	r, err := a.registerTPM(a.tpm.Attestation(), nil)
 	if err != nil || r.TpmChallenge != nil || r.Status != bootv1.RegisterStatus_REGISTER_STATUS_PENDING {
 		t.Fatalf("default mode with a TPM: %v, %v; want PENDING without a challenge", r, err)
@@ -276,7 +277,7 @@ func TestTPMRequiredRefusesAgentWithoutTPM(t *testing.T) {
 func TestTPMWrongOrReplayedAnswerRefused(t *testing.T) {
 	e := newEnv(t, func(c *Config) { c.Identity = IdentityTPM })
 	const mac = "52:54:00:00:07:04"
-	a := withTPM(e.agent(mac, "SN-TPM-D"), swtpmtest.Start(t).Attester(t))
+	a := withTPM(e.agent(mac, "SN-TPM-D"), attesttest.New(t, swtpmtest.Start(t)))
 
 	ch := a.challenge()
 	wrong := &bootv1.TpmActivation{ChallengeId: ch.Id, Secret: make([]byte, tpmSecretSize)}
@@ -347,7 +348,7 @@ func TestTPMWrongOrReplayedAnswerRefused(t *testing.T) {
 // TPM it names is approved by its row; another TPM is refused on a row not bound yet,
 // and is a conflict on the bound machine's identity.
 func TestTPMManifestEKHash(t *testing.T) {
-	tpmA := swtpmtest.Start(t).Attester(t)
+	tpmA := attesttest.New(t, swtpmtest.Start(t))
 	csv := "serial,mac,ekHash\nSN-TPM-M,52:54:00:00:07:05," + ekHashOf(t, tpmA) + "\nSN-TPM-N,52:54:00:00:07:06,sha256:" + strings.Repeat("ab", 32) + "\n"
 	list, err := policy.ParseListBytes("manifest.csv", []byte(csv))
 	if err != nil {
@@ -364,11 +365,11 @@ func TestTPMManifestEKHash(t *testing.T) {
 	}
 	// Another TPM on a row whose machine is not bound yet is refused, nothing stored
 	// (issue 33); on the bound machine's identity it is a conflict an operator sees.
-	b := withTPM(e.agent("52:54:00:00:07:06", "SN-TPM-N"), swtpmtest.Start(t).Attester(t))
+	b := withTPM(e.agent("52:54:00:00:07:06", "SN-TPM-N"), attesttest.New(t, swtpmtest.Start(t)))
 	if _, err := b.prove(); status.Code(err) != codes.PermissionDenied {
 		t.Fatalf("a TPM the manifest does not name, on an unbound row: %v; want PermissionDenied", err)
 	}
-	forger := withTPM(a.rebooted(), swtpmtest.Start(t).Attester(t))
+	forger := withTPM(a.rebooted(), attesttest.New(t, swtpmtest.Start(t)))
 	if r := forger.mustProve(bootv1.RegisterStatus_REGISTER_STATUS_CONFLICT); r.Token != "" {
 		t.Fatal("a TPM the manifest does not name got a token")
 	}
@@ -382,7 +383,7 @@ func TestTPMAgentClientEnrolls(t *testing.T) {
 		c.Identity = IdentityTPM
 		c.Policy = policy.Policy{Mode: policy.Auto}
 	})
-	tpm := swtpmtest.Start(t).Attester(t)
+	tpm := attesttest.New(t, swtpmtest.Start(t))
 	_, key, _ := ed25519.GenerateKey(rand.Reader)
 	const mac = "52:54:00:00:07:07"
 	c := &agentenroll.Client{
@@ -476,7 +477,7 @@ func TestTPMChallengeFlood(t *testing.T) {
 	e := newEnv(t, func(c *Config) { c.Identity = IdentityTPM })
 	const knownMAC, newMAC = "52:54:00:00:07:21", "52:54:00:00:07:22"
 	tpmK := swtpmtest.Start(t)
-	known := withTPM(e.agent(knownMAC, "SN-TPM-K"), tpmK.Attester(t))
+	known := withTPM(e.agent(knownMAC, "SN-TPM-K"), attesttest.New(t, tpmK))
 	known.mustProve(bootv1.RegisterStatus_REGISTER_STATUS_PENDING)
 	e.approve(knownMAC)
 	known.fetch(known.poll(bootv1.RegisterStatus_REGISTER_STATUS_APPROVED))
@@ -504,7 +505,7 @@ func TestTPMChallengeFlood(t *testing.T) {
 		t.Fatalf("%d stranger challenges open, above their share of %d", e.svc.tpm.strangers.Len(), strangerChallenges)
 	}
 
-	newcomer := withTPM(e.agent(newMAC, "SN-TPM-NEW"), swtpmtest.Start(t).Attester(t))
+	newcomer := withTPM(e.agent(newMAC, "SN-TPM-NEW"), attesttest.New(t, swtpmtest.Start(t)))
 	newcomer.mustProve(bootv1.RegisterStatus_REGISTER_STATUS_PENDING)
 	if m := e.machine(newMAC); m.State != inventory.Registered || m.Keys[0].EKHash != ekHashOf(t, newcomer.tpm) {
 		t.Fatalf("new machine after the floods: %s, EK %q", m.State, m.Keys[0].EKHash)
@@ -512,7 +513,7 @@ func TestTPMChallengeFlood(t *testing.T) {
 
 	known.tpm.Close()
 	tpmK.Stop()
-	back := withTPM(known.rebooted(), swtpmtest.StartIn(t, tpmK.Dir).Attester(t))
+	back := withTPM(known.rebooted(), attesttest.New(t, swtpmtest.StartIn(t, tpmK.Dir)))
 	back.fetch(back.mustProve(bootv1.RegisterStatus_REGISTER_STATUS_APPROVED))
 	if m := e.machine(knownMAC); m.BoundKey != back.fp() {
 		t.Fatalf("known machine after a reboot during the floods: bound %s, want %s", short(m.BoundKey), short(back.fp()))
