@@ -39,7 +39,12 @@ var rackMachines = []MachineSpec{
 //     through a ClusterIP Service (flannel vxlan, the JoinBundle's backend);
 //   - then, at once on the two nodes: on A the restart hold (gpuagent and kube-proxy
 //     restarted under a held connection) and tenant isolation (NetworkPolicies); on B
-//     GPUs to pods (the device plugin, CDI, XID withdrawal, a kubelet restart).
+//     GPUs to pods (the device plugin, CDI, XID withdrawal, a kubelet restart);
+//   - last, B's agent's memory: sampled every 5 s through its /metrics from Ready to
+//     here, then read by mapping (probe mem).
+//
+// GPURACK_HOLD_RUNS=N repeats the restart hold N times on the one boot and logs the
+// pass count.
 //
 // It replaces TestTinyNodeJoin, TestPowerOnToNode and TestTwoNodePodNetwork/vxlan,
 // which booted four machines against three control planes for the same checks
