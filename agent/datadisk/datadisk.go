@@ -13,7 +13,7 @@
 //
 // The flow, in order of use:
 //
-//	Discover (sysfs) → Selector.Select (the profile's rules) → Inspect → Decide → Ensure
+//	Discover (sysfs) → Select (the profile's rules, internal/disksel) → Inspect → Decide → Ensure
 //
 // What it is not for: it does not choose volumes for pods (the provisioner does, with
 // project quotas on the mounted filesystem), does not report refusals anywhere (the agent

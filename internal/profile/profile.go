@@ -18,6 +18,7 @@ import (
 	"net/netip"
 	"path/filepath"
 
+	"github.com/gpurack/gpurack/internal/disksel"
 	"github.com/gpurack/gpurack/internal/xidclass"
 )
 
@@ -46,6 +47,18 @@ type Profile struct {
 	Checks map[string]CheckOverride `yaml:"checks,omitempty" json:"checks,omitempty"`
 	Node   Node                     `yaml:"node,omitempty" json:"node"`
 	Boot   Boot                     `yaml:"boot,omitempty" json:"boot"`
+	// Storage says which local disks the node may use as data disks.
+	Storage Storage `yaml:"storage,omitempty" json:"storage,omitzero"`
+}
+
+// Storage is the node's local storage (docs/storage.md).
+type Storage struct {
+	// DataDisks select the disks gpurack may prepare as data disks (a GPT partition of
+	// its own, XFS with project quotas) for pods' local volumes: a disk is selected when
+	// any rule matches it. None (the default): no disk is touched. gpuboot's
+	// configuration may set rules per rack or machine selector instead. A disk that
+	// holds anything gpurack did not make is refused whatever the rules say.
+	DataDisks []disksel.RuleSpec `yaml:"dataDisks,omitempty" json:"dataDisks,omitempty"`
 }
 
 // Base is the Debian system the image is built from.

@@ -336,3 +336,39 @@ func TestPodNetworkSettings(t *testing.T) {
 		t.Errorf("settings %+v", got)
 	}
 }
+
+func TestStorageDataDisks(t *testing.T) {
+	src := tiny + "storage:\n  dataDisks:\n    - transport: nvme\n      minSize: 1.92T\n    - path: /dev/vdb\n"
+	p, err := Parse("profiles/p.yaml", []byte(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(p.Storage.DataDisks) != 2 || p.Storage.DataDisks[0].Transport != "nvme" || p.Storage.DataDisks[1].Path != "/dev/vdb" {
+		t.Fatalf("dataDisks %+v", p.Storage.DataDisks)
+	}
+	if !strings.Contains(string(p.Canonical()), `"storage":{"dataDisks":[{"minSize":"1.92T","transport":"nvme"},{"path":"/dev/vdb"}]}`) {
+		t.Errorf("canonical form lacks the data disks: %s", p.Canonical())
+	}
+	// A profile without storage keeps its canonical form (and so its lock and image id).
+	plain, err := Parse("profiles/p.yaml", []byte(tiny))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(plain.Canonical()), "storage") {
+		t.Errorf("a profile without storage mentions it: %s", plain.Canonical())
+	}
+	// Bad rules are refused by the selector's own parser, at their line and field.
+	bad := tiny + "storage:\n  dataDisks:\n    - transport: nvme\n    - {}\n    - minSize: lots\n      model: ok\n"
+	_, err = Parse("profiles/p.yaml", []byte(bad))
+	if err == nil {
+		t.Fatal("bad data-disk rules accepted")
+	}
+	for _, want := range []string{"storage.dataDisks[1].path: the rule sets no field", `storage.dataDisks[2].minSize: "lots" is not a size`} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q lacks %q", err, want)
+		}
+	}
+	if !strings.Contains(err.Error(), "p.yaml:") {
+		t.Errorf("error %q names no line", err)
+	}
+}

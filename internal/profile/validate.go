@@ -1,6 +1,7 @@
 package profile
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"net/url"
@@ -11,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/gpurack/gpurack/internal/checkid"
+	"github.com/gpurack/gpurack/internal/disksel"
 	"github.com/gpurack/gpurack/internal/nodecontract"
 	"github.com/gpurack/gpurack/internal/strictyaml"
 	"github.com/gpurack/gpurack/internal/xidclass"
@@ -98,6 +100,22 @@ func (v *validator) profile(p *Profile) {
 	v.checks(p.Checks)
 	v.node(&p.Node)
 	v.boot(&p.Boot)
+	v.storage(&p.Storage)
+}
+
+// storage checks the data-disk rules with the selector's own parser (internal/disksel),
+// so the profile refuses exactly what the agent would.
+func (v *validator) storage(s *Storage) {
+	for i, spec := range s.DataDisks {
+		if _, err := disksel.ParseRule(spec); err != nil {
+			var fe *disksel.FieldError
+			if errors.As(err, &fe) {
+				v.fail(fmt.Sprintf("storage.dataDisks[%d].%s", i, fe.Field), "%s", fe.Msg)
+			} else {
+				v.fail(fmt.Sprintf("storage.dataDisks[%d]", i), "%v", err)
+			}
+		}
+	}
 }
 
 func (v *validator) base(b *Base) {

@@ -236,6 +236,79 @@ func (ReportFormat) EnumDescriptor() ([]byte, []int) {
 	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{2}
 }
 
+// WipeDataDiskRequest names the disk to wipe.
+type WipeDataDiskRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// MachineRef.
+	Machine string `protobuf:"bytes,1,opt,name=machine,proto3" json:"machine,omitempty"`
+	// The disk's device path, as the machine's data_disks lists it, e.g. /dev/nvme1n1.
+	Path string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	// The disk's serial, as confirmation.
+	Serial string `protobuf:"bytes,3,opt,name=serial,proto3" json:"serial,omitempty"`
+	// Why; required.
+	Reason        string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WipeDataDiskRequest) Reset() {
+	*x = WipeDataDiskRequest{}
+	mi := &file_api_boot_v1_admin_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WipeDataDiskRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WipeDataDiskRequest) ProtoMessage() {}
+
+func (x *WipeDataDiskRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_boot_v1_admin_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WipeDataDiskRequest.ProtoReflect.Descriptor instead.
+func (*WipeDataDiskRequest) Descriptor() ([]byte, []int) {
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *WipeDataDiskRequest) GetMachine() string {
+	if x != nil {
+		return x.Machine
+	}
+	return ""
+}
+
+func (x *WipeDataDiskRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *WipeDataDiskRequest) GetSerial() string {
+	if x != nil {
+		return x.Serial
+	}
+	return ""
+}
+
+func (x *WipeDataDiskRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 // ListOperatorAuditRequest asks for the audit record.
 type ListOperatorAuditRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -247,7 +320,7 @@ type ListOperatorAuditRequest struct {
 
 func (x *ListOperatorAuditRequest) Reset() {
 	*x = ListOperatorAuditRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[0]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[1]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -259,7 +332,7 @@ func (x *ListOperatorAuditRequest) String() string {
 func (*ListOperatorAuditRequest) ProtoMessage() {}
 
 func (x *ListOperatorAuditRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[0]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[1]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -272,7 +345,7 @@ func (x *ListOperatorAuditRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOperatorAuditRequest.ProtoReflect.Descriptor instead.
 func (*ListOperatorAuditRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{0}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{1}
 }
 
 func (x *ListOperatorAuditRequest) GetLimit() int32 {
@@ -292,7 +365,7 @@ type ListOperatorAuditResponse struct {
 
 func (x *ListOperatorAuditResponse) Reset() {
 	*x = ListOperatorAuditResponse{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[1]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -304,7 +377,7 @@ func (x *ListOperatorAuditResponse) String() string {
 func (*ListOperatorAuditResponse) ProtoMessage() {}
 
 func (x *ListOperatorAuditResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[1]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -317,7 +390,7 @@ func (x *ListOperatorAuditResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOperatorAuditResponse.ProtoReflect.Descriptor instead.
 func (*ListOperatorAuditResponse) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{1}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *ListOperatorAuditResponse) GetEntries() []*OperatorAuditEntry {
@@ -350,7 +423,7 @@ type OperatorAuditEntry struct {
 
 func (x *OperatorAuditEntry) Reset() {
 	*x = OperatorAuditEntry{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[2]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -362,7 +435,7 @@ func (x *OperatorAuditEntry) String() string {
 func (*OperatorAuditEntry) ProtoMessage() {}
 
 func (x *OperatorAuditEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[2]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -375,7 +448,7 @@ func (x *OperatorAuditEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OperatorAuditEntry.ProtoReflect.Descriptor instead.
 func (*OperatorAuditEntry) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{2}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *OperatorAuditEntry) GetTime() *timestamppb.Timestamp {
@@ -450,7 +523,7 @@ type RevokeOperatorRequest struct {
 
 func (x *RevokeOperatorRequest) Reset() {
 	*x = RevokeOperatorRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[3]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -462,7 +535,7 @@ func (x *RevokeOperatorRequest) String() string {
 func (*RevokeOperatorRequest) ProtoMessage() {}
 
 func (x *RevokeOperatorRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[3]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -475,7 +548,7 @@ func (x *RevokeOperatorRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeOperatorRequest.ProtoReflect.Descriptor instead.
 func (*RevokeOperatorRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{3}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *RevokeOperatorRequest) GetName() string {
@@ -512,7 +585,7 @@ type RevokeOperatorResponse struct {
 
 func (x *RevokeOperatorResponse) Reset() {
 	*x = RevokeOperatorResponse{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[4]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -524,7 +597,7 @@ func (x *RevokeOperatorResponse) String() string {
 func (*RevokeOperatorResponse) ProtoMessage() {}
 
 func (x *RevokeOperatorResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[4]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -537,7 +610,7 @@ func (x *RevokeOperatorResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeOperatorResponse.ProtoReflect.Descriptor instead.
 func (*RevokeOperatorResponse) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{4}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *RevokeOperatorResponse) GetSerials() []string {
@@ -564,7 +637,7 @@ type RotateGossipKeyRequest struct {
 
 func (x *RotateGossipKeyRequest) Reset() {
 	*x = RotateGossipKeyRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[5]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -576,7 +649,7 @@ func (x *RotateGossipKeyRequest) String() string {
 func (*RotateGossipKeyRequest) ProtoMessage() {}
 
 func (x *RotateGossipKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[5]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -589,7 +662,7 @@ func (x *RotateGossipKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RotateGossipKeyRequest.ProtoReflect.Descriptor instead.
 func (*RotateGossipKeyRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{5}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *RotateGossipKeyRequest) GetRack() string {
@@ -609,7 +682,7 @@ type GetGossipKeyStatusRequest struct {
 
 func (x *GetGossipKeyStatusRequest) Reset() {
 	*x = GetGossipKeyStatusRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[6]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -621,7 +694,7 @@ func (x *GetGossipKeyStatusRequest) String() string {
 func (*GetGossipKeyStatusRequest) ProtoMessage() {}
 
 func (x *GetGossipKeyStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[6]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -634,7 +707,7 @@ func (x *GetGossipKeyStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetGossipKeyStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetGossipKeyStatusRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{6}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *GetGossipKeyStatusRequest) GetRack() string {
@@ -664,7 +737,7 @@ type GossipKeyStatus struct {
 
 func (x *GossipKeyStatus) Reset() {
 	*x = GossipKeyStatus{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[7]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -676,7 +749,7 @@ func (x *GossipKeyStatus) String() string {
 func (*GossipKeyStatus) ProtoMessage() {}
 
 func (x *GossipKeyStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[7]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -689,7 +762,7 @@ func (x *GossipKeyStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GossipKeyStatus.ProtoReflect.Descriptor instead.
 func (*GossipKeyStatus) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{7}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *GossipKeyStatus) GetRack() string {
@@ -781,13 +854,17 @@ type Machine struct {
 	EkHash string `protobuf:"bytes,19,opt,name=ek_hash,json=ekHash,proto3" json:"ek_hash,omitempty"`
 	// Which pods hold its GPUs, from the latest Heartbeat that said; absent when none did.
 	GpuAllocation *v1.GPUAllocation `protobuf:"bytes,20,opt,name=gpu_allocation,json=gpuAllocation,proto3" json:"gpu_allocation,omitempty"`
+	// Its local disks as the agent last reported them; absent before it did.
+	DataDisks *v1.DataDisks `protobuf:"bytes,21,opt,name=data_disks,json=dataDisks,proto3" json:"data_disks,omitempty"`
+	// A data-disk wipe waiting for the agent's next heartbeat; absent when none.
+	PendingWipe   *v1.DataDiskWipe `protobuf:"bytes,22,opt,name=pending_wipe,json=pendingWipe,proto3" json:"pending_wipe,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Machine) Reset() {
 	*x = Machine{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[8]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -799,7 +876,7 @@ func (x *Machine) String() string {
 func (*Machine) ProtoMessage() {}
 
 func (x *Machine) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[8]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -812,7 +889,7 @@ func (x *Machine) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Machine.ProtoReflect.Descriptor instead.
 func (*Machine) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{8}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Machine) GetId() string {
@@ -955,6 +1032,20 @@ func (x *Machine) GetGpuAllocation() *v1.GPUAllocation {
 	return nil
 }
 
+func (x *Machine) GetDataDisks() *v1.DataDisks {
+	if x != nil {
+		return x.DataDisks
+	}
+	return nil
+}
+
+func (x *Machine) GetPendingWipe() *v1.DataDiskWipe {
+	if x != nil {
+		return x.PendingWipe
+	}
+	return nil
+}
+
 // RegisteredKey is one agent key registered for a machine's identity.
 type RegisteredKey struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -982,7 +1073,7 @@ type RegisteredKey struct {
 
 func (x *RegisteredKey) Reset() {
 	*x = RegisteredKey{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[9]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -994,7 +1085,7 @@ func (x *RegisteredKey) String() string {
 func (*RegisteredKey) ProtoMessage() {}
 
 func (x *RegisteredKey) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[9]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1007,7 +1098,7 @@ func (x *RegisteredKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisteredKey.ProtoReflect.Descriptor instead.
 func (*RegisteredKey) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{9}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *RegisteredKey) GetFingerprint() string {
@@ -1084,14 +1175,18 @@ type Transition struct {
 	Actor string `protobuf:"bytes,5,opt,name=actor,proto3" json:"actor,omitempty"`
 	// Why, in one sentence: the operator's reason, or what gpuboot observed ("Node
 	// gpu-r1-07 registered", "commissioning report failed gpu.pcie.link-width on GPU 3").
-	Reason        string `protobuf:"bytes,6,opt,name=reason,proto3" json:"reason,omitempty"`
+	Reason string `protobuf:"bytes,6,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Set for a recorded action that leaves the state as it was (from equals to):
+	// "wipe-data-disk requested", "wipe-data-disk done", "wipe-data-disk refused". The
+	// history is the audit record of such actions too.
+	Action        string `protobuf:"bytes,7,opt,name=action,proto3" json:"action,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Transition) Reset() {
 	*x = Transition{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[10]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1103,7 +1198,7 @@ func (x *Transition) String() string {
 func (*Transition) ProtoMessage() {}
 
 func (x *Transition) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[10]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1116,7 +1211,7 @@ func (x *Transition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Transition.ProtoReflect.Descriptor instead.
 func (*Transition) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{10}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Transition) GetMachineId() string {
@@ -1161,6 +1256,13 @@ func (x *Transition) GetReason() string {
 	return ""
 }
 
+func (x *Transition) GetAction() string {
+	if x != nil {
+		return x.Action
+	}
+	return ""
+}
+
 // ListMachinesRequest filters and pages the inventory.
 type ListMachinesRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1178,7 +1280,7 @@ type ListMachinesRequest struct {
 
 func (x *ListMachinesRequest) Reset() {
 	*x = ListMachinesRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[11]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1190,7 +1292,7 @@ func (x *ListMachinesRequest) String() string {
 func (*ListMachinesRequest) ProtoMessage() {}
 
 func (x *ListMachinesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[11]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1203,7 +1305,7 @@ func (x *ListMachinesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMachinesRequest.ProtoReflect.Descriptor instead.
 func (*ListMachinesRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{11}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ListMachinesRequest) GetStates() []MachineState {
@@ -1247,7 +1349,7 @@ type ListMachinesResponse struct {
 
 func (x *ListMachinesResponse) Reset() {
 	*x = ListMachinesResponse{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[12]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1259,7 +1361,7 @@ func (x *ListMachinesResponse) String() string {
 func (*ListMachinesResponse) ProtoMessage() {}
 
 func (x *ListMachinesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[12]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1272,7 +1374,7 @@ func (x *ListMachinesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMachinesResponse.ProtoReflect.Descriptor instead.
 func (*ListMachinesResponse) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{12}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListMachinesResponse) GetMachines() []*Machine {
@@ -1300,7 +1402,7 @@ type GetMachineRequest struct {
 
 func (x *GetMachineRequest) Reset() {
 	*x = GetMachineRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[13]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1312,7 +1414,7 @@ func (x *GetMachineRequest) String() string {
 func (*GetMachineRequest) ProtoMessage() {}
 
 func (x *GetMachineRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[13]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1325,7 +1427,7 @@ func (x *GetMachineRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetMachineRequest.ProtoReflect.Descriptor instead.
 func (*GetMachineRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{13}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GetMachineRequest) GetMachine() string {
@@ -1355,7 +1457,7 @@ type ApproveRequest struct {
 
 func (x *ApproveRequest) Reset() {
 	*x = ApproveRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[14]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1367,7 +1469,7 @@ func (x *ApproveRequest) String() string {
 func (*ApproveRequest) ProtoMessage() {}
 
 func (x *ApproveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[14]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1380,7 +1482,7 @@ func (x *ApproveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApproveRequest.ProtoReflect.Descriptor instead.
 func (*ApproveRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{14}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ApproveRequest) GetMachine() string {
@@ -1431,7 +1533,7 @@ type RejectRequest struct {
 
 func (x *RejectRequest) Reset() {
 	*x = RejectRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[15]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1443,7 +1545,7 @@ func (x *RejectRequest) String() string {
 func (*RejectRequest) ProtoMessage() {}
 
 func (x *RejectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[15]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1456,7 +1558,7 @@ func (x *RejectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RejectRequest.ProtoReflect.Descriptor instead.
 func (*RejectRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{15}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RejectRequest) GetMachine() string {
@@ -1486,7 +1588,7 @@ type DecommissionRequest struct {
 
 func (x *DecommissionRequest) Reset() {
 	*x = DecommissionRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[16]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1498,7 +1600,7 @@ func (x *DecommissionRequest) String() string {
 func (*DecommissionRequest) ProtoMessage() {}
 
 func (x *DecommissionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[16]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1511,7 +1613,7 @@ func (x *DecommissionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecommissionRequest.ProtoReflect.Descriptor instead.
 func (*DecommissionRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{16}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *DecommissionRequest) GetMachine() string {
@@ -1546,7 +1648,7 @@ type HistoryRequest struct {
 
 func (x *HistoryRequest) Reset() {
 	*x = HistoryRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[17]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1558,7 +1660,7 @@ func (x *HistoryRequest) String() string {
 func (*HistoryRequest) ProtoMessage() {}
 
 func (x *HistoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[17]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1571,7 +1673,7 @@ func (x *HistoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HistoryRequest.ProtoReflect.Descriptor instead.
 func (*HistoryRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{17}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *HistoryRequest) GetMachine() string {
@@ -1613,7 +1715,7 @@ type HistoryResponse struct {
 
 func (x *HistoryResponse) Reset() {
 	*x = HistoryResponse{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[18]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1625,7 +1727,7 @@ func (x *HistoryResponse) String() string {
 func (*HistoryResponse) ProtoMessage() {}
 
 func (x *HistoryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[18]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1638,7 +1740,7 @@ func (x *HistoryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HistoryResponse.ProtoReflect.Descriptor instead.
 func (*HistoryResponse) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{18}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *HistoryResponse) GetTransitions() []*Transition {
@@ -1663,7 +1765,7 @@ type ResolveConflictRequest struct {
 
 func (x *ResolveConflictRequest) Reset() {
 	*x = ResolveConflictRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[19]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1675,7 +1777,7 @@ func (x *ResolveConflictRequest) String() string {
 func (*ResolveConflictRequest) ProtoMessage() {}
 
 func (x *ResolveConflictRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[19]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1688,7 +1790,7 @@ func (x *ResolveConflictRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveConflictRequest.ProtoReflect.Descriptor instead.
 func (*ResolveConflictRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{19}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ResolveConflictRequest) GetMachine() string {
@@ -1725,7 +1827,7 @@ type RackReportRequest struct {
 
 func (x *RackReportRequest) Reset() {
 	*x = RackReportRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[20]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1737,7 +1839,7 @@ func (x *RackReportRequest) String() string {
 func (*RackReportRequest) ProtoMessage() {}
 
 func (x *RackReportRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[20]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1750,7 +1852,7 @@ func (x *RackReportRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RackReportRequest.ProtoReflect.Descriptor instead.
 func (*RackReportRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{20}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *RackReportRequest) GetRack() string {
@@ -1784,7 +1886,7 @@ type RackReportResponse struct {
 
 func (x *RackReportResponse) Reset() {
 	*x = RackReportResponse{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[21]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1796,7 +1898,7 @@ func (x *RackReportResponse) String() string {
 func (*RackReportResponse) ProtoMessage() {}
 
 func (x *RackReportResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[21]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1809,7 +1911,7 @@ func (x *RackReportResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RackReportResponse.ProtoReflect.Descriptor instead.
 func (*RackReportResponse) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{21}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *RackReportResponse) GetContent() []byte {
@@ -1878,7 +1980,7 @@ type RackReportData struct {
 
 func (x *RackReportData) Reset() {
 	*x = RackReportData{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[22]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1890,7 +1992,7 @@ func (x *RackReportData) String() string {
 func (*RackReportData) ProtoMessage() {}
 
 func (x *RackReportData) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[22]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1903,7 +2005,7 @@ func (x *RackReportData) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RackReportData.ProtoReflect.Descriptor instead.
 func (*RackReportData) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{22}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *RackReportData) GetRack() string {
@@ -2013,7 +2115,7 @@ type RackReportTenant struct {
 
 func (x *RackReportTenant) Reset() {
 	*x = RackReportTenant{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[23]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2025,7 +2127,7 @@ func (x *RackReportTenant) String() string {
 func (*RackReportTenant) ProtoMessage() {}
 
 func (x *RackReportTenant) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[23]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2038,7 +2140,7 @@ func (x *RackReportTenant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RackReportTenant.ProtoReflect.Descriptor instead.
 func (*RackReportTenant) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{23}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *RackReportTenant) GetTenant() string {
@@ -2104,7 +2206,7 @@ type RackReportTotals struct {
 
 func (x *RackReportTotals) Reset() {
 	*x = RackReportTotals{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[24]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2116,7 +2218,7 @@ func (x *RackReportTotals) String() string {
 func (*RackReportTotals) ProtoMessage() {}
 
 func (x *RackReportTotals) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[24]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2129,7 +2231,7 @@ func (x *RackReportTotals) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RackReportTotals.ProtoReflect.Descriptor instead.
 func (*RackReportTotals) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{24}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *RackReportTotals) GetNodesReady() uint32 {
@@ -2202,13 +2304,15 @@ type RackReportMachine struct {
 	Simulated bool `protobuf:"varint,12,opt,name=simulated,proto3" json:"simulated,omitempty"`
 	// Which pods hold its GPUs, from its latest heartbeat; absent when it reported none.
 	GpuAllocation *v1.GPUAllocation `protobuf:"bytes,13,opt,name=gpu_allocation,json=gpuAllocation,proto3" json:"gpu_allocation,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// Its data disks the agent refused or failed to prepare, from its latest heartbeat.
+	DataDiskProblems []*v1.DataDisk `protobuf:"bytes,14,rep,name=data_disk_problems,json=dataDiskProblems,proto3" json:"data_disk_problems,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *RackReportMachine) Reset() {
 	*x = RackReportMachine{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[25]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2220,7 +2324,7 @@ func (x *RackReportMachine) String() string {
 func (*RackReportMachine) ProtoMessage() {}
 
 func (x *RackReportMachine) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[25]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2233,7 +2337,7 @@ func (x *RackReportMachine) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RackReportMachine.ProtoReflect.Descriptor instead.
 func (*RackReportMachine) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{25}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RackReportMachine) GetMachineId() string {
@@ -2327,6 +2431,13 @@ func (x *RackReportMachine) GetGpuAllocation() *v1.GPUAllocation {
 	return nil
 }
 
+func (x *RackReportMachine) GetDataDiskProblems() []*v1.DataDisk {
+	if x != nil {
+		return x.DataDiskProblems
+	}
+	return nil
+}
+
 // CheckTally counts one check's latest statuses across a rack (GPU-level results count
 // once per GPU).
 type CheckTally struct {
@@ -2349,7 +2460,7 @@ type CheckTally struct {
 
 func (x *CheckTally) Reset() {
 	*x = CheckTally{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[26]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2361,7 +2472,7 @@ func (x *CheckTally) String() string {
 func (*CheckTally) ProtoMessage() {}
 
 func (x *CheckTally) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[26]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2374,7 +2485,7 @@ func (x *CheckTally) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckTally.ProtoReflect.Descriptor instead.
 func (*CheckTally) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{26}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *CheckTally) GetId() string {
@@ -2423,7 +2534,12 @@ var File_api_boot_v1_admin_proto protoreflect.FileDescriptor
 
 const file_api_boot_v1_admin_proto_rawDesc = "" +
 	"\n" +
-	"\x17api/boot/v1/admin.proto\x12\x0fgpurack.boot.v1\x1a\x1capi/machine/v1/machine.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"0\n" +
+	"\x17api/boot/v1/admin.proto\x12\x0fgpurack.boot.v1\x1a\x1capi/machine/v1/machine.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"s\n" +
+	"\x13WipeDataDiskRequest\x12\x18\n" +
+	"\amachine\x18\x01 \x01(\tR\amachine\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\x12\x16\n" +
+	"\x06serial\x18\x03 \x01(\tR\x06serial\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\"0\n" +
 	"\x18ListOperatorAuditRequest\x12\x14\n" +
 	"\x05limit\x18\x01 \x01(\x05R\x05limit\"Z\n" +
 	"\x19ListOperatorAuditResponse\x12=\n" +
@@ -2456,7 +2572,7 @@ const file_api_boot_v1_admin_proto_rawDesc = "" +
 	"\x15accepted_fingerprints\x18\x04 \x03(\tR\x14acceptedFingerprints\x12\x16\n" +
 	"\x06behind\x18\x05 \x03(\tR\x06behind\x12;\n" +
 	"\vphase_since\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"phaseSince\"\xe7\a\n" +
+	"phaseSince\"\xea\b\n" +
 	"\aMachine\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12?\n" +
 	"\bidentity\x18\x02 \x01(\v2#.gpurack.machine.v1.MachineIdentityR\bidentity\x123\n" +
@@ -2480,7 +2596,10 @@ const file_api_boot_v1_admin_proto_rawDesc = "" +
 	"updated_at\x18\x11 \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x125\n" +
 	"\ahistory\x18\x12 \x03(\v2\x1b.gpurack.boot.v1.TransitionR\ahistory\x12\x17\n" +
 	"\aek_hash\x18\x13 \x01(\tR\x06ekHash\x12H\n" +
-	"\x0egpu_allocation\x18\x14 \x01(\v2!.gpurack.machine.v1.GPUAllocationR\rgpuAllocation\x1a9\n" +
+	"\x0egpu_allocation\x18\x14 \x01(\v2!.gpurack.machine.v1.GPUAllocationR\rgpuAllocation\x12<\n" +
+	"\n" +
+	"data_disks\x18\x15 \x01(\v2\x1d.gpurack.machine.v1.DataDisksR\tdataDisks\x12C\n" +
+	"\fpending_wipe\x18\x16 \x01(\v2 .gpurack.machine.v1.DataDiskWipeR\vpendingWipe\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xbe\x02\n" +
@@ -2494,7 +2613,7 @@ const file_api_boot_v1_admin_proto_rawDesc = "" +
 	"lastSeenAt\x12\x17\n" +
 	"\aboot_id\x18\x06 \x01(\tR\x06bootId\x12%\n" +
 	"\x0eremote_address\x18\a \x01(\tR\rremoteAddress\x12\x17\n" +
-	"\aek_hash\x18\b \x01(\tR\x06ekHash\"\xeb\x01\n" +
+	"\aek_hash\x18\b \x01(\tR\x06ekHash\"\x83\x02\n" +
 	"\n" +
 	"Transition\x12\x1d\n" +
 	"\n" +
@@ -2503,7 +2622,8 @@ const file_api_boot_v1_admin_proto_rawDesc = "" +
 	"\x02to\x18\x03 \x01(\x0e2\x1d.gpurack.boot.v1.MachineStateR\x02to\x12.\n" +
 	"\x04time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x14\n" +
 	"\x05actor\x18\x05 \x01(\tR\x05actor\x12\x16\n" +
-	"\x06reason\x18\x06 \x01(\tR\x06reason\"\x9c\x01\n" +
+	"\x06reason\x18\x06 \x01(\tR\x06reason\x12\x16\n" +
+	"\x06action\x18\a \x01(\tR\x06action\"\x9c\x01\n" +
 	"\x13ListMachinesRequest\x125\n" +
 	"\x06states\x18\x01 \x03(\x0e2\x1d.gpurack.boot.v1.MachineStateR\x06states\x12\x12\n" +
 	"\x04rack\x18\x02 \x01(\tR\x04rack\x12\x1b\n" +
@@ -2587,7 +2707,7 @@ const file_api_boot_v1_admin_proto_rawDesc = "" +
 	"\x12_nodes_quarantinedB\x13\n" +
 	"\x11_gpus_allocatableB\x18\n" +
 	"\x16_nodes_ready_simulatedB\x1d\n" +
-	"\x1b_gpus_allocatable_simulated\"\xc7\x04\n" +
+	"\x1b_gpus_allocatable_simulated\"\x93\x05\n" +
 	"\x11RackReportMachine\x12\x1d\n" +
 	"\n" +
 	"machine_id\x18\x01 \x01(\tR\tmachineId\x12\x1b\n" +
@@ -2603,7 +2723,8 @@ const file_api_boot_v1_admin_proto_rawDesc = "" +
 	" \x01(\tR\x06reason\x122\n" +
 	"\x15allocatable_gpu_count\x18\v \x01(\rR\x13allocatableGpuCount\x12\x1c\n" +
 	"\tsimulated\x18\f \x01(\bR\tsimulated\x12H\n" +
-	"\x0egpu_allocation\x18\r \x01(\v2!.gpurack.machine.v1.GPUAllocationR\rgpuAllocation\"\x99\x01\n" +
+	"\x0egpu_allocation\x18\r \x01(\v2!.gpurack.machine.v1.GPUAllocationR\rgpuAllocation\x12J\n" +
+	"\x12data_disk_problems\x18\x0e \x03(\v2\x1c.gpurack.machine.v1.DataDiskR\x10dataDiskProblems\"\x99\x01\n" +
 	"\n" +
 	"CheckTally\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
@@ -2634,7 +2755,7 @@ const file_api_boot_v1_admin_proto_rawDesc = "" +
 	"\x19REPORT_FORMAT_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16REPORT_FORMAT_MARKDOWN\x10\x01\x12\x16\n" +
 	"\x12REPORT_FORMAT_JSON\x10\x02\x12\x16\n" +
-	"\x12REPORT_FORMAT_HTML\x10\x032\x9d\b\n" +
+	"\x12REPORT_FORMAT_HTML\x10\x032\xed\b\n" +
 	"\fAdminService\x12[\n" +
 	"\fListMachines\x12$.gpurack.boot.v1.ListMachinesRequest\x1a%.gpurack.boot.v1.ListMachinesResponse\x12J\n" +
 	"\n" +
@@ -2649,7 +2770,8 @@ const file_api_boot_v1_admin_proto_rawDesc = "" +
 	"\x0fRotateGossipKey\x12'.gpurack.boot.v1.RotateGossipKeyRequest\x1a .gpurack.boot.v1.GossipKeyStatus\x12b\n" +
 	"\x12GetGossipKeyStatus\x12*.gpurack.boot.v1.GetGossipKeyStatusRequest\x1a .gpurack.boot.v1.GossipKeyStatus\x12a\n" +
 	"\x0eRevokeOperator\x12&.gpurack.boot.v1.RevokeOperatorRequest\x1a'.gpurack.boot.v1.RevokeOperatorResponse\x12j\n" +
-	"\x11ListOperatorAudit\x12).gpurack.boot.v1.ListOperatorAuditRequest\x1a*.gpurack.boot.v1.ListOperatorAuditResponseB/Z-github.com/gpurack/gpurack/api/boot/v1;bootv1b\x06proto3"
+	"\x11ListOperatorAudit\x12).gpurack.boot.v1.ListOperatorAuditRequest\x1a*.gpurack.boot.v1.ListOperatorAuditResponse\x12N\n" +
+	"\fWipeDataDisk\x12$.gpurack.boot.v1.WipeDataDiskRequest\x1a\x18.gpurack.boot.v1.MachineB/Z-github.com/gpurack/gpurack/api/boot/v1;bootv1b\x06proto3"
 
 var (
 	file_api_boot_v1_admin_proto_rawDescOnce sync.Once
@@ -2664,115 +2786,124 @@ func file_api_boot_v1_admin_proto_rawDescGZIP() []byte {
 }
 
 var file_api_boot_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_api_boot_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_api_boot_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_api_boot_v1_admin_proto_goTypes = []any{
 	(GossipRotationPhase)(0),          // 0: gpurack.boot.v1.GossipRotationPhase
 	(MachineState)(0),                 // 1: gpurack.boot.v1.MachineState
 	(ReportFormat)(0),                 // 2: gpurack.boot.v1.ReportFormat
-	(*ListOperatorAuditRequest)(nil),  // 3: gpurack.boot.v1.ListOperatorAuditRequest
-	(*ListOperatorAuditResponse)(nil), // 4: gpurack.boot.v1.ListOperatorAuditResponse
-	(*OperatorAuditEntry)(nil),        // 5: gpurack.boot.v1.OperatorAuditEntry
-	(*RevokeOperatorRequest)(nil),     // 6: gpurack.boot.v1.RevokeOperatorRequest
-	(*RevokeOperatorResponse)(nil),    // 7: gpurack.boot.v1.RevokeOperatorResponse
-	(*RotateGossipKeyRequest)(nil),    // 8: gpurack.boot.v1.RotateGossipKeyRequest
-	(*GetGossipKeyStatusRequest)(nil), // 9: gpurack.boot.v1.GetGossipKeyStatusRequest
-	(*GossipKeyStatus)(nil),           // 10: gpurack.boot.v1.GossipKeyStatus
-	(*Machine)(nil),                   // 11: gpurack.boot.v1.Machine
-	(*RegisteredKey)(nil),             // 12: gpurack.boot.v1.RegisteredKey
-	(*Transition)(nil),                // 13: gpurack.boot.v1.Transition
-	(*ListMachinesRequest)(nil),       // 14: gpurack.boot.v1.ListMachinesRequest
-	(*ListMachinesResponse)(nil),      // 15: gpurack.boot.v1.ListMachinesResponse
-	(*GetMachineRequest)(nil),         // 16: gpurack.boot.v1.GetMachineRequest
-	(*ApproveRequest)(nil),            // 17: gpurack.boot.v1.ApproveRequest
-	(*RejectRequest)(nil),             // 18: gpurack.boot.v1.RejectRequest
-	(*DecommissionRequest)(nil),       // 19: gpurack.boot.v1.DecommissionRequest
-	(*HistoryRequest)(nil),            // 20: gpurack.boot.v1.HistoryRequest
-	(*HistoryResponse)(nil),           // 21: gpurack.boot.v1.HistoryResponse
-	(*ResolveConflictRequest)(nil),    // 22: gpurack.boot.v1.ResolveConflictRequest
-	(*RackReportRequest)(nil),         // 23: gpurack.boot.v1.RackReportRequest
-	(*RackReportResponse)(nil),        // 24: gpurack.boot.v1.RackReportResponse
-	(*RackReportData)(nil),            // 25: gpurack.boot.v1.RackReportData
-	(*RackReportTenant)(nil),          // 26: gpurack.boot.v1.RackReportTenant
-	(*RackReportTotals)(nil),          // 27: gpurack.boot.v1.RackReportTotals
-	(*RackReportMachine)(nil),         // 28: gpurack.boot.v1.RackReportMachine
-	(*CheckTally)(nil),                // 29: gpurack.boot.v1.CheckTally
-	nil,                               // 30: gpurack.boot.v1.Machine.LabelsEntry
-	nil,                               // 31: gpurack.boot.v1.RackReportData.MachinesByStateEntry
-	(*timestamppb.Timestamp)(nil),     // 32: google.protobuf.Timestamp
-	(*v1.MachineIdentity)(nil),        // 33: gpurack.machine.v1.MachineIdentity
-	(*v1.MachineFacts)(nil),           // 34: gpurack.machine.v1.MachineFacts
-	(*v1.Checklist)(nil),              // 35: gpurack.machine.v1.Checklist
-	(*v1.HealthSummary)(nil),          // 36: gpurack.machine.v1.HealthSummary
-	(*v1.GPUAllocation)(nil),          // 37: gpurack.machine.v1.GPUAllocation
+	(*WipeDataDiskRequest)(nil),       // 3: gpurack.boot.v1.WipeDataDiskRequest
+	(*ListOperatorAuditRequest)(nil),  // 4: gpurack.boot.v1.ListOperatorAuditRequest
+	(*ListOperatorAuditResponse)(nil), // 5: gpurack.boot.v1.ListOperatorAuditResponse
+	(*OperatorAuditEntry)(nil),        // 6: gpurack.boot.v1.OperatorAuditEntry
+	(*RevokeOperatorRequest)(nil),     // 7: gpurack.boot.v1.RevokeOperatorRequest
+	(*RevokeOperatorResponse)(nil),    // 8: gpurack.boot.v1.RevokeOperatorResponse
+	(*RotateGossipKeyRequest)(nil),    // 9: gpurack.boot.v1.RotateGossipKeyRequest
+	(*GetGossipKeyStatusRequest)(nil), // 10: gpurack.boot.v1.GetGossipKeyStatusRequest
+	(*GossipKeyStatus)(nil),           // 11: gpurack.boot.v1.GossipKeyStatus
+	(*Machine)(nil),                   // 12: gpurack.boot.v1.Machine
+	(*RegisteredKey)(nil),             // 13: gpurack.boot.v1.RegisteredKey
+	(*Transition)(nil),                // 14: gpurack.boot.v1.Transition
+	(*ListMachinesRequest)(nil),       // 15: gpurack.boot.v1.ListMachinesRequest
+	(*ListMachinesResponse)(nil),      // 16: gpurack.boot.v1.ListMachinesResponse
+	(*GetMachineRequest)(nil),         // 17: gpurack.boot.v1.GetMachineRequest
+	(*ApproveRequest)(nil),            // 18: gpurack.boot.v1.ApproveRequest
+	(*RejectRequest)(nil),             // 19: gpurack.boot.v1.RejectRequest
+	(*DecommissionRequest)(nil),       // 20: gpurack.boot.v1.DecommissionRequest
+	(*HistoryRequest)(nil),            // 21: gpurack.boot.v1.HistoryRequest
+	(*HistoryResponse)(nil),           // 22: gpurack.boot.v1.HistoryResponse
+	(*ResolveConflictRequest)(nil),    // 23: gpurack.boot.v1.ResolveConflictRequest
+	(*RackReportRequest)(nil),         // 24: gpurack.boot.v1.RackReportRequest
+	(*RackReportResponse)(nil),        // 25: gpurack.boot.v1.RackReportResponse
+	(*RackReportData)(nil),            // 26: gpurack.boot.v1.RackReportData
+	(*RackReportTenant)(nil),          // 27: gpurack.boot.v1.RackReportTenant
+	(*RackReportTotals)(nil),          // 28: gpurack.boot.v1.RackReportTotals
+	(*RackReportMachine)(nil),         // 29: gpurack.boot.v1.RackReportMachine
+	(*CheckTally)(nil),                // 30: gpurack.boot.v1.CheckTally
+	nil,                               // 31: gpurack.boot.v1.Machine.LabelsEntry
+	nil,                               // 32: gpurack.boot.v1.RackReportData.MachinesByStateEntry
+	(*timestamppb.Timestamp)(nil),     // 33: google.protobuf.Timestamp
+	(*v1.MachineIdentity)(nil),        // 34: gpurack.machine.v1.MachineIdentity
+	(*v1.MachineFacts)(nil),           // 35: gpurack.machine.v1.MachineFacts
+	(*v1.Checklist)(nil),              // 36: gpurack.machine.v1.Checklist
+	(*v1.HealthSummary)(nil),          // 37: gpurack.machine.v1.HealthSummary
+	(*v1.GPUAllocation)(nil),          // 38: gpurack.machine.v1.GPUAllocation
+	(*v1.DataDisks)(nil),              // 39: gpurack.machine.v1.DataDisks
+	(*v1.DataDiskWipe)(nil),           // 40: gpurack.machine.v1.DataDiskWipe
+	(*v1.DataDisk)(nil),               // 41: gpurack.machine.v1.DataDisk
 }
 var file_api_boot_v1_admin_proto_depIdxs = []int32{
-	5,  // 0: gpurack.boot.v1.ListOperatorAuditResponse.entries:type_name -> gpurack.boot.v1.OperatorAuditEntry
-	32, // 1: gpurack.boot.v1.OperatorAuditEntry.time:type_name -> google.protobuf.Timestamp
+	6,  // 0: gpurack.boot.v1.ListOperatorAuditResponse.entries:type_name -> gpurack.boot.v1.OperatorAuditEntry
+	33, // 1: gpurack.boot.v1.OperatorAuditEntry.time:type_name -> google.protobuf.Timestamp
 	0,  // 2: gpurack.boot.v1.GossipKeyStatus.phase:type_name -> gpurack.boot.v1.GossipRotationPhase
-	32, // 3: gpurack.boot.v1.GossipKeyStatus.phase_since:type_name -> google.protobuf.Timestamp
-	33, // 4: gpurack.boot.v1.Machine.identity:type_name -> gpurack.machine.v1.MachineIdentity
+	33, // 3: gpurack.boot.v1.GossipKeyStatus.phase_since:type_name -> google.protobuf.Timestamp
+	34, // 4: gpurack.boot.v1.Machine.identity:type_name -> gpurack.machine.v1.MachineIdentity
 	1,  // 5: gpurack.boot.v1.Machine.state:type_name -> gpurack.boot.v1.MachineState
-	30, // 6: gpurack.boot.v1.Machine.labels:type_name -> gpurack.boot.v1.Machine.LabelsEntry
-	34, // 7: gpurack.boot.v1.Machine.facts:type_name -> gpurack.machine.v1.MachineFacts
-	35, // 8: gpurack.boot.v1.Machine.checklist:type_name -> gpurack.machine.v1.Checklist
-	12, // 9: gpurack.boot.v1.Machine.keys:type_name -> gpurack.boot.v1.RegisteredKey
-	36, // 10: gpurack.boot.v1.Machine.health:type_name -> gpurack.machine.v1.HealthSummary
-	32, // 11: gpurack.boot.v1.Machine.last_heartbeat_at:type_name -> google.protobuf.Timestamp
-	32, // 12: gpurack.boot.v1.Machine.created_at:type_name -> google.protobuf.Timestamp
-	32, // 13: gpurack.boot.v1.Machine.updated_at:type_name -> google.protobuf.Timestamp
-	13, // 14: gpurack.boot.v1.Machine.history:type_name -> gpurack.boot.v1.Transition
-	37, // 15: gpurack.boot.v1.Machine.gpu_allocation:type_name -> gpurack.machine.v1.GPUAllocation
-	32, // 16: gpurack.boot.v1.RegisteredKey.registered_at:type_name -> google.protobuf.Timestamp
-	32, // 17: gpurack.boot.v1.RegisteredKey.last_seen_at:type_name -> google.protobuf.Timestamp
-	1,  // 18: gpurack.boot.v1.Transition.from:type_name -> gpurack.boot.v1.MachineState
-	1,  // 19: gpurack.boot.v1.Transition.to:type_name -> gpurack.boot.v1.MachineState
-	32, // 20: gpurack.boot.v1.Transition.time:type_name -> google.protobuf.Timestamp
-	1,  // 21: gpurack.boot.v1.ListMachinesRequest.states:type_name -> gpurack.boot.v1.MachineState
-	11, // 22: gpurack.boot.v1.ListMachinesResponse.machines:type_name -> gpurack.boot.v1.Machine
-	32, // 23: gpurack.boot.v1.HistoryRequest.since:type_name -> google.protobuf.Timestamp
-	13, // 24: gpurack.boot.v1.HistoryResponse.transitions:type_name -> gpurack.boot.v1.Transition
-	2,  // 25: gpurack.boot.v1.RackReportRequest.format:type_name -> gpurack.boot.v1.ReportFormat
-	25, // 26: gpurack.boot.v1.RackReportResponse.data:type_name -> gpurack.boot.v1.RackReportData
-	32, // 27: gpurack.boot.v1.RackReportData.generated_at:type_name -> google.protobuf.Timestamp
-	28, // 28: gpurack.boot.v1.RackReportData.machines:type_name -> gpurack.boot.v1.RackReportMachine
-	29, // 29: gpurack.boot.v1.RackReportData.checks:type_name -> gpurack.boot.v1.CheckTally
-	31, // 30: gpurack.boot.v1.RackReportData.machines_by_state:type_name -> gpurack.boot.v1.RackReportData.MachinesByStateEntry
-	27, // 31: gpurack.boot.v1.RackReportData.totals:type_name -> gpurack.boot.v1.RackReportTotals
-	26, // 32: gpurack.boot.v1.RackReportData.tenants:type_name -> gpurack.boot.v1.RackReportTenant
-	33, // 33: gpurack.boot.v1.RackReportMachine.identity:type_name -> gpurack.machine.v1.MachineIdentity
-	1,  // 34: gpurack.boot.v1.RackReportMachine.state:type_name -> gpurack.boot.v1.MachineState
-	35, // 35: gpurack.boot.v1.RackReportMachine.checklist:type_name -> gpurack.machine.v1.Checklist
-	36, // 36: gpurack.boot.v1.RackReportMachine.health:type_name -> gpurack.machine.v1.HealthSummary
-	37, // 37: gpurack.boot.v1.RackReportMachine.gpu_allocation:type_name -> gpurack.machine.v1.GPUAllocation
-	14, // 38: gpurack.boot.v1.AdminService.ListMachines:input_type -> gpurack.boot.v1.ListMachinesRequest
-	16, // 39: gpurack.boot.v1.AdminService.GetMachine:input_type -> gpurack.boot.v1.GetMachineRequest
-	17, // 40: gpurack.boot.v1.AdminService.Approve:input_type -> gpurack.boot.v1.ApproveRequest
-	18, // 41: gpurack.boot.v1.AdminService.Reject:input_type -> gpurack.boot.v1.RejectRequest
-	19, // 42: gpurack.boot.v1.AdminService.Decommission:input_type -> gpurack.boot.v1.DecommissionRequest
-	20, // 43: gpurack.boot.v1.AdminService.History:input_type -> gpurack.boot.v1.HistoryRequest
-	22, // 44: gpurack.boot.v1.AdminService.ResolveConflict:input_type -> gpurack.boot.v1.ResolveConflictRequest
-	23, // 45: gpurack.boot.v1.AdminService.RackReport:input_type -> gpurack.boot.v1.RackReportRequest
-	8,  // 46: gpurack.boot.v1.AdminService.RotateGossipKey:input_type -> gpurack.boot.v1.RotateGossipKeyRequest
-	9,  // 47: gpurack.boot.v1.AdminService.GetGossipKeyStatus:input_type -> gpurack.boot.v1.GetGossipKeyStatusRequest
-	6,  // 48: gpurack.boot.v1.AdminService.RevokeOperator:input_type -> gpurack.boot.v1.RevokeOperatorRequest
-	3,  // 49: gpurack.boot.v1.AdminService.ListOperatorAudit:input_type -> gpurack.boot.v1.ListOperatorAuditRequest
-	15, // 50: gpurack.boot.v1.AdminService.ListMachines:output_type -> gpurack.boot.v1.ListMachinesResponse
-	11, // 51: gpurack.boot.v1.AdminService.GetMachine:output_type -> gpurack.boot.v1.Machine
-	11, // 52: gpurack.boot.v1.AdminService.Approve:output_type -> gpurack.boot.v1.Machine
-	11, // 53: gpurack.boot.v1.AdminService.Reject:output_type -> gpurack.boot.v1.Machine
-	11, // 54: gpurack.boot.v1.AdminService.Decommission:output_type -> gpurack.boot.v1.Machine
-	21, // 55: gpurack.boot.v1.AdminService.History:output_type -> gpurack.boot.v1.HistoryResponse
-	11, // 56: gpurack.boot.v1.AdminService.ResolveConflict:output_type -> gpurack.boot.v1.Machine
-	24, // 57: gpurack.boot.v1.AdminService.RackReport:output_type -> gpurack.boot.v1.RackReportResponse
-	10, // 58: gpurack.boot.v1.AdminService.RotateGossipKey:output_type -> gpurack.boot.v1.GossipKeyStatus
-	10, // 59: gpurack.boot.v1.AdminService.GetGossipKeyStatus:output_type -> gpurack.boot.v1.GossipKeyStatus
-	7,  // 60: gpurack.boot.v1.AdminService.RevokeOperator:output_type -> gpurack.boot.v1.RevokeOperatorResponse
-	4,  // 61: gpurack.boot.v1.AdminService.ListOperatorAudit:output_type -> gpurack.boot.v1.ListOperatorAuditResponse
-	50, // [50:62] is the sub-list for method output_type
-	38, // [38:50] is the sub-list for method input_type
-	38, // [38:38] is the sub-list for extension type_name
-	38, // [38:38] is the sub-list for extension extendee
-	0,  // [0:38] is the sub-list for field type_name
+	31, // 6: gpurack.boot.v1.Machine.labels:type_name -> gpurack.boot.v1.Machine.LabelsEntry
+	35, // 7: gpurack.boot.v1.Machine.facts:type_name -> gpurack.machine.v1.MachineFacts
+	36, // 8: gpurack.boot.v1.Machine.checklist:type_name -> gpurack.machine.v1.Checklist
+	13, // 9: gpurack.boot.v1.Machine.keys:type_name -> gpurack.boot.v1.RegisteredKey
+	37, // 10: gpurack.boot.v1.Machine.health:type_name -> gpurack.machine.v1.HealthSummary
+	33, // 11: gpurack.boot.v1.Machine.last_heartbeat_at:type_name -> google.protobuf.Timestamp
+	33, // 12: gpurack.boot.v1.Machine.created_at:type_name -> google.protobuf.Timestamp
+	33, // 13: gpurack.boot.v1.Machine.updated_at:type_name -> google.protobuf.Timestamp
+	14, // 14: gpurack.boot.v1.Machine.history:type_name -> gpurack.boot.v1.Transition
+	38, // 15: gpurack.boot.v1.Machine.gpu_allocation:type_name -> gpurack.machine.v1.GPUAllocation
+	39, // 16: gpurack.boot.v1.Machine.data_disks:type_name -> gpurack.machine.v1.DataDisks
+	40, // 17: gpurack.boot.v1.Machine.pending_wipe:type_name -> gpurack.machine.v1.DataDiskWipe
+	33, // 18: gpurack.boot.v1.RegisteredKey.registered_at:type_name -> google.protobuf.Timestamp
+	33, // 19: gpurack.boot.v1.RegisteredKey.last_seen_at:type_name -> google.protobuf.Timestamp
+	1,  // 20: gpurack.boot.v1.Transition.from:type_name -> gpurack.boot.v1.MachineState
+	1,  // 21: gpurack.boot.v1.Transition.to:type_name -> gpurack.boot.v1.MachineState
+	33, // 22: gpurack.boot.v1.Transition.time:type_name -> google.protobuf.Timestamp
+	1,  // 23: gpurack.boot.v1.ListMachinesRequest.states:type_name -> gpurack.boot.v1.MachineState
+	12, // 24: gpurack.boot.v1.ListMachinesResponse.machines:type_name -> gpurack.boot.v1.Machine
+	33, // 25: gpurack.boot.v1.HistoryRequest.since:type_name -> google.protobuf.Timestamp
+	14, // 26: gpurack.boot.v1.HistoryResponse.transitions:type_name -> gpurack.boot.v1.Transition
+	2,  // 27: gpurack.boot.v1.RackReportRequest.format:type_name -> gpurack.boot.v1.ReportFormat
+	26, // 28: gpurack.boot.v1.RackReportResponse.data:type_name -> gpurack.boot.v1.RackReportData
+	33, // 29: gpurack.boot.v1.RackReportData.generated_at:type_name -> google.protobuf.Timestamp
+	29, // 30: gpurack.boot.v1.RackReportData.machines:type_name -> gpurack.boot.v1.RackReportMachine
+	30, // 31: gpurack.boot.v1.RackReportData.checks:type_name -> gpurack.boot.v1.CheckTally
+	32, // 32: gpurack.boot.v1.RackReportData.machines_by_state:type_name -> gpurack.boot.v1.RackReportData.MachinesByStateEntry
+	28, // 33: gpurack.boot.v1.RackReportData.totals:type_name -> gpurack.boot.v1.RackReportTotals
+	27, // 34: gpurack.boot.v1.RackReportData.tenants:type_name -> gpurack.boot.v1.RackReportTenant
+	34, // 35: gpurack.boot.v1.RackReportMachine.identity:type_name -> gpurack.machine.v1.MachineIdentity
+	1,  // 36: gpurack.boot.v1.RackReportMachine.state:type_name -> gpurack.boot.v1.MachineState
+	36, // 37: gpurack.boot.v1.RackReportMachine.checklist:type_name -> gpurack.machine.v1.Checklist
+	37, // 38: gpurack.boot.v1.RackReportMachine.health:type_name -> gpurack.machine.v1.HealthSummary
+	38, // 39: gpurack.boot.v1.RackReportMachine.gpu_allocation:type_name -> gpurack.machine.v1.GPUAllocation
+	41, // 40: gpurack.boot.v1.RackReportMachine.data_disk_problems:type_name -> gpurack.machine.v1.DataDisk
+	15, // 41: gpurack.boot.v1.AdminService.ListMachines:input_type -> gpurack.boot.v1.ListMachinesRequest
+	17, // 42: gpurack.boot.v1.AdminService.GetMachine:input_type -> gpurack.boot.v1.GetMachineRequest
+	18, // 43: gpurack.boot.v1.AdminService.Approve:input_type -> gpurack.boot.v1.ApproveRequest
+	19, // 44: gpurack.boot.v1.AdminService.Reject:input_type -> gpurack.boot.v1.RejectRequest
+	20, // 45: gpurack.boot.v1.AdminService.Decommission:input_type -> gpurack.boot.v1.DecommissionRequest
+	21, // 46: gpurack.boot.v1.AdminService.History:input_type -> gpurack.boot.v1.HistoryRequest
+	23, // 47: gpurack.boot.v1.AdminService.ResolveConflict:input_type -> gpurack.boot.v1.ResolveConflictRequest
+	24, // 48: gpurack.boot.v1.AdminService.RackReport:input_type -> gpurack.boot.v1.RackReportRequest
+	9,  // 49: gpurack.boot.v1.AdminService.RotateGossipKey:input_type -> gpurack.boot.v1.RotateGossipKeyRequest
+	10, // 50: gpurack.boot.v1.AdminService.GetGossipKeyStatus:input_type -> gpurack.boot.v1.GetGossipKeyStatusRequest
+	7,  // 51: gpurack.boot.v1.AdminService.RevokeOperator:input_type -> gpurack.boot.v1.RevokeOperatorRequest
+	4,  // 52: gpurack.boot.v1.AdminService.ListOperatorAudit:input_type -> gpurack.boot.v1.ListOperatorAuditRequest
+	3,  // 53: gpurack.boot.v1.AdminService.WipeDataDisk:input_type -> gpurack.boot.v1.WipeDataDiskRequest
+	16, // 54: gpurack.boot.v1.AdminService.ListMachines:output_type -> gpurack.boot.v1.ListMachinesResponse
+	12, // 55: gpurack.boot.v1.AdminService.GetMachine:output_type -> gpurack.boot.v1.Machine
+	12, // 56: gpurack.boot.v1.AdminService.Approve:output_type -> gpurack.boot.v1.Machine
+	12, // 57: gpurack.boot.v1.AdminService.Reject:output_type -> gpurack.boot.v1.Machine
+	12, // 58: gpurack.boot.v1.AdminService.Decommission:output_type -> gpurack.boot.v1.Machine
+	22, // 59: gpurack.boot.v1.AdminService.History:output_type -> gpurack.boot.v1.HistoryResponse
+	12, // 60: gpurack.boot.v1.AdminService.ResolveConflict:output_type -> gpurack.boot.v1.Machine
+	25, // 61: gpurack.boot.v1.AdminService.RackReport:output_type -> gpurack.boot.v1.RackReportResponse
+	11, // 62: gpurack.boot.v1.AdminService.RotateGossipKey:output_type -> gpurack.boot.v1.GossipKeyStatus
+	11, // 63: gpurack.boot.v1.AdminService.GetGossipKeyStatus:output_type -> gpurack.boot.v1.GossipKeyStatus
+	8,  // 64: gpurack.boot.v1.AdminService.RevokeOperator:output_type -> gpurack.boot.v1.RevokeOperatorResponse
+	5,  // 65: gpurack.boot.v1.AdminService.ListOperatorAudit:output_type -> gpurack.boot.v1.ListOperatorAuditResponse
+	12, // 66: gpurack.boot.v1.AdminService.WipeDataDisk:output_type -> gpurack.boot.v1.Machine
+	54, // [54:67] is the sub-list for method output_type
+	41, // [41:54] is the sub-list for method input_type
+	41, // [41:41] is the sub-list for extension type_name
+	41, // [41:41] is the sub-list for extension extendee
+	0,  // [0:41] is the sub-list for field type_name
 }
 
 func init() { file_api_boot_v1_admin_proto_init() }
@@ -2780,15 +2911,15 @@ func file_api_boot_v1_admin_proto_init() {
 	if File_api_boot_v1_admin_proto != nil {
 		return
 	}
-	file_api_boot_v1_admin_proto_msgTypes[23].OneofWrappers = []any{}
 	file_api_boot_v1_admin_proto_msgTypes[24].OneofWrappers = []any{}
+	file_api_boot_v1_admin_proto_msgTypes[25].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_boot_v1_admin_proto_rawDesc), len(file_api_boot_v1_admin_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   29,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -38,6 +38,7 @@ const (
 	AdminService_GetGossipKeyStatus_FullMethodName = "/gpurack.boot.v1.AdminService/GetGossipKeyStatus"
 	AdminService_RevokeOperator_FullMethodName     = "/gpurack.boot.v1.AdminService/RevokeOperator"
 	AdminService_ListOperatorAudit_FullMethodName  = "/gpurack.boot.v1.AdminService/ListOperatorAudit"
+	AdminService_WipeDataDisk_FullMethodName       = "/gpurack.boot.v1.AdminService/WipeDataDisk"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -124,6 +125,15 @@ type AdminServiceClient interface {
 	// reason and when, and revocations that failed part-way. The record is append-only
 	// (STATEDIR/operators/audit); gpuboot never rewrites it.
 	ListOperatorAudit(ctx context.Context, in *ListOperatorAuditRequest, opts ...grpc.CallOption) (*ListOperatorAuditResponse, error)
+	// WipeDataDisk asks a machine's agent to wipe a data disk it refused (`gpuboot
+	// machines wipe-disk`, docs/storage.md): the operator names the machine, the disk's
+	// path and, as confirmation, its serial, which must be the serial the agent last
+	// reported for that path (else FAILED_PRECONDITION). gpuboot records the request in
+	// the machine's history and hands it to the agent in its next heartbeat answer; the
+	// agent checks the serial again on the disk itself, wipes (zeroes the first and last
+	// 2 MiB) and reports the outcome, which enters the history too. A machine that is not
+	// approved, joining or ready, or a wipe already pending: FAILED_PRECONDITION.
+	WipeDataDisk(ctx context.Context, in *WipeDataDiskRequest, opts ...grpc.CallOption) (*Machine, error)
 }
 
 type adminServiceClient struct {
@@ -254,6 +264,16 @@ func (c *adminServiceClient) ListOperatorAudit(ctx context.Context, in *ListOper
 	return out, nil
 }
 
+func (c *adminServiceClient) WipeDataDisk(ctx context.Context, in *WipeDataDiskRequest, opts ...grpc.CallOption) (*Machine, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Machine)
+	err := c.cc.Invoke(ctx, AdminService_WipeDataDisk_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
@@ -338,6 +358,15 @@ type AdminServiceServer interface {
 	// reason and when, and revocations that failed part-way. The record is append-only
 	// (STATEDIR/operators/audit); gpuboot never rewrites it.
 	ListOperatorAudit(context.Context, *ListOperatorAuditRequest) (*ListOperatorAuditResponse, error)
+	// WipeDataDisk asks a machine's agent to wipe a data disk it refused (`gpuboot
+	// machines wipe-disk`, docs/storage.md): the operator names the machine, the disk's
+	// path and, as confirmation, its serial, which must be the serial the agent last
+	// reported for that path (else FAILED_PRECONDITION). gpuboot records the request in
+	// the machine's history and hands it to the agent in its next heartbeat answer; the
+	// agent checks the serial again on the disk itself, wipes (zeroes the first and last
+	// 2 MiB) and reports the outcome, which enters the history too. A machine that is not
+	// approved, joining or ready, or a wipe already pending: FAILED_PRECONDITION.
+	WipeDataDisk(context.Context, *WipeDataDiskRequest) (*Machine, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -383,6 +412,9 @@ func (UnimplementedAdminServiceServer) RevokeOperator(context.Context, *RevokeOp
 }
 func (UnimplementedAdminServiceServer) ListOperatorAudit(context.Context, *ListOperatorAuditRequest) (*ListOperatorAuditResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListOperatorAudit not implemented")
+}
+func (UnimplementedAdminServiceServer) WipeDataDisk(context.Context, *WipeDataDiskRequest) (*Machine, error) {
+	return nil, status.Error(codes.Unimplemented, "method WipeDataDisk not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -621,6 +653,24 @@ func _AdminService_ListOperatorAudit_Handler(srv interface{}, ctx context.Contex
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_WipeDataDisk_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(WipeDataDiskRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).WipeDataDisk(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_WipeDataDisk_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).WipeDataDisk(ctx, req.(*WipeDataDiskRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -675,6 +725,10 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListOperatorAudit",
 			Handler:    _AdminService_ListOperatorAudit_Handler,
+		},
+		{
+			MethodName: "WipeDataDisk",
+			Handler:    _AdminService_WipeDataDisk_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -1318,6 +1318,12 @@ type HeartbeatRequest struct {
 	// Which pods hold the machine's GPUs; absent when the agent cannot tell (no kubelet,
 	// or its pod-resources API not answering). gpuboot keeps the latest.
 	GpuAllocation *v1.GPUAllocation `protobuf:"bytes,12,opt,name=gpu_allocation,json=gpuAllocation,proto3" json:"gpu_allocation,omitempty"`
+	// The machine's local disks as the agent last saw them; absent before it looked (it
+	// looks once the machine is approved). gpuboot keeps the latest.
+	DataDisks *v1.DataDisks `protobuf:"bytes,13,opt,name=data_disks,json=dataDisks,proto3" json:"data_disks,omitempty"`
+	// The outcome of the data-disk wipe the last answer asked for; absent when none was
+	// asked for since the agent reported the last one.
+	WipeResult    *v1.DataDiskWipeResult `protobuf:"bytes,14,opt,name=wipe_result,json=wipeResult,proto3" json:"wipe_result,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1443,6 +1449,20 @@ func (x *HeartbeatRequest) GetGpuAllocation() *v1.GPUAllocation {
 	return nil
 }
 
+func (x *HeartbeatRequest) GetDataDisks() *v1.DataDisks {
+	if x != nil {
+		return x.DataDisks
+	}
+	return nil
+}
+
+func (x *HeartbeatRequest) GetWipeResult() *v1.DataDiskWipeResult {
+	if x != nil {
+		return x.WipeResult
+	}
+	return nil
+}
+
 // HeartbeatResponse acknowledges a heartbeat.
 type HeartbeatResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1459,7 +1479,10 @@ type HeartbeatResponse struct {
 	// gpuboot's certificate revocation list, set only over mutual TLS and only when it
 	// differs from the one the heartbeat reported. The agent's mutual-TLS API refuses
 	// every certificate on it (a revoked operator).
-	Revocations   *Revocations `protobuf:"bytes,5,opt,name=revocations,proto3" json:"revocations,omitempty"`
+	Revocations *Revocations `protobuf:"bytes,5,opt,name=revocations,proto3" json:"revocations,omitempty"`
+	// A data-disk wipe an operator asked for, set only over mutual TLS, in every answer
+	// until the agent reports its result (HeartbeatRequest.wipe_result).
+	Wipe          *v1.DataDiskWipe `protobuf:"bytes,6,opt,name=wipe,proto3" json:"wipe,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1525,6 +1548,13 @@ func (x *HeartbeatResponse) GetGossip() *GossipConfig {
 func (x *HeartbeatResponse) GetRevocations() *Revocations {
 	if x != nil {
 		return x.Revocations
+	}
+	return nil
+}
+
+func (x *HeartbeatResponse) GetWipe() *v1.DataDiskWipe {
+	if x != nil {
+		return x.Wipe
 	}
 	return nil
 }
@@ -1671,7 +1701,7 @@ const file_api_boot_v1_enroll_proto_rawDesc = "" +
 	"\x06report\x18\x01 \x01(\v2\x1d.gpurack.machine.v1.ChecklistR\x06report\"{\n" +
 	"\x1bReportCommissioningResponse\x12B\n" +
 	"\rmachine_state\x18\x01 \x01(\x0e2\x1d.gpurack.boot.v1.MachineStateR\fmachineState\x12\x18\n" +
-	"\amessage\x18\x02 \x01(\tR\amessage\"\xef\x04\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\"\xf6\x05\n" +
 	"\x10HeartbeatRequest\x120\n" +
 	"\x04auth\x18\x0f \x01(\v2\x1c.gpurack.boot.v1.RequestAuthR\x04auth\x12?\n" +
 	"\bidentity\x18\x01 \x01(\v2#.gpurack.machine.v1.MachineIdentityR\bidentity\x12\x1b\n" +
@@ -1686,13 +1716,18 @@ const file_api_boot_v1_enroll_proto_rawDesc = "" +
 	"\x0egossip_keyring\x18\n" +
 	" \x01(\tR\rgossipKeyring\x12-\n" +
 	"\x12revocations_digest\x18\v \x01(\tR\x11revocationsDigest\x12H\n" +
-	"\x0egpu_allocation\x18\f \x01(\v2!.gpurack.machine.v1.GPUAllocationR\rgpuAllocation\"\x9f\x02\n" +
+	"\x0egpu_allocation\x18\f \x01(\v2!.gpurack.machine.v1.GPUAllocationR\rgpuAllocation\x12<\n" +
+	"\n" +
+	"data_disks\x18\r \x01(\v2\x1d.gpurack.machine.v1.DataDisksR\tdataDisks\x12G\n" +
+	"\vwipe_result\x18\x0e \x01(\v2&.gpurack.machine.v1.DataDiskWipeResultR\n" +
+	"wipeResult\"\xd5\x02\n" +
 	"\x11HeartbeatResponse\x12B\n" +
 	"\rmachine_state\x18\x01 \x01(\x0e2\x1d.gpurack.boot.v1.MachineStateR\fmachineState\x125\n" +
 	"\binterval\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\binterval\x12\x18\n" +
 	"\amessage\x18\x03 \x01(\tR\amessage\x125\n" +
 	"\x06gossip\x18\x04 \x01(\v2\x1d.gpurack.boot.v1.GossipConfigR\x06gossip\x12>\n" +
-	"\vrevocations\x18\x05 \x01(\v2\x1c.gpurack.boot.v1.RevocationsR\vrevocations\"'\n" +
+	"\vrevocations\x18\x05 \x01(\v2\x1c.gpurack.boot.v1.RevocationsR\vrevocations\x124\n" +
+	"\x04wipe\x18\x06 \x01(\v2 .gpurack.machine.v1.DataDiskWipeR\x04wipe\"'\n" +
 	"\vRevocations\x12\x18\n" +
 	"\aserials\x18\x01 \x03(\tR\aserials*\xf1\x01\n" +
 	"\x0eRegisterStatus\x12\x1f\n" +
@@ -1751,6 +1786,9 @@ var file_api_boot_v1_enroll_proto_goTypes = []any{
 	(*v1.MachineIdentity)(nil),          // 24: gpurack.machine.v1.MachineIdentity
 	(*v1.HealthSummary)(nil),            // 25: gpurack.machine.v1.HealthSummary
 	(*v1.GPUAllocation)(nil),            // 26: gpurack.machine.v1.GPUAllocation
+	(*v1.DataDisks)(nil),                // 27: gpurack.machine.v1.DataDisks
+	(*v1.DataDiskWipeResult)(nil),       // 28: gpurack.machine.v1.DataDiskWipeResult
+	(*v1.DataDiskWipe)(nil),             // 29: gpurack.machine.v1.DataDiskWipe
 }
 var file_api_boot_v1_enroll_proto_depIdxs = []int32{
 	19, // 0: gpurack.boot.v1.RegisterRequest.facts:type_name -> gpurack.machine.v1.MachineFacts
@@ -1782,23 +1820,26 @@ var file_api_boot_v1_enroll_proto_depIdxs = []int32{
 	23, // 26: gpurack.boot.v1.HeartbeatRequest.sent_at:type_name -> google.protobuf.Timestamp
 	23, // 27: gpurack.boot.v1.HeartbeatRequest.agent_started_at:type_name -> google.protobuf.Timestamp
 	26, // 28: gpurack.boot.v1.HeartbeatRequest.gpu_allocation:type_name -> gpurack.machine.v1.GPUAllocation
-	22, // 29: gpurack.boot.v1.HeartbeatResponse.machine_state:type_name -> gpurack.boot.v1.MachineState
-	21, // 30: gpurack.boot.v1.HeartbeatResponse.interval:type_name -> google.protobuf.Duration
-	11, // 31: gpurack.boot.v1.HeartbeatResponse.gossip:type_name -> gpurack.boot.v1.GossipConfig
-	17, // 32: gpurack.boot.v1.HeartbeatResponse.revocations:type_name -> gpurack.boot.v1.Revocations
-	2,  // 33: gpurack.boot.v1.EnrollmentService.Register:input_type -> gpurack.boot.v1.RegisterRequest
-	7,  // 34: gpurack.boot.v1.EnrollmentService.GetJoinBundle:input_type -> gpurack.boot.v1.GetJoinBundleRequest
-	13, // 35: gpurack.boot.v1.EnrollmentService.ReportCommissioning:input_type -> gpurack.boot.v1.ReportCommissioningRequest
-	15, // 36: gpurack.boot.v1.EnrollmentService.Heartbeat:input_type -> gpurack.boot.v1.HeartbeatRequest
-	6,  // 37: gpurack.boot.v1.EnrollmentService.Register:output_type -> gpurack.boot.v1.RegisterResponse
-	8,  // 38: gpurack.boot.v1.EnrollmentService.GetJoinBundle:output_type -> gpurack.boot.v1.GetJoinBundleResponse
-	14, // 39: gpurack.boot.v1.EnrollmentService.ReportCommissioning:output_type -> gpurack.boot.v1.ReportCommissioningResponse
-	16, // 40: gpurack.boot.v1.EnrollmentService.Heartbeat:output_type -> gpurack.boot.v1.HeartbeatResponse
-	37, // [37:41] is the sub-list for method output_type
-	33, // [33:37] is the sub-list for method input_type
-	33, // [33:33] is the sub-list for extension type_name
-	33, // [33:33] is the sub-list for extension extendee
-	0,  // [0:33] is the sub-list for field type_name
+	27, // 29: gpurack.boot.v1.HeartbeatRequest.data_disks:type_name -> gpurack.machine.v1.DataDisks
+	28, // 30: gpurack.boot.v1.HeartbeatRequest.wipe_result:type_name -> gpurack.machine.v1.DataDiskWipeResult
+	22, // 31: gpurack.boot.v1.HeartbeatResponse.machine_state:type_name -> gpurack.boot.v1.MachineState
+	21, // 32: gpurack.boot.v1.HeartbeatResponse.interval:type_name -> google.protobuf.Duration
+	11, // 33: gpurack.boot.v1.HeartbeatResponse.gossip:type_name -> gpurack.boot.v1.GossipConfig
+	17, // 34: gpurack.boot.v1.HeartbeatResponse.revocations:type_name -> gpurack.boot.v1.Revocations
+	29, // 35: gpurack.boot.v1.HeartbeatResponse.wipe:type_name -> gpurack.machine.v1.DataDiskWipe
+	2,  // 36: gpurack.boot.v1.EnrollmentService.Register:input_type -> gpurack.boot.v1.RegisterRequest
+	7,  // 37: gpurack.boot.v1.EnrollmentService.GetJoinBundle:input_type -> gpurack.boot.v1.GetJoinBundleRequest
+	13, // 38: gpurack.boot.v1.EnrollmentService.ReportCommissioning:input_type -> gpurack.boot.v1.ReportCommissioningRequest
+	15, // 39: gpurack.boot.v1.EnrollmentService.Heartbeat:input_type -> gpurack.boot.v1.HeartbeatRequest
+	6,  // 40: gpurack.boot.v1.EnrollmentService.Register:output_type -> gpurack.boot.v1.RegisterResponse
+	8,  // 41: gpurack.boot.v1.EnrollmentService.GetJoinBundle:output_type -> gpurack.boot.v1.GetJoinBundleResponse
+	14, // 42: gpurack.boot.v1.EnrollmentService.ReportCommissioning:output_type -> gpurack.boot.v1.ReportCommissioningResponse
+	16, // 43: gpurack.boot.v1.EnrollmentService.Heartbeat:output_type -> gpurack.boot.v1.HeartbeatResponse
+	40, // [40:44] is the sub-list for method output_type
+	36, // [36:40] is the sub-list for method input_type
+	36, // [36:36] is the sub-list for extension type_name
+	36, // [36:36] is the sub-list for extension extendee
+	0,  // [0:36] is the sub-list for field type_name
 }
 
 func init() { file_api_boot_v1_enroll_proto_init() }

@@ -226,6 +226,68 @@ func (HealthState) EnumDescriptor() ([]byte, []int) {
 	return file_api_machine_v1_machine_proto_rawDescGZIP(), []int{2}
 }
 
+// DataDiskState is where a disk stands.
+type DataDiskState int32
+
+const (
+	DataDiskState_DATA_DISK_STATE_UNSPECIFIED DataDiskState = 0
+	// No storage.dataDisks rule selects it (or it is read-only or removable); the agent
+	// did not read it.
+	DataDiskState_DATA_DISK_STATE_NOT_SELECTED DataDiskState = 1
+	// Selected, and this cluster's data disk, mounted with project quotas.
+	DataDiskState_DATA_DISK_STATE_READY DataDiskState = 2
+	// Selected, but it holds something gpurack did not make, or another cluster's data:
+	// nothing was written. Only an operator's wipe makes it usable.
+	DataDiskState_DATA_DISK_STATE_REFUSED DataDiskState = 3
+	// Selected, and preparing or mounting it failed; the agent tries again.
+	DataDiskState_DATA_DISK_STATE_FAILED DataDiskState = 4
+)
+
+// Enum value maps for DataDiskState.
+var (
+	DataDiskState_name = map[int32]string{
+		0: "DATA_DISK_STATE_UNSPECIFIED",
+		1: "DATA_DISK_STATE_NOT_SELECTED",
+		2: "DATA_DISK_STATE_READY",
+		3: "DATA_DISK_STATE_REFUSED",
+		4: "DATA_DISK_STATE_FAILED",
+	}
+	DataDiskState_value = map[string]int32{
+		"DATA_DISK_STATE_UNSPECIFIED":  0,
+		"DATA_DISK_STATE_NOT_SELECTED": 1,
+		"DATA_DISK_STATE_READY":        2,
+		"DATA_DISK_STATE_REFUSED":      3,
+		"DATA_DISK_STATE_FAILED":       4,
+	}
+)
+
+func (x DataDiskState) Enum() *DataDiskState {
+	p := new(DataDiskState)
+	*p = x
+	return p
+}
+
+func (x DataDiskState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (DataDiskState) Descriptor() protoreflect.EnumDescriptor {
+	return file_api_machine_v1_machine_proto_enumTypes[3].Descriptor()
+}
+
+func (DataDiskState) Type() protoreflect.EnumType {
+	return &file_api_machine_v1_machine_proto_enumTypes[3]
+}
+
+func (x DataDiskState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use DataDiskState.Descriptor instead.
+func (DataDiskState) EnumDescriptor() ([]byte, []int) {
+	return file_api_machine_v1_machine_proto_rawDescGZIP(), []int{3}
+}
+
 // MachineIdentity is what a machine is known by (CONTRACTS §1): boot MAC + SMBIOS system
 // serial + SMBIOS system UUID, never the UUID alone (real hardware ships duplicate and
 // all-zero UUIDs).
@@ -1305,6 +1367,339 @@ func (x *GPUHolder) GetTenant() string {
 	return ""
 }
 
+// DataDisks is what the agent found and did with the machine's local disks
+// (docs/storage.md): every whole disk it saw, selected by the profile's storage.dataDisks
+// rules or not. The agent sends it in Heartbeat whenever it has looked; gpuboot keeps
+// the latest per machine, for GetMachine and the rack report.
+type DataDisks struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Ordered by device path.
+	Disks []*DataDisk `protobuf:"bytes,1,rep,name=disks,proto3" json:"disks,omitempty"`
+	// When the agent last looked at the disks.
+	CheckedAt *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=checked_at,json=checkedAt,proto3" json:"checked_at,omitempty"`
+	// The cluster fingerprint the agent writes into and expects in a data partition's
+	// name (decision 0674); empty when it has none (not enrolled).
+	ClusterFingerprint string `protobuf:"bytes,3,opt,name=cluster_fingerprint,json=clusterFingerprint,proto3" json:"cluster_fingerprint,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
+}
+
+func (x *DataDisks) Reset() {
+	*x = DataDisks{}
+	mi := &file_api_machine_v1_machine_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DataDisks) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DataDisks) ProtoMessage() {}
+
+func (x *DataDisks) ProtoReflect() protoreflect.Message {
+	mi := &file_api_machine_v1_machine_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DataDisks.ProtoReflect.Descriptor instead.
+func (*DataDisks) Descriptor() ([]byte, []int) {
+	return file_api_machine_v1_machine_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *DataDisks) GetDisks() []*DataDisk {
+	if x != nil {
+		return x.Disks
+	}
+	return nil
+}
+
+func (x *DataDisks) GetCheckedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CheckedAt
+	}
+	return nil
+}
+
+func (x *DataDisks) GetClusterFingerprint() string {
+	if x != nil {
+		return x.ClusterFingerprint
+	}
+	return ""
+}
+
+// DataDisk is one whole disk as the agent saw it.
+type DataDisk struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Device path, e.g. /dev/nvme0n1.
+	Path string `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	// Serial and model as sysfs reports them, spaces trimmed; empty when the disk has
+	// none. A wipe must name the serial (AdminService.WipeDataDisk).
+	Serial string `protobuf:"bytes,2,opt,name=serial,proto3" json:"serial,omitempty"`
+	Model  string `protobuf:"bytes,3,opt,name=model,proto3" json:"model,omitempty"`
+	// nvme, sata, sas, scsi, virtio, usb, mmc; empty when unknown.
+	Transport string `protobuf:"bytes,4,opt,name=transport,proto3" json:"transport,omitempty"`
+	// Size in bytes, and the logical block size the GPT is written in (512, or 4096 on
+	// a 4Kn drive).
+	SizeBytes        uint64        `protobuf:"varint,5,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	LogicalBlockSize uint32        `protobuf:"varint,6,opt,name=logical_block_size,json=logicalBlockSize,proto3" json:"logical_block_size,omitempty"`
+	State            DataDiskState `protobuf:"varint,7,opt,name=state,proto3,enum=gpurack.machine.v1.DataDiskState" json:"state,omitempty"`
+	// What the disk holds, as the agent read it without writing: for REFUSED, why
+	// ("ext4 filesystem (label \"scratch\")", "LVM2 physical volume", "gpurack data disk
+	// of another cluster (fingerprint …)"); for FAILED, the error.
+	Detail string `protobuf:"bytes,8,opt,name=detail,proto3" json:"detail,omitempty"`
+	// For READY: where the data filesystem is mounted, and the data partition's GUID.
+	MountPoint    string `protobuf:"bytes,9,opt,name=mount_point,json=mountPoint,proto3" json:"mount_point,omitempty"`
+	PartitionGuid string `protobuf:"bytes,10,opt,name=partition_guid,json=partitionGuid,proto3" json:"partition_guid,omitempty"`
+	// For READY: true when the agent made the partition table or filesystem in this
+	// look (a new disk); false for a disk mounted as it already was.
+	PreparedNow   bool `protobuf:"varint,11,opt,name=prepared_now,json=preparedNow,proto3" json:"prepared_now,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DataDisk) Reset() {
+	*x = DataDisk{}
+	mi := &file_api_machine_v1_machine_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DataDisk) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DataDisk) ProtoMessage() {}
+
+func (x *DataDisk) ProtoReflect() protoreflect.Message {
+	mi := &file_api_machine_v1_machine_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DataDisk.ProtoReflect.Descriptor instead.
+func (*DataDisk) Descriptor() ([]byte, []int) {
+	return file_api_machine_v1_machine_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *DataDisk) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *DataDisk) GetSerial() string {
+	if x != nil {
+		return x.Serial
+	}
+	return ""
+}
+
+func (x *DataDisk) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *DataDisk) GetTransport() string {
+	if x != nil {
+		return x.Transport
+	}
+	return ""
+}
+
+func (x *DataDisk) GetSizeBytes() uint64 {
+	if x != nil {
+		return x.SizeBytes
+	}
+	return 0
+}
+
+func (x *DataDisk) GetLogicalBlockSize() uint32 {
+	if x != nil {
+		return x.LogicalBlockSize
+	}
+	return 0
+}
+
+func (x *DataDisk) GetState() DataDiskState {
+	if x != nil {
+		return x.State
+	}
+	return DataDiskState_DATA_DISK_STATE_UNSPECIFIED
+}
+
+func (x *DataDisk) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
+func (x *DataDisk) GetMountPoint() string {
+	if x != nil {
+		return x.MountPoint
+	}
+	return ""
+}
+
+func (x *DataDisk) GetPartitionGuid() string {
+	if x != nil {
+		return x.PartitionGuid
+	}
+	return ""
+}
+
+func (x *DataDisk) GetPreparedNow() bool {
+	if x != nil {
+		return x.PreparedNow
+	}
+	return false
+}
+
+// DataDiskWipe asks the agent to wipe one data disk (gpurack.boot.v1.AdminService.WipeDataDisk).
+type DataDiskWipe struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// gpuboot's id for the request; the result names it.
+	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// The disk's device path and the serial the operator gave as confirmation: the agent
+	// refuses unless the disk at that path has exactly that serial.
+	Path          string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	Serial        string `protobuf:"bytes,3,opt,name=serial,proto3" json:"serial,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DataDiskWipe) Reset() {
+	*x = DataDiskWipe{}
+	mi := &file_api_machine_v1_machine_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DataDiskWipe) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DataDiskWipe) ProtoMessage() {}
+
+func (x *DataDiskWipe) ProtoReflect() protoreflect.Message {
+	mi := &file_api_machine_v1_machine_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DataDiskWipe.ProtoReflect.Descriptor instead.
+func (*DataDiskWipe) Descriptor() ([]byte, []int) {
+	return file_api_machine_v1_machine_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *DataDiskWipe) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *DataDiskWipe) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *DataDiskWipe) GetSerial() string {
+	if x != nil {
+		return x.Serial
+	}
+	return ""
+}
+
+// DataDiskWipeResult is what the agent did with a DataDiskWipe.
+type DataDiskWipeResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// DataDiskWipe.id.
+	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// True when the disk was wiped.
+	Wiped bool `protobuf:"varint,2,opt,name=wiped,proto3" json:"wiped,omitempty"`
+	// Why it was not (the serial does not match, the disk is mounted…); empty when wiped.
+	Error         string `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DataDiskWipeResult) Reset() {
+	*x = DataDiskWipeResult{}
+	mi := &file_api_machine_v1_machine_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DataDiskWipeResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DataDiskWipeResult) ProtoMessage() {}
+
+func (x *DataDiskWipeResult) ProtoReflect() protoreflect.Message {
+	mi := &file_api_machine_v1_machine_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DataDiskWipeResult.ProtoReflect.Descriptor instead.
+func (*DataDiskWipeResult) Descriptor() ([]byte, []int) {
+	return file_api_machine_v1_machine_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *DataDiskWipeResult) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *DataDiskWipeResult) GetWiped() bool {
+	if x != nil {
+		return x.Wiped
+	}
+	return false
+}
+
+func (x *DataDiskWipeResult) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 var File_api_machine_v1_machine_proto protoreflect.FileDescriptor
 
 const file_api_machine_v1_machine_proto_rawDesc = "" +
@@ -1410,7 +1805,35 @@ const file_api_machine_v1_machine_proto_rawDesc = "" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x10\n" +
 	"\x03pod\x18\x03 \x01(\tR\x03pod\x12\x1c\n" +
 	"\tcontainer\x18\x04 \x01(\tR\tcontainer\x12\x16\n" +
-	"\x06tenant\x18\x05 \x01(\tR\x06tenant*\xab\x01\n" +
+	"\x06tenant\x18\x05 \x01(\tR\x06tenant\"\xab\x01\n" +
+	"\tDataDisks\x122\n" +
+	"\x05disks\x18\x01 \x03(\v2\x1c.gpurack.machine.v1.DataDiskR\x05disks\x129\n" +
+	"\n" +
+	"checked_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\tcheckedAt\x12/\n" +
+	"\x13cluster_fingerprint\x18\x03 \x01(\tR\x12clusterFingerprint\"\xf3\x02\n" +
+	"\bDataDisk\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12\x16\n" +
+	"\x06serial\x18\x02 \x01(\tR\x06serial\x12\x14\n" +
+	"\x05model\x18\x03 \x01(\tR\x05model\x12\x1c\n" +
+	"\ttransport\x18\x04 \x01(\tR\ttransport\x12\x1d\n" +
+	"\n" +
+	"size_bytes\x18\x05 \x01(\x04R\tsizeBytes\x12,\n" +
+	"\x12logical_block_size\x18\x06 \x01(\rR\x10logicalBlockSize\x127\n" +
+	"\x05state\x18\a \x01(\x0e2!.gpurack.machine.v1.DataDiskStateR\x05state\x12\x16\n" +
+	"\x06detail\x18\b \x01(\tR\x06detail\x12\x1f\n" +
+	"\vmount_point\x18\t \x01(\tR\n" +
+	"mountPoint\x12%\n" +
+	"\x0epartition_guid\x18\n" +
+	" \x01(\tR\rpartitionGuid\x12!\n" +
+	"\fprepared_now\x18\v \x01(\bR\vpreparedNow\"J\n" +
+	"\fDataDiskWipe\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\x12\x16\n" +
+	"\x06serial\x18\x03 \x01(\tR\x06serial\"P\n" +
+	"\x12DataDiskWipeResult\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
+	"\x05wiped\x18\x02 \x01(\bR\x05wiped\x12\x14\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error*\xab\x01\n" +
 	"\vCheckStatus\x12\x1c\n" +
 	"\x18CHECK_STATUS_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11CHECK_STATUS_PASS\x10\x01\x12\x15\n" +
@@ -1429,7 +1852,13 @@ const file_api_machine_v1_machine_proto_rawDesc = "" +
 	"\x14HEALTH_STATE_HEALTHY\x10\x01\x12\x19\n" +
 	"\x15HEALTH_STATE_DEGRADED\x10\x02\x12\x1a\n" +
 	"\x16HEALTH_STATE_UNHEALTHY\x10\x03\x12\x18\n" +
-	"\x14HEALTH_STATE_UNKNOWN\x10\x04B5Z3github.com/gpurack/gpurack/api/machine/v1;machinev1b\x06proto3"
+	"\x14HEALTH_STATE_UNKNOWN\x10\x04*\xa6\x01\n" +
+	"\rDataDiskState\x12\x1f\n" +
+	"\x1bDATA_DISK_STATE_UNSPECIFIED\x10\x00\x12 \n" +
+	"\x1cDATA_DISK_STATE_NOT_SELECTED\x10\x01\x12\x19\n" +
+	"\x15DATA_DISK_STATE_READY\x10\x02\x12\x1b\n" +
+	"\x17DATA_DISK_STATE_REFUSED\x10\x03\x12\x1a\n" +
+	"\x16DATA_DISK_STATE_FAILED\x10\x04B5Z3github.com/gpurack/gpurack/api/machine/v1;machinev1b\x06proto3"
 
 var (
 	file_api_machine_v1_machine_proto_rawDescOnce sync.Once
@@ -1443,44 +1872,52 @@ func file_api_machine_v1_machine_proto_rawDescGZIP() []byte {
 	return file_api_machine_v1_machine_proto_rawDescData
 }
 
-var file_api_machine_v1_machine_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_api_machine_v1_machine_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_api_machine_v1_machine_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
+var file_api_machine_v1_machine_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_api_machine_v1_machine_proto_goTypes = []any{
 	(CheckStatus)(0),              // 0: gpurack.machine.v1.CheckStatus
 	(CheckPhase)(0),               // 1: gpurack.machine.v1.CheckPhase
 	(HealthState)(0),              // 2: gpurack.machine.v1.HealthState
-	(*MachineIdentity)(nil),       // 3: gpurack.machine.v1.MachineIdentity
-	(*MachineFacts)(nil),          // 4: gpurack.machine.v1.MachineFacts
-	(*GPU)(nil),                   // 5: gpurack.machine.v1.GPU
-	(*NIC)(nil),                   // 6: gpurack.machine.v1.NIC
-	(*CheckResult)(nil),           // 7: gpurack.machine.v1.CheckResult
-	(*Checklist)(nil),             // 8: gpurack.machine.v1.Checklist
-	(*HealthSummary)(nil),         // 9: gpurack.machine.v1.HealthSummary
-	(*GPUAllocation)(nil),         // 10: gpurack.machine.v1.GPUAllocation
-	(*GPUHolder)(nil),             // 11: gpurack.machine.v1.GPUHolder
-	(*timestamppb.Timestamp)(nil), // 12: google.protobuf.Timestamp
+	(DataDiskState)(0),            // 3: gpurack.machine.v1.DataDiskState
+	(*MachineIdentity)(nil),       // 4: gpurack.machine.v1.MachineIdentity
+	(*MachineFacts)(nil),          // 5: gpurack.machine.v1.MachineFacts
+	(*GPU)(nil),                   // 6: gpurack.machine.v1.GPU
+	(*NIC)(nil),                   // 7: gpurack.machine.v1.NIC
+	(*CheckResult)(nil),           // 8: gpurack.machine.v1.CheckResult
+	(*Checklist)(nil),             // 9: gpurack.machine.v1.Checklist
+	(*HealthSummary)(nil),         // 10: gpurack.machine.v1.HealthSummary
+	(*GPUAllocation)(nil),         // 11: gpurack.machine.v1.GPUAllocation
+	(*GPUHolder)(nil),             // 12: gpurack.machine.v1.GPUHolder
+	(*DataDisks)(nil),             // 13: gpurack.machine.v1.DataDisks
+	(*DataDisk)(nil),              // 14: gpurack.machine.v1.DataDisk
+	(*DataDiskWipe)(nil),          // 15: gpurack.machine.v1.DataDiskWipe
+	(*DataDiskWipeResult)(nil),    // 16: gpurack.machine.v1.DataDiskWipeResult
+	(*timestamppb.Timestamp)(nil), // 17: google.protobuf.Timestamp
 }
 var file_api_machine_v1_machine_proto_depIdxs = []int32{
-	3,  // 0: gpurack.machine.v1.MachineFacts.identity:type_name -> gpurack.machine.v1.MachineIdentity
-	5,  // 1: gpurack.machine.v1.MachineFacts.gpus:type_name -> gpurack.machine.v1.GPU
-	6,  // 2: gpurack.machine.v1.MachineFacts.nics:type_name -> gpurack.machine.v1.NIC
-	12, // 3: gpurack.machine.v1.MachineFacts.collected_at:type_name -> google.protobuf.Timestamp
+	4,  // 0: gpurack.machine.v1.MachineFacts.identity:type_name -> gpurack.machine.v1.MachineIdentity
+	6,  // 1: gpurack.machine.v1.MachineFacts.gpus:type_name -> gpurack.machine.v1.GPU
+	7,  // 2: gpurack.machine.v1.MachineFacts.nics:type_name -> gpurack.machine.v1.NIC
+	17, // 3: gpurack.machine.v1.MachineFacts.collected_at:type_name -> google.protobuf.Timestamp
 	0,  // 4: gpurack.machine.v1.CheckResult.status:type_name -> gpurack.machine.v1.CheckStatus
-	12, // 5: gpurack.machine.v1.CheckResult.observed_at:type_name -> google.protobuf.Timestamp
-	3,  // 6: gpurack.machine.v1.Checklist.identity:type_name -> gpurack.machine.v1.MachineIdentity
+	17, // 5: gpurack.machine.v1.CheckResult.observed_at:type_name -> google.protobuf.Timestamp
+	4,  // 6: gpurack.machine.v1.Checklist.identity:type_name -> gpurack.machine.v1.MachineIdentity
 	1,  // 7: gpurack.machine.v1.Checklist.phase:type_name -> gpurack.machine.v1.CheckPhase
-	12, // 8: gpurack.machine.v1.Checklist.started_at:type_name -> google.protobuf.Timestamp
-	12, // 9: gpurack.machine.v1.Checklist.finished_at:type_name -> google.protobuf.Timestamp
-	7,  // 10: gpurack.machine.v1.Checklist.results:type_name -> gpurack.machine.v1.CheckResult
+	17, // 8: gpurack.machine.v1.Checklist.started_at:type_name -> google.protobuf.Timestamp
+	17, // 9: gpurack.machine.v1.Checklist.finished_at:type_name -> google.protobuf.Timestamp
+	8,  // 10: gpurack.machine.v1.Checklist.results:type_name -> gpurack.machine.v1.CheckResult
 	0,  // 11: gpurack.machine.v1.Checklist.overall:type_name -> gpurack.machine.v1.CheckStatus
 	2,  // 12: gpurack.machine.v1.HealthSummary.state:type_name -> gpurack.machine.v1.HealthState
-	12, // 13: gpurack.machine.v1.HealthSummary.updated_at:type_name -> google.protobuf.Timestamp
-	11, // 14: gpurack.machine.v1.GPUAllocation.holders:type_name -> gpurack.machine.v1.GPUHolder
-	15, // [15:15] is the sub-list for method output_type
-	15, // [15:15] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	17, // 13: gpurack.machine.v1.HealthSummary.updated_at:type_name -> google.protobuf.Timestamp
+	12, // 14: gpurack.machine.v1.GPUAllocation.holders:type_name -> gpurack.machine.v1.GPUHolder
+	14, // 15: gpurack.machine.v1.DataDisks.disks:type_name -> gpurack.machine.v1.DataDisk
+	17, // 16: gpurack.machine.v1.DataDisks.checked_at:type_name -> google.protobuf.Timestamp
+	3,  // 17: gpurack.machine.v1.DataDisk.state:type_name -> gpurack.machine.v1.DataDiskState
+	18, // [18:18] is the sub-list for method output_type
+	18, // [18:18] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_api_machine_v1_machine_proto_init() }
@@ -1494,8 +1931,8 @@ func file_api_machine_v1_machine_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_machine_v1_machine_proto_rawDesc), len(file_api_machine_v1_machine_proto_rawDesc)),
-			NumEnums:      3,
-			NumMessages:   9,
+			NumEnums:      4,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -1,4 +1,4 @@
-package datadisk
+package disksel
 
 import (
 	"strings"
@@ -69,18 +69,20 @@ func TestParseSelectorErrorsNameTheFieldAndWhatToWrite(t *testing.T) {
 }
 
 func TestSelectorSelects(t *testing.T) {
-	nvme := Disk{Name: "nvme0n1", Path: "/dev/nvme0n1", Model: "SAMSUNG MZQL23T8HCLS-00A07", Size: 3840e9, Transport: TransportNVMe}
-	nvme2 := Disk{Name: "nvme1n1", Path: "/dev/nvme1n1", Model: "Micron_7450", Size: 960e9, Transport: TransportNVMe}
-	sata := Disk{Name: "sda", Path: "/dev/sda", Model: "SAMSUNG MZ7L3480", Size: 480e9, Transport: TransportSATA}
-	usb := Disk{Name: "sdb", Path: "/dev/sdb", Model: "Virtual Media", Size: 1e9, Transport: TransportUSB, Removable: true}
-	ro := Disk{Name: "nvme2n1", Path: "/dev/nvme2n1", Model: "SAMSUNG MZQL23T8HCLS-00A07", Size: 3840e9, Transport: TransportNVMe, ReadOnly: true}
+	nvme := Disk{Path: "/dev/nvme0n1", Model: "SAMSUNG MZQL23T8HCLS-00A07", Size: 3840e9, Transport: TransportNVMe}
+	nvme2 := Disk{Path: "/dev/nvme1n1", Model: "Micron_7450", Size: 960e9, Transport: TransportNVMe}
+	sata := Disk{Path: "/dev/sda", Model: "SAMSUNG MZ7L3480", Size: 480e9, Transport: TransportSATA}
+	usb := Disk{Path: "/dev/sdb", Model: "Virtual Media", Size: 1e9, Transport: TransportUSB, Removable: true}
+	ro := Disk{Path: "/dev/nvme2n1", Model: "SAMSUNG MZQL23T8HCLS-00A07", Size: 3840e9, Transport: TransportNVMe, ReadOnly: true}
 	all := []Disk{nvme, nvme2, sata, usb, ro}
-	names := func(ds []Disk) string {
-		var s []string
-		for _, d := range ds {
-			s = append(s, d.Name)
+	names := func(s Selector) string {
+		var out []string
+		for _, d := range all {
+			if s.Selects(d) {
+				out = append(out, strings.TrimPrefix(d.Path, "/dev/"))
+			}
 		}
-		return strings.Join(s, ",")
+		return strings.Join(out, ",")
 	}
 	for _, tc := range []struct {
 		name  string
@@ -104,7 +106,7 @@ func TestSelectorSelects(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := names(s.Select(all)); got != tc.want {
+			if got := names(s); got != tc.want {
 				t.Errorf("selected %q, want %q", got, tc.want)
 			}
 		})
