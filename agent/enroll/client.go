@@ -316,6 +316,10 @@ type HeartbeatFields struct {
 	RevocationsDigest string
 	// GPUAllocation is which pods hold the GPUs; nil where the agent cannot tell.
 	GPUAllocation *machinev1.GPUAllocation
+	// DataDisks is the latest look at the local disks; nil before the first.
+	// WipeResult is the outcome of a data-disk wipe gpuboot has not recorded yet.
+	DataDisks  *machinev1.DataDisks
+	WipeResult *machinev1.DataDiskWipeResult
 }
 
 // Heartbeat sends one heartbeat. The answer's interval (when set) is the time to the
@@ -327,7 +331,7 @@ func (c *Client) Heartbeat(ctx context.Context, f HeartbeatFields) (*bootv1.Hear
 	c.mu.Unlock()
 	req := &bootv1.HeartbeatRequest{Identity: f.Identity, NodeName: f.NodeName, Health: f.Health, ImageId: f.ImageID,
 		DriverVersion: f.DriverVersion, BootId: f.BootID, Sequence: seq, SentAt: timestamppb.New(c.now()), GossipKeyring: f.GossipKeyring, RevocationsDigest: f.RevocationsDigest,
-		GpuAllocation: f.GPUAllocation}
+		GpuAllocation: f.GPUAllocation, DataDisks: f.DataDisks, WipeResult: f.WipeResult}
 	if !f.AgentStartedAt.IsZero() {
 		req.AgentStartedAt = timestamppb.New(f.AgentStartedAt)
 	}

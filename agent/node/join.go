@@ -168,11 +168,13 @@ func (n *node) heartbeats(ctx context.Context, c *enroll.Client) {
 			hf.DriverVersion = last.Snapshot.Driver.Version
 		}
 		hf.GPUAllocation = n.gpuAllocation(ctx)
+		hf.DataDisks, hf.WipeResult = n.disks.snapshot(), n.disks.wipeResult()
 		return hf
 	}, kick, func(r *bootv1.HeartbeatResponse) {
 		n.enrollment.update(enroll.MachineStateWord(r.GetMachineState()), "")
 		n.rack.Load().useKeys(r.GetGossip(), n.log)
 		n.useRevocations(r.GetRevocations())
+		n.disks.answer(r.GetWipe())
 	})
 }
 

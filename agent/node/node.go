@@ -159,6 +159,9 @@ type node struct {
 	// metrics and the heartbeat; tenants names their namespaces' tenants.
 	pods    *podres.Cache
 	tenants *podres.Tenants
+	// disks is what the data-disk service found, for the heartbeats and Status, and
+	// the wipe requests gpuboot's answers bring it.
+	disks *diskReport
 }
 
 // newNode builds the monitor and the API and starts the services the configuration
@@ -169,7 +172,7 @@ func newNode(ctx context.Context, cfg Config) (*node, error) {
 	}
 	log := cfg.Log
 	n := &node{cfg: cfg, log: log, services: NewServices(ctx, log), started: time.Now(),
-		identity: cfg.FactsRoot.ReadIdentity(), imageID: cfg.FactsRoot.ImageID()}
+		identity: cfg.FactsRoot.ReadIdentity(), imageID: cfg.FactsRoot.ImageID(), disks: newDiskReport()}
 	n.revoked = loadRevocations(cfg.KeyDir, log)
 	n.guard = server.NewGuard(n.revoked)
 	n.pods = &podres.Cache{Socket: podres.Socket(cfg.KubeletDir)}
@@ -187,7 +190,7 @@ func newNode(ctx context.Context, cfg Config) (*node, error) {
 		n.mon.RecordXID(e, 0)
 	}
 	n.api = &server.Service{Monitor: n.mon, Identity: n.identity, ImageID: n.imageID, Version: buildinfo.String(),
-		StartedAt: n.started, NodeName: n.name.get,
+		StartedAt: n.started, NodeName: n.name.get, DataDisks: n.disks.snapshot,
 		Rack: func() *agentv1.RackView {
 			if r := n.rack.Load(); r != nil {
 				return r.view()

@@ -74,6 +74,7 @@ type gated struct {
 //	pod-network     after kubelet joined; up after kube-proxy synced; restarted 5 s doubling to 1 min
 //	network-policy  after kubelet joined; restarted 5 s doubling to 1 min
 //	device-plugin   after kubelet joined (unless it runs since the start); not restarted
+//	data-disks      after kubelet joined; restarted 5 s doubling to 1 min (datadisks.go)
 //
 // Pod network settings the bundle gets wrong leave a failed pod-network, and no
 // kube-proxy (it needs the pod subnet): the Node stays NotReady and says why.
@@ -95,6 +96,12 @@ func (n *node) postJoinServices(bundle *bootv1.JoinBundle) []postJoinService {
 		startAfter: kubeletJoined, restart: serviceRestart})
 	if !n.cfg.DevicePlugin { // else it runs since the start
 		list = append(list, postJoinService{svc: n.devicePlugin(), what: "device plugin", startAfter: kubeletJoined})
+	}
+	if dd, err := n.dataDisks(bundle, kubeconfig); err != nil {
+		list = append(list, postJoinService{svc: &failedService{name: "data-disks", what: "data disks", console: n.cfg.Console, err: err},
+			startAfter: kubeletJoined})
+	} else {
+		list = append(list, postJoinService{svc: dd, what: "data disks", startAfter: kubeletJoined, restart: serviceRestart})
 	}
 	return list
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/gpurack/gpurack/agent/retry"
 	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
+	"github.com/gpurack/gpurack/internal/pki"
 )
 
 // scriptedService fails its first attempts with errs in turn, then runs until ctx
@@ -179,17 +180,25 @@ func TestPostJoinServices(t *testing.T) {
 		{"pod-network", kubeletJoined, kubeProxySynced, "", true},
 		{"network-policy", kubeletJoined, "", "", true},
 		{"device-plugin", kubeletJoined, "", "", false},
+		{"data-disks", kubeletJoined, "", "", true},
 	}
+	ca, err := pki.NewCA(pki.CARequest{CommonName: "gpurack test CA"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	caPEM := string(pki.EncodeCertPEM(ca.Cert))
 	for _, tc := range []struct {
 		name         string
 		bundle       *bootv1.JoinBundle
 		devicePlugin bool
 		want         []row
 	}{
-		{"kubelet node", &bootv1.JoinBundle{NodeName: "gpu-1"}, false, all},
-		{"device plugin since the start", &bootv1.JoinBundle{NodeName: "gpu-1"}, true, all[:3]},
-		{"bad pod subnet: no kube-proxy", &bootv1.JoinBundle{NodeName: "gpu-1", PodNetwork: &bootv1.PodNetwork{Subnet: "10.244.0.0"}}, false,
-			[]row{{"pod-network", kubeletJoined, "", "", false}, all[2], all[3]}},
+		{"kubelet node", &bootv1.JoinBundle{NodeName: "gpu-1", GpurackCaPem: caPEM}, false, all},
+		{"device plugin since the start", &bootv1.JoinBundle{NodeName: "gpu-1", GpurackCaPem: caPEM}, true, append(all[:3:3], all[4])},
+		{"bad pod subnet: no kube-proxy", &bootv1.JoinBundle{NodeName: "gpu-1", GpurackCaPem: caPEM, PodNetwork: &bootv1.PodNetwork{Subnet: "10.244.0.0"}}, false,
+			[]row{{"pod-network", kubeletJoined, "", "", false}, all[2], all[3], all[4]}},
+		{"no gpurack CA: data disks fail and say so", &bootv1.JoinBundle{NodeName: "gpu-1"}, false,
+			append(all[:4:4], row{"data-disks", kubeletJoined, "", "", false})},
 	} {
 		cfg := simConfig(t)
 		cfg.DevicePlugin = tc.devicePlugin

@@ -72,6 +72,8 @@ type Service struct {
 	Rack func() *agentv1.RackView
 	// Enrollment returns the enrollment status.
 	Enrollment func() *agentv1.EnrollmentStatus
+	// DataDisks returns the local disks as last looked at, or nil before the first look.
+	DataDisks func() *machinev1.DataDisks
 }
 
 func (s *Service) nodeName() string {
@@ -99,6 +101,9 @@ func (s *Service) Status(context.Context, *agentv1.StatusRequest) (*agentv1.Stat
 	}
 	if s.Rack != nil {
 		out.Rack = s.Rack()
+	}
+	if s.DataDisks != nil {
+		out.DataDisks = s.DataDisks()
 	}
 	if s.Faults != nil {
 		for _, a := range s.Faults.Active() {

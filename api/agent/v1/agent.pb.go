@@ -487,7 +487,10 @@ type StatusResponse struct {
 	Rack *RackView `protobuf:"bytes,12,opt,name=rack,proto3" json:"rack,omitempty"`
 	// Faults injected into the simulator and not yet cleared. Always empty on other
 	// backends.
-	ActiveFaults  []*ActiveFault `protobuf:"bytes,13,rep,name=active_faults,json=activeFaults,proto3" json:"active_faults,omitempty"`
+	ActiveFaults []*ActiveFault `protobuf:"bytes,13,rep,name=active_faults,json=activeFaults,proto3" json:"active_faults,omitempty"`
+	// The machine's local disks as the agent last looked at them (docs/storage.md):
+	// which are data disks, mounted, refused (and why); absent before it looked.
+	DataDisks     *v1.DataDisks `protobuf:"bytes,14,opt,name=data_disks,json=dataDisks,proto3" json:"data_disks,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -609,6 +612,13 @@ func (x *StatusResponse) GetRack() *RackView {
 func (x *StatusResponse) GetActiveFaults() []*ActiveFault {
 	if x != nil {
 		return x.ActiveFaults
+	}
+	return nil
+}
+
+func (x *StatusResponse) GetDataDisks() *v1.DataDisks {
+	if x != nil {
+		return x.DataDisks
 	}
 	return nil
 }
@@ -2127,7 +2137,7 @@ var File_api_agent_v1_agent_proto protoreflect.FileDescriptor
 const file_api_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
 	"\x18api/agent/v1/agent.proto\x12\x10gpurack.agent.v1\x1a\x1capi/machine/v1/machine.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x0f\n" +
-	"\rStatusRequest\"\x81\x05\n" +
+	"\rStatusRequest\"\xbf\x05\n" +
 	"\x0eStatusResponse\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12\x19\n" +
 	"\bimage_id\x18\x02 \x01(\tR\aimageId\x12%\n" +
@@ -2145,7 +2155,9 @@ const file_api_agent_v1_agent_proto_rawDesc = "" +
 	" \x01(\v2!.gpurack.machine.v1.HealthSummaryR\x06health\x12D\n" +
 	"\x0elast_checklist\x18\v \x01(\v2\x1d.gpurack.machine.v1.ChecklistR\rlastChecklist\x12.\n" +
 	"\x04rack\x18\f \x01(\v2\x1a.gpurack.agent.v1.RackViewR\x04rack\x12B\n" +
-	"\ractive_faults\x18\r \x03(\v2\x1d.gpurack.agent.v1.ActiveFaultR\factiveFaults\"\x81\x02\n" +
+	"\ractive_faults\x18\r \x03(\v2\x1d.gpurack.agent.v1.ActiveFaultR\factiveFaults\x12<\n" +
+	"\n" +
+	"data_disks\x18\x0e \x01(\v2\x1d.gpurack.machine.v1.DataDisksR\tdataDisks\"\x81\x02\n" +
 	"\x10EnrollmentStatus\x127\n" +
 	"\x05state\x18\x01 \x01(\x0e2!.gpurack.agent.v1.EnrollmentStateR\x05state\x12\x1a\n" +
 	"\bendpoint\x18\x02 \x01(\tR\bendpoint\x12\x18\n" +
@@ -2356,10 +2368,11 @@ var file_api_agent_v1_agent_proto_goTypes = []any{
 	(*v1.MachineIdentity)(nil),    // 29: gpurack.machine.v1.MachineIdentity
 	(*v1.HealthSummary)(nil),      // 30: gpurack.machine.v1.HealthSummary
 	(*v1.Checklist)(nil),          // 31: gpurack.machine.v1.Checklist
-	(*v1.GPU)(nil),                // 32: gpurack.machine.v1.GPU
-	(*v1.CheckResult)(nil),        // 33: gpurack.machine.v1.CheckResult
-	(v1.CheckPhase)(0),            // 34: gpurack.machine.v1.CheckPhase
-	(*durationpb.Duration)(nil),   // 35: google.protobuf.Duration
+	(*v1.DataDisks)(nil),          // 32: gpurack.machine.v1.DataDisks
+	(*v1.GPU)(nil),                // 33: gpurack.machine.v1.GPU
+	(*v1.CheckResult)(nil),        // 34: gpurack.machine.v1.CheckResult
+	(v1.CheckPhase)(0),            // 35: gpurack.machine.v1.CheckPhase
+	(*durationpb.Duration)(nil),   // 36: google.protobuf.Duration
 }
 var file_api_agent_v1_agent_proto_depIdxs = []int32{
 	28, // 0: gpurack.agent.v1.StatusResponse.started_at:type_name -> google.protobuf.Timestamp
@@ -2369,58 +2382,59 @@ var file_api_agent_v1_agent_proto_depIdxs = []int32{
 	31, // 4: gpurack.agent.v1.StatusResponse.last_checklist:type_name -> gpurack.machine.v1.Checklist
 	8,  // 5: gpurack.agent.v1.StatusResponse.rack:type_name -> gpurack.agent.v1.RackView
 	25, // 6: gpurack.agent.v1.StatusResponse.active_faults:type_name -> gpurack.agent.v1.ActiveFault
-	0,  // 7: gpurack.agent.v1.EnrollmentStatus.state:type_name -> gpurack.agent.v1.EnrollmentState
-	28, // 8: gpurack.agent.v1.EnrollmentStatus.since:type_name -> google.protobuf.Timestamp
-	9,  // 9: gpurack.agent.v1.RackView.members:type_name -> gpurack.agent.v1.RackMember
-	1,  // 10: gpurack.agent.v1.RackMember.state:type_name -> gpurack.agent.v1.MemberState
-	30, // 11: gpurack.agent.v1.RackMember.health:type_name -> gpurack.machine.v1.HealthSummary
-	28, // 12: gpurack.agent.v1.RackMember.updated_at:type_name -> google.protobuf.Timestamp
-	12, // 13: gpurack.agent.v1.ListGPUsResponse.gpus:type_name -> gpurack.agent.v1.GPUState
-	32, // 14: gpurack.agent.v1.GPUState.gpu:type_name -> gpurack.machine.v1.GPU
-	33, // 15: gpurack.agent.v1.GPUState.results:type_name -> gpurack.machine.v1.CheckResult
-	18, // 16: gpurack.agent.v1.GPUState.recent_xids:type_name -> gpurack.agent.v1.XIDEvent
-	34, // 17: gpurack.agent.v1.RunChecksRequest.phase:type_name -> gpurack.machine.v1.CheckPhase
-	31, // 18: gpurack.agent.v1.RunChecksResponse.checklist:type_name -> gpurack.machine.v1.Checklist
-	30, // 19: gpurack.agent.v1.RunChecksResponse.health:type_name -> gpurack.machine.v1.HealthSummary
-	2,  // 20: gpurack.agent.v1.WatchEventsRequest.kinds:type_name -> gpurack.agent.v1.EventKind
-	28, // 21: gpurack.agent.v1.Event.time:type_name -> google.protobuf.Timestamp
-	17, // 22: gpurack.agent.v1.Event.health_changed:type_name -> gpurack.agent.v1.HealthChanged
-	18, // 23: gpurack.agent.v1.Event.xid:type_name -> gpurack.agent.v1.XIDEvent
-	19, // 24: gpurack.agent.v1.Event.check_result_changed:type_name -> gpurack.agent.v1.CheckResultChanged
-	20, // 25: gpurack.agent.v1.Event.member_changed:type_name -> gpurack.agent.v1.GossipMemberChanged
-	21, // 26: gpurack.agent.v1.Event.enrollment_changed:type_name -> gpurack.agent.v1.EnrollmentChanged
-	30, // 27: gpurack.agent.v1.HealthChanged.previous:type_name -> gpurack.machine.v1.HealthSummary
-	30, // 28: gpurack.agent.v1.HealthChanged.current:type_name -> gpurack.machine.v1.HealthSummary
-	33, // 29: gpurack.agent.v1.CheckResultChanged.previous:type_name -> gpurack.machine.v1.CheckResult
-	33, // 30: gpurack.agent.v1.CheckResultChanged.current:type_name -> gpurack.machine.v1.CheckResult
-	3,  // 31: gpurack.agent.v1.GossipMemberChanged.change:type_name -> gpurack.agent.v1.MemberChange
-	9,  // 32: gpurack.agent.v1.GossipMemberChanged.member:type_name -> gpurack.agent.v1.RackMember
-	0,  // 33: gpurack.agent.v1.EnrollmentChanged.previous:type_name -> gpurack.agent.v1.EnrollmentState
-	7,  // 34: gpurack.agent.v1.EnrollmentChanged.current:type_name -> gpurack.agent.v1.EnrollmentStatus
-	4,  // 35: gpurack.agent.v1.FaultSpec.kind:type_name -> gpurack.agent.v1.FaultKind
-	35, // 36: gpurack.agent.v1.FaultSpec.duration:type_name -> google.protobuf.Duration
-	22, // 37: gpurack.agent.v1.InjectFaultRequest.fault:type_name -> gpurack.agent.v1.FaultSpec
-	22, // 38: gpurack.agent.v1.InjectFaultResponse.fault:type_name -> gpurack.agent.v1.FaultSpec
-	22, // 39: gpurack.agent.v1.ActiveFault.fault:type_name -> gpurack.agent.v1.FaultSpec
-	28, // 40: gpurack.agent.v1.ActiveFault.injected_at:type_name -> google.protobuf.Timestamp
-	28, // 41: gpurack.agent.v1.ActiveFault.expires_at:type_name -> google.protobuf.Timestamp
-	5,  // 42: gpurack.agent.v1.AgentService.Status:input_type -> gpurack.agent.v1.StatusRequest
-	10, // 43: gpurack.agent.v1.AgentService.ListGPUs:input_type -> gpurack.agent.v1.ListGPUsRequest
-	13, // 44: gpurack.agent.v1.AgentService.RunChecks:input_type -> gpurack.agent.v1.RunChecksRequest
-	15, // 45: gpurack.agent.v1.AgentService.WatchEvents:input_type -> gpurack.agent.v1.WatchEventsRequest
-	23, // 46: gpurack.agent.v1.AgentService.InjectFault:input_type -> gpurack.agent.v1.InjectFaultRequest
-	26, // 47: gpurack.agent.v1.AgentService.ClearFaults:input_type -> gpurack.agent.v1.ClearFaultsRequest
-	6,  // 48: gpurack.agent.v1.AgentService.Status:output_type -> gpurack.agent.v1.StatusResponse
-	11, // 49: gpurack.agent.v1.AgentService.ListGPUs:output_type -> gpurack.agent.v1.ListGPUsResponse
-	14, // 50: gpurack.agent.v1.AgentService.RunChecks:output_type -> gpurack.agent.v1.RunChecksResponse
-	16, // 51: gpurack.agent.v1.AgentService.WatchEvents:output_type -> gpurack.agent.v1.Event
-	24, // 52: gpurack.agent.v1.AgentService.InjectFault:output_type -> gpurack.agent.v1.InjectFaultResponse
-	27, // 53: gpurack.agent.v1.AgentService.ClearFaults:output_type -> gpurack.agent.v1.ClearFaultsResponse
-	48, // [48:54] is the sub-list for method output_type
-	42, // [42:48] is the sub-list for method input_type
-	42, // [42:42] is the sub-list for extension type_name
-	42, // [42:42] is the sub-list for extension extendee
-	0,  // [0:42] is the sub-list for field type_name
+	32, // 7: gpurack.agent.v1.StatusResponse.data_disks:type_name -> gpurack.machine.v1.DataDisks
+	0,  // 8: gpurack.agent.v1.EnrollmentStatus.state:type_name -> gpurack.agent.v1.EnrollmentState
+	28, // 9: gpurack.agent.v1.EnrollmentStatus.since:type_name -> google.protobuf.Timestamp
+	9,  // 10: gpurack.agent.v1.RackView.members:type_name -> gpurack.agent.v1.RackMember
+	1,  // 11: gpurack.agent.v1.RackMember.state:type_name -> gpurack.agent.v1.MemberState
+	30, // 12: gpurack.agent.v1.RackMember.health:type_name -> gpurack.machine.v1.HealthSummary
+	28, // 13: gpurack.agent.v1.RackMember.updated_at:type_name -> google.protobuf.Timestamp
+	12, // 14: gpurack.agent.v1.ListGPUsResponse.gpus:type_name -> gpurack.agent.v1.GPUState
+	33, // 15: gpurack.agent.v1.GPUState.gpu:type_name -> gpurack.machine.v1.GPU
+	34, // 16: gpurack.agent.v1.GPUState.results:type_name -> gpurack.machine.v1.CheckResult
+	18, // 17: gpurack.agent.v1.GPUState.recent_xids:type_name -> gpurack.agent.v1.XIDEvent
+	35, // 18: gpurack.agent.v1.RunChecksRequest.phase:type_name -> gpurack.machine.v1.CheckPhase
+	31, // 19: gpurack.agent.v1.RunChecksResponse.checklist:type_name -> gpurack.machine.v1.Checklist
+	30, // 20: gpurack.agent.v1.RunChecksResponse.health:type_name -> gpurack.machine.v1.HealthSummary
+	2,  // 21: gpurack.agent.v1.WatchEventsRequest.kinds:type_name -> gpurack.agent.v1.EventKind
+	28, // 22: gpurack.agent.v1.Event.time:type_name -> google.protobuf.Timestamp
+	17, // 23: gpurack.agent.v1.Event.health_changed:type_name -> gpurack.agent.v1.HealthChanged
+	18, // 24: gpurack.agent.v1.Event.xid:type_name -> gpurack.agent.v1.XIDEvent
+	19, // 25: gpurack.agent.v1.Event.check_result_changed:type_name -> gpurack.agent.v1.CheckResultChanged
+	20, // 26: gpurack.agent.v1.Event.member_changed:type_name -> gpurack.agent.v1.GossipMemberChanged
+	21, // 27: gpurack.agent.v1.Event.enrollment_changed:type_name -> gpurack.agent.v1.EnrollmentChanged
+	30, // 28: gpurack.agent.v1.HealthChanged.previous:type_name -> gpurack.machine.v1.HealthSummary
+	30, // 29: gpurack.agent.v1.HealthChanged.current:type_name -> gpurack.machine.v1.HealthSummary
+	34, // 30: gpurack.agent.v1.CheckResultChanged.previous:type_name -> gpurack.machine.v1.CheckResult
+	34, // 31: gpurack.agent.v1.CheckResultChanged.current:type_name -> gpurack.machine.v1.CheckResult
+	3,  // 32: gpurack.agent.v1.GossipMemberChanged.change:type_name -> gpurack.agent.v1.MemberChange
+	9,  // 33: gpurack.agent.v1.GossipMemberChanged.member:type_name -> gpurack.agent.v1.RackMember
+	0,  // 34: gpurack.agent.v1.EnrollmentChanged.previous:type_name -> gpurack.agent.v1.EnrollmentState
+	7,  // 35: gpurack.agent.v1.EnrollmentChanged.current:type_name -> gpurack.agent.v1.EnrollmentStatus
+	4,  // 36: gpurack.agent.v1.FaultSpec.kind:type_name -> gpurack.agent.v1.FaultKind
+	36, // 37: gpurack.agent.v1.FaultSpec.duration:type_name -> google.protobuf.Duration
+	22, // 38: gpurack.agent.v1.InjectFaultRequest.fault:type_name -> gpurack.agent.v1.FaultSpec
+	22, // 39: gpurack.agent.v1.InjectFaultResponse.fault:type_name -> gpurack.agent.v1.FaultSpec
+	22, // 40: gpurack.agent.v1.ActiveFault.fault:type_name -> gpurack.agent.v1.FaultSpec
+	28, // 41: gpurack.agent.v1.ActiveFault.injected_at:type_name -> google.protobuf.Timestamp
+	28, // 42: gpurack.agent.v1.ActiveFault.expires_at:type_name -> google.protobuf.Timestamp
+	5,  // 43: gpurack.agent.v1.AgentService.Status:input_type -> gpurack.agent.v1.StatusRequest
+	10, // 44: gpurack.agent.v1.AgentService.ListGPUs:input_type -> gpurack.agent.v1.ListGPUsRequest
+	13, // 45: gpurack.agent.v1.AgentService.RunChecks:input_type -> gpurack.agent.v1.RunChecksRequest
+	15, // 46: gpurack.agent.v1.AgentService.WatchEvents:input_type -> gpurack.agent.v1.WatchEventsRequest
+	23, // 47: gpurack.agent.v1.AgentService.InjectFault:input_type -> gpurack.agent.v1.InjectFaultRequest
+	26, // 48: gpurack.agent.v1.AgentService.ClearFaults:input_type -> gpurack.agent.v1.ClearFaultsRequest
+	6,  // 49: gpurack.agent.v1.AgentService.Status:output_type -> gpurack.agent.v1.StatusResponse
+	11, // 50: gpurack.agent.v1.AgentService.ListGPUs:output_type -> gpurack.agent.v1.ListGPUsResponse
+	14, // 51: gpurack.agent.v1.AgentService.RunChecks:output_type -> gpurack.agent.v1.RunChecksResponse
+	16, // 52: gpurack.agent.v1.AgentService.WatchEvents:output_type -> gpurack.agent.v1.Event
+	24, // 53: gpurack.agent.v1.AgentService.InjectFault:output_type -> gpurack.agent.v1.InjectFaultResponse
+	27, // 54: gpurack.agent.v1.AgentService.ClearFaults:output_type -> gpurack.agent.v1.ClearFaultsResponse
+	49, // [49:55] is the sub-list for method output_type
+	43, // [43:49] is the sub-list for method input_type
+	43, // [43:43] is the sub-list for extension type_name
+	43, // [43:43] is the sub-list for extension extendee
+	0,  // [0:43] is the sub-list for field type_name
 }
 
 func init() { file_api_agent_v1_agent_proto_init() }
