@@ -333,15 +333,16 @@ func (s *BoltStore) History(_ context.Context, id string) ([]Transition, error) 
 	return out, err
 }
 
-// checkChain verifies that ts moves a machine from → to through allowed transitions.
+// checkChain verifies that ts moves a machine from → to through allowed transitions
+// and action records (Transition.legal).
 func checkChain(id string, from, to State, ts []Transition) error {
 	cur := from
 	for _, t := range ts {
 		if t.MachineID != id {
 			return fmt.Errorf("transition for machine %q stored with machine %q", t.MachineID, id)
 		}
-		if t.From != cur || !Allowed(t.From, t.To) {
-			return fmt.Errorf("%s → %s from state %s: %w", stateName(t.From), t.To, stateName(cur), ErrIllegalTransition)
+		if err := t.legal(cur); err != nil {
+			return err
 		}
 		cur = t.To
 	}

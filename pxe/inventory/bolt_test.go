@@ -320,3 +320,61 @@ func TestBoltUnchangedUpdateNotWritten(t *testing.T) {
 		t.Fatalf("slot %q after the update, want U7", g.Slot)
 	}
 }
+
+// TestBoltActionRecords: the store takes an action record (From == To with an Action)
+// beside or instead of a move, and refuses a same-state transition without one, or an
+// action that changes the state. The data disks and a pending wipe round-trip, and
+// Clone copies the wipe.
+func TestBoltActionRecords(t *testing.T) {
+	ctx := context.Background()
+	s, _ := openTest(t)
+	m, tr := newMachine(t, "52:54:00:00:00:21", Registered)
+	if err := s.Create(ctx, m, tr); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	wipe := &DataDiskWipe{ID: "w1", Path: "/dev/sdb", Serial: "S1", Actor: "operator:alice", Reason: "old disk", RequestedAt: now.UTC()}
+	got, err := s.Update(ctx, m.ID, func(m *Machine) ([]Transition, error) {
+		m.DataDisks, m.DataDisksAt, m.PendingWipe = []byte{0x0a, 0x00}, now.UTC(), wipe
+		r, err := Record(m, "wipe-data-disk requested", "operator:alice", "/dev/sdb serial S1: old disk", now)
+		return []Transition{r}, err
+	})
+	if err != nil || got.State != Registered || got.PendingWipe == nil || *got.PendingWipe != *wipe || len(got.DataDisks) != 2 {
+		t.Fatalf("update with an action record: %+v, %v", got, err)
+	}
+	c := got.Clone()
+	c.PendingWipe.Serial = "changed"
+	if got.PendingWipe.Serial != "S1" {
+		t.Fatal("Clone shares the pending wipe")
+	}
+	for name, fn := range map[string]func(m *Machine) ([]Transition, error){
+		"same-state transition without an action": func(m *Machine) ([]Transition, error) {
+			return []Transition{{MachineID: m.ID, From: m.State, To: m.State, Actor: "x", Reason: "y"}}, nil
+		},
+		"action that changes the state": func(m *Machine) ([]Transition, error) {
+			r, _ := Record(m, "x", "a", "r", now)
+			m.State, r.To = Approved, Approved
+			return []Transition{r}, nil
+		},
+	} {
+		if _, err := s.Update(ctx, m.ID, fn); !errors.Is(err, ErrIllegalTransition) {
+			t.Errorf("%s: %v; want ErrIllegalTransition", name, err)
+		}
+	}
+	got, err = s.Update(ctx, m.ID, func(m *Machine) ([]Transition, error) {
+		t1, err := Move(m, Approved, "operator:alice", "ok", now)
+		if err != nil {
+			return nil, err
+		}
+		t2, err := Record(m, "wipe-data-disk done", "agent:sha256:aa", "/dev/sdb serial S1 wiped", now)
+		m.PendingWipe = nil
+		return []Transition{t1, t2}, err
+	})
+	if err != nil || got.State != Approved || got.PendingWipe != nil {
+		t.Fatalf("move and record: %+v, %v", got, err)
+	}
+	h, _ := s.History(ctx, m.ID)
+	if err := CheckHistory(h, Approved); err != nil || len(h) != 4 || h[1].Action != "wipe-data-disk requested" || h[3].Action != "wipe-data-disk done" {
+		t.Fatalf("history %+v: %v", h, err)
+	}
+}

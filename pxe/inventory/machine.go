@@ -46,7 +46,16 @@ type Machine struct {
 	// an allocation of no holders encodes to no bytes).
 	GPUAllocation   []byte    `json:"gpuAllocation,omitempty"`
 	GPUAllocationAt time.Time `json:"gpuAllocationAt,omitzero"`
-	LastHeartbeat   time.Time `json:"lastHeartbeat,omitzero"`
+	// DataDisks is the latest gpurack.machine.v1.DataDisks from Heartbeat: the
+	// machine's local disks as its agent last saw them, reported at DataDisksAt (zero:
+	// never).
+	DataDisks   []byte    `json:"dataDisks,omitempty"`
+	DataDisksAt time.Time `json:"dataDisksAt,omitzero"`
+	// PendingWipe is the data-disk wipe an operator asked for and the agent has not
+	// reported on yet; nil when none. Heartbeat answers over mutual TLS carry it.
+	PendingWipe *DataDiskWipe `json:"pendingWipe,omitempty"`
+
+	LastHeartbeat time.Time `json:"lastHeartbeat,omitzero"`
 	// GossipKeyring is the gossip key ring digest the agent's last heartbeat over
 	// mutual TLS reported (bootv1.GossipKeyringDigest); a key rotation waits for it.
 	GossipKeyring string `json:"gossipKeyring,omitempty"`
@@ -126,6 +135,21 @@ type Approval struct {
 	Used           bool      `json:"used,omitempty"`
 }
 
+// DataDiskWipe is an operator's request to wipe one of a machine's data disks
+// (AdminService.WipeDataDisk), kept until the agent reports what it did.
+type DataDiskWipe struct {
+	// ID is gpuboot's random id for the request; the agent's result names it.
+	ID string `json:"id"`
+	// Path and Serial name the disk: its device path and, as the operator's
+	// confirmation, its serial. The agent refuses unless the disk at Path has Serial.
+	Path   string `json:"path"`
+	Serial string `json:"serial"`
+	// Actor and Reason are who asked and why; RequestedAt is when.
+	Actor       string    `json:"actor"`
+	Reason      string    `json:"reason"`
+	RequestedAt time.Time `json:"requestedAt"`
+}
+
 // Claimant reports whether m claims its hardware identity against other records: an
 // approval bound it (Bound), it is in conflict, or it was retired with its allowlist
 // approval spent. pxe/enroll lets one claimant hold an allowlist row; the store
@@ -157,6 +181,10 @@ func (m *Machine) Clone() *Machine {
 	if m.Approval != nil {
 		a := *m.Approval
 		c.Approval = &a
+	}
+	if m.PendingWipe != nil {
+		w := *m.PendingWipe
+		c.PendingWipe = &w
 	}
 	c.AgentCertSerials = append([]string(nil), m.AgentCertSerials...)
 	c.BootstrapTokenIDs = append([]string(nil), m.BootstrapTokenIDs...)

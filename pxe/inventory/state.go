@@ -108,6 +108,26 @@ type Transition struct {
 	Actor string `json:"actor"`
 	// Reason: one sentence.
 	Reason string `json:"reason"`
+	// Action names a recorded action that leaves the state as it was (From == To),
+	// such as "wipe-data-disk requested"; empty for a lifecycle move. The history is
+	// the audit record of such actions too (Record).
+	Action string `json:"action,omitempty"`
+}
+
+// legal reports whether t may be stored after a machine in state cur: a lifecycle move
+// the table allows, from cur, with no Action; or an action record (Record) of a stored
+// machine, From == To == cur. A same-state transition without an Action is a move and
+// needs the table (approved → approved, a rebinding, is one).
+func (t Transition) legal(cur State) error {
+	switch {
+	case t.From != cur:
+		return fmt.Errorf("%s → %s from state %s: %w", stateName(t.From), t.To, stateName(cur), ErrIllegalTransition)
+	case t.Action != "" && (t.From != t.To || t.From == None):
+		return fmt.Errorf("action %q recorded as %s → %s: an action leaves a stored machine's state as it was: %w", t.Action, stateName(t.From), t.To, ErrIllegalTransition)
+	case t.Action == "" && !Allowed(t.From, t.To):
+		return fmt.Errorf("%s → %s: %w", stateName(t.From), t.To, ErrIllegalTransition)
+	}
+	return nil
 }
 
 // Move checks the move of m to state to against the lifecycle table and, if it is
@@ -131,6 +151,20 @@ func Move(m *Machine, to State, actor, reason string, now time.Time) (Transition
 	return t, nil
 }
 
+// Record returns the transition that records action (for example "wipe-data-disk
+// requested") on m in the history without changing its state: From and To are both
+// m's state. Unlike Move it leaves m.UpdatedAt, which says when the state last
+// changed. Action, actor and reason are required, and m must be stored (not None).
+func Record(m *Machine, action, actor, reason string, now time.Time) (Transition, error) {
+	if action == "" || actor == "" || reason == "" {
+		return Transition{}, fmt.Errorf("machine %s: record %q: action, actor and reason are required", m.ID, action)
+	}
+	if m.State == None {
+		return Transition{}, fmt.Errorf("machine %s: record %q: the machine is not stored yet: %w", m.ID, action, ErrIllegalTransition)
+	}
+	return Transition{MachineID: m.ID, From: m.State, To: m.State, Time: now.UTC(), Actor: actor, Reason: reason, Action: action}, nil
+}
+
 func stateName(s State) string {
 	if s == None {
 		return "(new)"
@@ -151,6 +185,7 @@ func joinStates(ss []State) string {
 
 // CheckHistory verifies that transitions (one machine's, in order) form a path through
 // the lifecycle table starting from None, with increasing Seq, and ends in state final.
+// Action records (Record) may stand anywhere after the first transition.
 func CheckHistory(ts []Transition, final State) error {
 	cur := None
 	var seq uint64
@@ -158,8 +193,8 @@ func CheckHistory(ts []Transition, final State) error {
 		if t.From != cur {
 			return fmt.Errorf("transition %d (%s → %s): starts from %s but the machine was %s", i+1, t.From, t.To, stateName(t.From), stateName(cur))
 		}
-		if !Allowed(t.From, t.To) {
-			return fmt.Errorf("transition %d: %s → %s: %w", i+1, stateName(t.From), t.To, ErrIllegalTransition)
+		if err := t.legal(cur); err != nil {
+			return fmt.Errorf("transition %d: %w", i+1, err)
 		}
 		if t.Seq <= seq {
 			return fmt.Errorf("transition %d: sequence %d after %d", i+1, t.Seq, seq)

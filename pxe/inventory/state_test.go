@@ -98,3 +98,44 @@ func TestCheckHistory(t *testing.T) {
 		t.Fatal("history with a gap accepted")
 	}
 }
+
+// TestRecord: an action record keeps the state (From == To), needs action, actor and
+// reason, and a stored machine; it passes CheckHistory where a same-state move without
+// an action does not.
+func TestRecord(t *testing.T) {
+	now := time.Date(2026, 12, 3, 9, 0, 0, 0, time.UTC)
+	m := &Machine{ID: "m1", State: Ready, UpdatedAt: now.Add(-time.Hour)}
+	tr, err := Record(m, "wipe-data-disk requested", "operator:alice", "/dev/sdb serial S1: old scratch disk", now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tr.From != Ready || tr.To != Ready || tr.Action != "wipe-data-disk requested" || tr.Actor != "operator:alice" || !tr.Time.Equal(now) {
+		t.Fatalf("record %+v", tr)
+	}
+	if m.State != Ready || !m.UpdatedAt.Equal(now.Add(-time.Hour)) {
+		t.Fatalf("Record changed the machine: state %s, updated %s", m.State, m.UpdatedAt)
+	}
+	for _, c := range []struct{ action, actor, reason string }{{"", "a", "r"}, {"x", "", "r"}, {"x", "a", ""}} {
+		if _, err := Record(m, c.action, c.actor, c.reason, now); err == nil {
+			t.Errorf("Record(%q, %q, %q) succeeded", c.action, c.actor, c.reason)
+		}
+	}
+	if _, err := Record(&Machine{ID: "m2"}, "x", "a", "r", now); !errors.Is(err, ErrIllegalTransition) {
+		t.Errorf("Record on a machine not stored: %v; want ErrIllegalTransition", err)
+	}
+
+	h := []Transition{{Seq: 1, From: None, To: Discovered}, {Seq: 2, From: Discovered, To: Approved},
+		{Seq: 3, From: Approved, To: Approved, Action: "wipe-data-disk requested"}, {Seq: 4, From: Approved, To: Joining}}
+	if err := CheckHistory(h, Joining); err != nil {
+		t.Fatalf("history with an action record: %v", err)
+	}
+	for name, bad := range map[string][]Transition{
+		"same-state move without an action": {{Seq: 1, From: None, To: Registered}, {Seq: 2, From: Registered, To: Registered}},
+		"action that moves":                 {{Seq: 1, From: None, To: Registered}, {Seq: 2, From: Registered, To: Approved, Action: "x"}},
+		"action before the machine exists":  {{Seq: 1, From: None, To: None, Action: "x"}},
+	} {
+		if err := CheckHistory(bad, bad[len(bad)-1].To); !errors.Is(err, ErrIllegalTransition) {
+			t.Errorf("%s: CheckHistory = %v; want ErrIllegalTransition", name, err)
+		}
+	}
+}
