@@ -48,6 +48,10 @@ type Lifecycle interface {
 	// cleaning up the cluster failed.
 	Decommission(ctx context.Context, ref, actor, reason string) (*inventory.Machine, error)
 	ResolveConflict(ctx context.Context, ref, winner, actor, reason string) (*inventory.Machine, error)
+	// WipeDataDisk asks the machine's agent to wipe the data disk at path, serial
+	// being the operator's confirmation; the request waits on the machine for the
+	// agent's next heartbeat over mutual TLS.
+	WipeDataDisk(ctx context.Context, ref, path, serial, actor, reason string) (*inventory.Machine, error)
 }
 
 // GossipKeys rotates the racks' gossip keys; the enrollment service implements it.
@@ -218,6 +222,13 @@ func ToProto(m *inventory.Machine, history []inventory.Transition) *bootv1.Machi
 		p.GpuAllocation = new(machinev1.GPUAllocation)
 		_ = proto.Unmarshal(m.GPUAllocation, p.GpuAllocation)
 	}
+	if !m.DataDisksAt.IsZero() {
+		p.DataDisks = new(machinev1.DataDisks)
+		_ = proto.Unmarshal(m.DataDisks, p.DataDisks)
+	}
+	if w := m.PendingWipe; w != nil {
+		p.PendingWipe = &machinev1.DataDiskWipe{Id: w.ID, Path: w.Path, Serial: w.Serial}
+	}
 	for _, k := range m.Keys {
 		p.Keys = append(p.Keys, &bootv1.RegisteredKey{Fingerprint: k.Fingerprint, PublicKey: k.PublicKey, Bound: k.Fingerprint == m.BoundKey,
 			RegisteredAt: ts(k.RegisteredAt), LastSeenAt: ts(k.LastSeen), BootId: k.BootID, RemoteAddress: k.Remote, EkHash: k.EKHash})
@@ -234,7 +245,7 @@ func ToProto(m *inventory.Machine, history []inventory.Transition) *bootv1.Machi
 // TransitionProto converts a transition.
 func TransitionProto(t inventory.Transition) *bootv1.Transition {
 	return &bootv1.Transition{MachineId: t.MachineID, From: protoconv.StateProto(t.From), To: protoconv.StateProto(t.To),
-		Time: ts(t.Time), Actor: t.Actor, Reason: t.Reason}
+		Time: ts(t.Time), Actor: t.Actor, Reason: t.Reason, Action: t.Action}
 }
 
 func ts(t time.Time) *timestamppb.Timestamp {
@@ -379,6 +390,19 @@ func (s *Server) ResolveConflict(ctx context.Context, req *bootv1.ResolveConflic
 		return nil, err
 	}
 	m, err := s.life.ResolveConflict(ctx, req.GetMachine(), req.GetWinningKeyFingerprint(), "operator:"+op.Name, req.GetReason())
+	if err != nil {
+		return nil, grpcError(err)
+	}
+	return ToProto(m, nil), nil
+}
+
+// WipeDataDisk implements AdminService.
+func (s *Server) WipeDataDisk(ctx context.Context, req *bootv1.WipeDataDiskRequest) (*bootv1.Machine, error) {
+	op, err := s.operator(ctx, bootv1.AdminService_WipeDataDisk_FullMethodName)
+	if err != nil {
+		return nil, err
+	}
+	m, err := s.life.WipeDataDisk(ctx, req.GetMachine(), req.GetPath(), req.GetSerial(), "operator:"+op.Name, req.GetReason())
 	if err != nil {
 		return nil, grpcError(err)
 	}

@@ -46,6 +46,8 @@ func TestLevelRefusals(t *testing.T) {
 		{pki.LevelViewer, routeRackView, true},
 		{pki.LevelViewer, approve, false},
 		{pki.LevelViewer, revoke, false},
+		{pki.LevelViewer, bootv1.AdminService_WipeDataDisk_FullMethodName, false},
+		{pki.LevelOperator, bootv1.AdminService_WipeDataDisk_FullMethodName, true},
 		{pki.LevelOperator, approve, true},
 		{pki.LevelOperator, bootv1.AdminService_RotateGossipKey_FullMethodName, true},
 		{pki.LevelOperator, revoke, false},

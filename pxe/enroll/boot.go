@@ -76,6 +76,7 @@ func (s *Service) DecideBoot(ctx context.Context, id identity.Identity, remote n
 			m.Keys, m.BoundKey, m.Approval, m.NodeName = nil, "", nil, ""
 			m.Facts, m.Checklist, m.CommissioningReport, m.Health, m.GPUAllocation = nil, nil, nil, nil, nil
 			m.GPUAllocationAt = time.Time{}
+			m.DataDisks, m.DataDisksAt = nil, time.Time{}
 			reason := fmt.Sprintf("decommissioned machine booted again (from %s)", remote)
 			if m.AllowlistSpent {
 				// Anyone can send this request: it starts the record over, and

@@ -39,6 +39,13 @@ const (
 	// Heartbeat: 64 GPUs shared 64 ways by pods with the longest names fit.
 	MaxAllocationBytes   = 128 << 10
 	MaxAllocationHolders = 4096
+	// MaxDataDisksBytes and MaxDataDisks bound the DataDisks of a Heartbeat: a
+	// machine's every whole disk, with its detail; a 24-bay server takes about 5 kB.
+	MaxDataDisksBytes = 64 << 10
+	MaxDataDisks      = 256
+	// MaxWipeErrorBytes bounds the error of a Heartbeat's wipe_result: it goes into the
+	// machine's history as the reason of "wipe-data-disk refused".
+	MaxWipeErrorBytes = 4 << 10
 	// MaxMessageBytes is the largest gRPC message gpuboot's server decodes: above
 	// MaxFactsBytes + MaxChecklistBytes plus signatures, far below gRPC's default 4 MiB.
 	MaxMessageBytes = 512 << 10
@@ -90,7 +97,8 @@ func checkChecklistLimits(call string, cl *machinev1.Checklist) error {
 	return nil
 }
 
-// checkHeartbeatLimits bounds the health summary and the GPU allocation of a Heartbeat.
+// checkHeartbeatLimits bounds the health summary, the GPU allocation, the data disks and
+// the wipe result of a Heartbeat.
 func checkHeartbeatLimits(req *bootv1.HeartbeatRequest) error {
 	if n := proto.Size(req.GetHealth()); n > MaxHealthBytes {
 		return limitError("heartbeat", "health (bytes)", n, MaxHealthBytes, "MaxHealthBytes")
@@ -101,18 +109,28 @@ func checkHeartbeatLimits(req *bootv1.HeartbeatRequest) error {
 	if n := len(req.GetGpuAllocation().GetHolders()); n > MaxAllocationHolders {
 		return limitError("heartbeat", "gpu_allocation.holders (count)", n, MaxAllocationHolders, "MaxAllocationHolders")
 	}
+	if n := proto.Size(req.GetDataDisks()); n > MaxDataDisksBytes {
+		return limitError("heartbeat", "data_disks (bytes)", n, MaxDataDisksBytes, "MaxDataDisksBytes")
+	}
+	if n := len(req.GetDataDisks().GetDisks()); n > MaxDataDisks {
+		return limitError("heartbeat", "data_disks.disks (count)", n, MaxDataDisks, "MaxDataDisks")
+	}
+	if n := len(req.GetWipeResult().GetError()); n > MaxWipeErrorBytes {
+		return limitError("heartbeat", "wipe_result.error (bytes)", n, MaxWipeErrorBytes, "MaxWipeErrorBytes")
+	}
 	return nil
 }
 
 // recordBytes is about what m takes in the inventory (JSON, byte fields in base64):
-// what agents send (facts, checklists, health, GPU allocation, EK certificates, keys)
+// what agents send (facts, checklists, health, GPU allocation, data disks, EK
+// certificates, keys)
 // and an allowance for the fixed fields. It counts against Config.MaxUnapprovedBytes,
 // since anyone may make and fill unapproved records: the largest facts, checklist,
 // health summary and allocation one identity may hold come to about 600 kB.
 func recordBytes(m *inventory.Machine) int64 {
 	b64 := base64.StdEncoding.EncodedLen
 	n := 1024 + b64(len(m.Facts)) + b64(len(m.Checklist)) + b64(len(m.CommissioningReport)) +
-		b64(len(m.Health)) + b64(len(m.GPUAllocation)) + b64(len(m.EKCertificate))
+		b64(len(m.Health)) + b64(len(m.GPUAllocation)) + b64(len(m.DataDisks)) + b64(len(m.EKCertificate))
 	for _, k := range m.Keys {
 		n += 256 + b64(len(k.PublicKey)) + b64(len(k.EKCertificate)) + len(k.Fingerprint) + len(k.BootID) + len(k.Remote) + len(k.EKHash)
 	}

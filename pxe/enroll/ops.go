@@ -202,6 +202,11 @@ func (s *Service) Decommission(ctx context.Context, ref, actor, reason string) (
 				why += fmt.Sprintf(" (rack %s's gossip key, which the machine held, is rotated)", m.Rack)
 			}
 		}
+		if w := m.PendingWipe; w != nil {
+			// No agent of the machine calls over mutual TLS any more: nobody takes it.
+			why += fmt.Sprintf(" (the pending wipe of %s serial %s is dropped)", w.Path, w.Serial)
+			m.PendingWipe = nil
+		}
 		m.AgentCertSerials, m.Keys, m.BoundKey, m.Approval = nil, nil, "", nil
 		t, err := inventory.Move(m, inventory.Decommissioned, actor, why, s.cfg.Now())
 		if err != nil {

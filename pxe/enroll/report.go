@@ -200,56 +200,13 @@ func (s *Service) Heartbeat(ctx context.Context, req *bootv1.HeartbeatRequest) (
 	if c.m.State == inventory.Rejected {
 		return nil, status.Error(codes.PermissionDenied, errRejected)
 	}
-	health, _ := proto.Marshal(req.GetHealth())
-	var allocation []byte
-	if a := req.GetGpuAllocation(); a != nil {
-		allocation, _ = proto.MarshalOptions{Deterministic: true}.Marshal(a)
-	}
-	remote := remoteOf(ctx)
-	ringChanged := false
+	in := readHeartbeat(ctx, req)
+	var hb heartbeatOutcome
 	m, err := s.update(ctx, c.m.ID, func(m *inventory.Machine) ([]inventory.Transition, error) {
-		if m.State == inventory.Decommissioned {
-			return nil, status.Error(codes.PermissionDenied, "machine decommissioned")
-		}
-		if m.State == inventory.Rejected {
-			return nil, status.Error(codes.PermissionDenied, errRejected)
-		}
-		stale := false
-		if i := m.FindKey(c.fp); i >= 0 {
-			k := &m.Keys[i]
-			k.LastSeen, k.Remote = now.UTC(), remote
-			// A heartbeat after a boot request for the identity (which ended the
-			// key) shows the agent still runs: the key is live again.
-			k.Ended = false
-			if started := req.GetAgentStartedAt(); started != nil {
-				if started.AsTime().Equal(k.HeartbeatStartedAt) && req.GetSequence() <= k.HeartbeatSeq {
-					stale = true // a late duplicate of an older heartbeat of this process
-				} else {
-					k.HeartbeatStartedAt, k.HeartbeatSeq = started.AsTime().UTC(), req.GetSequence()
-				}
-			}
-		}
-		if !stale && (m.BoundKey == c.fp || c.viaCert || m.BoundKey == "") {
-			if req.GetHealth() != nil {
-				m.Health = health
-			}
-			if req.GetGpuAllocation() != nil && allocationCounts(m, c) {
-				m.GPUAllocation, m.GPUAllocationAt = allocation, now.UTC()
-			}
-			m.LastHeartbeat = now.UTC()
-			if c.viaCert {
-				ringChanged = m.GossipKeyring != req.GetGossipKeyring()
-				m.GossipKeyring = req.GetGossipKeyring()
-			}
-		}
-		t, ok, err := conflictMove(m, now)
-		if err != nil {
-			return nil, fmt.Errorf("heartbeat: %w", err)
-		}
-		if ok {
-			return []inventory.Transition{t}, nil
-		}
-		return nil, nil
+		var ts []inventory.Transition
+		var err error
+		hb, ts, err = applyHeartbeat(m, c, req, in, now)
+		return ts, err
 	})
 	if err != nil {
 		if _, ok := status.FromError(err); ok {
@@ -257,15 +214,125 @@ func (s *Service) Heartbeat(ctx context.Context, req *bootv1.HeartbeatRequest) (
 		}
 		return nil, status.Errorf(codes.Internal, "heartbeat: %v", err)
 	}
+	if hb.ignoredWipe != "" {
+		s.log.Info("heartbeat: wipe result ignored: it names no wipe pending for the machine", "machine", m.ID, "detail", hb.ignoredWipe)
+	}
 	resp := &bootv1.HeartbeatResponse{MachineState: protoconv.StateProto(m.State), Interval: durationpb.New(DefaultHeartbeatEvery),
 		Gossip: s.gossipAnswer(c, m, req.GetGossipKeyring())}
 	if c.viaCert && req.GetRevocationsDigest() != s.cfg.Revocations.Digest() {
 		resp.Revocations = &bootv1.Revocations{Serials: s.cfg.Revocations.Serials()}
 	}
+	if c.viaCert {
+		// Only over mutual TLS: the certificate names the machine's node, so the wipe
+		// goes to the agent the machine joined with and to nobody else.
+		resp.Wipe = wipeProto(m.PendingWipe)
+	}
 	if c.viaCert && m.Rack != "" {
-		s.advanceRing(ctx, m.Rack, ringChanged)
+		s.advanceRing(ctx, m.Rack, hb.ringChanged)
 	}
 	return resp, nil
+}
+
+// heartbeatInput is what a heartbeat carries, encoded for the inventory before its
+// transaction (deterministically, so an unchanged report writes nothing).
+type heartbeatInput struct {
+	health, allocation, disks []byte
+	remote                    string
+}
+
+func readHeartbeat(ctx context.Context, req *bootv1.HeartbeatRequest) heartbeatInput {
+	det := proto.MarshalOptions{Deterministic: true}
+	in := heartbeatInput{remote: remoteOf(ctx)}
+	in.health, _ = proto.Marshal(req.GetHealth())
+	if a := req.GetGpuAllocation(); a != nil {
+		in.allocation, _ = det.Marshal(a)
+	}
+	if d := req.GetDataDisks(); d != nil {
+		in.disks, _ = det.Marshal(d)
+	}
+	return in
+}
+
+// heartbeatOutcome is what applyHeartbeat found besides the record: whether the
+// agent's gossip ring changed, and why a wipe result was ignored ("" when none was).
+type heartbeatOutcome struct {
+	ringChanged bool
+	ignoredWipe string
+}
+
+// applyHeartbeat applies c's heartbeat req (encoded as in) to m, in the inventory's
+// transaction: the key's liveness, then, unless it is a late duplicate from the
+// machine's agent, health, GPU allocation, data disks, gossip ring and the result of a
+// pending wipe; and a conflict when two keys are live.
+func applyHeartbeat(m *inventory.Machine, c *caller, req *bootv1.HeartbeatRequest, in heartbeatInput, now time.Time) (heartbeatOutcome, []inventory.Transition, error) {
+	var out heartbeatOutcome
+	if m.State == inventory.Decommissioned {
+		return out, nil, status.Error(codes.PermissionDenied, "machine decommissioned")
+	}
+	if m.State == inventory.Rejected {
+		return out, nil, status.Error(codes.PermissionDenied, errRejected)
+	}
+	stale := touchKey(m, c, req, in.remote, now)
+	var ts []inventory.Transition
+	if !stale && (m.BoundKey == c.fp || c.viaCert || m.BoundKey == "") {
+		if req.GetHealth() != nil {
+			m.Health = in.health
+		}
+		if req.GetGpuAllocation() != nil && allocationCounts(m, c) {
+			m.GPUAllocation, m.GPUAllocationAt = in.allocation, now.UTC()
+		}
+		if req.GetDataDisks() != nil && agentOfRecord(m, c) && m.State.Bound() {
+			m.DataDisks, m.DataDisksAt = in.disks, now.UTC()
+		}
+		m.LastHeartbeat = now.UTC()
+		if c.viaCert {
+			out.ringChanged = m.GossipKeyring != req.GetGossipKeyring()
+			m.GossipKeyring = req.GetGossipKeyring()
+		}
+		if r := req.GetWipeResult(); r != nil && agentOfRecord(m, c) {
+			var err error
+			if ts, out.ignoredWipe, err = applyWipeResult(m, c, r, now); err != nil {
+				return out, nil, fmt.Errorf("heartbeat: %w", err)
+			}
+		}
+	}
+	t, ok, err := conflictMove(m, now)
+	if err != nil {
+		return out, nil, fmt.Errorf("heartbeat: %w", err)
+	}
+	if ok {
+		ts = append(ts, t)
+	}
+	return out, ts, nil
+}
+
+// touchKey records that c's key called (its liveness, its source address) and the
+// heartbeat's place in its agent process's sequence; it reports a late duplicate of an
+// older heartbeat of that process (stale), whose contents are ignored.
+func touchKey(m *inventory.Machine, c *caller, req *bootv1.HeartbeatRequest, remote string, now time.Time) (stale bool) {
+	i := m.FindKey(c.fp)
+	if i < 0 {
+		return false
+	}
+	k := &m.Keys[i]
+	k.LastSeen, k.Remote = now.UTC(), remote
+	// A heartbeat after a boot request for the identity (which ended the key) shows
+	// the agent still runs: the key is live again.
+	k.Ended = false
+	if started := req.GetAgentStartedAt(); started != nil {
+		if started.AsTime().Equal(k.HeartbeatStartedAt) && req.GetSequence() <= k.HeartbeatSeq {
+			return true
+		}
+		k.HeartbeatStartedAt, k.HeartbeatSeq = started.AsTime().UTC(), req.GetSequence()
+	}
+	return false
+}
+
+// agentOfRecord reports whether c is m's own agent: it called with the machine's agent
+// certificate or its bound key. Only its data disks are kept and only its wipe results
+// taken; a registered machine's lone key is not enough (anyone may register one).
+func agentOfRecord(m *inventory.Machine, c *caller) bool {
+	return c.viaCert || (m.BoundKey != "" && m.BoundKey == c.fp)
 }
 
 // allocationCounts says whether c's GPU allocation (which pods hold the machine's GPUs)
@@ -279,7 +346,7 @@ func allocationCounts(m *inventory.Machine, c *caller) bool {
 	default:
 		return false
 	}
-	return c.viaCert || (m.BoundKey != "" && m.BoundKey == c.fp)
+	return agentOfRecord(m, c)
 }
 
 // errRejected answers a rejected machine's Heartbeat and ReportCommissioning.

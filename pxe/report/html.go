@@ -76,6 +76,8 @@ type htmlPage struct {
 	Height, InnerWidth, TextRight             int
 	Slots                                     []svgSlot
 	Quarantined, Waiting                      []reasonLine
+	DiskIntro                                 string
+	Disks                                     []diskLine
 	Rows                                      []row
 	Nodes                                     []nodeSection
 	Checks                                    []*bootv1.CheckTally
@@ -117,6 +119,9 @@ type svgSlot struct {
 }
 
 type reasonLine struct{ Slot, Node, State, Reason string }
+
+// diskLine is one refused or failed data disk.
+type diskLine struct{ Slot, Node, Path, Serial, State, Detail string }
 
 type nodeSection struct {
 	Anchor, Slot, Node, ID, State, Reason, Phase, Overall string
@@ -163,6 +168,13 @@ func htmlView(d *bootv1.RackReportData) htmlPage {
 			}
 		}
 		p.Nodes = append(p.Nodes, nodeView(m))
+		for _, x := range m.GetDataDiskProblems() {
+			p.Disks = append(p.Disks, diskLine{Slot: s.Slot, Node: s.Node, Path: x.GetPath(), Serial: dashIfEmpty(x.GetSerial()),
+				State: DiskStateName(x.GetState()), Detail: x.GetDetail()})
+		}
+	}
+	if len(p.Disks) > 0 {
+		p.DiskIntro = diskProblemsIntro
 	}
 	p.Height = y - slotGap + rackPad
 	if len(p.Slots) == 0 {
@@ -232,6 +244,11 @@ var htmlTemplate = template.Must(template.New("report").Parse(`<!doctype html>
 {{if .Waiting}}<h2>Other machines needing attention</h2>
 <ul id="attention">{{range .Waiting}}
 <li><b>{{.Slot}}</b> {{.Node}} ({{.State}}): {{.Reason}}</li>{{end}}
+</ul>{{end}}
+{{if .Disks}}<h2>Data disks refused or failed</h2>
+<p>{{.DiskIntro}}</p>
+<ul id="data-disks">{{range .Disks}}
+<li><b>{{.Slot}}</b> {{.Node}}: <code>{{.Path}}</code> serial <code>{{.Serial}}</code>, {{.State}}: <span class="reason">{{.Detail}}</span></li>{{end}}
 </ul>{{end}}
 <h2>Rack</h2>
 <ul class="legend">{{range .Legend}}<li><span class="sw s-{{.State}}"></span>{{.State}} {{.Count}}</li>{{end}}</ul>

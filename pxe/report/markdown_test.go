@@ -35,6 +35,8 @@ func TestMarkdownEscapesUntrustedText(t *testing.T) {
 			Identity: &machinev1.MachineIdentity{BootMac: h, Serial: h},
 			Checklist: &machinev1.Checklist{ImageId: h, DriverVersion: h, Results: []*machinev1.CheckResult{
 				{Id: h, Status: machinev1.CheckStatus_CHECK_STATUS_FAIL, Message: h}}},
+			DataDisks: &machinev1.DataDisks{Disks: []*machinev1.DataDisk{
+				{Path: h, Serial: h, Detail: h, State: machinev1.DataDiskState_DATA_DISK_STATE_REFUSED}}},
 		})
 	}
 	ms = append(ms, &bootv1.Machine{Id: "ready", Rack: "r1", State: bootv1.MachineState_MACHINE_STATE_READY,

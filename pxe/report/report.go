@@ -82,6 +82,7 @@ func reportRow(m *bootv1.Machine) *bootv1.RackReportMachine {
 		State: m.GetState(), Checklist: m.GetChecklist(), Health: m.GetHealth(),
 		ImageId: m.GetChecklist().GetImageId(), DriverVersion: m.GetChecklist().GetDriverVersion(),
 		Simulated: m.GetChecklist().GetSimulated(), GpuAllocation: m.GetGpuAllocation(),
+		DataDiskProblems: DiskProblems(m.GetDataDisks()),
 	}
 	if row.ImageId == "" {
 		row.ImageId = m.GetImageId()
@@ -91,6 +92,30 @@ func reportRow(m *bootv1.Machine) *bootv1.RackReportMachine {
 	}
 	return row
 }
+
+// DiskProblems are the disks in d the agent refused or failed to prepare, in d's order
+// (RackReportMachine.data_disk_problems).
+func DiskProblems(d *machinev1.DataDisks) []*machinev1.DataDisk {
+	var out []*machinev1.DataDisk
+	for _, x := range d.GetDisks() {
+		switch x.GetState() {
+		case machinev1.DataDiskState_DATA_DISK_STATE_REFUSED, machinev1.DataDiskState_DATA_DISK_STATE_FAILED:
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+// DiskStateName is the text form of a data disk's state ("refused", "not-selected").
+func DiskStateName(s machinev1.DataDiskState) string {
+	if s == machinev1.DataDiskState_DATA_DISK_STATE_UNSPECIFIED {
+		return "unknown"
+	}
+	return strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(s.String(), "DATA_DISK_STATE_")), "_", "-")
+}
+
+// diskProblemsIntro heads the renderings' list of refused and failed data disks.
+const diskProblemsIntro = "Disks a storage.dataDisks rule selects that the agent refused (they hold something gpurack did not make; nothing was written) or failed to prepare. Only `gpuboot machines wipe-disk` makes a refused disk usable (docs/storage.md)."
 
 // tally counts cl's results into tallies (by check id) and returns how many of the
 // machine's gpus are healthy: none when a node-wide check fails, else those no
@@ -543,6 +568,7 @@ func markdown(d *bootv1.RackReportData) []byte {
 	if attention {
 		b.WriteString("\n")
 	}
+	mdDiskProblems(&b, d)
 	b.WriteString("| slot | node | machine | MAC | serial | state | checks | failing | warning | health | image | driver |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range p.Rows {
@@ -570,6 +596,25 @@ func markdown(d *bootv1.RackReportData) []byte {
 		}
 	}
 	return []byte(b.String())
+}
+
+// mdDiskProblems writes the refused and failed data disks, one line per disk: where,
+// path, serial, state and the agent's detail, all escaped (agent text).
+func mdDiskProblems(b *strings.Builder, d *bootv1.RackReportData) {
+	heading := false
+	for _, m := range d.GetMachines() {
+		for _, x := range m.GetDataDiskProblems() {
+			if !heading {
+				fmt.Fprintf(b, "## Data disks refused or failed\n\n%s\n\n", mdEscape(diskProblemsIntro))
+				heading = true
+			}
+			fmt.Fprintf(b, "- %s %s: %s serial %s, %s: %s\n", mdEscape(m.GetSlot()), mdEscape(nodeOrID(m)), mdEscape(x.GetPath()),
+				mdEscape(x.GetSerial()), DiskStateName(x.GetState()), mdEscape(x.GetDetail()))
+		}
+	}
+	if heading {
+		b.WriteString("\n")
+	}
 }
 
 // Style is the inline stylesheet of the HTML report and the rack view (no external

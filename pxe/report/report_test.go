@@ -203,3 +203,53 @@ func TestTenantsInReport(t *testing.T) {
 		t.Error("a report without allocations shows a tenants section")
 	}
 }
+
+// TestDataDiskProblems: a machine's refused and failed data disks, and only those, are
+// its data_disk_problems; the Markdown and HTML reports list them one line per disk
+// (path, serial, state, the agent's detail) with the agent's text escaped.
+func TestDataDiskProblems(t *testing.T) {
+	ms := machines()
+	ms[1].DataDisks = &machinev1.DataDisks{Disks: []*machinev1.DataDisk{
+		{Path: "/dev/nvme0n1", Serial: "S-N0", State: machinev1.DataDiskState_DATA_DISK_STATE_READY, MountPoint: "/var/lib/gpurack/data/nvme0n1"},
+		{Path: "/dev/sda", Serial: "S-A", State: machinev1.DataDiskState_DATA_DISK_STATE_NOT_SELECTED},
+		{Path: "/dev/sdb", Serial: "S-B", State: machinev1.DataDiskState_DATA_DISK_STATE_REFUSED, Detail: `ext4 filesystem (label "<b>scratch</b>")`},
+		{Path: "/dev/sdc", Serial: "S|C", State: machinev1.DataDiskState_DATA_DISK_STATE_FAILED, Detail: "mkfs.xfs: exit status 1"},
+	}}
+	d := Build("r1", ms, time.Unix(1764400000, 0))
+	var paths []string
+	for _, m := range d.Machines {
+		for _, x := range m.DataDiskProblems {
+			paths = append(paths, m.MachineId+" "+x.Path)
+		}
+	}
+	if strings.Join(paths, ",") != "m1 /dev/sdb,m1 /dev/sdc" {
+		t.Fatalf("data disk problems %v, want m1's /dev/sdb and /dev/sdc", paths)
+	}
+	md, _, _, err := Render(d, bootv1.ReportFormat_REPORT_FORMAT_MARKDOWN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"## Data disks refused or failed",
+		`- U2 gpu-r1-u2: /dev/sdb serial S-B, refused: ext4 filesystem (label "\<b\>scratch\</b\>")`,
+		`- U2 gpu-r1-u2: /dev/sdc serial S\|C, failed: mkfs.xfs: exit status 1`,
+	} {
+		if !strings.Contains(string(md), want) {
+			t.Errorf("markdown lacks %q:\n%s", want, md)
+		}
+	}
+	if strings.Contains(string(md), "/dev/sda") || strings.Contains(string(md), "/dev/nvme0n1") {
+		t.Errorf("markdown lists a disk that is neither refused nor failed:\n%s", md)
+	}
+	h, _, _, err := Render(d, bootv1.ReportFormat_REPORT_FORMAT_HTML)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `<li><b>U2</b> gpu-r1-u2: <code>/dev/sdb</code> serial <code>S-B</code>, refused: <span class="reason">ext4 filesystem (label &#34;&lt;b&gt;scratch&lt;/b&gt;&#34;)</span></li>`
+	if !strings.Contains(string(h), want) || strings.Contains(string(h), "<b>scratch") {
+		t.Errorf("HTML lacks %q or carries the agent's markup:\n%s", want, h)
+	}
+	if clean := Build("r1", machines(), time.Unix(1764400000, 0)); strings.Contains(string(markdown(clean)), "Data disks") {
+		t.Error("a rack without disk problems gets a data-disk section")
+	}
+}

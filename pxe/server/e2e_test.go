@@ -309,15 +309,19 @@ func checkHistories(t *testing.T, in *instance, ms []*bootv1.Machine) {
 	byMachine := map[string][]inventory.Transition{}
 	for _, l := range lines {
 		f := strings.Fields(l)
-		if len(f) < 5 {
+		if len(f) < 6 {
 			t.Fatalf("history line %q", l)
 		}
 		from, to := inventory.State(f[2]), inventory.State(f[3])
 		if from == "(new)" {
 			from = inventory.None
 		}
+		action := "" // f[4] is "-" for a move, else an action's first word
+		if f[4] != "-" {
+			action = f[4]
+		}
 		seq := uint64(len(byMachine[f[1]]) + 1)
-		byMachine[f[1]] = append(byMachine[f[1]], inventory.Transition{Seq: seq, MachineID: f[1], From: from, To: to})
+		byMachine[f[1]] = append(byMachine[f[1]], inventory.Transition{Seq: seq, MachineID: f[1], From: from, To: to, Action: action})
 	}
 	for _, m := range ms {
 		if err := inventory.CheckHistory(byMachine[m.Id], protoconv.StateFromProto(m.State)); err != nil {

@@ -66,7 +66,8 @@ func newMachinesCommand() *cobra.Command {
 	}
 	f.register(cmd)
 	reject, resolve, decom := newMachinesDecisionCommands(&f)
-	cmd.AddCommand(newMachinesListCommand(&f), newMachinesShowCommand(&f), newMachinesApproveCommand(&f), reject, resolve, decom, newMachinesHistoryCommand(&f))
+	cmd.AddCommand(newMachinesListCommand(&f), newMachinesShowCommand(&f), newMachinesApproveCommand(&f), reject, resolve, decom,
+		newMachinesWipeDiskCommand(&f), newMachinesHistoryCommand(&f))
 	return cmd
 }
 
@@ -128,7 +129,7 @@ func newMachinesShowCommand(f *clientFlags) *cobra.Command {
 	var showOut string
 	show := &cobra.Command{
 		Use:   "show MACHINE",
-		Short: "Show a machine: identity, facts, checklist, key fingerprint and history",
+		Short: "Show a machine: identity, facts, data disks, checklist, key fingerprint and history",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return f.call(func(ctx context.Context, c bootv1.AdminServiceClient) error {
@@ -211,6 +212,55 @@ func newMachinesDecisionCommands(f *clientFlags) (reject, resolve, decom *cobra.
 	})
 	resolve.Flags().StringVar(&key, "key", "", "fingerprint of the key that wins (required)")
 	return reject, resolve, decom
+}
+
+// newMachinesWipeDiskCommand is `machines wipe-disk`.
+func newMachinesWipeDiskCommand(f *clientFlags) *cobra.Command {
+	var disk, serial, reason string
+	wipe := &cobra.Command{
+		Use:   "wipe-disk MACHINE --disk PATH --serial SERIAL --reason R",
+		Short: "Ask a machine's agent to wipe a data disk it refused, so that it can prepare it",
+		Long: `Ask the machine's agent to wipe a data disk it refused (it holds something gpurack did
+not make) or failed to prepare, so that the agent can prepare it as this cluster's data
+disk (docs/storage.md). Name the disk by its device path and, as confirmation, its
+serial, both as ` + "`gpuboot machines show MACHINE`" + ` lists them under "data disks". gpuboot
+refuses a serial that is not the one the agent reported for that path, a disk that is
+ready (this cluster's volumes are on it), a machine that is not approved, joining or
+ready, and a machine with a wipe pending.
+
+gpuboot records the request in the machine's history and hands it to the agent in its
+next heartbeat answer over the agent's certificate (so a machine still approved gets it
+once it joined). The agent checks the serial again on the disk itself, and refuses when
+it differs, when the disk has no serial, or when the disk is mounted or held by RAID or
+LVM. A wipe zeroes the first and last 2 MiB of the disk (partition tables, labels,
+superblocks), not the data between: it is not a secure erase, but what the disk held is
+no longer readable as it was. The outcome, "wipe-data-disk done" or "wipe-data-disk
+refused" with the agent's reason, shows in ` + "`gpuboot machines history MACHINE`" + `.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			switch {
+			case disk == "":
+				return fmt.Errorf("--disk is required: the disk's device path, as `gpuboot machines show %s` lists it", args[0])
+			case serial == "":
+				return fmt.Errorf("--serial is required: the disk's serial, as `gpuboot machines show %s` lists it, confirms which disk you mean", args[0])
+			case reason == "":
+				return fmt.Errorf("--reason is required: it is recorded in the machine's history")
+			}
+			return f.call(func(ctx context.Context, c bootv1.AdminServiceClient) error {
+				m, err := c.WipeDataDisk(ctx, &bootv1.WipeDataDiskRequest{Machine: args[0], Path: disk, Serial: serial, Reason: reason})
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "%s: wipe of %s (serial %s) requested as %s; the agent takes it with its next heartbeat: `gpuboot machines history %s` shows the outcome\n",
+					m.Id, disk, serial, m.GetPendingWipe().GetId(), m.Id)
+				return nil
+			})
+		},
+	}
+	wipe.Flags().StringVar(&disk, "disk", "", "the disk's device path, e.g. /dev/nvme1n1 (required)")
+	wipe.Flags().StringVar(&serial, "serial", "", "the disk's serial, exactly as machines show lists it (required)")
+	wipe.Flags().StringVar(&reason, "reason", "", "why (required, recorded in the history)")
+	return wipe
 }
 
 // newMachinesHistoryCommand is `machines history`.
@@ -347,6 +397,7 @@ func printMachine(w io.Writer, m *bootv1.Machine) {
 	}
 	row("last heartbeat:", ts(m.LastHeartbeatAt))
 	tw.Flush()
+	printDataDisks(w, m)
 	if cl := m.Checklist; cl != nil {
 		phase := strings.ToLower(strings.TrimPrefix(cl.Phase.String(), "CHECK_PHASE_"))
 		fmt.Fprintf(w, "\nchecklist (%s, overall %s):\n", phase, report.StatusName(checklist.Overall(cl)))
@@ -362,6 +413,49 @@ func printMachine(w io.Writer, m *bootv1.Machine) {
 		fmt.Fprintln(w, "\nhistory:")
 		printHistory(w, m.History)
 	}
+}
+
+// printDataDisks prints the machine's data disks as its agent last reported them, one
+// row per disk, and the wipe waiting for the agent, if any.
+func printDataDisks(w io.Writer, m *bootv1.Machine) {
+	if d := m.GetDataDisks(); d != nil {
+		looked := ""
+		if d.GetCheckedAt() != nil {
+			looked = " (the agent looked " + ts(d.GetCheckedAt()) + ")"
+		}
+		fmt.Fprintf(w, "\ndata disks%s:\n", looked)
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "  PATH\tSTATE\tSERIAL\tMODEL\tSIZE\tDETAIL")
+		for _, x := range d.GetDisks() {
+			detail := x.GetDetail()
+			if x.GetState() == machinev1.DataDiskState_DATA_DISK_STATE_READY {
+				detail = "mounted at " + x.GetMountPoint()
+			}
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\n", x.GetPath(), report.DiskStateName(x.GetState()), dash(x.GetSerial()),
+				dash(x.GetModel()), size(x.GetSizeBytes()), dash(detail))
+		}
+		tw.Flush()
+	}
+	if p := m.GetPendingWipe(); p != nil {
+		fmt.Fprintf(w, "\npending wipe: %s serial %s (%s), for the agent's next heartbeat; `gpuboot machines history %s` shows who asked\n",
+			p.GetPath(), p.GetSerial(), p.GetId(), m.Id)
+	}
+}
+
+// size is n bytes in binary units, one decimal: "3.5 TiB".
+func size(n uint64) string {
+	if n == 0 {
+		return "-"
+	}
+	units := []string{"B", "KiB", "MiB", "GiB", "TiB", "PiB"}
+	v, i := float64(n), 0
+	for v >= 1024 && i < len(units)-1 {
+		v, i = v/1024, i+1
+	}
+	if i == 0 {
+		return fmt.Sprintf("%d B", n)
+	}
+	return fmt.Sprintf("%.1f %s", v, units[i])
 }
 
 type machineResult struct {
@@ -382,15 +476,18 @@ func toResults(cl *machinev1.Checklist) []*machineResult {
 	return out
 }
 
+// printHistory prints transitions, one per line; ACTION is "-" for a lifecycle move and
+// names a recorded action (from equals to) otherwise.
 func printHistory(w io.Writer, ts []*bootv1.Transition) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "TIME\tMACHINE\tFROM\tTO\tACTOR\tREASON")
+	fmt.Fprintln(tw, "TIME\tMACHINE\tFROM\tTO\tACTION\tACTOR\tREASON")
 	for _, t := range ts {
 		from := report.StateName(t.From)
 		if from == "unspecified" {
 			from = "(new)"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", t.Time.AsTime().UTC().Format(time.RFC3339), t.MachineId, from, report.StateName(t.To), t.Actor, t.Reason)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t.Time.AsTime().UTC().Format(time.RFC3339), t.MachineId, from, report.StateName(t.To),
+			dash(t.Action), t.Actor, t.Reason)
 	}
 	tw.Flush()
 }
