@@ -62,6 +62,11 @@ type Client struct {
 	conn *grpc.ClientConn
 	svc  bootv1.EnrollmentServiceClient
 	seq  uint64
+	// mtls is set once the connection presents the agent certificate
+	// (UseCertificate): heartbeats then leave out RequestAuth, as the contract says,
+	// so that gpuboot authenticates them by the certificate and answers with what it
+	// gives only over mutual TLS (the gossip key ring, revocations, data-disk wipes).
+	mtls bool
 	// answer is the TPM activation the next Register carries.
 	answer *bootv1.TpmActivation
 }
@@ -99,7 +104,13 @@ func (c *Client) Dial() error {
 func (c *Client) UseCertificate(cert tls.Certificate) error {
 	cfg := pki.ClientConfigPinned(c.Target.Pin)
 	cfg.Certificates = []tls.Certificate{cert}
-	return c.dial(cfg)
+	if err := c.dial(cfg); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	c.mtls = true
+	c.mu.Unlock()
+	return nil
 }
 
 func (c *Client) dial(cfg *tls.Config) error {
@@ -327,7 +338,7 @@ type HeartbeatFields struct {
 func (c *Client) Heartbeat(ctx context.Context, f HeartbeatFields) (*bootv1.HeartbeatResponse, error) {
 	c.mu.Lock()
 	c.seq++
-	seq := c.seq
+	seq, mtls := c.seq, c.mtls
 	c.mu.Unlock()
 	req := &bootv1.HeartbeatRequest{Identity: f.Identity, NodeName: f.NodeName, Health: f.Health, ImageId: f.ImageID,
 		DriverVersion: f.DriverVersion, BootId: f.BootID, Sequence: seq, SentAt: timestamppb.New(c.now()), GossipKeyring: f.GossipKeyring, RevocationsDigest: f.RevocationsDigest,
@@ -335,8 +346,10 @@ func (c *Client) Heartbeat(ctx context.Context, f HeartbeatFields) (*bootv1.Hear
 	if !f.AgentStartedAt.IsZero() {
 		req.AgentStartedAt = timestamppb.New(f.AgentStartedAt)
 	}
-	if err := bootv1.SignRequest(c.Key, bootv1.EnrollmentService_Heartbeat_FullMethodName, req, c.now()); err != nil {
-		return nil, err
+	if !mtls {
+		if err := bootv1.SignRequest(c.Key, bootv1.EnrollmentService_Heartbeat_FullMethodName, req, c.now()); err != nil {
+			return nil, err
+		}
 	}
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -37,6 +38,32 @@ type scriptedGpuboot struct {
 	reports   []*machinev1.Checklist
 	challenge []byte
 	key       ed25519.PublicKey
+	ca        *pki.CA
+	// heartbeats records, per Heartbeat, whether it was signed and whether it came
+	// with a client certificate.
+	heartbeats []heartbeatAuth
+}
+
+type heartbeatAuth struct{ signed, cert bool }
+
+func (s *scriptedGpuboot) Heartbeat(ctx context.Context, req *bootv1.HeartbeatRequest) (*bootv1.HeartbeatResponse, error) {
+	a := heartbeatAuth{signed: req.GetAuth() != nil}
+	if p, ok := peer.FromContext(ctx); ok {
+		if ti, ok := p.AuthInfo.(credentials.TLSInfo); ok {
+			a.cert = len(ti.State.PeerCertificates) > 0
+		}
+	}
+	if a.signed {
+		if _, err := bootv1.VerifyRequest(bootv1.EnrollmentService_Heartbeat_FullMethodName, req, time.Now()); err != nil {
+			return nil, status.Error(codes.Unauthenticated, err.Error())
+		}
+	} else if !a.cert {
+		return nil, status.Error(codes.Unauthenticated, "neither signed nor a client certificate")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.heartbeats = append(s.heartbeats, a)
+	return &bootv1.HeartbeatResponse{MachineState: bootv1.MachineState_MACHINE_STATE_READY}, nil
 }
 
 func (s *scriptedGpuboot) Register(_ context.Context, req *bootv1.RegisterRequest) (*bootv1.RegisterResponse, error) {
@@ -92,7 +119,9 @@ func serve(t *testing.T, s *scriptedGpuboot) Target {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gs := grpc.NewServer(grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{kp.TLSCertificate(ca.Cert)}})))
+	s.ca = ca
+	gs := grpc.NewServer(grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{kp.TLSCertificate(ca.Cert)},
+		ClientAuth: tls.VerifyClientCertIfGiven, ClientCAs: ca.CertPool()})))
 	bootv1.RegisterEnrollmentServiceServer(gs, s)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -174,5 +203,36 @@ func TestEnrollWrongPin(t *testing.T) {
 	}
 	if s.registers != 0 || len(states) != 1 || states[0] != agentv1.EnrollmentState_ENROLLMENT_STATE_REGISTERING {
 		t.Fatalf("registers %d, states %v", s.registers, states)
+	}
+}
+
+// TestHeartbeatsOverMutualTLSAreNotSigned: before the agent certificate a heartbeat is
+// signed with the enrollment key; once the client uses the certificate it leaves
+// RequestAuth out (the contract), so that gpuboot authenticates it by the certificate
+// and gives it what it gives only over mutual TLS (key rings, revocations, wipes).
+// Signing both ways had gpuboot take the signature and never answer with those.
+func TestHeartbeatsOverMutualTLSAreNotSigned(t *testing.T) {
+	s := &scriptedGpuboot{script: []bootv1.RegisterStatus{bootv1.RegisterStatus_REGISTER_STATUS_PENDING}}
+	var states []agentv1.EnrollmentState
+	c := newClient(t, serve(t, s), &states)
+	ctx := context.Background()
+	if _, err := c.Heartbeat(ctx, HeartbeatFields{}); err != nil {
+		t.Fatal(err)
+	}
+	cert, err := pki.CertifyAgent(s.ca, "gpu-r1-u01", nil, c.Key.Public())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.UseCertificate(tls.Certificate{Certificate: [][]byte{cert.Raw}, PrivateKey: c.Key, Leaf: cert}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Heartbeat(ctx, HeartbeatFields{}); err != nil {
+		t.Fatal(err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	want := []heartbeatAuth{{signed: true, cert: false}, {signed: false, cert: true}}
+	if len(s.heartbeats) != 2 || s.heartbeats[0] != want[0] || s.heartbeats[1] != want[1] {
+		t.Errorf("heartbeats %+v, want %+v", s.heartbeats, want)
 	}
 }
