@@ -299,15 +299,15 @@ func diskProto(d datadisk.Disk) *machinev1.DataDisk {
 		SizeBytes: uint64(max(d.Size, 0)), LogicalBlockSize: uint32(max(d.LogicalBlockSize, 0))}
 }
 
-// dataDisks is the data-disk service of a node that joined with bundle: the profile's
-// rules (a rule the agent cannot parse makes a failed service that says so; the
-// profile's validation refuses them before an image is built), the cluster carried on
+// dataDisks is the data-disk service of a node that joined with bundle: its rules
+// (dataDiskSelector; a rule the agent cannot parse makes a failed service that says so),
+// the cluster carried on
 // the disks (the gpurack CA's SPKI pin, the same as gpurack.enroll.ca, so re-imaging
 // to any image of this gpuboot keeps the disks) and Events on the Node.
 func (n *node) dataDisks(bundle *bootv1.JoinBundle, kubeconfig string) (attempter, error) {
-	sel, err := datadisk.ParseSelector("storage.dataDisks", n.cfg.Profile.Storage.DataDisks)
+	sel, err := dataDiskSelector(n.cfg.Profile.Storage.DataDisks, bundle.GetDataDisks())
 	if err != nil {
-		return nil, fmt.Errorf("the profile's data-disk rules: %w", err)
+		return nil, err
 	}
 	ca, err := pki.DecodeCertPEM([]byte(bundle.GetGpurackCaPem()))
 	if err != nil {
@@ -352,4 +352,27 @@ func nodeEvents(kubeconfig, name string, log *slog.Logger) func(ctx context.Cont
 			log.Warn("no Event recorded", "reason", reason, "error", err)
 		}
 	}
+}
+
+// dataDiskSelector is the rules the agent goes by: the JoinBundle's, from the gpuboot
+// selector that matches the machine, when it carries any; else the profile's. Both were
+// validated where they were written (gpuimage, gpuboot's configuration), with the same
+// parser.
+func dataDiskSelector(profile []datadisk.RuleSpec, fromGpuboot *bootv1.DataDiskRules) (datadisk.Selector, error) {
+	if fromGpuboot == nil {
+		sel, err := datadisk.ParseSelector("storage.dataDisks", profile)
+		if err != nil {
+			return sel, fmt.Errorf("the profile's data-disk rules: %w", err)
+		}
+		return sel, nil
+	}
+	var specs []datadisk.RuleSpec
+	for _, r := range fromGpuboot.GetRules() {
+		specs = append(specs, datadisk.RuleSpec{Path: r.GetPath(), Model: r.GetModel(), MinSize: r.GetMinSize(), MaxSize: r.GetMaxSize(), Transport: r.GetTransport()})
+	}
+	sel, err := datadisk.ParseSelector("dataDisks", specs)
+	if err != nil {
+		return sel, fmt.Errorf("the JoinBundle's data-disk rules (gpuboot's selector): %w", err)
+	}
+	return sel, nil
 }

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/gpurack/gpurack/agent/datadisk"
+	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
 	machinev1 "github.com/gpurack/gpurack/api/machine/v1"
 	"github.com/gpurack/gpurack/internal/testreq"
 )
@@ -190,4 +191,44 @@ func fileSum(t *testing.T, path string) [32]byte {
 		t.Fatal(err)
 	}
 	return sha256.Sum256(b)
+}
+
+// TestDataDiskRulesFromGpubootReplaceTheProfiles: the JoinBundle's rules (gpuboot's
+// selector) apply when present, the profile's otherwise; bad rules from either are
+// errors naming where they came from.
+func TestDataDiskRulesFromGpubootReplaceTheProfiles(t *testing.T) {
+	nvme := datadisk.Disk{Path: "/dev/nvme0n1", Size: 3840e9, Transport: datadisk.TransportNVMe}
+	sata := datadisk.Disk{Path: "/dev/sda", Size: 480e9, Transport: datadisk.TransportSATA}
+	profile := []datadisk.RuleSpec{{Transport: "sata"}}
+	for _, tc := range []struct {
+		name    string
+		bundle  *bootv1.DataDiskRules
+		nvme    bool
+		sata    bool
+		wantErr string
+	}{
+		{"profile's rules", nil, false, true, ""},
+		{"gpuboot's rules replace them", &bootv1.DataDiskRules{Rules: []*bootv1.DataDiskRule{{Transport: "nvme", MinSize: "1.92T"}}}, true, false, ""},
+		{"a bad rule from gpuboot", &bootv1.DataDiskRules{Rules: []*bootv1.DataDiskRule{{}}}, false, false, "the JoinBundle's data-disk rules (gpuboot's selector): dataDisks[0].path: the rule sets no field"},
+	} {
+		sel, err := dataDiskSelector(profile, tc.bundle)
+		if tc.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("%s: error %v, want %q", tc.name, err, tc.wantErr)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if got := sel.Selects(nvme.Candidate()); got != tc.nvme {
+			t.Errorf("%s: NVMe disk selected %v, want %v", tc.name, got, tc.nvme)
+		}
+		if got := sel.Selects(sata.Candidate()); got != tc.sata {
+			t.Errorf("%s: SATA disk selected %v, want %v", tc.name, got, tc.sata)
+		}
+	}
+	if _, err := dataDiskSelector([]datadisk.RuleSpec{{MinSize: "x"}}, nil); err == nil || !strings.Contains(err.Error(), "the profile's data-disk rules: storage.dataDisks[0].minSize") {
+		t.Errorf("a bad profile rule: %v", err)
+	}
 }

@@ -338,7 +338,8 @@ func TestPodNetworkSettings(t *testing.T) {
 }
 
 func TestStorageDataDisks(t *testing.T) {
-	src := tiny + "storage:\n  dataDisks:\n    - transport: nvme\n      minSize: 1.92T\n    - path: /dev/vdb\n"
+	withXFS := tiny + "packages: [xfsprogs]\n"
+	src := withXFS + "storage:\n  dataDisks:\n    - transport: nvme\n      minSize: 1.92T\n    - path: /dev/vdb\n"
 	p, err := Parse("profiles/p.yaml", []byte(src))
 	if err != nil {
 		t.Fatal(err)
@@ -363,7 +364,7 @@ func TestStorageDataDisks(t *testing.T) {
 	if err == nil {
 		t.Fatal("bad data-disk rules accepted")
 	}
-	for _, want := range []string{"storage.dataDisks[1].path: the rule sets no field", `storage.dataDisks[2].minSize: "lots" is not a size`} {
+	for _, want := range []string{"storage.dataDisks[1].path: the rule sets no field", `storage.dataDisks[2].minSize: "lots" is not a size`, "add xfsprogs to packages"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q lacks %q", err, want)
 		}

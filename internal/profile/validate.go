@@ -100,12 +100,16 @@ func (v *validator) profile(p *Profile) {
 	v.checks(p.Checks)
 	v.node(&p.Node)
 	v.boot(&p.Boot)
-	v.storage(&p.Storage)
+	v.storage(p)
 }
 
 // storage checks the data-disk rules with the selector's own parser (internal/disksel),
 // so the profile refuses exactly what the agent would.
-func (v *validator) storage(s *Storage) {
+func (v *validator) storage(p *Profile) {
+	s := &p.Storage
+	if len(s.DataDisks) > 0 && !slices.Contains(p.Packages, "xfsprogs") {
+		v.fail("storage.dataDisks", "data disks are formatted with mkfs.xfs, which the image lacks; add xfsprogs to packages")
+	}
 	for i, spec := range s.DataDisks {
 		if _, err := disksel.ParseRule(spec); err != nil {
 			var fe *disksel.FieldError

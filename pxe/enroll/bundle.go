@@ -22,6 +22,7 @@ import (
 
 	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
 	machinev1 "github.com/gpurack/gpurack/api/machine/v1"
+	"github.com/gpurack/gpurack/internal/disksel"
 	"github.com/gpurack/gpurack/internal/pki"
 	"github.com/gpurack/gpurack/pxe/inventory"
 	"github.com/gpurack/gpurack/pxe/policy"
@@ -207,6 +208,7 @@ func (s *Service) bundle(ctx context.Context, m *inventory.Machine, cert *x509.C
 				b.NodeTaints = append(b.NodeTaints, &bootv1.Taint{Key: t.Key, Value: t.Value, Effect: t.Effect})
 			}
 		}
+		b.DataDisks = dataDiskRules(sel.DataDisks)
 	}
 	if s.cfg.Cluster != nil {
 		b.ApiServerEndpoint = s.cfg.Cluster.Endpoint()
@@ -334,4 +336,17 @@ func nodeName(parts ...string) string {
 		n = strings.Trim(n[:63], "-")
 	}
 	return n
+}
+
+// dataDiskRules is a selector's dataDisks for the JoinBundle; nil when it sets none (the
+// profile's rules apply).
+func dataDiskRules(specs []disksel.RuleSpec) *bootv1.DataDiskRules {
+	if len(specs) == 0 {
+		return nil
+	}
+	out := &bootv1.DataDiskRules{}
+	for _, r := range specs {
+		out.Rules = append(out.Rules, &bootv1.DataDiskRule{Path: r.Path, Model: r.Model, MinSize: r.MinSize, MaxSize: r.MaxSize, Transport: r.Transport})
+	}
+	return out
 }

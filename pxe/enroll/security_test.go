@@ -20,6 +20,7 @@ import (
 
 	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
 	machinev1 "github.com/gpurack/gpurack/api/machine/v1"
+	"github.com/gpurack/gpurack/internal/disksel"
 	"github.com/gpurack/gpurack/internal/pki"
 	"github.com/gpurack/gpurack/pxe/identity"
 	"github.com/gpurack/gpurack/pxe/inventory"
@@ -429,7 +430,7 @@ func TestAllowlistAndHoldMode(t *testing.T) {
 		c.UnknownMachines = Hold
 		c.Selectors = []policy.Selector{{Name: "h100", Match: map[string]string{"sku": "NVIDIA-H100-80GB-HBM3"},
 			Image: "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb", NodeLabels: map[string]string{"gpurack.io/pool": "train"},
-			NodeTaints: []string{"nvidia.com/gpu=present:NoSchedule"}}}
+			NodeTaints: []string{"nvidia.com/gpu=present:NoSchedule"}, DataDisks: []disksel.RuleSpec{{Transport: "nvme", MinSize: "1.92T"}}}}
 		c.PodNetwork = &bootv1.PodNetwork{Backend: "host-gw"}
 	})
 	// Listed machine: approved at discovery, boots its image although hold mode.
@@ -451,6 +452,10 @@ func TestAllowlistAndHoldMode(t *testing.T) {
 	// The selector matched on the sku from the facts: its image, node labels and taints.
 	if b.ImageId != strings.Repeat("b", 40) || b.NodeLabels["gpurack.io/pool"] != "train" || len(b.NodeTaints) != 1 || b.NodeTaints[0].Effect != "NoSchedule" {
 		t.Fatalf("bundle image %q labels %v taints %v", b.ImageId, b.NodeLabels, b.NodeTaints)
+	}
+	// The selector's data-disk rules go along, to replace the profile's.
+	if r := b.GetDataDisks().GetRules(); len(r) != 1 || r[0].GetTransport() != "nvme" || r[0].GetMinSize() != "1.92T" {
+		t.Errorf("bundle data-disk rules %v, want the selector's", b.GetDataDisks())
 	}
 	// cluster.podNetwork goes along as set: the backend, and no subnet.
 	if pn := b.GetPodNetwork(); pn.GetBackend() != "host-gw" || pn.GetSubnet() != "" {

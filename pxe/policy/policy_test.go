@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gpurack/gpurack/internal/disksel"
 	"github.com/gpurack/gpurack/pxe/identity"
 )
 
@@ -154,6 +155,15 @@ func TestSelect(t *testing.T) {
 	bad := []Selector{{Name: "x", Image: "not-an-id"}}
 	if err := ValidateSelectors(bad); err == nil {
 		t.Error("bad image id validated")
+	}
+	// Data-disk rules are checked with the agent's parser, naming the selector.
+	disks := []Selector{{Name: "r1-nvme", Image: img('a'), DataDisks: []disksel.RuleSpec{{Transport: "nvme"}, {MinSize: "big"}}}}
+	if err := ValidateSelectors(disks); err == nil || !strings.Contains(err.Error(), `selector "r1-nvme": dataDisks[1].minSize: "big" is not a size`) {
+		t.Errorf("a bad data-disk rule: %v", err)
+	}
+	disks[0].DataDisks = disks[0].DataDisks[:1]
+	if err := ValidateSelectors(disks); err != nil {
+		t.Errorf("a good data-disk rule: %v", err)
 	}
 }
 

@@ -5,6 +5,8 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+
+	"github.com/gpurack/gpurack/internal/disksel"
 )
 
 // Selector maps machines whose labels match to an image, like a matchbox group.
@@ -26,6 +28,10 @@ type Selector struct {
 	// has registered it (CONTRACTS §4, §5). Taints are written "key[=value]:Effect".
 	NodeLabels map[string]string `yaml:"nodeLabels"`
 	NodeTaints []string          `yaml:"nodeTaints"`
+	// DataDisks, when set, replace the image profile's storage.dataDisks for the
+	// machines this selector matches: which local disks their agents may prepare as
+	// data disks (docs/storage.md). They go into the JoinBundle.
+	DataDisks []disksel.RuleSpec `yaml:"dataDisks"`
 }
 
 // Taint is a parsed NodeTaints entry.
@@ -81,6 +87,9 @@ func ValidateSelectors(ss []Selector) error {
 			if _, err := ParseTaint(t); err != nil {
 				return fmt.Errorf("selector %q: nodeTaints: %w", s.Name, err)
 			}
+		}
+		if _, err := disksel.ParseSelector("dataDisks", s.DataDisks); err != nil {
+			return fmt.Errorf("selector %q: %w", s.Name, err)
 		}
 	}
 	return nil

@@ -813,7 +813,12 @@ type JoinBundle struct {
 	ClusterDomain string `protobuf:"bytes,16,opt,name=cluster_domain,json=clusterDomain,proto3" json:"cluster_domain,omitempty"`
 	// The cluster's pod network, from gpuboot's cluster.podNetwork. Unset, or a field
 	// left empty: the image profile's kubernetes.podNetwork (then its defaults).
-	PodNetwork    *PodNetwork `protobuf:"bytes,17,opt,name=pod_network,json=podNetwork,proto3" json:"pod_network,omitempty"`
+	PodNetwork *PodNetwork `protobuf:"bytes,17,opt,name=pod_network,json=podNetwork,proto3" json:"pod_network,omitempty"`
+	// Which local disks the agent may prepare as data disks, from the gpuboot selector
+	// that matches the machine (selectors[].dataDisks in gpuboot.yaml, docs/storage.md);
+	// absent when that selector sets none, and the image profile's storage.dataDisks
+	// apply. Present, these rules replace the profile's.
+	DataDisks     *DataDiskRules `protobuf:"bytes,18,opt,name=data_disks,json=dataDisks,proto3" json:"data_disks,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -963,6 +968,13 @@ func (x *JoinBundle) GetClusterDomain() string {
 func (x *JoinBundle) GetPodNetwork() *PodNetwork {
 	if x != nil {
 		return x.PodNetwork
+	}
+	return nil
+}
+
+func (x *JoinBundle) GetDataDisks() *DataDiskRules {
+	if x != nil {
+		return x.DataDisks
 	}
 	return nil
 }
@@ -1278,6 +1290,133 @@ func (x *ReportCommissioningResponse) GetMessage() string {
 	return ""
 }
 
+// DataDiskRules are data-disk selection rules (internal/disksel): a disk is selected
+// when any rule matches it; a rule matches when every field it sets matches.
+type DataDiskRules struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Rules         []*DataDiskRule        `protobuf:"bytes,1,rep,name=rules,proto3" json:"rules,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DataDiskRules) Reset() {
+	*x = DataDiskRules{}
+	mi := &file_api_boot_v1_enroll_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DataDiskRules) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DataDiskRules) ProtoMessage() {}
+
+func (x *DataDiskRules) ProtoReflect() protoreflect.Message {
+	mi := &file_api_boot_v1_enroll_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DataDiskRules.ProtoReflect.Descriptor instead.
+func (*DataDiskRules) Descriptor() ([]byte, []int) {
+	return file_api_boot_v1_enroll_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *DataDiskRules) GetRules() []*DataDiskRule {
+	if x != nil {
+		return x.Rules
+	}
+	return nil
+}
+
+// DataDiskRule is one rule, in the words of a profile's storage.dataDisks entry.
+type DataDiskRule struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A glob over the device path, e.g. /dev/nvme*n1.
+	Path string `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	// A glob over the model sysfs reports, spaces trimmed.
+	Model string `protobuf:"bytes,2,opt,name=model,proto3" json:"model,omitempty"`
+	// Inclusive size bounds: bytes, or a number with a unit (960G, 3.84T, 1TiB).
+	MinSize string `protobuf:"bytes,3,opt,name=min_size,json=minSize,proto3" json:"min_size,omitempty"`
+	MaxSize string `protobuf:"bytes,4,opt,name=max_size,json=maxSize,proto3" json:"max_size,omitempty"`
+	// nvme, sata, sas, scsi, virtio, usb or mmc.
+	Transport     string `protobuf:"bytes,5,opt,name=transport,proto3" json:"transport,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DataDiskRule) Reset() {
+	*x = DataDiskRule{}
+	mi := &file_api_boot_v1_enroll_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DataDiskRule) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DataDiskRule) ProtoMessage() {}
+
+func (x *DataDiskRule) ProtoReflect() protoreflect.Message {
+	mi := &file_api_boot_v1_enroll_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DataDiskRule.ProtoReflect.Descriptor instead.
+func (*DataDiskRule) Descriptor() ([]byte, []int) {
+	return file_api_boot_v1_enroll_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *DataDiskRule) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *DataDiskRule) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *DataDiskRule) GetMinSize() string {
+	if x != nil {
+		return x.MinSize
+	}
+	return ""
+}
+
+func (x *DataDiskRule) GetMaxSize() string {
+	if x != nil {
+		return x.MaxSize
+	}
+	return ""
+}
+
+func (x *DataDiskRule) GetTransport() string {
+	if x != nil {
+		return x.Transport
+	}
+	return ""
+}
+
 // HeartbeatRequest reports liveness and health. Its `health` carries what CONTRACTS §2.6
 // lists: the agent's state (health.state), the failing check ids
 // (health.failing_check_ids) and the GPUHealthy status (health.gpu_healthy,
@@ -1330,7 +1469,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_api_boot_v1_enroll_proto_msgTypes[14]
+	mi := &file_api_boot_v1_enroll_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1342,7 +1481,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_enroll_proto_msgTypes[14]
+	mi := &file_api_boot_v1_enroll_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1355,7 +1494,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_enroll_proto_rawDescGZIP(), []int{14}
+	return file_api_boot_v1_enroll_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *HeartbeatRequest) GetAuth() *RequestAuth {
@@ -1489,7 +1628,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_api_boot_v1_enroll_proto_msgTypes[15]
+	mi := &file_api_boot_v1_enroll_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1501,7 +1640,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_enroll_proto_msgTypes[15]
+	mi := &file_api_boot_v1_enroll_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1514,7 +1653,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_enroll_proto_rawDescGZIP(), []int{15}
+	return file_api_boot_v1_enroll_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *HeartbeatResponse) GetMachineState() MachineState {
@@ -1571,7 +1710,7 @@ type Revocations struct {
 
 func (x *Revocations) Reset() {
 	*x = Revocations{}
-	mi := &file_api_boot_v1_enroll_proto_msgTypes[16]
+	mi := &file_api_boot_v1_enroll_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1583,7 +1722,7 @@ func (x *Revocations) String() string {
 func (*Revocations) ProtoMessage() {}
 
 func (x *Revocations) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_enroll_proto_msgTypes[16]
+	mi := &file_api_boot_v1_enroll_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1596,7 +1735,7 @@ func (x *Revocations) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Revocations.ProtoReflect.Descriptor instead.
 func (*Revocations) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_enroll_proto_rawDescGZIP(), []int{16}
+	return file_api_boot_v1_enroll_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Revocations) GetSerials() []string {
@@ -1654,7 +1793,7 @@ const file_api_boot_v1_enroll_proto_rawDesc = "" +
 	"\tsignature\x18\x02 \x01(\fR\tsignature\x120\n" +
 	"\x04auth\x18\x0f \x01(\v2\x1c.gpurack.boot.v1.RequestAuthR\x04auth\"L\n" +
 	"\x15GetJoinBundleResponse\x123\n" +
-	"\x06bundle\x18\x01 \x01(\v2\x1b.gpurack.boot.v1.JoinBundleR\x06bundle\"\xf9\x06\n" +
+	"\x06bundle\x18\x01 \x01(\v2\x1b.gpurack.boot.v1.JoinBundleR\x06bundle\"\xb8\a\n" +
 	"\n" +
 	"JoinBundle\x12.\n" +
 	"\x13api_server_endpoint\x18\x01 \x01(\tR\x11apiServerEndpoint\x12$\n" +
@@ -1679,7 +1818,9 @@ const file_api_boot_v1_enroll_proto_rawDesc = "" +
 	"clusterDns\x12%\n" +
 	"\x0ecluster_domain\x18\x10 \x01(\tR\rclusterDomain\x12<\n" +
 	"\vpod_network\x18\x11 \x01(\v2\x1b.gpurack.boot.v1.PodNetworkR\n" +
-	"podNetwork\x1a=\n" +
+	"podNetwork\x12=\n" +
+	"\n" +
+	"data_disks\x18\x12 \x01(\v2\x1e.gpurack.boot.v1.DataDiskRulesR\tdataDisks\x1a=\n" +
 	"\x0fNodeLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\">\n" +
@@ -1701,7 +1842,15 @@ const file_api_boot_v1_enroll_proto_rawDesc = "" +
 	"\x06report\x18\x01 \x01(\v2\x1d.gpurack.machine.v1.ChecklistR\x06report\"{\n" +
 	"\x1bReportCommissioningResponse\x12B\n" +
 	"\rmachine_state\x18\x01 \x01(\x0e2\x1d.gpurack.boot.v1.MachineStateR\fmachineState\x12\x18\n" +
-	"\amessage\x18\x02 \x01(\tR\amessage\"\xf6\x05\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\"D\n" +
+	"\rDataDiskRules\x123\n" +
+	"\x05rules\x18\x01 \x03(\v2\x1d.gpurack.boot.v1.DataDiskRuleR\x05rules\"\x8c\x01\n" +
+	"\fDataDiskRule\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12\x14\n" +
+	"\x05model\x18\x02 \x01(\tR\x05model\x12\x19\n" +
+	"\bmin_size\x18\x03 \x01(\tR\aminSize\x12\x19\n" +
+	"\bmax_size\x18\x04 \x01(\tR\amaxSize\x12\x1c\n" +
+	"\ttransport\x18\x05 \x01(\tR\ttransport\"\xf6\x05\n" +
 	"\x10HeartbeatRequest\x120\n" +
 	"\x04auth\x18\x0f \x01(\v2\x1c.gpurack.boot.v1.RequestAuthR\x04auth\x12?\n" +
 	"\bidentity\x18\x01 \x01(\v2#.gpurack.machine.v1.MachineIdentityR\bidentity\x12\x1b\n" +
@@ -1757,7 +1906,7 @@ func file_api_boot_v1_enroll_proto_rawDescGZIP() []byte {
 }
 
 var file_api_boot_v1_enroll_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_api_boot_v1_enroll_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_api_boot_v1_enroll_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_api_boot_v1_enroll_proto_goTypes = []any{
 	(RegisterStatus)(0),                 // 0: gpurack.boot.v1.RegisterStatus
 	(*RequestAuth)(nil),                 // 1: gpurack.boot.v1.RequestAuth
@@ -1774,72 +1923,76 @@ var file_api_boot_v1_enroll_proto_goTypes = []any{
 	(*Taint)(nil),                       // 12: gpurack.boot.v1.Taint
 	(*ReportCommissioningRequest)(nil),  // 13: gpurack.boot.v1.ReportCommissioningRequest
 	(*ReportCommissioningResponse)(nil), // 14: gpurack.boot.v1.ReportCommissioningResponse
-	(*HeartbeatRequest)(nil),            // 15: gpurack.boot.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),           // 16: gpurack.boot.v1.HeartbeatResponse
-	(*Revocations)(nil),                 // 17: gpurack.boot.v1.Revocations
-	nil,                                 // 18: gpurack.boot.v1.JoinBundle.NodeLabelsEntry
-	(*v1.MachineFacts)(nil),             // 19: gpurack.machine.v1.MachineFacts
-	(*v1.Checklist)(nil),                // 20: gpurack.machine.v1.Checklist
-	(*durationpb.Duration)(nil),         // 21: google.protobuf.Duration
-	(MachineState)(0),                   // 22: gpurack.boot.v1.MachineState
-	(*timestamppb.Timestamp)(nil),       // 23: google.protobuf.Timestamp
-	(*v1.MachineIdentity)(nil),          // 24: gpurack.machine.v1.MachineIdentity
-	(*v1.HealthSummary)(nil),            // 25: gpurack.machine.v1.HealthSummary
-	(*v1.GPUAllocation)(nil),            // 26: gpurack.machine.v1.GPUAllocation
-	(*v1.DataDisks)(nil),                // 27: gpurack.machine.v1.DataDisks
-	(*v1.DataDiskWipeResult)(nil),       // 28: gpurack.machine.v1.DataDiskWipeResult
-	(*v1.DataDiskWipe)(nil),             // 29: gpurack.machine.v1.DataDiskWipe
+	(*DataDiskRules)(nil),               // 15: gpurack.boot.v1.DataDiskRules
+	(*DataDiskRule)(nil),                // 16: gpurack.boot.v1.DataDiskRule
+	(*HeartbeatRequest)(nil),            // 17: gpurack.boot.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),           // 18: gpurack.boot.v1.HeartbeatResponse
+	(*Revocations)(nil),                 // 19: gpurack.boot.v1.Revocations
+	nil,                                 // 20: gpurack.boot.v1.JoinBundle.NodeLabelsEntry
+	(*v1.MachineFacts)(nil),             // 21: gpurack.machine.v1.MachineFacts
+	(*v1.Checklist)(nil),                // 22: gpurack.machine.v1.Checklist
+	(*durationpb.Duration)(nil),         // 23: google.protobuf.Duration
+	(MachineState)(0),                   // 24: gpurack.boot.v1.MachineState
+	(*timestamppb.Timestamp)(nil),       // 25: google.protobuf.Timestamp
+	(*v1.MachineIdentity)(nil),          // 26: gpurack.machine.v1.MachineIdentity
+	(*v1.HealthSummary)(nil),            // 27: gpurack.machine.v1.HealthSummary
+	(*v1.GPUAllocation)(nil),            // 28: gpurack.machine.v1.GPUAllocation
+	(*v1.DataDisks)(nil),                // 29: gpurack.machine.v1.DataDisks
+	(*v1.DataDiskWipeResult)(nil),       // 30: gpurack.machine.v1.DataDiskWipeResult
+	(*v1.DataDiskWipe)(nil),             // 31: gpurack.machine.v1.DataDiskWipe
 }
 var file_api_boot_v1_enroll_proto_depIdxs = []int32{
-	19, // 0: gpurack.boot.v1.RegisterRequest.facts:type_name -> gpurack.machine.v1.MachineFacts
-	20, // 1: gpurack.boot.v1.RegisterRequest.checklist:type_name -> gpurack.machine.v1.Checklist
+	21, // 0: gpurack.boot.v1.RegisterRequest.facts:type_name -> gpurack.machine.v1.MachineFacts
+	22, // 1: gpurack.boot.v1.RegisterRequest.checklist:type_name -> gpurack.machine.v1.Checklist
 	1,  // 2: gpurack.boot.v1.RegisterRequest.auth:type_name -> gpurack.boot.v1.RequestAuth
 	3,  // 3: gpurack.boot.v1.RegisterRequest.tpm:type_name -> gpurack.boot.v1.TpmAttestation
 	4,  // 4: gpurack.boot.v1.TpmAttestation.activation:type_name -> gpurack.boot.v1.TpmActivation
-	21, // 5: gpurack.boot.v1.TpmChallenge.ttl:type_name -> google.protobuf.Duration
+	23, // 5: gpurack.boot.v1.TpmChallenge.ttl:type_name -> google.protobuf.Duration
 	0,  // 6: gpurack.boot.v1.RegisterResponse.status:type_name -> gpurack.boot.v1.RegisterStatus
-	21, // 7: gpurack.boot.v1.RegisterResponse.ttl:type_name -> google.protobuf.Duration
-	21, // 8: gpurack.boot.v1.RegisterResponse.retry_after:type_name -> google.protobuf.Duration
-	22, // 9: gpurack.boot.v1.RegisterResponse.machine_state:type_name -> gpurack.boot.v1.MachineState
+	23, // 7: gpurack.boot.v1.RegisterResponse.ttl:type_name -> google.protobuf.Duration
+	23, // 8: gpurack.boot.v1.RegisterResponse.retry_after:type_name -> google.protobuf.Duration
+	24, // 9: gpurack.boot.v1.RegisterResponse.machine_state:type_name -> gpurack.boot.v1.MachineState
 	5,  // 10: gpurack.boot.v1.RegisterResponse.tpm_challenge:type_name -> gpurack.boot.v1.TpmChallenge
 	1,  // 11: gpurack.boot.v1.GetJoinBundleRequest.auth:type_name -> gpurack.boot.v1.RequestAuth
 	9,  // 12: gpurack.boot.v1.GetJoinBundleResponse.bundle:type_name -> gpurack.boot.v1.JoinBundle
 	11, // 13: gpurack.boot.v1.JoinBundle.gossip:type_name -> gpurack.boot.v1.GossipConfig
-	23, // 14: gpurack.boot.v1.JoinBundle.expires_at:type_name -> google.protobuf.Timestamp
-	23, // 15: gpurack.boot.v1.JoinBundle.issued_at:type_name -> google.protobuf.Timestamp
-	24, // 16: gpurack.boot.v1.JoinBundle.identity:type_name -> gpurack.machine.v1.MachineIdentity
-	18, // 17: gpurack.boot.v1.JoinBundle.node_labels:type_name -> gpurack.boot.v1.JoinBundle.NodeLabelsEntry
+	25, // 14: gpurack.boot.v1.JoinBundle.expires_at:type_name -> google.protobuf.Timestamp
+	25, // 15: gpurack.boot.v1.JoinBundle.issued_at:type_name -> google.protobuf.Timestamp
+	26, // 16: gpurack.boot.v1.JoinBundle.identity:type_name -> gpurack.machine.v1.MachineIdentity
+	20, // 17: gpurack.boot.v1.JoinBundle.node_labels:type_name -> gpurack.boot.v1.JoinBundle.NodeLabelsEntry
 	12, // 18: gpurack.boot.v1.JoinBundle.node_taints:type_name -> gpurack.boot.v1.Taint
 	10, // 19: gpurack.boot.v1.JoinBundle.pod_network:type_name -> gpurack.boot.v1.PodNetwork
-	1,  // 20: gpurack.boot.v1.ReportCommissioningRequest.auth:type_name -> gpurack.boot.v1.RequestAuth
-	20, // 21: gpurack.boot.v1.ReportCommissioningRequest.report:type_name -> gpurack.machine.v1.Checklist
-	22, // 22: gpurack.boot.v1.ReportCommissioningResponse.machine_state:type_name -> gpurack.boot.v1.MachineState
-	1,  // 23: gpurack.boot.v1.HeartbeatRequest.auth:type_name -> gpurack.boot.v1.RequestAuth
-	24, // 24: gpurack.boot.v1.HeartbeatRequest.identity:type_name -> gpurack.machine.v1.MachineIdentity
-	25, // 25: gpurack.boot.v1.HeartbeatRequest.health:type_name -> gpurack.machine.v1.HealthSummary
-	23, // 26: gpurack.boot.v1.HeartbeatRequest.sent_at:type_name -> google.protobuf.Timestamp
-	23, // 27: gpurack.boot.v1.HeartbeatRequest.agent_started_at:type_name -> google.protobuf.Timestamp
-	26, // 28: gpurack.boot.v1.HeartbeatRequest.gpu_allocation:type_name -> gpurack.machine.v1.GPUAllocation
-	27, // 29: gpurack.boot.v1.HeartbeatRequest.data_disks:type_name -> gpurack.machine.v1.DataDisks
-	28, // 30: gpurack.boot.v1.HeartbeatRequest.wipe_result:type_name -> gpurack.machine.v1.DataDiskWipeResult
-	22, // 31: gpurack.boot.v1.HeartbeatResponse.machine_state:type_name -> gpurack.boot.v1.MachineState
-	21, // 32: gpurack.boot.v1.HeartbeatResponse.interval:type_name -> google.protobuf.Duration
-	11, // 33: gpurack.boot.v1.HeartbeatResponse.gossip:type_name -> gpurack.boot.v1.GossipConfig
-	17, // 34: gpurack.boot.v1.HeartbeatResponse.revocations:type_name -> gpurack.boot.v1.Revocations
-	29, // 35: gpurack.boot.v1.HeartbeatResponse.wipe:type_name -> gpurack.machine.v1.DataDiskWipe
-	2,  // 36: gpurack.boot.v1.EnrollmentService.Register:input_type -> gpurack.boot.v1.RegisterRequest
-	7,  // 37: gpurack.boot.v1.EnrollmentService.GetJoinBundle:input_type -> gpurack.boot.v1.GetJoinBundleRequest
-	13, // 38: gpurack.boot.v1.EnrollmentService.ReportCommissioning:input_type -> gpurack.boot.v1.ReportCommissioningRequest
-	15, // 39: gpurack.boot.v1.EnrollmentService.Heartbeat:input_type -> gpurack.boot.v1.HeartbeatRequest
-	6,  // 40: gpurack.boot.v1.EnrollmentService.Register:output_type -> gpurack.boot.v1.RegisterResponse
-	8,  // 41: gpurack.boot.v1.EnrollmentService.GetJoinBundle:output_type -> gpurack.boot.v1.GetJoinBundleResponse
-	14, // 42: gpurack.boot.v1.EnrollmentService.ReportCommissioning:output_type -> gpurack.boot.v1.ReportCommissioningResponse
-	16, // 43: gpurack.boot.v1.EnrollmentService.Heartbeat:output_type -> gpurack.boot.v1.HeartbeatResponse
-	40, // [40:44] is the sub-list for method output_type
-	36, // [36:40] is the sub-list for method input_type
-	36, // [36:36] is the sub-list for extension type_name
-	36, // [36:36] is the sub-list for extension extendee
-	0,  // [0:36] is the sub-list for field type_name
+	15, // 20: gpurack.boot.v1.JoinBundle.data_disks:type_name -> gpurack.boot.v1.DataDiskRules
+	1,  // 21: gpurack.boot.v1.ReportCommissioningRequest.auth:type_name -> gpurack.boot.v1.RequestAuth
+	22, // 22: gpurack.boot.v1.ReportCommissioningRequest.report:type_name -> gpurack.machine.v1.Checklist
+	24, // 23: gpurack.boot.v1.ReportCommissioningResponse.machine_state:type_name -> gpurack.boot.v1.MachineState
+	16, // 24: gpurack.boot.v1.DataDiskRules.rules:type_name -> gpurack.boot.v1.DataDiskRule
+	1,  // 25: gpurack.boot.v1.HeartbeatRequest.auth:type_name -> gpurack.boot.v1.RequestAuth
+	26, // 26: gpurack.boot.v1.HeartbeatRequest.identity:type_name -> gpurack.machine.v1.MachineIdentity
+	27, // 27: gpurack.boot.v1.HeartbeatRequest.health:type_name -> gpurack.machine.v1.HealthSummary
+	25, // 28: gpurack.boot.v1.HeartbeatRequest.sent_at:type_name -> google.protobuf.Timestamp
+	25, // 29: gpurack.boot.v1.HeartbeatRequest.agent_started_at:type_name -> google.protobuf.Timestamp
+	28, // 30: gpurack.boot.v1.HeartbeatRequest.gpu_allocation:type_name -> gpurack.machine.v1.GPUAllocation
+	29, // 31: gpurack.boot.v1.HeartbeatRequest.data_disks:type_name -> gpurack.machine.v1.DataDisks
+	30, // 32: gpurack.boot.v1.HeartbeatRequest.wipe_result:type_name -> gpurack.machine.v1.DataDiskWipeResult
+	24, // 33: gpurack.boot.v1.HeartbeatResponse.machine_state:type_name -> gpurack.boot.v1.MachineState
+	23, // 34: gpurack.boot.v1.HeartbeatResponse.interval:type_name -> google.protobuf.Duration
+	11, // 35: gpurack.boot.v1.HeartbeatResponse.gossip:type_name -> gpurack.boot.v1.GossipConfig
+	19, // 36: gpurack.boot.v1.HeartbeatResponse.revocations:type_name -> gpurack.boot.v1.Revocations
+	31, // 37: gpurack.boot.v1.HeartbeatResponse.wipe:type_name -> gpurack.machine.v1.DataDiskWipe
+	2,  // 38: gpurack.boot.v1.EnrollmentService.Register:input_type -> gpurack.boot.v1.RegisterRequest
+	7,  // 39: gpurack.boot.v1.EnrollmentService.GetJoinBundle:input_type -> gpurack.boot.v1.GetJoinBundleRequest
+	13, // 40: gpurack.boot.v1.EnrollmentService.ReportCommissioning:input_type -> gpurack.boot.v1.ReportCommissioningRequest
+	17, // 41: gpurack.boot.v1.EnrollmentService.Heartbeat:input_type -> gpurack.boot.v1.HeartbeatRequest
+	6,  // 42: gpurack.boot.v1.EnrollmentService.Register:output_type -> gpurack.boot.v1.RegisterResponse
+	8,  // 43: gpurack.boot.v1.EnrollmentService.GetJoinBundle:output_type -> gpurack.boot.v1.GetJoinBundleResponse
+	14, // 44: gpurack.boot.v1.EnrollmentService.ReportCommissioning:output_type -> gpurack.boot.v1.ReportCommissioningResponse
+	18, // 45: gpurack.boot.v1.EnrollmentService.Heartbeat:output_type -> gpurack.boot.v1.HeartbeatResponse
+	42, // [42:46] is the sub-list for method output_type
+	38, // [38:42] is the sub-list for method input_type
+	38, // [38:38] is the sub-list for extension type_name
+	38, // [38:38] is the sub-list for extension extendee
+	0,  // [0:38] is the sub-list for field type_name
 }
 
 func init() { file_api_boot_v1_enroll_proto_init() }
@@ -1854,7 +2007,7 @@ func file_api_boot_v1_enroll_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_boot_v1_enroll_proto_rawDesc), len(file_api_boot_v1_enroll_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   18,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
