@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/grpc/credentials"
 
 	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
@@ -133,7 +134,9 @@ func (e *env) agent(mac, serial string) *agent {
 // rebooted returns the same machine with a fresh key, as after a reboot.
 func (a *agent) rebooted() *agent {
 	_, key, _ := ed25519.GenerateKey(rand.Reader)
-	return &agent{e: a.e, key: key, c: a.e.client(), facts: a.facts}
+	facts := proto.CloneOf(a.facts)
+	facts.BootId = fmt.Sprintf("boot-%x", key[:4]) // a new boot has a new boot id
+	return &agent{e: a.e, key: key, c: a.e.client(), facts: facts}
 }
 
 func (a *agent) fp() string { return bootv1.KeyFingerprint(a.key.Public().(ed25519.PublicKey)) }
@@ -220,4 +223,20 @@ func (e *env) checkHistory(mac string) {
 	if err := inventory.CheckHistory(h, m.State); err != nil {
 		e.t.Fatalf("history of %s: %v", mac, err)
 	}
+}
+
+// nodeBootID is the boot id the kubelet of the machine holding node reports once it has
+// registered in this boot: the one the bound key registered with (NodeRegistered).
+func (e *env) nodeBootID(t testing.TB, node string) string {
+	t.Helper()
+	ms, err := e.store.ByNodeName(context.Background(), node)
+	if err != nil || len(ms) == 0 {
+		t.Fatalf("no machine holds node %s: %v", node, err)
+	}
+	for _, m := range ms {
+		if id := boundBootID(m); id != "" {
+			return id
+		}
+	}
+	return ""
 }

@@ -339,14 +339,21 @@ func (s *Service) ResolveConflict(ctx context.Context, ref, winner, actor, reaso
 }
 
 // NodeRegistered is called by the node controller when the Node named nodeName
-// exists: a joining machine moves to commissioning, its bootstrap tokens are deleted,
-// and a commissioning report that arrived early is applied (CONTRACTS §2.7, §4). It
-// finds the machine through the inventory's node name index, so the node controller
-// may call it on every reconcile.
+// exists, with the boot id its kubelet reports (status.nodeInfo.bootID): a joining
+// machine moves to commissioning, its bootstrap tokens are deleted, and a commissioning
+// report that arrived early is applied (CONTRACTS §2.7, §4). It finds the machine
+// through the inventory's node name index, so the node controller may call it on every
+// reconcile.
+//
+// A machine that rejoins after a reboot finds its Node still there, registered by the
+// kubelet of the boot before: that Node is not this join's, and deleting the tokens then
+// would leave the new kubelet's TLS bootstrap Unauthorized for good. So the move waits
+// until the Node reports the boot id the bound key registered with (the kubelet of this
+// boot has updated it); a key that registered without a boot id is not held back.
 //
 // An early report that cannot be applied is an error, and the machine stays joining
 // with the report kept: it is never dropped.
-func (s *Service) NodeRegistered(ctx context.Context, nodeName string) (*inventory.Machine, error) {
+func (s *Service) NodeRegistered(ctx context.Context, nodeName, nodeBootID string) (*inventory.Machine, error) {
 	holders, err := s.store.ByNodeName(ctx, nodeName)
 	if err != nil {
 		return nil, err
@@ -359,6 +366,10 @@ func (s *Service) NodeRegistered(ctx context.Context, nodeName string) (*invento
 	}
 	if m == nil {
 		return nil, nil
+	}
+	if want := boundBootID(m); want != "" && want != nodeBootID {
+		s.log.Info("Node exists but was registered by another boot; waiting for this boot's kubelet", "node", nodeName, "node_boot_id", nodeBootID, "machine_boot_id", want)
+		return m, nil
 	}
 	tokens := m.BootstrapTokenIDs
 	if s.cfg.Cluster != nil {
@@ -394,6 +405,14 @@ func (s *Service) NodeRegistered(ctx context.Context, nodeName string) (*invento
 		}
 		return ts, nil
 	})
+}
+
+// boundBootID is the boot id the machine's bound key registered with; "" when unknown.
+func boundBootID(m *inventory.Machine) string {
+	if i := m.FindKey(m.BoundKey); i >= 0 {
+		return m.Keys[i].BootID
+	}
+	return ""
 }
 
 // Revoked reports whether the agent certificate serial is revoked.

@@ -86,7 +86,7 @@ func TestEarlyReportAppliedWhenNodeRegisters(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.svc.NodeRegistered(ctx, node); err == nil || !strings.Contains(err.Error(), "does not decode") {
+	if _, err := e.svc.NodeRegistered(ctx, node, e.nodeBootID(t, node)); err == nil || !strings.Contains(err.Error(), "does not decode") {
 		t.Fatalf("NodeRegistered with an unreadable early report: %v; want an error saying so", err)
 	}
 	if m := e.machine("52:54:00:00:00:32"); m.State != inventory.Joining || len(m.CommissioningReport) != 2 {
@@ -100,7 +100,7 @@ func TestEarlyReportAppliedWhenNodeRegisters(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	m, err := e.svc.NodeRegistered(ctx, node)
+	m, err := e.svc.NodeRegistered(ctx, node, e.nodeBootID(t, node))
 	if err != nil || m.State != inventory.Quarantined || len(m.CommissioningReport) != 0 {
 		t.Fatalf("NodeRegistered: %+v, %v; want quarantined with the report applied", m, err)
 	}
@@ -141,7 +141,7 @@ func TestOnChangeOnlyForStateOrNodeName(t *testing.T) {
 	if got := took(); len(got) != 0 {
 		t.Fatalf("heartbeats that change neither state nor node name called OnChange: %q", got)
 	}
-	if _, err := e.svc.NodeRegistered(context.Background(), node); err != nil {
+	if _, err := e.svc.NodeRegistered(context.Background(), node, e.nodeBootID(t, node)); err != nil {
 		t.Fatal(err)
 	}
 	if got := took(); len(got) != 1 || got[0] != "commissioning "+node {
@@ -204,7 +204,7 @@ func TestSimulatedMachineReadyOnlyWhenAllowed(t *testing.T) {
 		// Report after the Node registered.
 		a, mtls, node := joined(e, "52:54:00:00:00:41")
 		a.simulated = true
-		if _, err := e.svc.NodeRegistered(ctx, node); err != nil {
+		if _, err := e.svc.NodeRegistered(ctx, node, e.nodeBootID(t, node)); err != nil {
 			t.Fatal(err)
 		}
 		rr, err := a.report(mtls, false, commissioning, pass)
@@ -234,7 +234,7 @@ func TestSimulatedMachineReadyOnlyWhenAllowed(t *testing.T) {
 		if _, err := b.report(bmtls, false, commissioning, pass); err != nil {
 			t.Fatal(err)
 		}
-		if m, err := e.svc.NodeRegistered(ctx, bnode); err != nil || m.State != want {
+		if m, err := e.svc.NodeRegistered(ctx, bnode, e.nodeBootID(t, bnode)); err != nil || m.State != want {
 			t.Fatalf("allowSimulated=%v: early simulated report applied: %+v, %v; want %s", allow, m, err, want)
 		}
 		e.checkHistory("52:54:00:00:00:41")

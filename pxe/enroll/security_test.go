@@ -311,7 +311,7 @@ func TestLifecycleThroughCommissioning(t *testing.T) {
 	if err != nil || hb.MachineState != bootv1.MachineState_MACHINE_STATE_JOINING {
 		t.Fatalf("mTLS heartbeat: %v, %v", hb, err)
 	}
-	if _, err := e.svc.NodeRegistered(context.Background(), b.NodeName); err != nil {
+	if _, err := e.svc.NodeRegistered(context.Background(), b.NodeName, e.nodeBootID(t, b.NodeName)); err != nil {
 		t.Fatal(err)
 	}
 	rr, err = a.report(mtls, false, machinev1.CheckPhase_CHECK_PHASE_COMMISSIONING, machinev1.CheckStatus_CHECK_STATUS_FAIL)
@@ -616,4 +616,48 @@ func TestLateHeartbeatIgnored(t *testing.T) {
 	if got := health(); got != machinev1.HealthState_HEALTH_STATE_DEGRADED {
 		t.Fatalf("health %s after the agent restarted", got)
 	}
+}
+
+// TestRejoinAfterRebootWaitsForThisBootsNode: a ready machine reboots and re-enrolls;
+// its Node is still there, registered by the kubelet of the boot before. Seeing it must
+// not move the rejoining machine on, nor delete the new bootstrap token its new kubelet
+// has yet to use (it would stay Unauthorized for good); the Node reporting this boot's
+// boot id does.
+func TestRejoinAfterRebootWaitsForThisBootsNode(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.Reenroll = ReenrollAuto })
+	const mac = "52:54:00:00:00:1a"
+	a, _, _ := ready(e, mac)
+	node := e.machine(mac).NodeName
+	oldBoot := a.facts.GetBootId()
+	n := a.rebooted()
+	if n.facts.GetBootId() == oldBoot {
+		t.Fatal("the rebooted agent reports the old boot id")
+	}
+	n.mustRegister(bootv1.RegisterStatus_REGISTER_STATUS_PENDING)
+	e.clk.Add(inventory.KeyLiveness + time.Second)
+	r := n.mustRegister(bootv1.RegisterStatus_REGISTER_STATUS_APPROVED)
+	if _, err := n.bundle(r.Token, r.Challenge); err != nil {
+		t.Fatal(err)
+	}
+	// (This harness has no cluster, so no token is minted: the state says it all; the
+	// tokens are deleted in the same step as the move, and TestRack's power cycle
+	// shows a real kubelet rejoining.)
+	if m := e.machine(mac); m.State != inventory.Joining {
+		t.Fatalf("after the rejoin's bundle: state %s, want joining", m.State)
+	}
+	// The Node as the old kubelet left it.
+	if _, err := e.svc.NodeRegistered(context.Background(), node, oldBoot); err != nil {
+		t.Fatal(err)
+	}
+	if m := e.machine(mac); m.State != inventory.Joining {
+		t.Fatalf("the previous boot's Node moved the rejoining machine to %s", m.State)
+	}
+	// This boot's kubelet has registered.
+	if _, err := e.svc.NodeRegistered(context.Background(), node, n.facts.GetBootId()); err != nil {
+		t.Fatal(err)
+	}
+	if m := e.machine(mac); m.State != inventory.Commissioning {
+		t.Fatalf("this boot's Node: state %s, want commissioning", m.State)
+	}
+	e.checkHistory(mac)
 }

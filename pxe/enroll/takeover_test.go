@@ -22,7 +22,7 @@ import (
 func ready(e *env, mac string) (*agent, bootv1.EnrollmentServiceClient, string) {
 	e.t.Helper()
 	a, mtls, node := joined(e, mac)
-	if _, err := e.svc.NodeRegistered(context.Background(), node); err != nil {
+	if _, err := e.svc.NodeRegistered(context.Background(), node, e.nodeBootID(e.t, node)); err != nil {
 		e.t.Fatal(err)
 	}
 	rr, err := a.report(mtls, false, machinev1.CheckPhase_CHECK_PHASE_COMMISSIONING, machinev1.CheckStatus_CHECK_STATUS_PASS)

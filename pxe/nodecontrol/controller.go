@@ -22,7 +22,7 @@ import (
 // Lifecycle is what the controller needs from the enrollment service.
 type Lifecycle interface {
 	// NodeRegistered tells it the Node exists (joining → commissioning).
-	NodeRegistered(ctx context.Context, nodeName string) (*inventory.Machine, error)
+	NodeRegistered(ctx context.Context, nodeName, nodeBootID string) (*inventory.Machine, error)
 	// StateByNode returns the lifecycle state of the machine with that node name.
 	StateByNode(ctx context.Context, nodeName string) (inventory.State, bool, error)
 }
@@ -145,7 +145,7 @@ func (c *Controller) reconcile(ctx context.Context, name string) error {
 		return err
 	}
 	node := obj.(*corev1.Node)
-	if _, err := c.life.NodeRegistered(ctx, name); err != nil {
+	if _, err := c.life.NodeRegistered(ctx, name, node.Status.NodeInfo.BootID); err != nil {
 		return err
 	}
 	st, known, err := c.life.StateByNode(ctx, name)
