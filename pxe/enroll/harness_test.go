@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/protobuf/proto"
 
 	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
 	machinev1 "github.com/gpurack/gpurack/api/machine/v1"
