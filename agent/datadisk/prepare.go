@@ -18,6 +18,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// MinDiskSize is the smallest disk Ensure prepares: mkfs.xfs (xfsprogs 5.19 and later)
+// refuses a filesystem of 300 MiB or less, and the partition leaves out the first and
+// last MiB. A smaller disk is an error before anything is written.
+const MinDiskSize = 320 << 20
+
 // Preparer brings this cluster's data disks to mounted.
 type Preparer struct {
 	Cluster ClusterID
@@ -82,6 +87,9 @@ func (p Preparer) Ensure(ctx context.Context, d Disk) (Result, error) {
 		return res, &RefusedError{Disk: d, Verdict: v}
 	}
 	if v.State == Empty {
+		if ev.Size < MinDiskSize {
+			return res, fmt.Errorf("prepare %s: the disk has %d MiB; XFS (mkfs.xfs) needs a filesystem over 300 MiB, so a data disk needs at least %d MiB; nothing was written", d, ev.Size>>20, MinDiskSize>>20)
+		}
 		if err := writeTable(d, ev.Size, p.Cluster); err != nil {
 			return res, fmt.Errorf("prepare %s: %w", d, err)
 		}

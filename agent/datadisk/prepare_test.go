@@ -298,3 +298,18 @@ func TestEnsureSaysWhenTheKernelHasNoXFSQuota(t *testing.T) {
 		t.Errorf("Ensure = %v, want the mount's error naming CONFIG_XFS_QUOTA", err)
 	}
 }
+
+// TestEnsureLeavesATooSmallDiskAlone: mkfs.xfs refuses filesystems of 300 MiB or less,
+// so a smaller empty disk is an error that says so before anything is written, not a
+// partition table followed by a failed mkfs.
+func TestEnsureLeavesATooSmallDiskAlone(t *testing.T) {
+	d := loopDisk(t, 256<<20, 512, nil)
+	before := sha256Of(t, d.Path)
+	_, err := Preparer{Cluster: testCluster, MountRoot: t.TempDir()}.Ensure(testContext(t), d)
+	if err == nil || !strings.Contains(err.Error(), "needs at least 320 MiB; nothing was written") {
+		t.Errorf("Ensure on a 256 MiB disk = %v, want the size refusal", err)
+	}
+	if after := sha256Of(t, d.Path); after != before {
+		t.Error("the too-small disk was written to")
+	}
+}
