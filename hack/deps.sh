@@ -15,6 +15,7 @@ packages=(
   gcc libc6-dev     # cgo: gpuagent links dynamically for NVML
   mmdebstrap squashfs-tools kmod # gpuimage build: root filesystem, squashfs, depmod
   qemu-system-x86   # gpuimage tests: boot the tiny image (TCG)
+  qemu-utils        # test/qemu: qemu-img makes the nodes' qcow2 data disks
   ipxe              # gpuboot: undionly.kpxe, ipxe.efi, snponly.efi served over TFTP
   udhcpc tftp-hpa   # pxe tests: real DHCP and TFTP clients
   ipxe-qemu ovmf    # test/qemu: network boot through SeaBIOS iPXE and OVMF (with qemu-system-x86)

@@ -42,8 +42,9 @@ type ImageArchive struct {
 }
 
 // NodeModules are the kernel modules every node loads or may load: what kubelet,
-// containerd, the CNI plugins, kube-proxy and the NetworkPolicy enforcement need
-// (with their dependencies).
+// containerd, the CNI plugins, kube-proxy and the NetworkPolicy enforcement need, and
+// the data disks (NVMe, SATA/SAS, virtio; XFS, docs/storage.md), with their
+// dependencies.
 var NodeModules = []string{
 	"overlay", "br_netfilter", "bridge", "veth", "vxlan", "nf_conntrack", "nf_nat",
 	"ip_tables", "iptable_filter", "iptable_nat", "iptable_mangle", "iptable_raw",
@@ -53,6 +54,7 @@ var NodeModules = []string{
 	"nft_chain_nat", "nft_ct", "nft_nat", "nft_masq", "nft_numgen", "nft_reject", "nft_reject_inet", "nft_reject_ipv4", "nft_reject_ipv6",
 	"nft_fib", "nft_fib_inet", "nft_fib_ipv4", "nft_fib_ipv6", "nft_limit", "nft_hash", "nft_redir", "ip_vs", "ip_vs_rr", "ip_vs_wrr", "ip_vs_sh", "ip_set", "autofs4", "loop", "squashfs",
 	"nf_conntrack_netlink", "nfnetlink_queue", "nft_queue", "virtio_net", "virtio_blk", "virtio_pci", "virtio_console", "tls", "configfs", "efivarfs",
+	"xfs", "nvme", "ahci", "sd_mod", "virtio_scsi",
 }
 
 // Write lays the node's files out in overlay (copied over the tree by mmdebstrap) and

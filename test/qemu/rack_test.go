@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	machinev1 "github.com/gpurack/gpurack/api/machine/v1"
 	"github.com/gpurack/gpurack/internal/testreq"
 )
 
@@ -39,9 +40,14 @@ var rackMachines = []MachineSpec{
 //     through a ClusterIP Service (flannel vxlan, the JoinBundle's backend);
 //   - then, at once on the two nodes: on A the restart hold (gpuagent and kube-proxy
 //     restarted under a held connection) and tenant isolation (NetworkPolicies); on B
-//     GPUs to pods (the device plugin, CDI, XID withdrawal, a kubelet restart);
-//   - last, B's agent's memory: sampled every 5 s through its /metrics from Ready to
-//     here, then read by mapping (probe mem).
+//     GPUs to pods (the device plugin, CDI, XID withdrawal, a kubelet restart) and its
+//     data disks (a blank one prepared, a foreign one refused and left byte-identical,
+//     then wiped by an operator through gpuboot and prepared);
+//   - then B's agent's memory: sampled every 5 s through its /metrics from Ready to
+//     here, then read by mapping (probe mem);
+//   - last, opt-in (GPURACK_E2E_REJOIN=1, it fails today: powerCycleDataDisks), B is
+//     power-cycled: it should re-enroll, join, mount both data disks as they were,
+//     and verify 200 MiB written on one before.
 //
 // GPURACK_HOLD_RUNS=N repeats the restart hold N times on the one boot and logs the
 // pass count.
@@ -52,12 +58,16 @@ var rackMachines = []MachineSpec{
 // console, gpuboot's log and the milestones; GPURACK_JOIN_JOURNAL=1 puts the guests'
 // journals on their consoles.
 func TestRack(t *testing.T) {
-	r := startRack(t, RackOptions{Machines: rackMachines})
+	disks := makeRackDisks(t, t.TempDir())
+	machines := slices.Clone(rackMachines)
+	machines[1].Disks = disks.disks
+	r := startRack(t, RackOptions{Machines: machines})
 	a, b := r.Machines[0], r.Machines[1]
 	t.Logf("timings: power-on -> waiting for approval %s (A, PXE) and %s (B); approve -> Ready %s and %s",
 		a.bootToWait.Round(time.Second), b.bootToWait.Round(time.Second), a.toReady.Round(time.Second), b.toReady.Round(time.Second))
 	// B's agent, every service on, sampled from Ready to the end of the checks.
 	memory := startAgentMemory(r.ctx, r.ns, b.IP, 5*time.Second)
+	var prepared map[string]*machinev1.DataDisk // B's data disks at the end of their subtest
 
 	t.Run("power-on milestones", func(t *testing.T) { checkMilestones(t, a) })
 	t.Run("first pod", func(t *testing.T) { runFirstPod(t, r.ctx, r.admin, a.ms, a.Node) })
@@ -98,6 +108,10 @@ func TestRack(t *testing.T) {
 			}
 			simGPUNodeChecks(t, r.ctx, r.admin, r.g, b.node, b.IP)
 		})
+		t.Run(b.Node+" data disks", func(t *testing.T) {
+			t.Parallel()
+			prepared = checkDataDisks(t, r.ctx, r.g, r.admin, b, disks)
+		})
 	})
 	t.Run("gpuagent memory on "+b.Node, func(t *testing.T) {
 		summary, err := memory.finish(12)
@@ -106,6 +120,14 @@ func TestRack(t *testing.T) {
 		}
 		t.Logf("gpuagent on %s (simulated GPUs, every node service on, /metrics scraped by this sampler): %s", b.Node, summary)
 		t.Logf("gpuagent on %s by mapping, at the end:\n%s", b.Node, agentMappings(t, r.ctx, r.admin, b.node))
+	})
+	// Last, as it takes B down: its data disks and their data survive a power cycle
+	// (opt-in until a rebooted node rejoins; see powerCycleDataDisks).
+	t.Run(b.Node+" data disks after a power cycle", func(t *testing.T) {
+		if prepared == nil {
+			t.Fatal("the data-disk subtest did not get to the end; nothing to check after a power cycle")
+		}
+		powerCycleDataDisks(t, r, b, prepared)
 	})
 }
 

@@ -111,6 +111,15 @@ type MachineSpec struct {
 	// TPMDir, when set, gives the machine a TPM 2.0: swtpm on that state folder (the
 	// same folder is the same TPM), as a tpm-tis device.
 	TPMDir string
+	// Disks are local disks (the nodes boot diskless either way): virtio block devices
+	// in this order, /dev/vda, /dev/vdb, … in the guest.
+	Disks []QEMUDisk
+}
+
+// QEMUDisk is one virtio disk of a machine: an image file (qcow2 or raw) and the serial
+// the guest reads in sysfs.
+type QEMUDisk struct {
+	File, Format, Serial string
 }
 
 // RackOptions is what startRack sets up.
@@ -256,7 +265,7 @@ func (r *Rack) powerOn(t *testing.T, spec MachineSpec) *RackMachine {
 	m := &RackMachine{MachineSpec: spec, imageID: r.images.ids[spec.Image]}
 	tap := r.env.Tap(r.ns)
 	r.env.Attach(r.bridge, tap)
-	q := qemuMachine{Name: spec.Node, MAC: spec.MAC, Serial: spec.Serial, UUID: spec.UUID, Tap: tap.Name, PXE: spec.PXE}
+	q := qemuMachine{Name: spec.Node, MAC: spec.MAC, Serial: spec.Serial, UUID: spec.UUID, Tap: tap.Name, PXE: spec.PXE, Disks: spec.Disks}
 	if !spec.PXE {
 		q.Kernel, q.Initrd, q.Cmdline = r.g.bootScriptFor(t, r.ctx, spec.MAC, spec.UUID, spec.Serial)
 		q.Cmdline += " gpurack.onfail=poweroff"
@@ -479,12 +488,14 @@ type qemuMachine struct {
 	Kernel, Initrd, Cmdline string
 	// TPMSocket is swtpm's control socket (swtpmtest.StartForQEMU): a tpm-tis device.
 	TPMSocket string
+	// Disks are virtio block devices.
+	Disks []QEMUDisk
 }
 
 // qemuArgs is the one QEMU command line of the rig: TCG on 2 vCPUs and 2 GiB (as
 // every node of these tests), no display, the serial console on stdout, no reboot
 // (a guest that gives up powers off: gpurack.onfail=poweroff), the machine's SMBIOS
-// serial and UUID, a virtio NIC on its tap, and a virtio RNG.
+// serial and UUID, a virtio NIC on its tap, a virtio RNG, and its disks.
 func qemuArgs(m qemuMachine) []string {
 	args := []string{"-accel", "tcg,thread=multi", "-m", "2048", "-smp", "2",
 		"-display", "none", "-serial", "stdio", "-monitor", "none", "-no-reboot",
@@ -501,6 +512,11 @@ func qemuArgs(m qemuMachine) []string {
 	if m.TPMSocket != "" {
 		args = append(args, "-chardev", "socket,id=chrtpm,path="+m.TPMSocket,
 			"-tpmdev", "emulator,id=tpm0,chardev=chrtpm", "-device", "tpm-tis,tpmdev=tpm0")
+	}
+	for i, d := range m.Disks {
+		id := fmt.Sprintf("disk%d", i)
+		args = append(args, "-drive", "if=none,id="+id+",format="+d.Format+",file="+d.File,
+			"-device", "virtio-blk-pci,drive="+id+",serial="+d.Serial)
 	}
 	return args
 }
@@ -658,6 +674,10 @@ func tinyProfile(t *testing.T, root, gpuimage, name, section string) string {
 	}
 	src := strings.Replace(string(tiny), "name: tiny\n", "name: "+name+"\n", 1)
 	src += "images:\n  - path: probe.tar\n    name: " + probeImage + "\n  - path: coredns.tar\n    name: " + clusterdns.Image + "\n" + section
+	// Data disks: every virtio disk (the rig's machines have none but those a test
+	// gives them, MachineSpec.Disks), XFS from the image's xfsprogs (docs/storage.md).
+	src = strings.Replace(src, "  - ca-certificates\n", "  - ca-certificates\n  - xfsprogs\n", 1)
+	src += "storage:\n  dataDisks:\n    - transport: virtio\n"
 	prof := filepath.Join(tmp, name+".yaml")
 	if err := os.WriteFile(prof, []byte(src), 0o644); err != nil {
 		t.Fatal(err)
