@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -155,7 +154,7 @@ func (s *dataDiskService) attempt(ctx context.Context, _ gated) error {
 // only to an empty disk or this cluster's own) and publishes what it found. failed is
 // true when a selected disk could not be prepared or mounted.
 func (s *dataDiskService) look(ctx context.Context) (failed bool, err error) {
-	disks, err := datadisk.Discover(s.discover)
+	disks, err := datadisk.Discover(s.discover) // sorted by name, so by path as DataDisks wants
 	if err != nil {
 		return false, fmt.Errorf("list the disks: %w", err)
 	}
@@ -179,7 +178,6 @@ func (s *dataDiskService) look(ctx context.Context) (failed bool, err error) {
 		s.say(ctx, dd)
 		out.Disks = append(out.Disks, dd)
 	}
-	sort.Slice(out.Disks, func(i, j int) bool { return out.Disks[i].GetPath() < out.Disks[j].GetPath() })
 	s.report.set(out)
 	msg := fmt.Sprintf("%d data disks ready, %d refused, %d failed, %d other disks", ready, refused, failing, len(disks)-ready-refused-failing)
 	if failing > 0 {
@@ -322,15 +320,31 @@ func (n *node) dataDisks(bundle *bootv1.JoinBundle, kubeconfig string) (attempte
 // nodeEvents returns what records an Event on Node name with kubelet's node
 // credentials (the Node authorizer lets a node create Events), as kubelet does: in the
 // default namespace, the Node's name as its uid, so `kubectl describe node` shows it.
-// A failure is logged, never fatal: the heartbeat and the log say the same.
+// The client is made on the first Event (kubelet writes its kubeconfig after the
+// service is declared) and kept. A failure is logged, never fatal: the heartbeat and
+// the log say the same.
 func nodeEvents(kubeconfig, name string, log *slog.Logger) func(ctx context.Context, reason, msg string, warning bool) {
-	return func(ctx context.Context, reason, msg string, warning bool) {
+	var (
+		mu     sync.Mutex
+		client kubernetes.Interface
+	)
+	connect := func() (kubernetes.Interface, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if client != nil {
+			return client, nil
+		}
 		cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 		if err != nil {
-			log.Warn("no Event recorded", "reason", reason, "error", err)
-			return
+			return nil, err
 		}
-		client, err := kubernetes.NewForConfig(cfg)
+		if client, err = kubernetes.NewForConfig(cfg); err != nil {
+			client = nil
+		}
+		return client, err
+	}
+	return func(ctx context.Context, reason, msg string, warning bool) {
+		c, err := connect()
 		if err != nil {
 			log.Warn("no Event recorded", "reason", reason, "error", err)
 			return
@@ -348,7 +362,7 @@ func nodeEvents(kubeconfig, name string, log *slog.Logger) func(ctx context.Cont
 		}
 		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
-		if _, err := client.CoreV1().Events(metav1.NamespaceDefault).Create(cctx, ev, metav1.CreateOptions{}); err != nil {
+		if _, err := c.CoreV1().Events(metav1.NamespaceDefault).Create(cctx, ev, metav1.CreateOptions{}); err != nil {
 			log.Warn("no Event recorded", "reason", reason, "error", err)
 		}
 	}
