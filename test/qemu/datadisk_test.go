@@ -238,8 +238,9 @@ func podLog(ctx context.Context, admin kubernetes.Interface, p *corev1.Pod) stri
 }
 
 // hostRootPod runs script with the node's own root (probe chroot) as root, privileged;
-// its output is the termination message when it fails (FallbackToLogsOnError), and
-// checkDataDisks reads a success's from the pod's log.
+// its output is the termination message when it fails (FallbackToLogsOnError), and a
+// success's is in the pod's log (podLog). The data-disk checks and the network
+// diagnostics use it.
 func hostRootPod(node *corev1.Node, name, script string) *corev1.Pod {
 	p := probePod(node, name, "chroot", "/host", "/bin/sh", "-c", script)
 	privileged, root := true, int64(0)

@@ -432,15 +432,10 @@ func nodeNetworkDiagnostics(t *testing.T, ctx context.Context, admin kubernetes.
 	p, err := runPodToEnd(ctx, admin, host, 2*time.Minute)
 	t.Logf("diagnostics: the same fetches from the node's network namespace: %v\n%s", err, terminationMessage(p))
 
-	state := probePod(node, "diag-node-state", "chroot", "/host", "/bin/sh", "-c",
+	state := hostRootPod(node, "diag-node-state",
 		"{ nft list ruleset; ip -4 addr; ip -4 route; sysctl net.ipv4.ip_forward net.ipv4.conf.all.rp_filter net.bridge.bridge-nf-call-iptables; "+
 			"cat /proc/net/nf_conntrack; } 2>&1 | logger -t gpurack-diag")
-	privileged, root := true, int64(0)
-	dir := corev1.HostPathDirectory
 	state.Spec.HostNetwork = true
-	state.Spec.Volumes = []corev1.Volume{{Name: "host", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/", Type: &dir}}}}
-	state.Spec.Containers[0].SecurityContext = &corev1.SecurityContext{Privileged: &privileged, RunAsUser: &root}
-	state.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "host", MountPath: "/host"}}
 	_, err = runPodToEnd(ctx, admin, state, 2*time.Minute)
 	time.Sleep(5 * time.Second) // for the journal to reach the console
 	t.Logf("diagnostics: the node's ruleset, routes and conntrack went to its journal (%v) %s", err, journalHint)
