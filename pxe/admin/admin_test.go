@@ -30,10 +30,11 @@ func asPeer(ctx context.Context, cert *x509.Certificate) context.Context {
 	return peer.NewContext(ctx, &peer.Peer{AuthInfo: credentials.TLSInfo{State: tls.ConnectionState{PeerCertificates: []*x509.Certificate{cert}}}})
 }
 
-// TestServerOverEnrollment runs the operator surface over the real enrollment service
-// and a bbolt inventory, through the two interfaces it declares.
-func TestServerOverEnrollment(t *testing.T) {
-	ctx := context.Background()
+// overEnrollment is the real enrollment service over a bbolt inventory in t.TempDir,
+// with a new gpurack CA, manual approval and one rack r1, checking certificates against
+// revoked.
+func overEnrollment(t *testing.T, revoked *pki.RevocationList) (*pki.CA, *inventory.BoltStore, *enroll.Service) {
+	t.Helper()
 	ca, err := pki.NewCA(pki.CARequest{CommonName: "gpurack test CA"})
 	if err != nil {
 		t.Fatal(err)
@@ -43,12 +44,20 @@ func TestServerOverEnrollment(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { store.Close() })
-	revoked := pki.NewRevocationList()
-	svc, err := enroll.New(ctx, enroll.Config{Store: store, CA: ca, Revocations: revoked, Policy: policy.Policy{Mode: policy.Manual},
+	svc, err := enroll.New(context.Background(), enroll.Config{Store: store, CA: ca, Revocations: revoked, Policy: policy.Policy{Mode: policy.Manual},
 		Racks: map[string]enroll.Rack{"r1": {Name: "r1", DefaultImage: strings.Repeat("a", 40)}}, DefaultRack: "r1"})
 	if err != nil {
 		t.Fatal(err)
 	}
+	return ca, store, svc
+}
+
+// TestServerOverEnrollment runs the operator surface over the real enrollment service
+// and a bbolt inventory, through the two interfaces it declares.
+func TestServerOverEnrollment(t *testing.T) {
+	ctx := context.Background()
+	revoked := pki.NewRevocationList()
+	ca, store, svc := overEnrollment(t, revoked)
 	if _, err := New(Config{Lifecycle: svc, CA: ca.Cert, Revoked: svc.Revoked}); err == nil || !strings.Contains(err.Error(), "Inventory") {
 		t.Fatalf("New without an Inventory: %v; want an error naming it", err)
 	}

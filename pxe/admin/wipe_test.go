@@ -3,8 +3,6 @@ package admin
 import (
 	"context"
 	"net/netip"
-	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -18,7 +16,6 @@ import (
 	"github.com/gpurack/gpurack/pxe/enroll"
 	"github.com/gpurack/gpurack/pxe/identity"
 	"github.com/gpurack/gpurack/pxe/inventory"
-	"github.com/gpurack/gpurack/pxe/policy"
 )
 
 // TestWipeDataDiskOverEnrollment runs WipeDataDisk through the operator surface over the
@@ -28,20 +25,7 @@ import (
 // the wipe and the recorded action.
 func TestWipeDataDiskOverEnrollment(t *testing.T) {
 	ctx := context.Background()
-	ca, err := pki.NewCA(pki.CARequest{CommonName: "gpurack test CA"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	store, err := inventory.OpenBolt(filepath.Join(t.TempDir(), "inventory.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { store.Close() })
-	svc, err := enroll.New(ctx, enroll.Config{Store: store, CA: ca, Revocations: pki.NewRevocationList(), Policy: policy.Policy{Mode: policy.Manual},
-		Racks: map[string]enroll.Rack{"r1": {Name: "r1", DefaultImage: strings.Repeat("a", 40)}}, DefaultRack: "r1"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ca, store, svc := overEnrollment(t, pki.NewRevocationList())
 	srv, err := New(Config{Lifecycle: svc, Inventory: store, CA: ca.Cert, Revoked: svc.Revoked, Racks: []string{"r1"}})
 	if err != nil {
 		t.Fatal(err)
