@@ -373,20 +373,16 @@ func nodeEvents(kubeconfig, name string, log *slog.Logger) func(ctx context.Cont
 // validated where they were written (gpuimage, gpuboot's configuration), with the same
 // parser.
 func dataDiskSelector(profile []datadisk.RuleSpec, fromGpuboot *bootv1.DataDiskRules) (datadisk.Selector, error) {
-	if fromGpuboot == nil {
-		sel, err := datadisk.ParseSelector("storage.dataDisks", profile)
-		if err != nil {
-			return sel, fmt.Errorf("the profile's data-disk rules: %w", err)
+	specs, field, from := profile, "storage.dataDisks", "the profile's data-disk rules"
+	if fromGpuboot != nil {
+		specs, field, from = nil, "dataDisks", "the JoinBundle's data-disk rules (gpuboot's selector)"
+		for _, r := range fromGpuboot.GetRules() {
+			specs = append(specs, datadisk.RuleSpec{Path: r.GetPath(), Model: r.GetModel(), MinSize: r.GetMinSize(), MaxSize: r.GetMaxSize(), Transport: r.GetTransport()})
 		}
-		return sel, nil
 	}
-	var specs []datadisk.RuleSpec
-	for _, r := range fromGpuboot.GetRules() {
-		specs = append(specs, datadisk.RuleSpec{Path: r.GetPath(), Model: r.GetModel(), MinSize: r.GetMinSize(), MaxSize: r.GetMaxSize(), Transport: r.GetTransport()})
-	}
-	sel, err := datadisk.ParseSelector("dataDisks", specs)
+	sel, err := datadisk.ParseSelector(field, specs)
 	if err != nil {
-		return sel, fmt.Errorf("the JoinBundle's data-disk rules (gpuboot's selector): %w", err)
+		return sel, fmt.Errorf("%s: %w", from, err)
 	}
 	return sel, nil
 }
