@@ -226,9 +226,7 @@ func ToProto(m *inventory.Machine, history []inventory.Transition) *bootv1.Machi
 		p.DataDisks = new(machinev1.DataDisks)
 		_ = proto.Unmarshal(m.DataDisks, p.DataDisks)
 	}
-	if w := m.PendingWipe; w != nil {
-		p.PendingWipe = &machinev1.DataDiskWipe{Id: w.ID, Path: w.Path, Serial: w.Serial}
-	}
+	p.PendingWipe = protoconv.WipeProto(m.PendingWipe)
 	for _, k := range m.Keys {
 		p.Keys = append(p.Keys, &bootv1.RegisteredKey{Fingerprint: k.Fingerprint, PublicKey: k.PublicKey, Bound: k.Fingerprint == m.BoundKey,
 			RegisteredAt: ts(k.RegisteredAt), LastSeenAt: ts(k.LastSeen), BootId: k.BootID, RemoteAddress: k.Remote, EkHash: k.EKHash})

@@ -225,7 +225,7 @@ func (s *Service) Heartbeat(ctx context.Context, req *bootv1.HeartbeatRequest) (
 	if c.viaCert {
 		// Only over mutual TLS: the certificate names the machine's node, so the wipe
 		// goes to the agent the machine joined with and to nobody else.
-		resp.Wipe = wipeProto(m.PendingWipe)
+		resp.Wipe = protoconv.WipeProto(m.PendingWipe)
 	}
 	if c.viaCert && m.Rack != "" {
 		s.advanceRing(ctx, m.Rack, hb.ringChanged)

@@ -153,14 +153,6 @@ func applyWipeResult(m *inventory.Machine, c *caller, r *machinev1.DataDiskWipeR
 	return []inventory.Transition{t}, "", nil
 }
 
-// wipeProto is w as a heartbeat answer carries it.
-func wipeProto(w *inventory.DataDiskWipe) *machinev1.DataDiskWipe {
-	if w == nil {
-		return nil
-	}
-	return &machinev1.DataDiskWipe{Id: w.ID, Path: w.Path, Serial: w.Serial}
-}
-
 // oneLine is agent text made one line for the history: control characters become
 // spaces, and the ends are trimmed.
 func oneLine(s string) string {

@@ -57,3 +57,12 @@ func StateFromProto(s bootv1.MachineState) inventory.State {
 func PhaseWord(p bootv1.GossipRotationPhase) string {
 	return strings.ToLower(strings.TrimPrefix(p.String(), "GOSSIP_ROTATION_PHASE_"))
 }
+
+// WipeProto is a pending data-disk wipe as heartbeat answers and Machine carry it; nil
+// for none.
+func WipeProto(w *inventory.DataDiskWipe) *machinev1.DataDiskWipe {
+	if w == nil {
+		return nil
+	}
+	return &machinev1.DataDiskWipe{Id: w.ID, Path: w.Path, Serial: w.Serial}
+}
