@@ -239,10 +239,13 @@ func (n *node) commission(ctx context.Context, c *enroll.Client, nodeName string
 	}, func(f retry.Failure) { n.log.Warn("commissioning report not delivered; retrying", "error", f.Err) })
 }
 
-// facts are the machine facts sent with Register.
+// facts are the machine facts sent with Register. The boot id is the kernel's, the one
+// kubelet reports as the Node's status.nodeInfo.bootID: gpuboot holds a rejoining
+// machine's bootstrap token until the Node reports it (CONTRACTS §2.7), so without it a
+// power-cycled node's new kubelet found its token deleted by the old boot's Node.
 func (n *node) facts(id facts.Identity, cl *monitor.Checklist) *machinev1.MachineFacts {
 	mf := &machinev1.MachineFacts{Identity: protoconv.Identity(id), Hostname: facts.Hostname(), ImageId: n.imageID,
-		CpuCount: uint32(runtime.NumCPU()), Ips: hostIPs()}
+		CpuCount: uint32(runtime.NumCPU()), Ips: hostIPs(), BootId: n.cfg.FactsRoot.BootID()}
 	var u unix.Utsname
 	if unix.Uname(&u) == nil {
 		mf.KernelVersion = unix.ByteSliceToString(u.Release[:])

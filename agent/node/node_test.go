@@ -223,3 +223,22 @@ func TestDevicePluginFromStart(t *testing.T) {
 	cancel()
 	n.services.Wait()
 }
+
+// TestRegisterFactsCarryBootID: the facts sent with Register carry the kernel's boot id,
+// which gpuboot compares with the Node's status.nodeInfo.bootID before it deletes a
+// rejoining machine's bootstrap token (CONTRACTS §2.7).
+func TestRegisterFactsCarryBootID(t *testing.T) {
+	cfg := simConfig(t)
+	dir := string(cfg.FactsRoot)
+	if err := os.MkdirAll(filepath.Join(dir, "proc/sys/kernel/random"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	const bootID = "5b1c2d3e-0000-4000-8000-000000000001"
+	if err := os.WriteFile(filepath.Join(dir, "proc/sys/kernel/random/boot_id"), []byte(bootID+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	n := &node{cfg: cfg}
+	if got := n.facts(facts.Identity{}, nil).GetBootId(); got != bootID {
+		t.Errorf("Register facts boot_id = %q, want %q", got, bootID)
+	}
+}
