@@ -2,11 +2,13 @@
 // do: it lays out a cluster directory, creates the PKI and configuration
 // files, starts etcd, kube-apiserver, kube-controller-manager and
 // kube-scheduler (supervised child processes, or systemd units), waits for
-// each to be healthy, and applies the join material and the cluster DNS.
+// each to be healthy, and applies the join material, the cluster DNS and the
+// node-local volumes' objects.
 //
 // The parts it orders live elsewhere: cluster.yaml in clusterconfig, the
 // PKI in clusterpki, flags, units and the supervisor in components, the
-// join objects in joinconfig, and CoreDNS's objects in clusterdns.
+// join objects in joinconfig, CoreDNS's objects in clusterdns, and the
+// node-local volumes' StorageClass, RBAC and admission policy in localvolumes.
 package controlplane
 
 import (
@@ -32,6 +34,7 @@ import (
 	"github.com/gpurack/gpurack/controlplane-bootstrap/clusterpki"
 	"github.com/gpurack/gpurack/controlplane-bootstrap/components"
 	"github.com/gpurack/gpurack/controlplane-bootstrap/joinconfig"
+	"github.com/gpurack/gpurack/controlplane-bootstrap/localvolumes"
 	"github.com/gpurack/gpurack/internal/atomicfile"
 )
 
@@ -442,9 +445,11 @@ func (cp *ControlPlane) Clientset() (*kubernetes.Clientset, error) {
 	return kubernetes.NewForConfig(cfg)
 }
 
-// applyJoinMaterial applies joinconfig.Objects and the cluster DNS
-// (clusterdns.Objects), retrying while the apiserver finishes its own
-// bootstrap (default RBAC, namespaces).
+// applyJoinMaterial applies joinconfig.Objects, the cluster DNS
+// (clusterdns.Objects) and the node-local volumes' objects
+// (localvolumes.Objects), retrying while the apiserver finishes its own
+// bootstrap (default RBAC, namespaces), and waits until their admission
+// policies are enforced.
 func (cp *ControlPlane) applyJoinMaterial(ctx context.Context) error {
 	cfg, err := cp.RESTConfig()
 	if err != nil {
@@ -463,6 +468,7 @@ func (cp *ControlPlane) applyJoinMaterial(ctx context.Context) error {
 		return err
 	}
 	objs = append(objs, dns...)
+	objs = append(objs, localvolumes.Objects()...)
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		err = joinconfig.Apply(ctx, dyn, objs)
@@ -474,7 +480,10 @@ func (cp *ControlPlane) applyJoinMaterial(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("apply join material: %w", err)
 	}
-	return joinconfig.WaitEnrollerPolicy(ctx, cfg)
+	if err := joinconfig.WaitEnrollerPolicy(ctx, cfg); err != nil {
+		return err
+	}
+	return localvolumes.WaitPolicy(ctx, cfg)
 }
 
 // removeStaleTemps deletes temporary files and directories an interrupted
