@@ -29,6 +29,8 @@ import (
 	"encoding/hex"
 	"fmt"
 	"strings"
+
+	"github.com/gpurack/gpurack/internal/localvol"
 )
 
 // PartitionType is the GPT partition type GUID of a gpurack data partition. It was drawn
@@ -50,7 +52,7 @@ const DataOffset = 1 << 20
 
 // DefaultMountRoot is the directory under which Ensure mounts each data disk, at
 // DefaultMountRoot/<partition GUID in lower case>.
-const DefaultMountRoot = "/var/lib/gpurack/datadisks"
+const DefaultMountRoot = localvol.MountRoot
 
 // ClusterID names the cluster a data disk belongs to. It is opaque here: any non-empty
 // string that is the same on every node of one cluster and different between clusters

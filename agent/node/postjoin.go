@@ -75,6 +75,7 @@ type gated struct {
 //	network-policy  after kubelet joined; restarted 5 s doubling to 1 min
 //	device-plugin   after kubelet joined (unless it runs since the start); not restarted
 //	data-disks      after kubelet joined; restarted 5 s doubling to 1 min (datadisks.go)
+//	local-volumes   after kubelet joined; restarted 5 s doubling to 1 min (localvolumes.go)
 //
 // Pod network settings the bundle gets wrong leave a failed pod-network, and no
 // kube-proxy (it needs the pod subnet): the Node stays NotReady and says why.
@@ -103,6 +104,7 @@ func (n *node) postJoinServices(bundle *bootv1.JoinBundle) []postJoinService {
 	} else {
 		list = append(list, postJoinService{svc: dd, what: "data disks", startAfter: kubeletJoined, restart: serviceRestart})
 	}
+	list = append(list, postJoinService{svc: n.localVolumes(kubeconfig, name), what: "local volumes", startAfter: kubeletJoined, restart: serviceRestart})
 	return list
 }
 

@@ -181,6 +181,7 @@ func TestPostJoinServices(t *testing.T) {
 		{"network-policy", kubeletJoined, "", "", true},
 		{"device-plugin", kubeletJoined, "", "", false},
 		{"data-disks", kubeletJoined, "", "", true},
+		{"local-volumes", kubeletJoined, "", "", true},
 	}
 	ca, err := pki.NewCA(pki.CARequest{CommonName: "gpurack test CA"})
 	if err != nil {
@@ -194,11 +195,11 @@ func TestPostJoinServices(t *testing.T) {
 		want         []row
 	}{
 		{"kubelet node", &bootv1.JoinBundle{NodeName: "gpu-1", GpurackCaPem: caPEM}, false, all},
-		{"device plugin since the start", &bootv1.JoinBundle{NodeName: "gpu-1", GpurackCaPem: caPEM}, true, append(all[:3:3], all[4])},
+		{"device plugin since the start", &bootv1.JoinBundle{NodeName: "gpu-1", GpurackCaPem: caPEM}, true, append(all[:3:3], all[4], all[5])},
 		{"bad pod subnet: no kube-proxy", &bootv1.JoinBundle{NodeName: "gpu-1", GpurackCaPem: caPEM, PodNetwork: &bootv1.PodNetwork{Subnet: "10.244.0.0"}}, false,
-			[]row{{"pod-network", kubeletJoined, "", "", false}, all[2], all[3], all[4]}},
+			[]row{{"pod-network", kubeletJoined, "", "", false}, all[2], all[3], all[4], all[5]}},
 		{"no gpurack CA: data disks fail and say so", &bootv1.JoinBundle{NodeName: "gpu-1"}, false,
-			append(all[:4:4], row{"data-disks", kubeletJoined, "", "", false})},
+			append(all[:4:4], row{"data-disks", kubeletJoined, "", "", false}, all[5])},
 	} {
 		cfg := simConfig(t)
 		cfg.DevicePlugin = tc.devicePlugin

@@ -38,6 +38,8 @@
 //	                                node's): VmRSS, VmHWM, RssAnon, RssFile and RSS by
 //	                                mapping from /proc/PID/smaps. Also the termination
 //	                                message.
+//	probe write FILE MIB            write MIB MiB of random data and FILE.sha256 (volume.go)
+//	probe verify FILE               check FILE against FILE.sha256 (volume.go)
 //	probe devices [HOLD]            list the container's /dev/nvidia* nodes (type and
 //	                                major:minor) and its NVIDIA_ and GPURACK_ variables:
 //	                                what it got of GPUs. Also the termination message.
@@ -112,6 +114,8 @@ var commands = map[string]command{
 	"flip":    flipCommand,
 	"cat":     catCommand,
 	"mem":     memCommand,
+	"write":   writeCommand,
+	"verify":  verifyCommand,
 }
 
 func resolveCommand(args []string, stdout io.Writer, _ string) error {

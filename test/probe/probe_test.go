@@ -320,3 +320,29 @@ Rss:                   0 kB
 		t.Error("a bad Rss: no error")
 	}
 }
+
+// TestWriteVerify: write leaves data and its sha256, verify passes on it and fails,
+// naming both sums, once a byte changed.
+func TestWriteVerify(t *testing.T) {
+	dir := t.TempDir()
+	file, term := filepath.Join(dir, "blob"), filepath.Join(dir, "term")
+	var out bytes.Buffer
+	if err := run([]string{"write", file, "2"}, &out, term); err != nil {
+		t.Fatal(err)
+	}
+	if err := run([]string{"verify", file}, &out, term); err != nil {
+		t.Fatalf("verify after write: %v", err)
+	}
+	f, err := os.OpenFile(file, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteAt([]byte{'x', 'y', 'z'}, 1<<20)
+	f.Close()
+	if err := run([]string{"verify", file}, &out, term); err == nil || !strings.Contains(err.Error(), ".sha256 says") {
+		t.Errorf("verify of changed data: %v", err)
+	}
+	if err := run([]string{"write", file, "zero"}, &out, term); err == nil {
+		t.Error("write of a non-number of MiB passed")
+	}
+}

@@ -254,15 +254,10 @@ func hostRootPod(node *corev1.Node, name, script string) *corev1.Pod {
 // powerCycleDataDisks writes a file on B's prepared disk, pulls B's plug and powers it
 // on again with the same disks: it re-enrolls on its own (reenroll: auto), joins, and
 // its agent mounts both data disks as they are (same partitions, nothing prepared), and
-// the file written before the cycle verifies.
-//
-// Opt-in (GPURACK_E2E_REJOIN=1) because it fails today: the rebooted machine
-// re-enrolls and gets its JoinBundle, but its kubelet's TLS bootstrap is refused
-// (Unauthorized: the bundle's bootstrap token is gone from kube-system within a minute
-// of being minted), so the node never rejoins. Issue 28's closing note has what is
-// known; this test is how to reproduce it.
-func powerCycleDataDisks(t *testing.T, r *Rack, b *RackMachine, before map[string]*machinev1.DataDisk) {
-	testreq.OptIn(t, "GPURACK_E2E_REJOIN", "a power cycle of a joined node, which does not rejoin yet (its new bootstrap token disappears; see the function's comment)")
+// the file written before the cycle verifies, and so does the gpurack-local volume's
+// (keepClaim, when the local-volume subtest left it: withVolume), from a pod the
+// scheduler sends to B by the volume's node affinity.
+func powerCycleDataDisks(t *testing.T, r *Rack, b *RackMachine, before map[string]*machinev1.DataDisk, withVolume bool) {
 	writeDataDiskFile(t, r.ctx, r.admin, b.node, before["/dev/vda"].GetMountPoint())
 	b.powerOff()
 	booted := time.Now()
@@ -288,6 +283,15 @@ func powerCycleDataDisks(t *testing.T, r *Rack, b *RackMachine, before map[strin
 		return true
 	}, r.nodeNames, b2.con.tail)
 	verifyDataDiskFile(t, r.ctx, r.admin, node, disks["/dev/vda"].GetMountPoint())
+	if !withVolume {
+		t.Error("the gpurack-local subtest failed or did not run: no volume to check after the power cycle")
+		return
+	}
+	p, err := runVolumePod(t, r.ctx, r.admin, volumePod("vol-after-cycle", keepClaim, "verify", keepFile))
+	if err != nil {
+		t.Fatalf("the gpurack-local volume after the power cycle: %v", err)
+	}
+	t.Logf("the gpurack-local volume after the power cycle, on %s: %s", p.Spec.NodeName, strings.TrimSpace(terminationMessage(p)))
 }
 
 // waitDataDisksAfter is waitDataDisks for a look the agent made after since.

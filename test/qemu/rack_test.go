@@ -68,6 +68,7 @@ func TestRack(t *testing.T) {
 	// B's agent, every service on, sampled from Ready to the end of the checks.
 	memory := startAgentMemory(r.ctx, r.ns, b.IP, 5*time.Second)
 	var prepared map[string]*machinev1.DataDisk // B's data disks at the end of their subtest
+	localReady := false                         // keepClaim holds keepFile
 
 	t.Run("power-on milestones", func(t *testing.T) { checkMilestones(t, a) })
 	t.Run("first pod", func(t *testing.T) { runFirstPod(t, r.ctx, r.admin, a.ms, a.Node) })
@@ -111,6 +112,10 @@ func TestRack(t *testing.T) {
 		t.Run(b.Node+" data disks", func(t *testing.T) {
 			t.Parallel()
 			prepared = checkDataDisks(t, r.ctx, r.g, r.admin, b, disks)
+			t.Run("gpurack-local volumes", func(t *testing.T) {
+				checkLocalVolumes(t, r.ctx, r.admin, b.node)
+				localReady = !t.Failed()
+			})
 		})
 	})
 	t.Run("gpuagent memory on "+b.Node, func(t *testing.T) {
@@ -127,7 +132,7 @@ func TestRack(t *testing.T) {
 		if prepared == nil {
 			t.Fatal("the data-disk subtest did not get to the end; nothing to check after a power cycle")
 		}
-		powerCycleDataDisks(t, r, b, prepared)
+		powerCycleDataDisks(t, r, b, prepared, localReady)
 	})
 }
 
