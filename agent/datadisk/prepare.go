@@ -34,6 +34,10 @@ type Preparer struct {
 	// PartitionWait bounds the wait for the partition's device node after the table
 	// is written (0 is 10 s).
 	PartitionWait time.Duration
+	// Mount mounts the data partition; nil is the mount(2) system call in this
+	// process's mount namespace (tests). The agent passes SystemdMount, so that the
+	// mount is the host's.
+	Mount MountFunc
 	// withoutQuota mounts without prjquota. Only tests set it, on a kernel built without
 	// XFS quota support, to exercise everything else.
 	withoutQuota bool
@@ -46,8 +50,10 @@ type Result struct {
 	// Partitioned and Formatted say whether this call wrote the GPT and made the
 	// filesystem; both false when the disk was already this cluster's.
 	Partitioned, Formatted bool
-	// Device is the data partition's device node, MountPoint where it is mounted.
-	Device, MountPoint string
+	// Device is the data partition's device node, MountPoint where it is mounted,
+	// PartitionGUID the partition's unique GUID (upper case, as the GPT reads; also for
+	// a disk this call partitioned, whose Verdict has none).
+	Device, MountPoint, PartitionGUID string
 }
 
 // RefusedError is Ensure's error for a disk gpurack must not write to.
@@ -106,7 +112,7 @@ func (p Preparer) Ensure(ctx context.Context, d Disk) (Result, error) {
 	if err != nil {
 		return res, fmt.Errorf("prepare %s: %w", d, err)
 	}
-	res.Device = dev
+	res.Device, res.PartitionGUID = dev, v.Partition.GUID
 	if !v.Formatted {
 		if err := mkfsXFS(ctx, dev); err != nil {
 			return res, fmt.Errorf("prepare %s: %w", d, err)
@@ -118,7 +124,7 @@ func (p Preparer) Ensure(ctx context.Context, d Disk) (Result, error) {
 		root = DefaultMountRoot
 	}
 	res.MountPoint = filepath.Join(root, strings.ToLower(v.Partition.GUID))
-	if err := mountXFS(dev, res.MountPoint, !p.withoutQuota); err != nil {
+	if err := mountXFS(ctx, p.Mount, dev, res.MountPoint, !p.withoutQuota); err != nil {
 		return res, fmt.Errorf("prepare %s: %w", d, err)
 	}
 	return res, nil
@@ -263,7 +269,7 @@ func mkfsXFS(ctx context.Context, dev string) error {
 // mountXFS mounts dev at target with project quotas (prjquota, when quota is set),
 // nosuid and nodev, unless it is mounted there already, and checks that project quotas
 // are on.
-func mountXFS(dev, target string, quota bool) error {
+func mountXFS(ctx context.Context, mount MountFunc, dev, target string, quota bool) error {
 	if err := os.MkdirAll(target, 0o755); err != nil {
 		return err
 	}
@@ -274,6 +280,14 @@ func mountXFS(dev, target string, quota bool) error {
 	data := ""
 	if quota {
 		data = "prjquota"
+	}
+	if !mounted && mount != nil {
+		if err := mount(ctx, dev, target, "xfs", strings.TrimSuffix("nosuid,nodev,"+data, ",")); err != nil {
+			return err
+		}
+		if mounted, err = mountedAt(dev, target); err != nil || !mounted {
+			return fmt.Errorf("mounted %s at %s, but this process does not see it there (%v): is its mount namespace cut off from the host's?", dev, target, err)
+		}
 	}
 	if !mounted {
 		if err := unix.Mount(dev, target, "xfs", unix.MS_NOSUID|unix.MS_NODEV, data); err != nil {

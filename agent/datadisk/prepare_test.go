@@ -3,6 +3,7 @@ package datadisk
 import (
 	"bytes"
 	"compress/gzip"
+	"context"
 	"errors"
 	"io"
 	"os"
@@ -75,8 +76,9 @@ func TestEnsurePreparesAnEmptyDiskAndMountsItAgainAsItIs(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { _ = Unmount(res.MountPoint) })
-			if res.Verdict.State != Empty || !res.Partitioned || !res.Formatted || res.Device != d.Path+"p1" {
-				t.Fatalf("Ensure = %+v", res)
+			if res.Verdict.State != Empty || !res.Partitioned || !res.Formatted || res.Device != d.Path+"p1" ||
+				res.PartitionGUID == "" || filepath.Base(res.MountPoint) != strings.ToLower(res.PartitionGUID) {
+				t.Fatalf("Ensure = %+v; want the new partition's GUID, which names the mount point", res)
 			}
 
 			// The GPT counts the disk's own sectors: its header is in the second one.
@@ -311,5 +313,39 @@ func TestEnsureLeavesATooSmallDiskAlone(t *testing.T) {
 	}
 	if after := sha256Of(t, d.Path); after != before {
 		t.Error("the too-small disk was written to")
+	}
+}
+
+// TestEnsureMountsThroughMount: with a Mount function (the agent's is SystemdMount),
+// Ensure has it mount the partition, with the options as mount(8) writes them, and
+// checks afterwards that the mount is there; one that reports success without
+// mounting is an error saying the mount is not seen.
+func TestEnsureMountsThroughMount(t *testing.T) {
+	d := loopDisk(t, preparedSize, 512, nil)
+	p := preparer(t, testCluster)
+	var got []string
+	p.Mount = func(_ context.Context, dev, target, fstype, options string) error {
+		got = append(got, fstype+" "+options)
+		data := strings.TrimPrefix(options, "nosuid,nodev")
+		return unix.Mount(dev, target, fstype, unix.MS_NOSUID|unix.MS_NODEV, strings.TrimPrefix(data, ","))
+	}
+	res, err := p.Ensure(testContext(t), d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = Unmount(res.MountPoint) })
+	want := "xfs nosuid,nodev,prjquota"
+	if p.withoutQuota {
+		want = "xfs nosuid,nodev"
+	}
+	if len(got) != 1 || got[0] != want {
+		t.Errorf("Mount called with %q, want [%q]", got, want)
+	}
+	if err := Unmount(res.MountPoint); err != nil {
+		t.Fatal(err)
+	}
+	p.Mount = func(context.Context, string, string, string, string) error { return nil }
+	if _, err := p.Ensure(testContext(t), d); err == nil || !strings.Contains(err.Error(), "does not see it there") {
+		t.Errorf("a Mount that mounted nothing: %v", err)
 	}
 }

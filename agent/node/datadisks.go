@@ -199,7 +199,7 @@ func (s *dataDiskService) ensure(ctx context.Context, d datadisk.Disk, dd *machi
 		dd.State, dd.Detail = machinev1.DataDiskState_DATA_DISK_STATE_FAILED, err.Error()
 	default:
 		dd.State = machinev1.DataDiskState_DATA_DISK_STATE_READY
-		dd.MountPoint, dd.PartitionGuid = res.MountPoint, strings.ToLower(res.Verdict.Partition.GUID)
+		dd.MountPoint, dd.PartitionGuid = res.MountPoint, strings.ToLower(res.PartitionGUID)
 		dd.PreparedNow = res.Partitioned || res.Formatted
 	}
 }
@@ -312,7 +312,7 @@ func (n *node) dataDisks(bundle *bootv1.JoinBundle, kubeconfig string) (attempte
 		return nil, fmt.Errorf("the JoinBundle's gpurack CA, the cluster the data disks belong to: %w", err)
 	}
 	log := n.log.With("service", "data-disks")
-	return &dataDiskService{report: n.disks, sel: sel, prep: datadisk.Preparer{Cluster: datadisk.ClusterID(pki.SPKIPin(ca))},
+	return &dataDiskService{report: n.disks, sel: sel, prep: datadisk.Preparer{Cluster: datadisk.ClusterID(pki.SPKIPin(ca)), Mount: datadisk.SystemdMount},
 		log: log, console: n.cfg.Console, seen: map[string]string{},
 		event: nodeEvents(kubeconfig, bundle.GetNodeName(), log)}, nil
 }

@@ -40,6 +40,8 @@
 //	                                message.
 //	probe write FILE MIB            write MIB MiB of random data and FILE.sha256 (volume.go)
 //	probe verify FILE               check FILE against FILE.sha256 (volume.go)
+//	probe bench A B RUNS MIB        O_DIRECT sequential write and read in A and B,
+//	                                alternating, RUNS each; medians and A/B (volume.go)
 //	probe devices [HOLD]            list the container's /dev/nvidia* nodes (type and
 //	                                major:minor) and its NVIDIA_ and GPURACK_ variables:
 //	                                what it got of GPUs. Also the termination message.
@@ -116,6 +118,7 @@ var commands = map[string]command{
 	"mem":     memCommand,
 	"write":   writeCommand,
 	"verify":  verifyCommand,
+	"bench":   benchCommand,
 }
 
 func resolveCommand(args []string, stdout io.Writer, _ string) error {

@@ -346,3 +346,18 @@ func TestWriteVerify(t *testing.T) {
 		t.Error("write of a non-number of MiB passed")
 	}
 }
+
+// TestBench: bench writes and reads in both directories, RUNS times each, alternating,
+// and ends with the medians and their ratio; a file system without O_DIRECT is an error.
+func TestBench(t *testing.T) {
+	a, b := t.TempDir(), t.TempDir()
+	var out bytes.Buffer
+	if err := run([]string{"bench", a, b, "3", "2"}, &out, filepath.Join(t.TempDir(), "term")); err != nil {
+		t.Fatalf("bench on %s: %v (a file system without O_DIRECT?)", a, err)
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 14 || !strings.HasPrefix(lines[0], "bench A write 1 ") || !strings.HasPrefix(lines[2], "bench B write 1 ") ||
+		!regexp.MustCompile(`^median read A [0-9.]+ B [0-9.]+ ratio [0-9.]+$`).MatchString(lines[13]) {
+		t.Errorf("bench output:\n%s", out.String())
+	}
+}

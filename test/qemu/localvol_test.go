@@ -5,6 +5,7 @@ package qemu
 import (
 	"context"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -93,6 +94,9 @@ func checkLocalVolumes(t *testing.T, ctx context.Context, admin kubernetes.Inter
 	t.Run("a claim no node can hold", func(t *testing.T) { unplaceableClaim(t, ctx, admin) })
 	t.Run("a StorageClass parameter typo", func(t *testing.T) { classTypo(t, ctx, admin) })
 	t.Run("delete and retain", func(t *testing.T) { deleteAndRetain(t, ctx, admin, b, pv) })
+	if figures := os.Getenv("GPURACK_STORAGE_FIGURES"); figures != "" {
+		t.Run("bench", func(t *testing.T) { benchLocalVolume(t, ctx, admin, b, figures) })
+	}
 }
 
 // requireCapacity: B publishes a capacity for gpurack-local with room; a node
@@ -268,4 +272,71 @@ func eventMessages(ctx context.Context, admin kubernetes.Interface, ns, kind, na
 		out = append(out, e.Reason+": "+e.Message)
 	}
 	return strings.Join(out, " | ")
+}
+
+// benchLocalVolume is the storage bench (make bench-storage, GPURACK_STORAGE_FIGURES=FILE):
+// a pod on B does O_DIRECT sequential writes and reads of 128 MiB through a gpurack-local
+// volume and through a directory on the same data disk mounted directly (hostPath),
+// alternating, three runs each (probe bench), and the figures go to FILE as
+// "name<TAB>MiB/s" lines, with the claim's time from its pod's creation to its volume's.
+func benchLocalVolume(t *testing.T, ctx context.Context, admin kubernetes.Interface, b *corev1.Node, figures string) {
+	if _, err := admin.CoreV1().PersistentVolumeClaims(localNS).Create(ctx, localClaim("bench", localvol.StorageClass, "512Mi"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if _, err := runVolumePod(t, ctx, admin, volumePod("vol-bench-bind", "bench", "write", "/data/x.bin", "1")); err != nil {
+		t.Fatal(err)
+	}
+	c, err := admin.CoreV1().PersistentVolumeClaims(localNS).Get(ctx, "bench", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pv, err := admin.CoreV1().PersistentVolumes().Get(ctx, c.Spec.VolumeName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bound := pv.CreationTimestamp.Sub(start.Truncate(time.Second)).Seconds()
+	disk := strings.TrimSuffix(pv.Spec.Local.Path, "/"+localvol.VolumesDir+"/"+pv.Name)
+	p := volumePod("vol-bench", "bench", "bench", "/data", "/direct", "3", "128")
+	dir := corev1.HostPathDirectoryOrCreate
+	p.Spec.Volumes = append(p.Spec.Volumes, corev1.Volume{Name: "direct", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: disk + "/bench-direct", Type: &dir}}})
+	p.Spec.Containers[0].VolumeMounts = append(p.Spec.Containers[0].VolumeMounts, corev1.VolumeMount{Name: "direct", MountPath: "/direct"})
+	privileged := true
+	p.Spec.Containers[0].SecurityContext = &corev1.SecurityContext{Privileged: &privileged}
+	got, err := runVolumePod(t, ctx, admin, p)
+	if err != nil {
+		t.Fatalf("storage bench: %v", err)
+	}
+	out := terminationMessage(got)
+	t.Logf("storage bench on %s (A: gpurack-local volume %s, B: %s/bench-direct; MiB/s, O_DIRECT):\n%s\nclaim to volume: %.0f s", b.Name, pv.Name, disk, out, bound)
+	var rows []string
+	for _, line := range strings.Split(out, "\n") {
+		var side, kind string
+		var run int
+		var v float64
+		if n, _ := fmt.Sscanf(line, "bench %s %s %d %f", &side, &kind, &run, &v); n == 4 {
+			name := map[string]string{"A": "local", "B": "direct"}[side]
+			rows = append(rows, fmt.Sprintf("storage-%s-%s\t%.1f", name, kind, v))
+		}
+	}
+	if len(rows) != 12 {
+		t.Fatalf("storage bench: %d figures in the output, want 12", len(rows))
+	}
+	rows = append(rows, fmt.Sprintf("storage-claim-bound\t%.0f", bound))
+	if err := appendLines(figures, rows); err != nil {
+		t.Error(err)
+	}
+	if err := admin.CoreV1().PersistentVolumeClaims(localNS).Delete(ctx, "bench", metav1.DeleteOptions{}); err != nil {
+		t.Error(err)
+	}
+}
+
+func appendLines(path string, lines []string) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	_, err = f.WriteString(strings.Join(lines, "\n") + "\n")
+	return err
 }

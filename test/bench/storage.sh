@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# storage.sh: gpurack-local volumes against the same data disk mounted directly, on the
+# QEMU node (make bench-storage).
+#
+# Runs TestRack (test/qemu) RUNS times with GPURACK_STORAGE_FIGURES: in each run, once
+# machine B's data disks are prepared, a pod on B writes and reads 128 MiB with O_DIRECT
+# (sequential, 1 MiB requests, fsync after the writes) through a gpurack-local volume
+# and through a directory on the same data disk (a hostPath, the peer), alternating,
+# three times each (`probe bench`); and the claim's time from its first pod's creation
+# to its volume's. Then it writes the "storage" section of docs/benchmarks.md.
+#
+#   test/bench/storage.sh                one TestRack run (RUNS=1): 3 alternating samples a side
+#   RUNS=3 test/bench/storage.sh         three runs, 9 samples a side
+#   FIGURES=FILE test/bench/storage.sh   no run: write the section from figures a run
+#                                        with GPURACK_STORAGE_FIGURES=FILE left
+#   OUT=FILE test/bench/storage.sh       write the section to FILE instead of docs/bench/
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+. test/bench/lib.sh
+RUNS=${RUNS:-1}
+OUT=${OUT:-}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+figures=${FIGURES:-}
+if [ -z "$figures" ]; then
+  figures=$work/figures.tsv
+  for i in $(seq 1 "$RUNS"); do
+    echo "storage bench: run $i of $RUNS (TestRack)" >&2
+    GPURACK_NETNS_REQUIRED=1 GPURACK_STORAGE_FIGURES=$figures go test -count=1 -timeout 70m -run 'TestRack$' ./test/qemu/ >"$work/run-$i.log" 2>&1 ||
+      { tail -50 "$work/run-$i.log" >&2; echo "storage bench: run $i failed (log above)" >&2; exit 1; }
+  done
+fi
+if [ ! -s "$figures" ]; then
+  echo "storage bench: no figures in $figures (TestRack writes them in its gpurack-local subtest)" >&2
+  exit 1
+fi
+commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+git diff --quiet HEAD -- 2>/dev/null || commit="$commit + local changes"
+cell() { # NAME -> "median (min–max), n=N"
+  local n
+  n=$(awk -F'\t' -v n="$1" '$1 == n' "$figures" | wc -l)
+  set -- $(awk -F'\t' -v n="$1" '$1 == n { print $2 }' "$figures" | bench_spread)
+  if [ "$n" = 1 ]; then echo "$1, n=1"; else echo "$1 ($2–$3), n=$n"; fi
+}
+median() { awk -F'\t' -v n="$1" '$1 == n { print $2 }' "$figures" | bench_spread | cut -d' ' -f1; }
+section=$(mktemp)
+{
+  echo "## Storage: a gpurack-local volume against its data disk mounted directly"
+  echo
+  echo "Machine: $(bench_machine)."
+  echo "Command: \`make bench-storage\` (test/bench/storage.sh, RUNS=$RUNS), commit $commit: TestRack"
+  echo "boots the simulated GPU image under QEMU -accel tcg (2 vCPUs) with a 2 GiB qcow2 data"
+  echo "disk (virtio-blk, the host's file system underneath), prepared by the agent (GPT, XFS"
+  echo "with project quotas). A pod on that node runs \`probe bench /data /direct 3 128\`: 128 MiB"
+  echo "written with O_DIRECT in 1 MiB requests and fsynced, then read back with O_DIRECT, in"
+  echo "the volume (A) and in a directory on the same XFS mounted into the pod as a hostPath"
+  echo "(B, the peer), alternately, three times each per run. Emulated CPUs and a file-backed"
+  echo "disk: the rates are not a real NVMe's; only the ratio within a run means something."
+  echo
+  echo "| figure | MiB/s |"
+  echo "|---|---|"
+  for kind in write read; do
+    echo "| $kind through the gpurack-local volume | $(cell "storage-local-$kind") |"
+    echo "| $kind in the data disk's directory (peer) | $(cell "storage-direct-$kind") |"
+    echo "| $kind: volume / direct (medians) | $(bench_ratio "$(median "storage-local-$kind")" "$(median "storage-direct-$kind")") |"
+  done
+  echo
+  echo "| figure | seconds |"
+  echo "|---|---|"
+  echo "| claim -> volume: first pod created -> PersistentVolume created (WaitForFirstConsumer) | $(cell storage-claim-bound) |"
+  echo
+  echo "The claim's time runs from the pod's creation (the claim waited for a consumer) through"
+  echo "scheduling with the published capacity, the controller-manager's hand-off to the"
+  echo "provisioner, and the agent's directory, project quota and PersistentVolume, at the"
+  echo "apiserver's one-second timestamps."
+} >"$section"
+if [ -n "$OUT" ]; then
+  cat "$section" >"$OUT"
+  rm -f "$section"
+else
+  bench_section storage "$section"
+fi
+cat "${OUT:-docs/bench/storage.md}"
