@@ -3,6 +3,7 @@ package tenants_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -65,6 +66,33 @@ func mustApply(t *testing.T, ctx context.Context, dyn dynamic.Interface, src str
 		t.Fatal(err)
 	}
 	return p
+}
+
+// applyKeepingOthers applies src but deletes nothing, so that the other
+// tests' tenants stay.
+func applyKeepingOthers(t *testing.T, ctx context.Context, dyn dynamic.Interface, src string) {
+	t.Helper()
+	f, err := tenants.Parse("tenants.yaml", []byte(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := tenants.Objects(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := tenants.ComputePlan(ctx, dyn, objs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keep tenants.Plan
+	for _, ch := range p.Changes {
+		if ch.Action != tenants.Delete {
+			keep.Changes = append(keep.Changes, ch)
+		}
+	}
+	if err := tenants.Execute(ctx, dyn, &keep, false); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func countActions(p *tenants.Plan) map[tenants.Action]int {
@@ -380,32 +408,89 @@ func TestChangingATierPriorityNamesTheFix(t *testing.T) {
 		t.Fatal(err)
 	}
 	const file = "apiVersion: gpurack.io/v1alpha1\nkind: TenantList\ntenants:\n- name: epsilon\n  tiers: [{name: batch, priority: 10}]\n"
-	// Applied without pruning, so that the other tests' tenants stay.
-	f, err := tenants.Parse("tenants.yaml", []byte(file))
+	applyKeepingOthers(t, ctx, dyn, file)
+	f, err := tenants.Parse("tenants.yaml", []byte(strings.Replace(file, "priority: 10", "priority: 20", 1)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	objs, _ := tenants.Objects(f)
-	p, err := tenants.ComputePlan(ctx, dyn, objs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var keep tenants.Plan
-	for _, ch := range p.Changes {
-		if ch.Action != tenants.Delete {
-			keep.Changes = append(keep.Changes, ch)
-		}
-	}
-	if err := tenants.Execute(ctx, dyn, &keep, false); err != nil {
-		t.Fatal(err)
-	}
-	f, err = tenants.Parse("tenants.yaml", []byte(strings.Replace(file, "priority: 10", "priority: 20", 1)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	objs, _ = tenants.Objects(f)
 	_, err = tenants.ComputePlan(ctx, dyn, objs)
 	if err == nil || !strings.Contains(err.Error(), "priorityclasses epsilon-batch") || !strings.Contains(err.Error(), "give the tier a new name") {
 		t.Errorf("changing a tier's priority: %v", err)
 	}
+}
+
+func claim(name, class, size string) *corev1.PersistentVolumeClaim {
+	return &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: corev1.PersistentVolumeClaimSpec{
+			StorageClassName: &class,
+			AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse(size)}},
+		},
+	}
+}
+
+// A tenant's quota of one StorageClass holds its claims of that class to
+// their requested size and number, and leaves claims of other classes alone.
+// The classes need not exist: quota admission reads only the claim.
+func TestStorageClassQuotaWithARealAPIServer(t *testing.T) {
+	c := testcluster.Shared(t)
+	ctx := ctxFor(t, 3*time.Minute)
+	admin := c.Clientset(t)
+	dyn, err := dynamic.NewForConfig(c.RESTConfig(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The longest class name the file accepts is one the apiserver takes too.
+	longest := strings.Repeat("s", 225)
+	applyKeepingOthers(t, ctx, dyn, "apiVersion: gpurack.io/v1alpha1\nkind: TenantList\ntenants:\n- name: zeta\n  quota:\n    storageClasses:\n"+
+		"      gpurack-local: {requests: 1Gi, claims: 2}\n      "+longest+": {claims: 1}\n")
+	local := tenants.StorageClassResource("gpurack-local", corev1.ResourceRequestsStorage)
+	localClaims := tenants.StorageClassResource("gpurack-local", corev1.ResourcePersistentVolumeClaims)
+	eventually(t, ctx, "quota status", func() error {
+		rq, err := admin.CoreV1().ResourceQuotas("zeta").Get(ctx, tenants.QuotaName, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if _, ok := rq.Status.Hard[local]; !ok {
+			return errors.New("no status.hard yet")
+		}
+		return nil
+	})
+	pvcs := admin.CoreV1().PersistentVolumeClaims("zeta")
+	if _, err := pvcs.Create(ctx, claim("first", "gpurack-local", "600Mi"), metav1.CreateOptions{}); err != nil {
+		t.Fatalf("600Mi of a 1Gi quota: %v", err)
+	}
+	_, err = pvcs.Create(ctx, claim("second", "gpurack-local", "600Mi"), metav1.CreateOptions{})
+	wantForbidden(t, "another 600Mi", err, "exceeded quota: "+tenants.QuotaName+", requested: "+string(local)+"=600Mi, used: "+string(local)+"=600Mi, limited: "+string(local)+"=1Gi")
+	t.Logf("over the size: %v", err)
+	if _, err := pvcs.Create(ctx, claim("small", "gpurack-local", "100Mi"), metav1.CreateOptions{}); err != nil {
+		t.Fatalf("100Mi more, within size and count: %v", err)
+	}
+	_, err = pvcs.Create(ctx, claim("third", "gpurack-local", "1Mi"), metav1.CreateOptions{})
+	wantForbidden(t, "a third claim", err, "exceeded quota: "+tenants.QuotaName+", requested: "+string(localClaims)+"=1")
+	t.Logf("over the count: %v", err)
+	for _, name := range []string{"other-1", "other-2", "other-3"} {
+		if _, err := pvcs.Create(ctx, claim(name, "gpurack-shared", "5Gi"), metav1.CreateOptions{}); err != nil {
+			t.Errorf("a claim of a class the quota does not name: %v", err)
+		}
+	}
+	eventually(t, ctx, "tenants status shows zeta's storage", func() error {
+		us, err := tenants.Status(ctx, admin)
+		if err != nil {
+			return err
+		}
+		for _, u := range us {
+			if u.Tenant != "zeta" {
+				continue
+			}
+			got := strings.Join(u.StorageClasses(), "; ")
+			if want := "gpurack-local 700Mi/1Gi 2/2 claims; " + longest + " 0/1 claims"; got != want {
+				return fmt.Errorf("status %q; want %q", got, want)
+			}
+			return nil
+		}
+		return errors.New("no zeta in the status")
+	})
 }

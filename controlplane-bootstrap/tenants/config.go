@@ -1,5 +1,5 @@
 // Package tenants turns tenants.yaml into the Kubernetes objects that give
-// each team on a gpurack cluster its own namespaces, GPU quota, LimitRange
+// each team on a gpurack cluster its own namespaces, GPU and storage quota, LimitRange
 // defaults, priority tiers, roles and a default-deny-ingress NetworkPolicy,
 // and applies them to the apiserver idempotently with server-side apply.
 //
@@ -11,13 +11,16 @@ package tenants
 
 import (
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/gpurack/gpurack/internal/strictyaml"
 )
@@ -61,11 +64,28 @@ type Tenant struct {
 // Quota is the hard limits of the ResourceQuota, as Kubernetes quantities.
 // An empty field sets no limit on that resource.
 type Quota struct {
-	GPUs    string `yaml:"gpus"`
-	CPU     string `yaml:"cpu"`
-	Memory  string `yaml:"memory"`
-	Pods    string `yaml:"pods"`
+	GPUs   string `yaml:"gpus"`
+	CPU    string `yaml:"cpu"`
+	Memory string `yaml:"memory"`
+	Pods   string `yaml:"pods"`
+	// Storage caps the requested size of all the namespace's claims
+	// together, whatever their StorageClass (requests.storage).
 	Storage string `yaml:"storage"`
+	// StorageClasses caps the claims of each StorageClass, keyed by the
+	// class's name; a class not listed is limited only by Storage.
+	StorageClasses map[string]StorageQuota `yaml:"storageClasses"`
+}
+
+// StorageQuota limits a namespace's PersistentVolumeClaims of one
+// StorageClass. At least one field is set; an empty one sets no limit.
+type StorageQuota struct {
+	// Requests caps the sum of the claims' requested sizes, a Kubernetes
+	// quantity such as 2Ti (CLASS.storageclass.storage.k8s.io/requests.storage).
+	Requests string `yaml:"requests"`
+	// Claims caps how many claims of the class there may be, a whole
+	// number; 0 keeps the tenant off the class
+	// (CLASS.storageclass.storage.k8s.io/persistentvolumeclaims).
+	Claims string `yaml:"claims"`
 }
 
 // Defaults are container default requests.
@@ -208,6 +228,7 @@ func (f *File) Validate() []FieldError {
 		if q.Pods != "" && !wholeNumber(q.Pods) {
 			add(p+".quota.pods", "%q: write a whole number of pods", q.Pods)
 		}
+		errs = append(errs, validateStorageClasses(p+".quota.storageClasses", t.Name, q.StorageClasses)...)
 		for _, df := range []struct{ field, v string }{{"cpu", t.Defaults.CPU}, {"memory", t.Defaults.Memory}} {
 			if msg := checkQuantity(df.v); msg != "" {
 				add(p+".defaults."+df.field, "%s", msg)
@@ -245,6 +266,49 @@ func (f *File) Validate() []FieldError {
 		}
 		if !slices.Contains([]string{"baseline", "restricted", "privileged"}, t.PodSecurity) {
 			add(p+".podSecurity", "%q is not a Pod Security level: write baseline, restricted or privileged", t.PodSecurity)
+		}
+	}
+	return errs
+}
+
+// maxStorageClassName keeps CLASS.storageclass.storage.k8s.io, the prefix
+// of the class's quota resources, within a DNS subdomain's 253 characters.
+const maxStorageClassName = validation.DNS1123SubdomainMaxLength - len(storageClassDomain)
+
+// validateStorageClasses checks a tenant's quota per StorageClass, in
+// sorted order of the classes. Fields are written as strictyaml locates map
+// keys: PATH[CLASS].requests.
+func validateStorageClasses(path, tenant string, classes map[string]StorageQuota) []FieldError {
+	var errs []FieldError
+	add := func(field, format string, args ...any) {
+		errs = append(errs, FieldError{Field: field, Msg: fmt.Sprintf("tenant %q: ", tenant) + fmt.Sprintf(format, args...)})
+	}
+	for _, class := range slices.Sorted(maps.Keys(classes)) {
+		sq := classes[class]
+		cp := path + "[" + class + "]"
+		if msgs := validation.IsDNS1123Subdomain(class); len(msgs) > 0 {
+			add(cp, "%q is not a StorageClass name (a DNS subdomain: lowercase letters, digits, '-' and '.'): %s", class, strings.Join(msgs, "; "))
+			continue
+		}
+		if len(class) > maxStorageClassName {
+			add(cp, "StorageClass name %q is longer than %d characters, which a quota cannot name", class, maxStorageClassName)
+			continue
+		}
+		if sq.Requests == "" && sq.Claims == "" {
+			add(cp, "StorageClass %q sets no limit; give requests (such as 1Ti), claims (such as 20) or both, or remove it", class)
+			continue
+		}
+		if sq.Requests != "" {
+			if q, err := resource.ParseQuantity(sq.Requests); err != nil {
+				add(cp+".requests", "%q is not a Kubernetes quantity; write a size such as 500Gi or 2Ti", sq.Requests)
+			} else if q.Sign() <= 0 {
+				add(cp+".requests", "%q is not a positive size; write one such as 500Gi (claims: 0 keeps the tenant off %s)", sq.Requests, class)
+			}
+		}
+		if sq.Claims != "" {
+			if n, err := strconv.ParseInt(sq.Claims, 10, 64); err != nil || n < 0 {
+				add(cp+".claims", "%q is not a number of claims; write a whole number, 0 or more, such as 20 (0 keeps the tenant off %s)", sq.Claims, class)
+			}
 		}
 	}
 	return errs

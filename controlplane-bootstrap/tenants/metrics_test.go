@@ -2,6 +2,7 @@ package tenants
 
 import (
 	"os"
+	"reflect"
 	"regexp"
 	"testing"
 
@@ -45,6 +46,48 @@ func TestRegistryGauges(t *testing.T) {
 	}
 	for k, v := range want {
 		if g, ok := got[k]; !ok || g != v {
+			t.Errorf("%s = %v (present %v); want %v", k, g, ok, v)
+		}
+	}
+}
+
+// A tenant's quota of each StorageClass shows in `tenants status` and in the
+// gauges, under the resource names Kubernetes gives it.
+func TestStorageClassQuotaInStatusAndGauges(t *testing.T) {
+	local, shared := StorageClassResource("gpurack-local", corev1.ResourceRequestsStorage), StorageClassResource("gpurack-shared", corev1.ResourceRequestsStorage)
+	localClaims := StorageClassResource("gpurack-local", corev1.ResourcePersistentVolumeClaims)
+	u := Usage{
+		Tenant: "vision",
+		Hard: corev1.ResourceList{local: resource.MustParse("1Gi"), localClaims: resource.MustParse("2"), shared: resource.MustParse("10Ti"),
+			corev1.ResourceRequestsStorage: resource.MustParse("20Ti")},
+		Used: corev1.ResourceList{local: resource.MustParse("600Mi"), localClaims: resource.MustParse("1")},
+	}
+	got := u.StorageClasses()
+	want := []string{"gpurack-local 600Mi/1Gi 1/2 claims", "gpurack-shared 0/10Ti"}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("StorageClasses() = %q; want %q", got, want)
+	}
+	mfs, err := Registry([]Usage{u}).Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	gauges := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			k := mf.GetName()
+			for _, l := range m.GetLabel() {
+				k += " " + l.GetName() + "=" + l.GetValue()
+			}
+			gauges[k] = m.GetGauge().GetValue()
+		}
+	}
+	for k, v := range map[string]float64{
+		"gpurack_tenant_quota_hard resource=gpurack-local.storageclass.storage.k8s.io/requests.storage tenant=vision":       1 << 30,
+		"gpurack_tenant_quota_used resource=gpurack-local.storageclass.storage.k8s.io/requests.storage tenant=vision":       600 << 20,
+		"gpurack_tenant_quota_used resource=gpurack-local.storageclass.storage.k8s.io/persistentvolumeclaims tenant=vision": 1,
+		"gpurack_tenant_quota_hard resource=gpurack-shared.storageclass.storage.k8s.io/requests.storage tenant=vision":      10 << 40,
+	} {
+		if g, ok := gauges[k]; !ok || g != v {
 			t.Errorf("%s = %v (present %v); want %v", k, g, ok, v)
 		}
 	}

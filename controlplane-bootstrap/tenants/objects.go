@@ -2,6 +2,7 @@ package tenants
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 
@@ -355,7 +356,23 @@ func quotaHard(q Quota) corev1.ResourceList {
 	set(corev1.ResourceRequestsMemory, q.Memory)
 	set(corev1.ResourcePods, q.Pods)
 	set(corev1.ResourceRequestsStorage, q.Storage)
+	for _, class := range slices.Sorted(maps.Keys(q.StorageClasses)) {
+		set(StorageClassResource(class, corev1.ResourceRequestsStorage), q.StorageClasses[class].Requests)
+		set(StorageClassResource(class, corev1.ResourcePersistentVolumeClaims), q.StorageClasses[class].Claims)
+	}
 	return hard
+}
+
+// storageClassDomain follows a StorageClass's name in the prefix of the
+// quota resources Kubernetes counts per class.
+const storageClassDomain = ".storageclass.storage.k8s.io"
+
+// StorageClassResource is the quota resource that counts r (requests.storage
+// or persistentvolumeclaims) of the claims of one StorageClass only:
+// CLASS.storageclass.storage.k8s.io/r, as Kubernetes' quota evaluator for
+// PersistentVolumeClaims names it.
+func StorageClassResource(class string, r corev1.ResourceName) corev1.ResourceName {
+	return corev1.ResourceName(class + storageClassDomain + "/" + string(r))
 }
 
 // networkPolicy denies ingress to every pod of ns except from the tenant's

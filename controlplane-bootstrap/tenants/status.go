@@ -37,6 +37,34 @@ func (u Usage) GPUs() (used, hard int64) {
 	return used, hard
 }
 
+// StorageClasses describes the tenant's quota of each StorageClass it
+// limits, sorted by class, for a table: "CLASS USED/HARD" of requested
+// storage, then "USED/HARD claims" ("gpurack-local 600Mi/1Gi 1/2 claims"),
+// each part only where the quota sets it.
+func (u Usage) StorageClasses() []string {
+	limits := map[string][]string{}
+	for _, r := range []corev1.ResourceName{corev1.ResourceRequestsStorage, corev1.ResourcePersistentVolumeClaims} {
+		for name, hard := range u.Hard {
+			class, ok := strings.CutSuffix(string(name), storageClassDomain+"/"+string(r))
+			if !ok {
+				continue
+			}
+			used := u.Used[name]
+			part := used.String() + "/" + hard.String()
+			if r == corev1.ResourcePersistentVolumeClaims {
+				part += " claims"
+			}
+			limits[class] = append(limits[class], part)
+		}
+	}
+	out := make([]string, 0, len(limits))
+	for class, parts := range limits {
+		out = append(out, class+" "+strings.Join(parts, " "))
+	}
+	sort.Strings(out)
+	return out
+}
+
 // Status reads every ResourceQuota that tenants apply created and sums them
 // per tenant, sorted by tenant name.
 func Status(ctx context.Context, client kubernetes.Interface) ([]Usage, error) {
