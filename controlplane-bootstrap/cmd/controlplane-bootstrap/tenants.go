@@ -171,7 +171,7 @@ func printPlan(out io.Writer, p *tenants.Plan, all bool) {
 
 func printStatus(out io.Writer, us []tenants.Usage) {
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "TENANT\tNAMESPACES\tGPUS\tCPU\tMEMORY\tPODS\tSTORAGE\tTIER GPUS")
+	fmt.Fprintln(tw, "TENANT\tNAMESPACES\tGPUS\tCPU\tMEMORY\tPODS\tSTORAGE\tBY CLASS\tTIER GPUS")
 	for _, u := range us {
 		cell := func(name string) string {
 			hard, ok := u.Hard[corev1.ResourceName(name)]
@@ -186,9 +186,13 @@ func printStatus(out io.Writer, us []tenants.Usage) {
 			tiers = append(tiers, fmt.Sprintf("%s %s/%s", t, q[0].String(), q[1].String()))
 		}
 		sort.Strings(tiers)
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", u.Tenant, strings.Join(u.Namespaces, ","),
+		byClass := strings.Join(u.StorageClasses(), ", ")
+		if byClass == "" {
+			byClass = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", u.Tenant, strings.Join(u.Namespaces, ","),
 			cell(string(tenants.QuotaGPU)), cell("requests.cpu"), cell("requests.memory"), cell("pods"), cell("requests.storage"),
-			strings.Join(tiers, ", "))
+			byClass, strings.Join(tiers, ", "))
 	}
 	tw.Flush()
 }
