@@ -116,6 +116,9 @@ func TestRack(t *testing.T) {
 				checkLocalVolumes(t, r.ctx, r.admin, b.node)
 				localReady = !t.Failed()
 			})
+			if figures := os.Getenv("GPURACK_STORAGE_FIGURES"); figures != "" {
+				t.Run("storage bench", func(t *testing.T) { benchLocalVolume(t, r.ctx, r.admin, b.node, figures) })
+			}
 		})
 	})
 	t.Run("gpuagent memory on "+b.Node, func(t *testing.T) {
