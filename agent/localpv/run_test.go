@@ -13,10 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 
-	"github.com/gpurack/gpurack/controlplane-bootstrap/joinconfig"
-	"github.com/gpurack/gpurack/controlplane-bootstrap/localvolumes"
 	"github.com/gpurack/gpurack/controlplane-bootstrap/testcluster"
 	"github.com/gpurack/gpurack/internal/localvol"
 )
@@ -28,22 +25,6 @@ import (
 // selected-node annotation itself, and the disks are temporary directories with the
 // recording quota stand-in (store_test.go).
 func TestMain(m *testing.M) { os.Exit(testcluster.Main(m)) }
-
-func nodeClient(t *testing.T, c *testcluster.Cluster, node string) kubernetes.Interface {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := localvolumes.WaitPolicy(ctx, c.RESTConfig(t)); err != nil {
-		t.Fatal(err)
-	}
-	cfg := rest.CopyConfig(c.RESTConfig(t))
-	cfg.Impersonate = rest.ImpersonationConfig{UserName: "system:node:" + node, Groups: []string{joinconfig.NodesGroup, "system:authenticated"}}
-	cs, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return cs
-}
 
 // diskDir is a directory standing for a mounted data disk, under the mount root the
 // admission policy holds a node's volumes to, removed at the end.
@@ -97,7 +78,7 @@ func TestProvisionerInCluster(t *testing.T) {
 	store, quotas := newStore(t, diskDir(t), diskDir(t))
 	errs := make(chan error, 1)
 	go func() {
-		errs <- Run(ctx, nodeClient(t, c, "node-a"), "node-a", store, slog.New(slog.DiscardHandler), func(err error) {
+		errs <- Run(ctx, c.NodeClientset(t, "node-a"), "node-a", store, slog.New(slog.DiscardHandler), func(err error) {
 			if err != nil {
 				t.Logf("publish: %v", err)
 			}

@@ -11,9 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 
-	"github.com/gpurack/gpurack/controlplane-bootstrap/joinconfig"
 	"github.com/gpurack/gpurack/controlplane-bootstrap/localvolumes"
 	"github.com/gpurack/gpurack/controlplane-bootstrap/testcluster"
 	"github.com/gpurack/gpurack/internal/localvol"
@@ -32,24 +30,12 @@ func ctxFor(t *testing.T, d time.Duration) context.Context {
 
 // impersonate returns a client for user in groups, through the admin credential.
 func impersonate(t *testing.T, c *testcluster.Cluster, user string, groups ...string) kubernetes.Interface {
-	t.Helper()
-	cfg := rest.CopyConfig(c.RESTConfig(t))
-	cfg.Impersonate = rest.ImpersonationConfig{UserName: user, Groups: groups}
-	cs, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return cs
+	return c.Impersonate(t, user, groups...)
 }
 
-// nodeClient authenticates as node's kubelet does: system:node:NODE in
-// system:nodes, after the policy is enforced.
+// nodeClient authenticates as node's kubelet does, once the policy is enforced.
 func nodeClient(t *testing.T, c *testcluster.Cluster, node string) kubernetes.Interface {
-	t.Helper()
-	if err := localvolumes.WaitPolicy(ctxFor(t, time.Minute), c.RESTConfig(t)); err != nil {
-		t.Fatal(err)
-	}
-	return impersonate(t, c, "system:node:"+node, joinconfig.NodesGroup, "system:authenticated")
+	return c.NodeClientset(t, node)
 }
 
 // localPV is a volume as node's agent provisions it: annotated, labelled, under

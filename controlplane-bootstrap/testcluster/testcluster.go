@@ -42,6 +42,7 @@ import (
 	"github.com/gpurack/gpurack/controlplane-bootstrap/components"
 	"github.com/gpurack/gpurack/controlplane-bootstrap/controlplane"
 	"github.com/gpurack/gpurack/controlplane-bootstrap/joinconfig"
+	"github.com/gpurack/gpurack/controlplane-bootstrap/localvolumes"
 	"github.com/gpurack/gpurack/internal/testreq"
 )
 
@@ -288,6 +289,32 @@ func (c *Cluster) Clientset(t testing.TB) kubernetes.Interface {
 		t.Fatal(err)
 	}
 	return cs
+}
+
+// Impersonate returns a clientset acting as user in groups, through the admin
+// credential.
+func (c *Cluster) Impersonate(t testing.TB, user string, groups ...string) kubernetes.Interface {
+	t.Helper()
+	cfg := rest.CopyConfig(c.RESTConfig(t))
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: user, Groups: groups}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cs
+}
+
+// NodeClientset acts as node's kubelet does (system:node:NODE in system:nodes),
+// once the apiserver enforces the local-volume admission policy that judges nodes'
+// volume writes (init applies it; a new policy takes a moment to load).
+func (c *Cluster) NodeClientset(t testing.TB, node string) kubernetes.Interface {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := localvolumes.WaitPolicy(ctx, c.RESTConfig(t)); err != nil {
+		t.Fatal(err)
+	}
+	return c.Impersonate(t, "system:node:"+node, joinconfig.NodesGroup, "system:authenticated")
 }
 
 // JoinToken creates a bootstrap token (TTL 15 minutes, the gpuboot default;
