@@ -9,10 +9,11 @@
 // each bounded by a timeout. Errors name the BMC and say what to fix.
 //
 // The Redfish wire format comes from github.com/stmcginnis/gofish; this package decides
-// which ResetType to send (plan.go, a pure function) and how long to wait. It is not
-// the operator command (pxe/cmd/gpuboot, pxe/admin) and not where credentials are kept
-// (gpuboot's state directory): callers hand it an Endpoint. redfishtest is a Redfish
-// service for tests.
+// which ResetType to send (plan.go, a pure function) and how long to wait. Credentials
+// holds gpuboot's BMC accounts (bmc-credentials.yaml in its state directory, never the
+// rack manifest) and makes the Endpoint for a machine's BMC address and rack. It is not
+// the operator command (pxe/cmd/gpuboot, pxe/admin, pxe/enroll). redfishtest is a
+// Redfish service for tests.
 package bmc
 
 import (

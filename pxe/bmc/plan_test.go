@@ -72,13 +72,13 @@ func TestNormalizeAddress(t *testing.T) {
 		"https://bmc-r1-07:8443/": "https://bmc-r1-07:8443",
 		" http://[fd00::5]:8000 ": "http://[fd00::5]:8000",
 	} {
-		if got, err := normalizeAddress(in); err != nil || got != want {
-			t.Errorf("normalizeAddress(%q) = %q, %v; want %q", in, got, err, want)
+		if got, err := NormalizeAddress(in); err != nil || got != want {
+			t.Errorf("NormalizeAddress(%q) = %q, %v; want %q", in, got, err, want)
 		}
 	}
 	for _, in := range []string{"", "10.0.0.5", "ftp://bmc", "https://bmc/redfish/v1", "https://u:p@bmc", "https://bmc?x=1"} {
-		if _, err := normalizeAddress(in); KindOf(err) != KindInvalid {
-			t.Errorf("normalizeAddress(%q) = %v, want a KindInvalid error", in, err)
+		if _, err := NormalizeAddress(in); KindOf(err) != KindInvalid {
+			t.Errorf("NormalizeAddress(%q) = %v, want a KindInvalid error", in, err)
 		}
 	}
 }

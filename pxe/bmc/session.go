@@ -30,7 +30,7 @@ const logoutTimeout = 10 * time.Second
 // open connects to ep and logs in: it reads the service root and POSTs the credentials
 // to its Links.Sessions (DSP0266 "Session management"), once.
 func open(ctx context.Context, ep Endpoint, opts Options) (*session, error) {
-	address, err := normalizeAddress(ep.Address)
+	address, err := NormalizeAddress(ep.Address)
 	if err != nil {
 		return nil, err
 	}
@@ -77,9 +77,10 @@ func (s *session) close() error {
 	return nil
 }
 
-// normalizeAddress checks that address is "https://host[:port]" (or http, for a lab
-// emulator) and returns it without a trailing slash.
-func normalizeAddress(address string) (string, error) {
+// NormalizeAddress checks that address is "https://host[:port]" (or http, for a lab
+// emulator) and returns it without a trailing slash. It refuses a user in the URL:
+// credentials are never part of an address.
+func NormalizeAddress(address string) (string, error) {
 	u, err := url.Parse(strings.TrimSpace(address))
 	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
 		return "", errorf(KindInvalid, err, "BMC address %q is not a URL like https://10.0.0.5 or https://bmc-r1-07:8443", address)
