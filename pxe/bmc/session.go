@@ -81,12 +81,16 @@ func (s *session) close() error {
 // emulator) and returns it without a trailing slash. It refuses a user in the URL:
 // credentials are never part of an address.
 func NormalizeAddress(address string) (string, error) {
+	if strings.Contains(address, "@") {
+		// Not echoed: what is before the @ may be a password.
+		return "", errorf(KindInvalid, nil, "a BMC address holds an @: give only https://host[:port], without a user or password")
+	}
 	u, err := url.Parse(strings.TrimSpace(address))
 	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
 		return "", errorf(KindInvalid, err, "BMC address %q is not a URL like https://10.0.0.5 or https://bmc-r1-07:8443", address)
 	}
-	if (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.User != nil {
-		return "", errorf(KindInvalid, nil, "BMC address %q: give only https://host[:port], without a path, query or user (the Redfish root /redfish/v1/ is implied)", address)
+	if (u.Path != "" && u.Path != "/") || u.RawQuery != "" {
+		return "", errorf(KindInvalid, nil, "BMC address %q: give only https://host[:port], without a path or query (the Redfish root /redfish/v1/ is implied)", address)
 	}
 	return u.Scheme + "://" + u.Host, nil
 }

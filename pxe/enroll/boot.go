@@ -127,7 +127,7 @@ func (s *Service) discover(ctx context.Context, id identity.Identity, remote net
 	if d.Rack != "" {
 		m.Rack = d.Rack
 	}
-	m.Slot = d.Slot
+	m.Slot, m.BMC = d.Slot, d.BMC
 	m.ImageID, m.Profile = s.imageAndProfile(m)
 	t, err := inventory.Move(m, inventory.Discovered, "gpuboot", fmt.Sprintf("first boot request (from %s)", remote), now)
 	if err != nil {

@@ -175,7 +175,7 @@ func (s *Service) createRegistered(ctx context.Context, id identity.Identity, ca
 	if call.Verdict.Rack != "" {
 		m.Rack = call.Verdict.Rack
 	}
-	m.Slot = call.Verdict.Slot
+	m.Slot, m.BMC = call.Verdict.Slot, call.Verdict.BMC
 	m.ImageID, m.Profile = s.imageAndProfile(m)
 	t, err := inventory.Move(m, inventory.Registered, agentActor(call.Key.Fingerprint), "agent registered an identity gpuboot had not seen", now)
 	if err != nil {

@@ -32,6 +32,11 @@ type Machine struct {
 	Profile  string            `json:"profile,omitempty"`
 	ImageID  string            `json:"imageId,omitempty"`
 
+	// BMC is the machine's BMC Redfish address ("https://host[:port]") from its rack
+	// manifest row (policy.Entry.BMC); empty when the row names none. Power control
+	// (pxe/bmc) uses it with the accounts in bmc-credentials.yaml.
+	BMC string `json:"bmc,omitempty"`
+
 	// Facts is the latest gpurack.machine.v1.MachineFacts from Register.
 	Facts []byte `json:"facts,omitempty"`
 	// Checklist is the latest gpurack.machine.v1.Checklist (any phase).

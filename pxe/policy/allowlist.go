@@ -15,6 +15,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/gpurack/gpurack/pxe/bmc"
 	"github.com/gpurack/gpurack/pxe/identity"
 )
 
@@ -33,6 +34,10 @@ type Entry struct {
 	// `tpm-or-fallback` (decision 0651). An ekCertificate column gives it too: the hash
 	// of the certificate's public key.
 	EKHash string
+	// BMC is the machine's BMC Redfish address, "https://host[:port]" (pxe/bmc); empty
+	// when the row names none. Only the address: the BMC accounts are in gpuboot's
+	// state directory (bmc-credentials.yaml), never in the manifest.
+	BMC string
 	// Line is the row's line number in the file (for transition records).
 	Line int
 }
@@ -48,7 +53,7 @@ type List struct {
 }
 
 // manifestColumns are the columns a manifest may have; serial and/or mac are required.
-var manifestColumns = []string{"serial", "mac", "rack", "slot", "ekhash", "ekcertificate"}
+var manifestColumns = []string{"serial", "mac", "rack", "slot", "ekhash", "ekcertificate", "bmc"}
 
 // maxEKCertificatePEM bounds one ekCertificate field (an EK certificate is 1 to 2 KB).
 const maxEKCertificatePEM = 16 << 10
@@ -64,11 +69,12 @@ func LoadList(path string) (*List, error) {
 }
 
 // ParseList parses a rack manifest: CSV with a header row naming its columns, from
-// serial, mac, rack, slot, ekHash and ekCertificate (any order, case-insensitive;
+// serial, mac, rack, slot, ekHash, ekCertificate and bmc (any order, case-insensitive;
 // serial and/or mac required). ekHash is "sha256:HEX" (see Entry.EKHash); upper-case
 // hex is accepted. ekCertificate is the TPM's EK certificate as the vendor supplies it,
 // PEM (in a quoted field, since it spans lines); it gives the row's ekHash, and a row
-// with both must name the same key.
+// with both must name the same key. bmc is the machine's BMC Redfish address,
+// https://host[:port], without a user or password (see Entry.BMC).
 // Lines starting with '#' and blank lines are skipped. MACs are normalised as in
 // CONTRACTS §1; a placeholder serial ("To Be Filled By O.E.M.") is an error, since it
 // would match any machine with the same placeholder. A serial or MAC listed twice is an
@@ -173,6 +179,13 @@ func manifestEntry(rec []string, col map[string]int, line int) (Entry, error) {
 			return Entry{}, err
 		}
 		e.EKHash = h
+	}
+	if raw := get("bmc"); raw != "" {
+		a, err := bmc.NormalizeAddress(raw)
+		if err != nil {
+			return Entry{}, fmt.Errorf("bmc: %w (BMC users and passwords go in bmc-credentials.yaml in gpuboot's state directory, never in the manifest)", err)
+		}
+		e.BMC = a
 	}
 	if raw := get("ekcertificate"); raw != "" {
 		h, err := EKHashOfCertificatePEM(raw)

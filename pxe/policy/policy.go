@@ -57,6 +57,8 @@ type Decision struct {
 	Reason string
 	// Rack and Slot are the placement the allowlist gives; empty when it gives none.
 	Rack, Slot string
+	// BMC is the BMC Redfish address the matched row names; empty when none.
+	BMC string
 	// Line is the line of the allowlist row the identity matched; 0 when none did.
 	// One row approves at most one machine: pxe/enroll checks that no other machine
 	// holds the row before it acts on an allowlist approval.
@@ -105,7 +107,7 @@ func (p Policy) Decide(id identity.Identity) Decision {
 	var d Decision
 	if p.List != nil {
 		if e, ok := p.List.Match(id); ok {
-			d.Rack, d.Slot, d.Line, d.EKHash, d.RowHasMAC = e.Rack, e.Slot, e.Line, e.EKHash, e.MAC != ""
+			d.Rack, d.Slot, d.Line, d.EKHash, d.RowHasMAC, d.BMC = e.Rack, e.Slot, e.Line, e.EKHash, e.MAC != "", e.BMC
 			if p.Mode == Allowlist {
 				d.Approve = true
 				d.Actor = fmt.Sprintf("policy:allowlist:%d", e.Line)

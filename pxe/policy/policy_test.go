@@ -67,6 +67,30 @@ func TestParseListErrors(t *testing.T) {
 	}
 }
 
+// A bmc column is checked as a Redfish address and reaches the decision; a user or
+// password in it is refused, since BMC accounts are never in the manifest.
+func TestBMCColumn(t *testing.T) {
+	l, err := ParseListBytes("m.csv", []byte("serial,bmc\nSN1,https://10.0.0.5/\nSN2,\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := (Policy{Mode: Manual, List: l}).Decide(identity.Identity{Serial: "SN1"}); d.BMC != "https://10.0.0.5" {
+		t.Fatalf("decision %+v, want BMC https://10.0.0.5", d)
+	}
+	if d := (Policy{Mode: Manual, List: l}).Decide(identity.Identity{Serial: "SN2"}); d.BMC != "" {
+		t.Fatalf("row without bmc gave %q", d.BMC)
+	}
+	for in, want := range map[string]string{
+		"serial,bmc\nSN1,10.0.0.5\n":                     "line 2: bmc:",
+		"serial,bmc\nSN1,https://root:calvin@10.0.0.5\n": "a BMC address holds an @: give only https://host[:port], without a user or password (BMC users and passwords go in bmc-credentials.yaml in gpuboot's state directory, never in the manifest)",
+		"serial,bmc\nSN1,https://10.0.0.5/redfish/v1\n":  "without a path",
+	} {
+		if _, err := ParseListBytes("m.csv", []byte(in)); err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "calvin") {
+			t.Errorf("ParseList(%q) err = %v, want %q (and no password echoed)", in, err, want)
+		}
+	}
+}
+
 // An ekHash column is normalised to lower case and reaches the decision.
 func TestEKHashColumn(t *testing.T) {
 	l, err := ParseListBytes("m.csv", []byte("Serial,EKHash\nSN1,SHA256:"+strings.Repeat("AB", 32)+"\nSN2,\n"))
