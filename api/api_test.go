@@ -202,7 +202,7 @@ func TestReflectionListsServices(t *testing.T) {
 	methods := map[string][]string{
 		"gpurack.agent.v1.AgentService":     {"Status", "ListGPUs", "RunChecks", "WatchEvents", "InjectFault", "ClearFaults"},
 		"gpurack.boot.v1.EnrollmentService": {"Register", "GetJoinBundle", "ReportCommissioning", "Heartbeat"},
-		"gpurack.boot.v1.AdminService":      {"ListMachines", "GetMachine", "Approve", "Reject", "Decommission", "History", "ResolveConflict", "RackReport", "RotateGossipKey", "GetGossipKeyStatus", "RevokeOperator", "ListOperatorAudit", "WipeDataDisk"},
+		"gpurack.boot.v1.AdminService":      {"ListMachines", "GetMachine", "Approve", "Reject", "Decommission", "History", "ResolveConflict", "RackReport", "RotateGossipKey", "GetGossipKeyStatus", "RevokeOperator", "ListOperatorAudit", "WipeDataDisk", "PowerMachine"},
 	}
 	files := map[string]*descriptorpb.FileDescriptorProto{}
 	for svc := range methods {

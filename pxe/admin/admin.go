@@ -31,6 +31,7 @@ import (
 	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
 	machinev1 "github.com/gpurack/gpurack/api/machine/v1"
 	"github.com/gpurack/gpurack/internal/pki"
+	"github.com/gpurack/gpurack/pxe/bmc"
 	"github.com/gpurack/gpurack/pxe/inventory"
 	"github.com/gpurack/gpurack/pxe/machineops"
 	"github.com/gpurack/gpurack/pxe/protoconv"
@@ -52,6 +53,9 @@ type Lifecycle interface {
 	// being the operator's confirmation; the request waits on the machine for the
 	// agent's next heartbeat over mutual TLS.
 	WipeDataDisk(ctx context.Context, ref, path, serial, actor, reason string) (*inventory.Machine, error)
+	// PowerMachine does action to the machine through its BMC and waits for the
+	// outcome; the Result says what the BMC did, also alongside an error.
+	PowerMachine(ctx context.Context, ref string, action bmc.Action, actor, reason string) (*inventory.Machine, bmc.Result, error)
 }
 
 // GossipKeys rotates the racks' gossip keys; the enrollment service implements it.
@@ -204,7 +208,7 @@ func ToProto(m *inventory.Machine, history []inventory.Transition) *bootv1.Machi
 		Id: m.ID, Identity: protoconv.IdentityProto(m.Identity), State: protoconv.StateProto(m.State),
 		NodeName: m.NodeName, Rack: m.Rack, Slot: m.Slot, Labels: m.Labels, Profile: m.Profile, ImageId: m.ImageID,
 		KeyFingerprint: m.BoundKey, CreatedAt: ts(m.CreatedAt), UpdatedAt: ts(m.UpdatedAt), LastHeartbeatAt: ts(m.LastHeartbeat),
-		EkHash: m.EKHash,
+		EkHash: m.EKHash, Bmc: m.BMC,
 	}
 	if len(m.Facts) > 0 {
 		p.Facts = new(machinev1.MachineFacts)

@@ -36,6 +36,7 @@ var levels = map[string]pki.OperatorLevel{
 	bootv1.AdminService_ResolveConflict_FullMethodName: pki.LevelOperator,
 	bootv1.AdminService_RotateGossipKey_FullMethodName: pki.LevelOperator,
 	bootv1.AdminService_WipeDataDisk_FullMethodName:    pki.LevelOperator,
+	bootv1.AdminService_PowerMachine_FullMethodName:    pki.LevelOperator,
 
 	// Operators' credentials.
 	bootv1.AdminService_RevokeOperator_FullMethodName:    pki.LevelAdmin,

@@ -48,6 +48,8 @@ func TestLevelRefusals(t *testing.T) {
 		{pki.LevelViewer, revoke, false},
 		{pki.LevelViewer, bootv1.AdminService_WipeDataDisk_FullMethodName, false},
 		{pki.LevelOperator, bootv1.AdminService_WipeDataDisk_FullMethodName, true},
+		{pki.LevelViewer, bootv1.AdminService_PowerMachine_FullMethodName, false},
+		{pki.LevelOperator, bootv1.AdminService_PowerMachine_FullMethodName, true},
 		{pki.LevelOperator, approve, true},
 		{pki.LevelOperator, bootv1.AdminService_RotateGossipKey_FullMethodName, true},
 		{pki.LevelOperator, revoke, false},

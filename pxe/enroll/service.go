@@ -134,6 +134,10 @@ type Config struct {
 	// NodeNamePrefix starts generated node names; default "gpu".
 	NodeNamePrefix string
 
+	// BMC reaches machines' BMCs for PowerMachine; its zero value has no accounts, and
+	// PowerMachine then says to create bmc-credentials.yaml.
+	BMC BMCAccess
+
 	// AllowSimulated lets a machine whose commissioning report is marked simulated
 	// become ready; without it such a machine goes quarantined (CONTRACTS §11).
 	AllowSimulated bool
@@ -181,6 +185,7 @@ type Service struct {
 
 	locks sync.Map   // machine id → *sync.Mutex, serialising bundle releases
 	rowMu sync.Mutex // serialises approvals through an allowlist row (one row, one machine)
+	power sync.Map   // machine id → a power action under way (PowerMachine)
 	names sync.Mutex
 
 	rings *rings // gossip key rings by rack

@@ -234,6 +234,7 @@ func (g *gpuboot) startEnrollment(ctx context.Context) (started, error) {
 		MaxUnapproved: cfg.Enrollment.MaxUnapproved, CreateRate: cfg.Enrollment.CreateRate, CreateBurst: cfg.Enrollment.CreateBurst,
 		MaxUnapprovedBytes: cfg.Enrollment.MaxUnapprovedBytes,
 		AllowSimulated:     cfg.Enrollment.AllowSimulated,
+		BMC:                loadBMCAccess(cfg.StateDir, g.log),
 		Log:                g.log,
 	}
 	if g.cluster != nil {

@@ -17,6 +17,7 @@ import (
 	v1 "github.com/gpurack/gpurack/api/machine/v1"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
@@ -29,6 +30,67 @@ const (
 	// Verify that runtime/protoimpl is sufficiently up-to-date.
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
+
+// PowerAction is what PowerMachine does.
+type PowerAction int32
+
+const (
+	// Not set: INVALID_ARGUMENT.
+	PowerAction_POWER_ACTION_UNSPECIFIED PowerAction = 0
+	// Power on (ResetType On, or ForceOn).
+	PowerAction_POWER_ACTION_ON PowerAction = 1
+	// Power off at once, without asking the OS to shut down (ResetType ForceOff).
+	PowerAction_POWER_ACTION_OFF PowerAction = 2
+	// Power-cycle (ResetType PowerCycle, or ForceOff then On).
+	PowerAction_POWER_ACTION_CYCLE PowerAction = 3
+	// Only read the power state.
+	PowerAction_POWER_ACTION_STATUS PowerAction = 4
+)
+
+// Enum value maps for PowerAction.
+var (
+	PowerAction_name = map[int32]string{
+		0: "POWER_ACTION_UNSPECIFIED",
+		1: "POWER_ACTION_ON",
+		2: "POWER_ACTION_OFF",
+		3: "POWER_ACTION_CYCLE",
+		4: "POWER_ACTION_STATUS",
+	}
+	PowerAction_value = map[string]int32{
+		"POWER_ACTION_UNSPECIFIED": 0,
+		"POWER_ACTION_ON":          1,
+		"POWER_ACTION_OFF":         2,
+		"POWER_ACTION_CYCLE":       3,
+		"POWER_ACTION_STATUS":      4,
+	}
+)
+
+func (x PowerAction) Enum() *PowerAction {
+	p := new(PowerAction)
+	*p = x
+	return p
+}
+
+func (x PowerAction) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (PowerAction) Descriptor() protoreflect.EnumDescriptor {
+	return file_api_boot_v1_admin_proto_enumTypes[0].Descriptor()
+}
+
+func (PowerAction) Type() protoreflect.EnumType {
+	return &file_api_boot_v1_admin_proto_enumTypes[0]
+}
+
+func (x PowerAction) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use PowerAction.Descriptor instead.
+func (PowerAction) EnumDescriptor() ([]byte, []int) {
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{0}
+}
 
 // GossipRotationPhase is a step of a rack's gossip key rotation.
 type GossipRotationPhase int32
@@ -70,11 +132,11 @@ func (x GossipRotationPhase) String() string {
 }
 
 func (GossipRotationPhase) Descriptor() protoreflect.EnumDescriptor {
-	return file_api_boot_v1_admin_proto_enumTypes[0].Descriptor()
+	return file_api_boot_v1_admin_proto_enumTypes[1].Descriptor()
 }
 
 func (GossipRotationPhase) Type() protoreflect.EnumType {
-	return &file_api_boot_v1_admin_proto_enumTypes[0]
+	return &file_api_boot_v1_admin_proto_enumTypes[1]
 }
 
 func (x GossipRotationPhase) Number() protoreflect.EnumNumber {
@@ -83,7 +145,7 @@ func (x GossipRotationPhase) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use GossipRotationPhase.Descriptor instead.
 func (GossipRotationPhase) EnumDescriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{0}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{1}
 }
 
 // MachineState is a machine's place in gpuboot's lifecycle (ARCHITECTURE.md "Machine
@@ -163,11 +225,11 @@ func (x MachineState) String() string {
 }
 
 func (MachineState) Descriptor() protoreflect.EnumDescriptor {
-	return file_api_boot_v1_admin_proto_enumTypes[1].Descriptor()
+	return file_api_boot_v1_admin_proto_enumTypes[2].Descriptor()
 }
 
 func (MachineState) Type() protoreflect.EnumType {
-	return &file_api_boot_v1_admin_proto_enumTypes[1]
+	return &file_api_boot_v1_admin_proto_enumTypes[2]
 }
 
 func (x MachineState) Number() protoreflect.EnumNumber {
@@ -176,7 +238,7 @@ func (x MachineState) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use MachineState.Descriptor instead.
 func (MachineState) EnumDescriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{1}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{2}
 }
 
 // ReportFormat is the rendering of a rack report. CLI words: md, json, html.
@@ -220,11 +282,11 @@ func (x ReportFormat) String() string {
 }
 
 func (ReportFormat) Descriptor() protoreflect.EnumDescriptor {
-	return file_api_boot_v1_admin_proto_enumTypes[2].Descriptor()
+	return file_api_boot_v1_admin_proto_enumTypes[3].Descriptor()
 }
 
 func (ReportFormat) Type() protoreflect.EnumType {
-	return &file_api_boot_v1_admin_proto_enumTypes[2]
+	return &file_api_boot_v1_admin_proto_enumTypes[3]
 }
 
 func (x ReportFormat) Number() protoreflect.EnumNumber {
@@ -233,7 +295,268 @@ func (x ReportFormat) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ReportFormat.Descriptor instead.
 func (ReportFormat) EnumDescriptor() ([]byte, []int) {
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{3}
+}
+
+// PowerMachineRequest names the machine and the action.
+type PowerMachineRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// MachineRef.
+	Machine string      `protobuf:"bytes,1,opt,name=machine,proto3" json:"machine,omitempty"`
+	Action  PowerAction `protobuf:"varint,2,opt,name=action,proto3,enum=gpurack.boot.v1.PowerAction" json:"action,omitempty"`
+	// Why; optional, recorded in the history with the outcome.
+	Reason        string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PowerMachineRequest) Reset() {
+	*x = PowerMachineRequest{}
+	mi := &file_api_boot_v1_admin_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PowerMachineRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PowerMachineRequest) ProtoMessage() {}
+
+func (x *PowerMachineRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_boot_v1_admin_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PowerMachineRequest.ProtoReflect.Descriptor instead.
+func (*PowerMachineRequest) Descriptor() ([]byte, []int) {
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *PowerMachineRequest) GetMachine() string {
+	if x != nil {
+		return x.Machine
+	}
+	return ""
+}
+
+func (x *PowerMachineRequest) GetAction() PowerAction {
+	if x != nil {
+		return x.Action
+	}
+	return PowerAction_POWER_ACTION_UNSPECIFIED
+}
+
+func (x *PowerMachineRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// PowerMachineResponse is what the BMC did and said.
+type PowerMachineResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The machine's inventory id.
+	MachineId string `protobuf:"bytes,1,opt,name=machine_id,json=machineId,proto3" json:"machine_id,omitempty"`
+	// The BMC's Redfish address and the ComputerSystem's Id on it.
+	Bmc    string `protobuf:"bytes,2,opt,name=bmc,proto3" json:"bmc,omitempty"`
+	System string `protobuf:"bytes,3,opt,name=system,proto3" json:"system,omitempty"`
+	// The PowerState before the action and the last one read ("On", "Off",
+	// "PoweringOn", "PoweringOff", as the BMC reports it).
+	PowerStateBefore string `protobuf:"bytes,4,opt,name=power_state_before,json=powerStateBefore,proto3" json:"power_state_before,omitempty"`
+	PowerState       string `protobuf:"bytes,5,opt,name=power_state,json=powerState,proto3" json:"power_state,omitempty"`
+	// The Reset actions sent, in order; none when the machine already was in the state
+	// asked for, and for status.
+	Resets []*PowerReset `protobuf:"bytes,6,rep,name=resets,proto3" json:"resets,omitempty"`
+	// From the first request to the BMC to the last.
+	Elapsed       *durationpb.Duration `protobuf:"bytes,7,opt,name=elapsed,proto3" json:"elapsed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PowerMachineResponse) Reset() {
+	*x = PowerMachineResponse{}
+	mi := &file_api_boot_v1_admin_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PowerMachineResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PowerMachineResponse) ProtoMessage() {}
+
+func (x *PowerMachineResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_boot_v1_admin_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PowerMachineResponse.ProtoReflect.Descriptor instead.
+func (*PowerMachineResponse) Descriptor() ([]byte, []int) {
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *PowerMachineResponse) GetMachineId() string {
+	if x != nil {
+		return x.MachineId
+	}
+	return ""
+}
+
+func (x *PowerMachineResponse) GetBmc() string {
+	if x != nil {
+		return x.Bmc
+	}
+	return ""
+}
+
+func (x *PowerMachineResponse) GetSystem() string {
+	if x != nil {
+		return x.System
+	}
+	return ""
+}
+
+func (x *PowerMachineResponse) GetPowerStateBefore() string {
+	if x != nil {
+		return x.PowerStateBefore
+	}
+	return ""
+}
+
+func (x *PowerMachineResponse) GetPowerState() string {
+	if x != nil {
+		return x.PowerState
+	}
+	return ""
+}
+
+func (x *PowerMachineResponse) GetResets() []*PowerReset {
+	if x != nil {
+		return x.Resets
+	}
+	return nil
+}
+
+func (x *PowerMachineResponse) GetElapsed() *durationpb.Duration {
+	if x != nil {
+		return x.Elapsed
+	}
+	return nil
+}
+
+// PowerReset is one ComputerSystem.Reset and how it ended.
+type PowerReset struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The ResetType sent, e.g. "ForceOff".
+	ResetType string `protobuf:"bytes,1,opt,name=reset_type,json=resetType,proto3" json:"reset_type,omitempty"`
+	// The BMC's HTTP answer to the POST (200, 202, 204).
+	HttpStatus int32 `protobuf:"varint,2,opt,name=http_status,json=httpStatus,proto3" json:"http_status,omitempty"`
+	// The task monitor the BMC named when it answered 202, the state the task ended in
+	// (Completed, Exception, ...) and its messages.
+	Task         string   `protobuf:"bytes,3,opt,name=task,proto3" json:"task,omitempty"`
+	TaskState    string   `protobuf:"bytes,4,opt,name=task_state,json=taskState,proto3" json:"task_state,omitempty"`
+	TaskMessages []string `protobuf:"bytes,5,rep,name=task_messages,json=taskMessages,proto3" json:"task_messages,omitempty"`
+	// The PowerState waited for, and whether the BMC reported it in time.
+	ExpectedPowerState string `protobuf:"bytes,6,opt,name=expected_power_state,json=expectedPowerState,proto3" json:"expected_power_state,omitempty"`
+	Reached            bool   `protobuf:"varint,7,opt,name=reached,proto3" json:"reached,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
+}
+
+func (x *PowerReset) Reset() {
+	*x = PowerReset{}
+	mi := &file_api_boot_v1_admin_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PowerReset) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PowerReset) ProtoMessage() {}
+
+func (x *PowerReset) ProtoReflect() protoreflect.Message {
+	mi := &file_api_boot_v1_admin_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PowerReset.ProtoReflect.Descriptor instead.
+func (*PowerReset) Descriptor() ([]byte, []int) {
 	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *PowerReset) GetResetType() string {
+	if x != nil {
+		return x.ResetType
+	}
+	return ""
+}
+
+func (x *PowerReset) GetHttpStatus() int32 {
+	if x != nil {
+		return x.HttpStatus
+	}
+	return 0
+}
+
+func (x *PowerReset) GetTask() string {
+	if x != nil {
+		return x.Task
+	}
+	return ""
+}
+
+func (x *PowerReset) GetTaskState() string {
+	if x != nil {
+		return x.TaskState
+	}
+	return ""
+}
+
+func (x *PowerReset) GetTaskMessages() []string {
+	if x != nil {
+		return x.TaskMessages
+	}
+	return nil
+}
+
+func (x *PowerReset) GetExpectedPowerState() string {
+	if x != nil {
+		return x.ExpectedPowerState
+	}
+	return ""
+}
+
+func (x *PowerReset) GetReached() bool {
+	if x != nil {
+		return x.Reached
+	}
+	return false
 }
 
 // WipeDataDiskRequest names the disk to wipe.
@@ -253,7 +576,7 @@ type WipeDataDiskRequest struct {
 
 func (x *WipeDataDiskRequest) Reset() {
 	*x = WipeDataDiskRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[0]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -265,7 +588,7 @@ func (x *WipeDataDiskRequest) String() string {
 func (*WipeDataDiskRequest) ProtoMessage() {}
 
 func (x *WipeDataDiskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[0]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -278,7 +601,7 @@ func (x *WipeDataDiskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WipeDataDiskRequest.ProtoReflect.Descriptor instead.
 func (*WipeDataDiskRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{0}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *WipeDataDiskRequest) GetMachine() string {
@@ -320,7 +643,7 @@ type ListOperatorAuditRequest struct {
 
 func (x *ListOperatorAuditRequest) Reset() {
 	*x = ListOperatorAuditRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[1]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -332,7 +655,7 @@ func (x *ListOperatorAuditRequest) String() string {
 func (*ListOperatorAuditRequest) ProtoMessage() {}
 
 func (x *ListOperatorAuditRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[1]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -345,7 +668,7 @@ func (x *ListOperatorAuditRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOperatorAuditRequest.ProtoReflect.Descriptor instead.
 func (*ListOperatorAuditRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{1}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ListOperatorAuditRequest) GetLimit() int32 {
@@ -365,7 +688,7 @@ type ListOperatorAuditResponse struct {
 
 func (x *ListOperatorAuditResponse) Reset() {
 	*x = ListOperatorAuditResponse{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[2]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -377,7 +700,7 @@ func (x *ListOperatorAuditResponse) String() string {
 func (*ListOperatorAuditResponse) ProtoMessage() {}
 
 func (x *ListOperatorAuditResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[2]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -390,7 +713,7 @@ func (x *ListOperatorAuditResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOperatorAuditResponse.ProtoReflect.Descriptor instead.
 func (*ListOperatorAuditResponse) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{2}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ListOperatorAuditResponse) GetEntries() []*OperatorAuditEntry {
@@ -423,7 +746,7 @@ type OperatorAuditEntry struct {
 
 func (x *OperatorAuditEntry) Reset() {
 	*x = OperatorAuditEntry{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[3]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -435,7 +758,7 @@ func (x *OperatorAuditEntry) String() string {
 func (*OperatorAuditEntry) ProtoMessage() {}
 
 func (x *OperatorAuditEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[3]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -448,7 +771,7 @@ func (x *OperatorAuditEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OperatorAuditEntry.ProtoReflect.Descriptor instead.
 func (*OperatorAuditEntry) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{3}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *OperatorAuditEntry) GetTime() *timestamppb.Timestamp {
@@ -523,7 +846,7 @@ type RevokeOperatorRequest struct {
 
 func (x *RevokeOperatorRequest) Reset() {
 	*x = RevokeOperatorRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[4]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -535,7 +858,7 @@ func (x *RevokeOperatorRequest) String() string {
 func (*RevokeOperatorRequest) ProtoMessage() {}
 
 func (x *RevokeOperatorRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[4]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -548,7 +871,7 @@ func (x *RevokeOperatorRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeOperatorRequest.ProtoReflect.Descriptor instead.
 func (*RevokeOperatorRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{4}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *RevokeOperatorRequest) GetName() string {
@@ -585,7 +908,7 @@ type RevokeOperatorResponse struct {
 
 func (x *RevokeOperatorResponse) Reset() {
 	*x = RevokeOperatorResponse{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[5]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -597,7 +920,7 @@ func (x *RevokeOperatorResponse) String() string {
 func (*RevokeOperatorResponse) ProtoMessage() {}
 
 func (x *RevokeOperatorResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[5]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -610,7 +933,7 @@ func (x *RevokeOperatorResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeOperatorResponse.ProtoReflect.Descriptor instead.
 func (*RevokeOperatorResponse) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{5}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *RevokeOperatorResponse) GetSerials() []string {
@@ -637,7 +960,7 @@ type RotateGossipKeyRequest struct {
 
 func (x *RotateGossipKeyRequest) Reset() {
 	*x = RotateGossipKeyRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[6]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -649,7 +972,7 @@ func (x *RotateGossipKeyRequest) String() string {
 func (*RotateGossipKeyRequest) ProtoMessage() {}
 
 func (x *RotateGossipKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[6]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -662,7 +985,7 @@ func (x *RotateGossipKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RotateGossipKeyRequest.ProtoReflect.Descriptor instead.
 func (*RotateGossipKeyRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{6}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *RotateGossipKeyRequest) GetRack() string {
@@ -682,7 +1005,7 @@ type GetGossipKeyStatusRequest struct {
 
 func (x *GetGossipKeyStatusRequest) Reset() {
 	*x = GetGossipKeyStatusRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[7]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -694,7 +1017,7 @@ func (x *GetGossipKeyStatusRequest) String() string {
 func (*GetGossipKeyStatusRequest) ProtoMessage() {}
 
 func (x *GetGossipKeyStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[7]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -707,7 +1030,7 @@ func (x *GetGossipKeyStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetGossipKeyStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetGossipKeyStatusRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{7}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *GetGossipKeyStatusRequest) GetRack() string {
@@ -737,7 +1060,7 @@ type GossipKeyStatus struct {
 
 func (x *GossipKeyStatus) Reset() {
 	*x = GossipKeyStatus{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[8]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -749,7 +1072,7 @@ func (x *GossipKeyStatus) String() string {
 func (*GossipKeyStatus) ProtoMessage() {}
 
 func (x *GossipKeyStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[8]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -762,7 +1085,7 @@ func (x *GossipKeyStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GossipKeyStatus.ProtoReflect.Descriptor instead.
 func (*GossipKeyStatus) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{8}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *GossipKeyStatus) GetRack() string {
@@ -857,14 +1180,17 @@ type Machine struct {
 	// Its local disks as the agent last reported them; absent before it did.
 	DataDisks *v1.DataDisks `protobuf:"bytes,21,opt,name=data_disks,json=dataDisks,proto3" json:"data_disks,omitempty"`
 	// A data-disk wipe waiting for the agent's next heartbeat; absent when none.
-	PendingWipe   *v1.DataDiskWipe `protobuf:"bytes,22,opt,name=pending_wipe,json=pendingWipe,proto3" json:"pending_wipe,omitempty"`
+	PendingWipe *v1.DataDiskWipe `protobuf:"bytes,22,opt,name=pending_wipe,json=pendingWipe,proto3" json:"pending_wipe,omitempty"`
+	// The BMC's Redfish address, "https://host[:port]", from the bmc column of the
+	// machine's rack manifest row; empty when none (PowerMachine).
+	Bmc           string `protobuf:"bytes,23,opt,name=bmc,proto3" json:"bmc,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Machine) Reset() {
 	*x = Machine{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[9]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -876,7 +1202,7 @@ func (x *Machine) String() string {
 func (*Machine) ProtoMessage() {}
 
 func (x *Machine) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[9]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -889,7 +1215,7 @@ func (x *Machine) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Machine.ProtoReflect.Descriptor instead.
 func (*Machine) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{9}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Machine) GetId() string {
@@ -1046,6 +1372,13 @@ func (x *Machine) GetPendingWipe() *v1.DataDiskWipe {
 	return nil
 }
 
+func (x *Machine) GetBmc() string {
+	if x != nil {
+		return x.Bmc
+	}
+	return ""
+}
+
 // RegisteredKey is one agent key registered for a machine's identity.
 type RegisteredKey struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1073,7 +1406,7 @@ type RegisteredKey struct {
 
 func (x *RegisteredKey) Reset() {
 	*x = RegisteredKey{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[10]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1085,7 +1418,7 @@ func (x *RegisteredKey) String() string {
 func (*RegisteredKey) ProtoMessage() {}
 
 func (x *RegisteredKey) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[10]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1098,7 +1431,7 @@ func (x *RegisteredKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisteredKey.ProtoReflect.Descriptor instead.
 func (*RegisteredKey) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{10}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *RegisteredKey) GetFingerprint() string {
@@ -1186,7 +1519,7 @@ type Transition struct {
 
 func (x *Transition) Reset() {
 	*x = Transition{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[11]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1198,7 +1531,7 @@ func (x *Transition) String() string {
 func (*Transition) ProtoMessage() {}
 
 func (x *Transition) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[11]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1211,7 +1544,7 @@ func (x *Transition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Transition.ProtoReflect.Descriptor instead.
 func (*Transition) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{11}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Transition) GetMachineId() string {
@@ -1280,7 +1613,7 @@ type ListMachinesRequest struct {
 
 func (x *ListMachinesRequest) Reset() {
 	*x = ListMachinesRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[12]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1292,7 +1625,7 @@ func (x *ListMachinesRequest) String() string {
 func (*ListMachinesRequest) ProtoMessage() {}
 
 func (x *ListMachinesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[12]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1305,7 +1638,7 @@ func (x *ListMachinesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMachinesRequest.ProtoReflect.Descriptor instead.
 func (*ListMachinesRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{12}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ListMachinesRequest) GetStates() []MachineState {
@@ -1349,7 +1682,7 @@ type ListMachinesResponse struct {
 
 func (x *ListMachinesResponse) Reset() {
 	*x = ListMachinesResponse{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[13]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1361,7 +1694,7 @@ func (x *ListMachinesResponse) String() string {
 func (*ListMachinesResponse) ProtoMessage() {}
 
 func (x *ListMachinesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[13]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1374,7 +1707,7 @@ func (x *ListMachinesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMachinesResponse.ProtoReflect.Descriptor instead.
 func (*ListMachinesResponse) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{13}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListMachinesResponse) GetMachines() []*Machine {
@@ -1402,7 +1735,7 @@ type GetMachineRequest struct {
 
 func (x *GetMachineRequest) Reset() {
 	*x = GetMachineRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[14]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1414,7 +1747,7 @@ func (x *GetMachineRequest) String() string {
 func (*GetMachineRequest) ProtoMessage() {}
 
 func (x *GetMachineRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[14]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1427,7 +1760,7 @@ func (x *GetMachineRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetMachineRequest.ProtoReflect.Descriptor instead.
 func (*GetMachineRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{14}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *GetMachineRequest) GetMachine() string {
@@ -1457,7 +1790,7 @@ type ApproveRequest struct {
 
 func (x *ApproveRequest) Reset() {
 	*x = ApproveRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[15]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1469,7 +1802,7 @@ func (x *ApproveRequest) String() string {
 func (*ApproveRequest) ProtoMessage() {}
 
 func (x *ApproveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[15]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1482,7 +1815,7 @@ func (x *ApproveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApproveRequest.ProtoReflect.Descriptor instead.
 func (*ApproveRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{15}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ApproveRequest) GetMachine() string {
@@ -1533,7 +1866,7 @@ type RejectRequest struct {
 
 func (x *RejectRequest) Reset() {
 	*x = RejectRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[16]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1545,7 +1878,7 @@ func (x *RejectRequest) String() string {
 func (*RejectRequest) ProtoMessage() {}
 
 func (x *RejectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[16]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1558,7 +1891,7 @@ func (x *RejectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RejectRequest.ProtoReflect.Descriptor instead.
 func (*RejectRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{16}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RejectRequest) GetMachine() string {
@@ -1588,7 +1921,7 @@ type DecommissionRequest struct {
 
 func (x *DecommissionRequest) Reset() {
 	*x = DecommissionRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[17]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1600,7 +1933,7 @@ func (x *DecommissionRequest) String() string {
 func (*DecommissionRequest) ProtoMessage() {}
 
 func (x *DecommissionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[17]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1613,7 +1946,7 @@ func (x *DecommissionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecommissionRequest.ProtoReflect.Descriptor instead.
 func (*DecommissionRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{17}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *DecommissionRequest) GetMachine() string {
@@ -1648,7 +1981,7 @@ type HistoryRequest struct {
 
 func (x *HistoryRequest) Reset() {
 	*x = HistoryRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[18]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1660,7 +1993,7 @@ func (x *HistoryRequest) String() string {
 func (*HistoryRequest) ProtoMessage() {}
 
 func (x *HistoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[18]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1673,7 +2006,7 @@ func (x *HistoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HistoryRequest.ProtoReflect.Descriptor instead.
 func (*HistoryRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{18}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *HistoryRequest) GetMachine() string {
@@ -1715,7 +2048,7 @@ type HistoryResponse struct {
 
 func (x *HistoryResponse) Reset() {
 	*x = HistoryResponse{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[19]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1727,7 +2060,7 @@ func (x *HistoryResponse) String() string {
 func (*HistoryResponse) ProtoMessage() {}
 
 func (x *HistoryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[19]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1740,7 +2073,7 @@ func (x *HistoryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HistoryResponse.ProtoReflect.Descriptor instead.
 func (*HistoryResponse) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{19}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *HistoryResponse) GetTransitions() []*Transition {
@@ -1765,7 +2098,7 @@ type ResolveConflictRequest struct {
 
 func (x *ResolveConflictRequest) Reset() {
 	*x = ResolveConflictRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[20]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1777,7 +2110,7 @@ func (x *ResolveConflictRequest) String() string {
 func (*ResolveConflictRequest) ProtoMessage() {}
 
 func (x *ResolveConflictRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[20]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1790,7 +2123,7 @@ func (x *ResolveConflictRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveConflictRequest.ProtoReflect.Descriptor instead.
 func (*ResolveConflictRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{20}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ResolveConflictRequest) GetMachine() string {
@@ -1827,7 +2160,7 @@ type RackReportRequest struct {
 
 func (x *RackReportRequest) Reset() {
 	*x = RackReportRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[21]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1839,7 +2172,7 @@ func (x *RackReportRequest) String() string {
 func (*RackReportRequest) ProtoMessage() {}
 
 func (x *RackReportRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[21]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1852,7 +2185,7 @@ func (x *RackReportRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RackReportRequest.ProtoReflect.Descriptor instead.
 func (*RackReportRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{21}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *RackReportRequest) GetRack() string {
@@ -1886,7 +2219,7 @@ type RackReportResponse struct {
 
 func (x *RackReportResponse) Reset() {
 	*x = RackReportResponse{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[22]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1898,7 +2231,7 @@ func (x *RackReportResponse) String() string {
 func (*RackReportResponse) ProtoMessage() {}
 
 func (x *RackReportResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[22]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1911,7 +2244,7 @@ func (x *RackReportResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RackReportResponse.ProtoReflect.Descriptor instead.
 func (*RackReportResponse) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{22}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *RackReportResponse) GetContent() []byte {
@@ -1980,7 +2313,7 @@ type RackReportData struct {
 
 func (x *RackReportData) Reset() {
 	*x = RackReportData{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[23]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1992,7 +2325,7 @@ func (x *RackReportData) String() string {
 func (*RackReportData) ProtoMessage() {}
 
 func (x *RackReportData) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[23]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2005,7 +2338,7 @@ func (x *RackReportData) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RackReportData.ProtoReflect.Descriptor instead.
 func (*RackReportData) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{23}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RackReportData) GetRack() string {
@@ -2115,7 +2448,7 @@ type RackReportTenant struct {
 
 func (x *RackReportTenant) Reset() {
 	*x = RackReportTenant{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[24]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2127,7 +2460,7 @@ func (x *RackReportTenant) String() string {
 func (*RackReportTenant) ProtoMessage() {}
 
 func (x *RackReportTenant) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[24]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2140,7 +2473,7 @@ func (x *RackReportTenant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RackReportTenant.ProtoReflect.Descriptor instead.
 func (*RackReportTenant) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{24}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *RackReportTenant) GetTenant() string {
@@ -2206,7 +2539,7 @@ type RackReportTotals struct {
 
 func (x *RackReportTotals) Reset() {
 	*x = RackReportTotals{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[25]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2218,7 +2551,7 @@ func (x *RackReportTotals) String() string {
 func (*RackReportTotals) ProtoMessage() {}
 
 func (x *RackReportTotals) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[25]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2231,7 +2564,7 @@ func (x *RackReportTotals) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RackReportTotals.ProtoReflect.Descriptor instead.
 func (*RackReportTotals) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{25}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *RackReportTotals) GetNodesReady() uint32 {
@@ -2312,7 +2645,7 @@ type RackReportMachine struct {
 
 func (x *RackReportMachine) Reset() {
 	*x = RackReportMachine{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[26]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2324,7 +2657,7 @@ func (x *RackReportMachine) String() string {
 func (*RackReportMachine) ProtoMessage() {}
 
 func (x *RackReportMachine) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[26]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2337,7 +2670,7 @@ func (x *RackReportMachine) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RackReportMachine.ProtoReflect.Descriptor instead.
 func (*RackReportMachine) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{26}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *RackReportMachine) GetMachineId() string {
@@ -2460,7 +2793,7 @@ type CheckTally struct {
 
 func (x *CheckTally) Reset() {
 	*x = CheckTally{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[27]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2472,7 +2805,7 @@ func (x *CheckTally) String() string {
 func (*CheckTally) ProtoMessage() {}
 
 func (x *CheckTally) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[27]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2485,7 +2818,7 @@ func (x *CheckTally) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckTally.ProtoReflect.Descriptor instead.
 func (*CheckTally) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{27}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *CheckTally) GetId() string {
@@ -2534,7 +2867,33 @@ var File_api_boot_v1_admin_proto protoreflect.FileDescriptor
 
 const file_api_boot_v1_admin_proto_rawDesc = "" +
 	"\n" +
-	"\x17api/boot/v1/admin.proto\x12\x0fgpurack.boot.v1\x1a\x1capi/machine/v1/machine.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"s\n" +
+	"\x17api/boot/v1/admin.proto\x12\x0fgpurack.boot.v1\x1a\x1capi/machine/v1/machine.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"}\n" +
+	"\x13PowerMachineRequest\x12\x18\n" +
+	"\amachine\x18\x01 \x01(\tR\amachine\x124\n" +
+	"\x06action\x18\x02 \x01(\x0e2\x1c.gpurack.boot.v1.PowerActionR\x06action\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\x98\x02\n" +
+	"\x14PowerMachineResponse\x12\x1d\n" +
+	"\n" +
+	"machine_id\x18\x01 \x01(\tR\tmachineId\x12\x10\n" +
+	"\x03bmc\x18\x02 \x01(\tR\x03bmc\x12\x16\n" +
+	"\x06system\x18\x03 \x01(\tR\x06system\x12,\n" +
+	"\x12power_state_before\x18\x04 \x01(\tR\x10powerStateBefore\x12\x1f\n" +
+	"\vpower_state\x18\x05 \x01(\tR\n" +
+	"powerState\x123\n" +
+	"\x06resets\x18\x06 \x03(\v2\x1b.gpurack.boot.v1.PowerResetR\x06resets\x123\n" +
+	"\aelapsed\x18\a \x01(\v2\x19.google.protobuf.DurationR\aelapsed\"\xf0\x01\n" +
+	"\n" +
+	"PowerReset\x12\x1d\n" +
+	"\n" +
+	"reset_type\x18\x01 \x01(\tR\tresetType\x12\x1f\n" +
+	"\vhttp_status\x18\x02 \x01(\x05R\n" +
+	"httpStatus\x12\x12\n" +
+	"\x04task\x18\x03 \x01(\tR\x04task\x12\x1d\n" +
+	"\n" +
+	"task_state\x18\x04 \x01(\tR\ttaskState\x12#\n" +
+	"\rtask_messages\x18\x05 \x03(\tR\ftaskMessages\x120\n" +
+	"\x14expected_power_state\x18\x06 \x01(\tR\x12expectedPowerState\x12\x18\n" +
+	"\areached\x18\a \x01(\bR\areached\"s\n" +
 	"\x13WipeDataDiskRequest\x12\x18\n" +
 	"\amachine\x18\x01 \x01(\tR\amachine\x12\x12\n" +
 	"\x04path\x18\x02 \x01(\tR\x04path\x12\x16\n" +
@@ -2572,7 +2931,7 @@ const file_api_boot_v1_admin_proto_rawDesc = "" +
 	"\x15accepted_fingerprints\x18\x04 \x03(\tR\x14acceptedFingerprints\x12\x16\n" +
 	"\x06behind\x18\x05 \x03(\tR\x06behind\x12;\n" +
 	"\vphase_since\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"phaseSince\"\xea\b\n" +
+	"phaseSince\"\xfc\b\n" +
 	"\aMachine\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12?\n" +
 	"\bidentity\x18\x02 \x01(\v2#.gpurack.machine.v1.MachineIdentityR\bidentity\x123\n" +
@@ -2599,7 +2958,8 @@ const file_api_boot_v1_admin_proto_rawDesc = "" +
 	"\x0egpu_allocation\x18\x14 \x01(\v2!.gpurack.machine.v1.GPUAllocationR\rgpuAllocation\x12<\n" +
 	"\n" +
 	"data_disks\x18\x15 \x01(\v2\x1d.gpurack.machine.v1.DataDisksR\tdataDisks\x12C\n" +
-	"\fpending_wipe\x18\x16 \x01(\v2 .gpurack.machine.v1.DataDiskWipeR\vpendingWipe\x1a9\n" +
+	"\fpending_wipe\x18\x16 \x01(\v2 .gpurack.machine.v1.DataDiskWipeR\vpendingWipe\x12\x10\n" +
+	"\x03bmc\x18\x17 \x01(\tR\x03bmc\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xbe\x02\n" +
@@ -2732,7 +3092,13 @@ const file_api_boot_v1_admin_proto_rawDesc = "" +
 	"\x04warn\x18\x03 \x01(\rR\x04warn\x12\x12\n" +
 	"\x04fail\x18\x04 \x01(\rR\x04fail\x12\x18\n" +
 	"\aunknown\x18\x05 \x01(\rR\aunknown\x12%\n" +
-	"\x0enot_applicable\x18\x06 \x01(\rR\rnotApplicable*\xa8\x01\n" +
+	"\x0enot_applicable\x18\x06 \x01(\rR\rnotApplicable*\x87\x01\n" +
+	"\vPowerAction\x12\x1c\n" +
+	"\x18POWER_ACTION_UNSPECIFIED\x10\x00\x12\x13\n" +
+	"\x0fPOWER_ACTION_ON\x10\x01\x12\x14\n" +
+	"\x10POWER_ACTION_OFF\x10\x02\x12\x16\n" +
+	"\x12POWER_ACTION_CYCLE\x10\x03\x12\x17\n" +
+	"\x13POWER_ACTION_STATUS\x10\x04*\xa8\x01\n" +
 	"\x13GossipRotationPhase\x12%\n" +
 	"!GOSSIP_ROTATION_PHASE_UNSPECIFIED\x10\x00\x12 \n" +
 	"\x1cGOSSIP_ROTATION_PHASE_STEADY\x10\x01\x12$\n" +
@@ -2755,7 +3121,7 @@ const file_api_boot_v1_admin_proto_rawDesc = "" +
 	"\x19REPORT_FORMAT_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16REPORT_FORMAT_MARKDOWN\x10\x01\x12\x16\n" +
 	"\x12REPORT_FORMAT_JSON\x10\x02\x12\x16\n" +
-	"\x12REPORT_FORMAT_HTML\x10\x032\xed\b\n" +
+	"\x12REPORT_FORMAT_HTML\x10\x032\xca\t\n" +
 	"\fAdminService\x12[\n" +
 	"\fListMachines\x12$.gpurack.boot.v1.ListMachinesRequest\x1a%.gpurack.boot.v1.ListMachinesResponse\x12J\n" +
 	"\n" +
@@ -2771,7 +3137,8 @@ const file_api_boot_v1_admin_proto_rawDesc = "" +
 	"\x12GetGossipKeyStatus\x12*.gpurack.boot.v1.GetGossipKeyStatusRequest\x1a .gpurack.boot.v1.GossipKeyStatus\x12a\n" +
 	"\x0eRevokeOperator\x12&.gpurack.boot.v1.RevokeOperatorRequest\x1a'.gpurack.boot.v1.RevokeOperatorResponse\x12j\n" +
 	"\x11ListOperatorAudit\x12).gpurack.boot.v1.ListOperatorAuditRequest\x1a*.gpurack.boot.v1.ListOperatorAuditResponse\x12N\n" +
-	"\fWipeDataDisk\x12$.gpurack.boot.v1.WipeDataDiskRequest\x1a\x18.gpurack.boot.v1.MachineB/Z-github.com/gpurack/gpurack/api/boot/v1;bootv1b\x06proto3"
+	"\fWipeDataDisk\x12$.gpurack.boot.v1.WipeDataDiskRequest\x1a\x18.gpurack.boot.v1.Machine\x12[\n" +
+	"\fPowerMachine\x12$.gpurack.boot.v1.PowerMachineRequest\x1a%.gpurack.boot.v1.PowerMachineResponseB/Z-github.com/gpurack/gpurack/api/boot/v1;bootv1b\x06proto3"
 
 var (
 	file_api_boot_v1_admin_proto_rawDescOnce sync.Once
@@ -2785,125 +3152,135 @@ func file_api_boot_v1_admin_proto_rawDescGZIP() []byte {
 	return file_api_boot_v1_admin_proto_rawDescData
 }
 
-var file_api_boot_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_api_boot_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
+var file_api_boot_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
+var file_api_boot_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_api_boot_v1_admin_proto_goTypes = []any{
-	(GossipRotationPhase)(0),          // 0: gpurack.boot.v1.GossipRotationPhase
-	(MachineState)(0),                 // 1: gpurack.boot.v1.MachineState
-	(ReportFormat)(0),                 // 2: gpurack.boot.v1.ReportFormat
-	(*WipeDataDiskRequest)(nil),       // 3: gpurack.boot.v1.WipeDataDiskRequest
-	(*ListOperatorAuditRequest)(nil),  // 4: gpurack.boot.v1.ListOperatorAuditRequest
-	(*ListOperatorAuditResponse)(nil), // 5: gpurack.boot.v1.ListOperatorAuditResponse
-	(*OperatorAuditEntry)(nil),        // 6: gpurack.boot.v1.OperatorAuditEntry
-	(*RevokeOperatorRequest)(nil),     // 7: gpurack.boot.v1.RevokeOperatorRequest
-	(*RevokeOperatorResponse)(nil),    // 8: gpurack.boot.v1.RevokeOperatorResponse
-	(*RotateGossipKeyRequest)(nil),    // 9: gpurack.boot.v1.RotateGossipKeyRequest
-	(*GetGossipKeyStatusRequest)(nil), // 10: gpurack.boot.v1.GetGossipKeyStatusRequest
-	(*GossipKeyStatus)(nil),           // 11: gpurack.boot.v1.GossipKeyStatus
-	(*Machine)(nil),                   // 12: gpurack.boot.v1.Machine
-	(*RegisteredKey)(nil),             // 13: gpurack.boot.v1.RegisteredKey
-	(*Transition)(nil),                // 14: gpurack.boot.v1.Transition
-	(*ListMachinesRequest)(nil),       // 15: gpurack.boot.v1.ListMachinesRequest
-	(*ListMachinesResponse)(nil),      // 16: gpurack.boot.v1.ListMachinesResponse
-	(*GetMachineRequest)(nil),         // 17: gpurack.boot.v1.GetMachineRequest
-	(*ApproveRequest)(nil),            // 18: gpurack.boot.v1.ApproveRequest
-	(*RejectRequest)(nil),             // 19: gpurack.boot.v1.RejectRequest
-	(*DecommissionRequest)(nil),       // 20: gpurack.boot.v1.DecommissionRequest
-	(*HistoryRequest)(nil),            // 21: gpurack.boot.v1.HistoryRequest
-	(*HistoryResponse)(nil),           // 22: gpurack.boot.v1.HistoryResponse
-	(*ResolveConflictRequest)(nil),    // 23: gpurack.boot.v1.ResolveConflictRequest
-	(*RackReportRequest)(nil),         // 24: gpurack.boot.v1.RackReportRequest
-	(*RackReportResponse)(nil),        // 25: gpurack.boot.v1.RackReportResponse
-	(*RackReportData)(nil),            // 26: gpurack.boot.v1.RackReportData
-	(*RackReportTenant)(nil),          // 27: gpurack.boot.v1.RackReportTenant
-	(*RackReportTotals)(nil),          // 28: gpurack.boot.v1.RackReportTotals
-	(*RackReportMachine)(nil),         // 29: gpurack.boot.v1.RackReportMachine
-	(*CheckTally)(nil),                // 30: gpurack.boot.v1.CheckTally
-	nil,                               // 31: gpurack.boot.v1.Machine.LabelsEntry
-	nil,                               // 32: gpurack.boot.v1.RackReportData.MachinesByStateEntry
-	(*timestamppb.Timestamp)(nil),     // 33: google.protobuf.Timestamp
-	(*v1.MachineIdentity)(nil),        // 34: gpurack.machine.v1.MachineIdentity
-	(*v1.MachineFacts)(nil),           // 35: gpurack.machine.v1.MachineFacts
-	(*v1.Checklist)(nil),              // 36: gpurack.machine.v1.Checklist
-	(*v1.HealthSummary)(nil),          // 37: gpurack.machine.v1.HealthSummary
-	(*v1.GPUAllocation)(nil),          // 38: gpurack.machine.v1.GPUAllocation
-	(*v1.DataDisks)(nil),              // 39: gpurack.machine.v1.DataDisks
-	(*v1.DataDiskWipe)(nil),           // 40: gpurack.machine.v1.DataDiskWipe
-	(*v1.DataDisk)(nil),               // 41: gpurack.machine.v1.DataDisk
+	(PowerAction)(0),                  // 0: gpurack.boot.v1.PowerAction
+	(GossipRotationPhase)(0),          // 1: gpurack.boot.v1.GossipRotationPhase
+	(MachineState)(0),                 // 2: gpurack.boot.v1.MachineState
+	(ReportFormat)(0),                 // 3: gpurack.boot.v1.ReportFormat
+	(*PowerMachineRequest)(nil),       // 4: gpurack.boot.v1.PowerMachineRequest
+	(*PowerMachineResponse)(nil),      // 5: gpurack.boot.v1.PowerMachineResponse
+	(*PowerReset)(nil),                // 6: gpurack.boot.v1.PowerReset
+	(*WipeDataDiskRequest)(nil),       // 7: gpurack.boot.v1.WipeDataDiskRequest
+	(*ListOperatorAuditRequest)(nil),  // 8: gpurack.boot.v1.ListOperatorAuditRequest
+	(*ListOperatorAuditResponse)(nil), // 9: gpurack.boot.v1.ListOperatorAuditResponse
+	(*OperatorAuditEntry)(nil),        // 10: gpurack.boot.v1.OperatorAuditEntry
+	(*RevokeOperatorRequest)(nil),     // 11: gpurack.boot.v1.RevokeOperatorRequest
+	(*RevokeOperatorResponse)(nil),    // 12: gpurack.boot.v1.RevokeOperatorResponse
+	(*RotateGossipKeyRequest)(nil),    // 13: gpurack.boot.v1.RotateGossipKeyRequest
+	(*GetGossipKeyStatusRequest)(nil), // 14: gpurack.boot.v1.GetGossipKeyStatusRequest
+	(*GossipKeyStatus)(nil),           // 15: gpurack.boot.v1.GossipKeyStatus
+	(*Machine)(nil),                   // 16: gpurack.boot.v1.Machine
+	(*RegisteredKey)(nil),             // 17: gpurack.boot.v1.RegisteredKey
+	(*Transition)(nil),                // 18: gpurack.boot.v1.Transition
+	(*ListMachinesRequest)(nil),       // 19: gpurack.boot.v1.ListMachinesRequest
+	(*ListMachinesResponse)(nil),      // 20: gpurack.boot.v1.ListMachinesResponse
+	(*GetMachineRequest)(nil),         // 21: gpurack.boot.v1.GetMachineRequest
+	(*ApproveRequest)(nil),            // 22: gpurack.boot.v1.ApproveRequest
+	(*RejectRequest)(nil),             // 23: gpurack.boot.v1.RejectRequest
+	(*DecommissionRequest)(nil),       // 24: gpurack.boot.v1.DecommissionRequest
+	(*HistoryRequest)(nil),            // 25: gpurack.boot.v1.HistoryRequest
+	(*HistoryResponse)(nil),           // 26: gpurack.boot.v1.HistoryResponse
+	(*ResolveConflictRequest)(nil),    // 27: gpurack.boot.v1.ResolveConflictRequest
+	(*RackReportRequest)(nil),         // 28: gpurack.boot.v1.RackReportRequest
+	(*RackReportResponse)(nil),        // 29: gpurack.boot.v1.RackReportResponse
+	(*RackReportData)(nil),            // 30: gpurack.boot.v1.RackReportData
+	(*RackReportTenant)(nil),          // 31: gpurack.boot.v1.RackReportTenant
+	(*RackReportTotals)(nil),          // 32: gpurack.boot.v1.RackReportTotals
+	(*RackReportMachine)(nil),         // 33: gpurack.boot.v1.RackReportMachine
+	(*CheckTally)(nil),                // 34: gpurack.boot.v1.CheckTally
+	nil,                               // 35: gpurack.boot.v1.Machine.LabelsEntry
+	nil,                               // 36: gpurack.boot.v1.RackReportData.MachinesByStateEntry
+	(*durationpb.Duration)(nil),       // 37: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),     // 38: google.protobuf.Timestamp
+	(*v1.MachineIdentity)(nil),        // 39: gpurack.machine.v1.MachineIdentity
+	(*v1.MachineFacts)(nil),           // 40: gpurack.machine.v1.MachineFacts
+	(*v1.Checklist)(nil),              // 41: gpurack.machine.v1.Checklist
+	(*v1.HealthSummary)(nil),          // 42: gpurack.machine.v1.HealthSummary
+	(*v1.GPUAllocation)(nil),          // 43: gpurack.machine.v1.GPUAllocation
+	(*v1.DataDisks)(nil),              // 44: gpurack.machine.v1.DataDisks
+	(*v1.DataDiskWipe)(nil),           // 45: gpurack.machine.v1.DataDiskWipe
+	(*v1.DataDisk)(nil),               // 46: gpurack.machine.v1.DataDisk
 }
 var file_api_boot_v1_admin_proto_depIdxs = []int32{
-	6,  // 0: gpurack.boot.v1.ListOperatorAuditResponse.entries:type_name -> gpurack.boot.v1.OperatorAuditEntry
-	33, // 1: gpurack.boot.v1.OperatorAuditEntry.time:type_name -> google.protobuf.Timestamp
-	0,  // 2: gpurack.boot.v1.GossipKeyStatus.phase:type_name -> gpurack.boot.v1.GossipRotationPhase
-	33, // 3: gpurack.boot.v1.GossipKeyStatus.phase_since:type_name -> google.protobuf.Timestamp
-	34, // 4: gpurack.boot.v1.Machine.identity:type_name -> gpurack.machine.v1.MachineIdentity
-	1,  // 5: gpurack.boot.v1.Machine.state:type_name -> gpurack.boot.v1.MachineState
-	31, // 6: gpurack.boot.v1.Machine.labels:type_name -> gpurack.boot.v1.Machine.LabelsEntry
-	35, // 7: gpurack.boot.v1.Machine.facts:type_name -> gpurack.machine.v1.MachineFacts
-	36, // 8: gpurack.boot.v1.Machine.checklist:type_name -> gpurack.machine.v1.Checklist
-	13, // 9: gpurack.boot.v1.Machine.keys:type_name -> gpurack.boot.v1.RegisteredKey
-	37, // 10: gpurack.boot.v1.Machine.health:type_name -> gpurack.machine.v1.HealthSummary
-	33, // 11: gpurack.boot.v1.Machine.last_heartbeat_at:type_name -> google.protobuf.Timestamp
-	33, // 12: gpurack.boot.v1.Machine.created_at:type_name -> google.protobuf.Timestamp
-	33, // 13: gpurack.boot.v1.Machine.updated_at:type_name -> google.protobuf.Timestamp
-	14, // 14: gpurack.boot.v1.Machine.history:type_name -> gpurack.boot.v1.Transition
-	38, // 15: gpurack.boot.v1.Machine.gpu_allocation:type_name -> gpurack.machine.v1.GPUAllocation
-	39, // 16: gpurack.boot.v1.Machine.data_disks:type_name -> gpurack.machine.v1.DataDisks
-	40, // 17: gpurack.boot.v1.Machine.pending_wipe:type_name -> gpurack.machine.v1.DataDiskWipe
-	33, // 18: gpurack.boot.v1.RegisteredKey.registered_at:type_name -> google.protobuf.Timestamp
-	33, // 19: gpurack.boot.v1.RegisteredKey.last_seen_at:type_name -> google.protobuf.Timestamp
-	1,  // 20: gpurack.boot.v1.Transition.from:type_name -> gpurack.boot.v1.MachineState
-	1,  // 21: gpurack.boot.v1.Transition.to:type_name -> gpurack.boot.v1.MachineState
-	33, // 22: gpurack.boot.v1.Transition.time:type_name -> google.protobuf.Timestamp
-	1,  // 23: gpurack.boot.v1.ListMachinesRequest.states:type_name -> gpurack.boot.v1.MachineState
-	12, // 24: gpurack.boot.v1.ListMachinesResponse.machines:type_name -> gpurack.boot.v1.Machine
-	33, // 25: gpurack.boot.v1.HistoryRequest.since:type_name -> google.protobuf.Timestamp
-	14, // 26: gpurack.boot.v1.HistoryResponse.transitions:type_name -> gpurack.boot.v1.Transition
-	2,  // 27: gpurack.boot.v1.RackReportRequest.format:type_name -> gpurack.boot.v1.ReportFormat
-	26, // 28: gpurack.boot.v1.RackReportResponse.data:type_name -> gpurack.boot.v1.RackReportData
-	33, // 29: gpurack.boot.v1.RackReportData.generated_at:type_name -> google.protobuf.Timestamp
-	29, // 30: gpurack.boot.v1.RackReportData.machines:type_name -> gpurack.boot.v1.RackReportMachine
-	30, // 31: gpurack.boot.v1.RackReportData.checks:type_name -> gpurack.boot.v1.CheckTally
-	32, // 32: gpurack.boot.v1.RackReportData.machines_by_state:type_name -> gpurack.boot.v1.RackReportData.MachinesByStateEntry
-	28, // 33: gpurack.boot.v1.RackReportData.totals:type_name -> gpurack.boot.v1.RackReportTotals
-	27, // 34: gpurack.boot.v1.RackReportData.tenants:type_name -> gpurack.boot.v1.RackReportTenant
-	34, // 35: gpurack.boot.v1.RackReportMachine.identity:type_name -> gpurack.machine.v1.MachineIdentity
-	1,  // 36: gpurack.boot.v1.RackReportMachine.state:type_name -> gpurack.boot.v1.MachineState
-	36, // 37: gpurack.boot.v1.RackReportMachine.checklist:type_name -> gpurack.machine.v1.Checklist
-	37, // 38: gpurack.boot.v1.RackReportMachine.health:type_name -> gpurack.machine.v1.HealthSummary
-	38, // 39: gpurack.boot.v1.RackReportMachine.gpu_allocation:type_name -> gpurack.machine.v1.GPUAllocation
-	41, // 40: gpurack.boot.v1.RackReportMachine.data_disk_problems:type_name -> gpurack.machine.v1.DataDisk
-	15, // 41: gpurack.boot.v1.AdminService.ListMachines:input_type -> gpurack.boot.v1.ListMachinesRequest
-	17, // 42: gpurack.boot.v1.AdminService.GetMachine:input_type -> gpurack.boot.v1.GetMachineRequest
-	18, // 43: gpurack.boot.v1.AdminService.Approve:input_type -> gpurack.boot.v1.ApproveRequest
-	19, // 44: gpurack.boot.v1.AdminService.Reject:input_type -> gpurack.boot.v1.RejectRequest
-	20, // 45: gpurack.boot.v1.AdminService.Decommission:input_type -> gpurack.boot.v1.DecommissionRequest
-	21, // 46: gpurack.boot.v1.AdminService.History:input_type -> gpurack.boot.v1.HistoryRequest
-	23, // 47: gpurack.boot.v1.AdminService.ResolveConflict:input_type -> gpurack.boot.v1.ResolveConflictRequest
-	24, // 48: gpurack.boot.v1.AdminService.RackReport:input_type -> gpurack.boot.v1.RackReportRequest
-	9,  // 49: gpurack.boot.v1.AdminService.RotateGossipKey:input_type -> gpurack.boot.v1.RotateGossipKeyRequest
-	10, // 50: gpurack.boot.v1.AdminService.GetGossipKeyStatus:input_type -> gpurack.boot.v1.GetGossipKeyStatusRequest
-	7,  // 51: gpurack.boot.v1.AdminService.RevokeOperator:input_type -> gpurack.boot.v1.RevokeOperatorRequest
-	4,  // 52: gpurack.boot.v1.AdminService.ListOperatorAudit:input_type -> gpurack.boot.v1.ListOperatorAuditRequest
-	3,  // 53: gpurack.boot.v1.AdminService.WipeDataDisk:input_type -> gpurack.boot.v1.WipeDataDiskRequest
-	16, // 54: gpurack.boot.v1.AdminService.ListMachines:output_type -> gpurack.boot.v1.ListMachinesResponse
-	12, // 55: gpurack.boot.v1.AdminService.GetMachine:output_type -> gpurack.boot.v1.Machine
-	12, // 56: gpurack.boot.v1.AdminService.Approve:output_type -> gpurack.boot.v1.Machine
-	12, // 57: gpurack.boot.v1.AdminService.Reject:output_type -> gpurack.boot.v1.Machine
-	12, // 58: gpurack.boot.v1.AdminService.Decommission:output_type -> gpurack.boot.v1.Machine
-	22, // 59: gpurack.boot.v1.AdminService.History:output_type -> gpurack.boot.v1.HistoryResponse
-	12, // 60: gpurack.boot.v1.AdminService.ResolveConflict:output_type -> gpurack.boot.v1.Machine
-	25, // 61: gpurack.boot.v1.AdminService.RackReport:output_type -> gpurack.boot.v1.RackReportResponse
-	11, // 62: gpurack.boot.v1.AdminService.RotateGossipKey:output_type -> gpurack.boot.v1.GossipKeyStatus
-	11, // 63: gpurack.boot.v1.AdminService.GetGossipKeyStatus:output_type -> gpurack.boot.v1.GossipKeyStatus
-	8,  // 64: gpurack.boot.v1.AdminService.RevokeOperator:output_type -> gpurack.boot.v1.RevokeOperatorResponse
-	5,  // 65: gpurack.boot.v1.AdminService.ListOperatorAudit:output_type -> gpurack.boot.v1.ListOperatorAuditResponse
-	12, // 66: gpurack.boot.v1.AdminService.WipeDataDisk:output_type -> gpurack.boot.v1.Machine
-	54, // [54:67] is the sub-list for method output_type
-	41, // [41:54] is the sub-list for method input_type
-	41, // [41:41] is the sub-list for extension type_name
-	41, // [41:41] is the sub-list for extension extendee
-	0,  // [0:41] is the sub-list for field type_name
+	0,  // 0: gpurack.boot.v1.PowerMachineRequest.action:type_name -> gpurack.boot.v1.PowerAction
+	6,  // 1: gpurack.boot.v1.PowerMachineResponse.resets:type_name -> gpurack.boot.v1.PowerReset
+	37, // 2: gpurack.boot.v1.PowerMachineResponse.elapsed:type_name -> google.protobuf.Duration
+	10, // 3: gpurack.boot.v1.ListOperatorAuditResponse.entries:type_name -> gpurack.boot.v1.OperatorAuditEntry
+	38, // 4: gpurack.boot.v1.OperatorAuditEntry.time:type_name -> google.protobuf.Timestamp
+	1,  // 5: gpurack.boot.v1.GossipKeyStatus.phase:type_name -> gpurack.boot.v1.GossipRotationPhase
+	38, // 6: gpurack.boot.v1.GossipKeyStatus.phase_since:type_name -> google.protobuf.Timestamp
+	39, // 7: gpurack.boot.v1.Machine.identity:type_name -> gpurack.machine.v1.MachineIdentity
+	2,  // 8: gpurack.boot.v1.Machine.state:type_name -> gpurack.boot.v1.MachineState
+	35, // 9: gpurack.boot.v1.Machine.labels:type_name -> gpurack.boot.v1.Machine.LabelsEntry
+	40, // 10: gpurack.boot.v1.Machine.facts:type_name -> gpurack.machine.v1.MachineFacts
+	41, // 11: gpurack.boot.v1.Machine.checklist:type_name -> gpurack.machine.v1.Checklist
+	17, // 12: gpurack.boot.v1.Machine.keys:type_name -> gpurack.boot.v1.RegisteredKey
+	42, // 13: gpurack.boot.v1.Machine.health:type_name -> gpurack.machine.v1.HealthSummary
+	38, // 14: gpurack.boot.v1.Machine.last_heartbeat_at:type_name -> google.protobuf.Timestamp
+	38, // 15: gpurack.boot.v1.Machine.created_at:type_name -> google.protobuf.Timestamp
+	38, // 16: gpurack.boot.v1.Machine.updated_at:type_name -> google.protobuf.Timestamp
+	18, // 17: gpurack.boot.v1.Machine.history:type_name -> gpurack.boot.v1.Transition
+	43, // 18: gpurack.boot.v1.Machine.gpu_allocation:type_name -> gpurack.machine.v1.GPUAllocation
+	44, // 19: gpurack.boot.v1.Machine.data_disks:type_name -> gpurack.machine.v1.DataDisks
+	45, // 20: gpurack.boot.v1.Machine.pending_wipe:type_name -> gpurack.machine.v1.DataDiskWipe
+	38, // 21: gpurack.boot.v1.RegisteredKey.registered_at:type_name -> google.protobuf.Timestamp
+	38, // 22: gpurack.boot.v1.RegisteredKey.last_seen_at:type_name -> google.protobuf.Timestamp
+	2,  // 23: gpurack.boot.v1.Transition.from:type_name -> gpurack.boot.v1.MachineState
+	2,  // 24: gpurack.boot.v1.Transition.to:type_name -> gpurack.boot.v1.MachineState
+	38, // 25: gpurack.boot.v1.Transition.time:type_name -> google.protobuf.Timestamp
+	2,  // 26: gpurack.boot.v1.ListMachinesRequest.states:type_name -> gpurack.boot.v1.MachineState
+	16, // 27: gpurack.boot.v1.ListMachinesResponse.machines:type_name -> gpurack.boot.v1.Machine
+	38, // 28: gpurack.boot.v1.HistoryRequest.since:type_name -> google.protobuf.Timestamp
+	18, // 29: gpurack.boot.v1.HistoryResponse.transitions:type_name -> gpurack.boot.v1.Transition
+	3,  // 30: gpurack.boot.v1.RackReportRequest.format:type_name -> gpurack.boot.v1.ReportFormat
+	30, // 31: gpurack.boot.v1.RackReportResponse.data:type_name -> gpurack.boot.v1.RackReportData
+	38, // 32: gpurack.boot.v1.RackReportData.generated_at:type_name -> google.protobuf.Timestamp
+	33, // 33: gpurack.boot.v1.RackReportData.machines:type_name -> gpurack.boot.v1.RackReportMachine
+	34, // 34: gpurack.boot.v1.RackReportData.checks:type_name -> gpurack.boot.v1.CheckTally
+	36, // 35: gpurack.boot.v1.RackReportData.machines_by_state:type_name -> gpurack.boot.v1.RackReportData.MachinesByStateEntry
+	32, // 36: gpurack.boot.v1.RackReportData.totals:type_name -> gpurack.boot.v1.RackReportTotals
+	31, // 37: gpurack.boot.v1.RackReportData.tenants:type_name -> gpurack.boot.v1.RackReportTenant
+	39, // 38: gpurack.boot.v1.RackReportMachine.identity:type_name -> gpurack.machine.v1.MachineIdentity
+	2,  // 39: gpurack.boot.v1.RackReportMachine.state:type_name -> gpurack.boot.v1.MachineState
+	41, // 40: gpurack.boot.v1.RackReportMachine.checklist:type_name -> gpurack.machine.v1.Checklist
+	42, // 41: gpurack.boot.v1.RackReportMachine.health:type_name -> gpurack.machine.v1.HealthSummary
+	43, // 42: gpurack.boot.v1.RackReportMachine.gpu_allocation:type_name -> gpurack.machine.v1.GPUAllocation
+	46, // 43: gpurack.boot.v1.RackReportMachine.data_disk_problems:type_name -> gpurack.machine.v1.DataDisk
+	19, // 44: gpurack.boot.v1.AdminService.ListMachines:input_type -> gpurack.boot.v1.ListMachinesRequest
+	21, // 45: gpurack.boot.v1.AdminService.GetMachine:input_type -> gpurack.boot.v1.GetMachineRequest
+	22, // 46: gpurack.boot.v1.AdminService.Approve:input_type -> gpurack.boot.v1.ApproveRequest
+	23, // 47: gpurack.boot.v1.AdminService.Reject:input_type -> gpurack.boot.v1.RejectRequest
+	24, // 48: gpurack.boot.v1.AdminService.Decommission:input_type -> gpurack.boot.v1.DecommissionRequest
+	25, // 49: gpurack.boot.v1.AdminService.History:input_type -> gpurack.boot.v1.HistoryRequest
+	27, // 50: gpurack.boot.v1.AdminService.ResolveConflict:input_type -> gpurack.boot.v1.ResolveConflictRequest
+	28, // 51: gpurack.boot.v1.AdminService.RackReport:input_type -> gpurack.boot.v1.RackReportRequest
+	13, // 52: gpurack.boot.v1.AdminService.RotateGossipKey:input_type -> gpurack.boot.v1.RotateGossipKeyRequest
+	14, // 53: gpurack.boot.v1.AdminService.GetGossipKeyStatus:input_type -> gpurack.boot.v1.GetGossipKeyStatusRequest
+	11, // 54: gpurack.boot.v1.AdminService.RevokeOperator:input_type -> gpurack.boot.v1.RevokeOperatorRequest
+	8,  // 55: gpurack.boot.v1.AdminService.ListOperatorAudit:input_type -> gpurack.boot.v1.ListOperatorAuditRequest
+	7,  // 56: gpurack.boot.v1.AdminService.WipeDataDisk:input_type -> gpurack.boot.v1.WipeDataDiskRequest
+	4,  // 57: gpurack.boot.v1.AdminService.PowerMachine:input_type -> gpurack.boot.v1.PowerMachineRequest
+	20, // 58: gpurack.boot.v1.AdminService.ListMachines:output_type -> gpurack.boot.v1.ListMachinesResponse
+	16, // 59: gpurack.boot.v1.AdminService.GetMachine:output_type -> gpurack.boot.v1.Machine
+	16, // 60: gpurack.boot.v1.AdminService.Approve:output_type -> gpurack.boot.v1.Machine
+	16, // 61: gpurack.boot.v1.AdminService.Reject:output_type -> gpurack.boot.v1.Machine
+	16, // 62: gpurack.boot.v1.AdminService.Decommission:output_type -> gpurack.boot.v1.Machine
+	26, // 63: gpurack.boot.v1.AdminService.History:output_type -> gpurack.boot.v1.HistoryResponse
+	16, // 64: gpurack.boot.v1.AdminService.ResolveConflict:output_type -> gpurack.boot.v1.Machine
+	29, // 65: gpurack.boot.v1.AdminService.RackReport:output_type -> gpurack.boot.v1.RackReportResponse
+	15, // 66: gpurack.boot.v1.AdminService.RotateGossipKey:output_type -> gpurack.boot.v1.GossipKeyStatus
+	15, // 67: gpurack.boot.v1.AdminService.GetGossipKeyStatus:output_type -> gpurack.boot.v1.GossipKeyStatus
+	12, // 68: gpurack.boot.v1.AdminService.RevokeOperator:output_type -> gpurack.boot.v1.RevokeOperatorResponse
+	9,  // 69: gpurack.boot.v1.AdminService.ListOperatorAudit:output_type -> gpurack.boot.v1.ListOperatorAuditResponse
+	16, // 70: gpurack.boot.v1.AdminService.WipeDataDisk:output_type -> gpurack.boot.v1.Machine
+	5,  // 71: gpurack.boot.v1.AdminService.PowerMachine:output_type -> gpurack.boot.v1.PowerMachineResponse
+	58, // [58:72] is the sub-list for method output_type
+	44, // [44:58] is the sub-list for method input_type
+	44, // [44:44] is the sub-list for extension type_name
+	44, // [44:44] is the sub-list for extension extendee
+	0,  // [0:44] is the sub-list for field type_name
 }
 
 func init() { file_api_boot_v1_admin_proto_init() }
@@ -2911,15 +3288,15 @@ func file_api_boot_v1_admin_proto_init() {
 	if File_api_boot_v1_admin_proto != nil {
 		return
 	}
-	file_api_boot_v1_admin_proto_msgTypes[24].OneofWrappers = []any{}
-	file_api_boot_v1_admin_proto_msgTypes[25].OneofWrappers = []any{}
+	file_api_boot_v1_admin_proto_msgTypes[27].OneofWrappers = []any{}
+	file_api_boot_v1_admin_proto_msgTypes[28].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_boot_v1_admin_proto_rawDesc), len(file_api_boot_v1_admin_proto_rawDesc)),
-			NumEnums:      3,
-			NumMessages:   30,
+			NumEnums:      4,
+			NumMessages:   33,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

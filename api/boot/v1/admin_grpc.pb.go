@@ -39,6 +39,7 @@ const (
 	AdminService_RevokeOperator_FullMethodName     = "/gpurack.boot.v1.AdminService/RevokeOperator"
 	AdminService_ListOperatorAudit_FullMethodName  = "/gpurack.boot.v1.AdminService/ListOperatorAudit"
 	AdminService_WipeDataDisk_FullMethodName       = "/gpurack.boot.v1.AdminService/WipeDataDisk"
+	AdminService_PowerMachine_FullMethodName       = "/gpurack.boot.v1.AdminService/PowerMachine"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -56,8 +57,9 @@ const (
 // (`gpuboot certs operator NAME --level viewer|operator|admin`; a certificate without
 // one was issued before levels and is an admin's). The levels nest. Reads
 // (ListMachines, GetMachine, History, RackReport, GetGossipKeyStatus, and the REST API
-// and rack view) need viewer; Approve, Reject, Decommission, ResolveConflict and
-// RotateGossipKey need operator; RevokeOperator and ListOperatorAudit need admin. A call
+// and rack view) need viewer; Approve, Reject, Decommission, ResolveConflict,
+// RotateGossipKey, WipeDataDisk and PowerMachine need operator; RevokeOperator and
+// ListOperatorAudit need admin. A call
 // above the caller's level is PERMISSION_DENIED, naming the level it needs.
 //
 // Calls that name a machine take a MachineRef: a string holding the machine's
@@ -134,6 +136,26 @@ type AdminServiceClient interface {
 	// 2 MiB) and reports the outcome, which enters the history too. A machine that is not
 	// approved, joining or ready, or a wipe already pending: FAILED_PRECONDITION.
 	WipeDataDisk(ctx context.Context, in *WipeDataDiskRequest, opts ...grpc.CallOption) (*Machine, error)
+	// PowerMachine powers a machine on or off, power-cycles it, or reads its power state,
+	// through its BMC's Redfish service (`gpuboot machines power`, docs/operations.md
+	// "Power control (Redfish)"). The BMC address is the machine's (Machine.bmc, from the
+	// bmc column of its rack manifest row); the BMC account is gpuboot's, from
+	// bmc-credentials.yaml in its state directory (per rack, or a default). gpuboot opens
+	// a Redfish session, sends the ComputerSystem.Reset the BMC allows (On, ForceOff,
+	// PowerCycle, or ForceOff then On for a cycle where PowerCycle is not offered), follows
+	// the BMC's task, waits until the BMC reports the power state the action leads to, and
+	// closes the session: the call returns when the machine is there, or with an error.
+	// One attempt: a refused or failed Reset is not retried. A machine already in the
+	// state asked for is left alone; a cycle of a machine that is off powers it on.
+	//
+	// Every on, off and cycle is recorded in the machine's history (action "power on",
+	// "power off", "power cycle", or the same with " failed"); status is not. Errors: no
+	// BMC address or no account for the machine's rack, credentials the BMC refuses, a
+	// ResetType the BMC does not allow: FAILED_PRECONDITION; the BMC unreachable:
+	// UNAVAILABLE; the power state not reached in time: DEADLINE_EXCEEDED; the BMC
+	// answering with an error or its task failing: ABORTED; another power action on the
+	// machine under way: FAILED_PRECONDITION. Each message names the BMC and what to fix.
+	PowerMachine(ctx context.Context, in *PowerMachineRequest, opts ...grpc.CallOption) (*PowerMachineResponse, error)
 }
 
 type adminServiceClient struct {
@@ -274,6 +296,16 @@ func (c *adminServiceClient) WipeDataDisk(ctx context.Context, in *WipeDataDiskR
 	return out, nil
 }
 
+func (c *adminServiceClient) PowerMachine(ctx context.Context, in *PowerMachineRequest, opts ...grpc.CallOption) (*PowerMachineResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PowerMachineResponse)
+	err := c.cc.Invoke(ctx, AdminService_PowerMachine_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
@@ -289,8 +321,9 @@ func (c *adminServiceClient) WipeDataDisk(ctx context.Context, in *WipeDataDiskR
 // (`gpuboot certs operator NAME --level viewer|operator|admin`; a certificate without
 // one was issued before levels and is an admin's). The levels nest. Reads
 // (ListMachines, GetMachine, History, RackReport, GetGossipKeyStatus, and the REST API
-// and rack view) need viewer; Approve, Reject, Decommission, ResolveConflict and
-// RotateGossipKey need operator; RevokeOperator and ListOperatorAudit need admin. A call
+// and rack view) need viewer; Approve, Reject, Decommission, ResolveConflict,
+// RotateGossipKey, WipeDataDisk and PowerMachine need operator; RevokeOperator and
+// ListOperatorAudit need admin. A call
 // above the caller's level is PERMISSION_DENIED, naming the level it needs.
 //
 // Calls that name a machine take a MachineRef: a string holding the machine's
@@ -367,6 +400,26 @@ type AdminServiceServer interface {
 	// 2 MiB) and reports the outcome, which enters the history too. A machine that is not
 	// approved, joining or ready, or a wipe already pending: FAILED_PRECONDITION.
 	WipeDataDisk(context.Context, *WipeDataDiskRequest) (*Machine, error)
+	// PowerMachine powers a machine on or off, power-cycles it, or reads its power state,
+	// through its BMC's Redfish service (`gpuboot machines power`, docs/operations.md
+	// "Power control (Redfish)"). The BMC address is the machine's (Machine.bmc, from the
+	// bmc column of its rack manifest row); the BMC account is gpuboot's, from
+	// bmc-credentials.yaml in its state directory (per rack, or a default). gpuboot opens
+	// a Redfish session, sends the ComputerSystem.Reset the BMC allows (On, ForceOff,
+	// PowerCycle, or ForceOff then On for a cycle where PowerCycle is not offered), follows
+	// the BMC's task, waits until the BMC reports the power state the action leads to, and
+	// closes the session: the call returns when the machine is there, or with an error.
+	// One attempt: a refused or failed Reset is not retried. A machine already in the
+	// state asked for is left alone; a cycle of a machine that is off powers it on.
+	//
+	// Every on, off and cycle is recorded in the machine's history (action "power on",
+	// "power off", "power cycle", or the same with " failed"); status is not. Errors: no
+	// BMC address or no account for the machine's rack, credentials the BMC refuses, a
+	// ResetType the BMC does not allow: FAILED_PRECONDITION; the BMC unreachable:
+	// UNAVAILABLE; the power state not reached in time: DEADLINE_EXCEEDED; the BMC
+	// answering with an error or its task failing: ABORTED; another power action on the
+	// machine under way: FAILED_PRECONDITION. Each message names the BMC and what to fix.
+	PowerMachine(context.Context, *PowerMachineRequest) (*PowerMachineResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -415,6 +468,9 @@ func (UnimplementedAdminServiceServer) ListOperatorAudit(context.Context, *ListO
 }
 func (UnimplementedAdminServiceServer) WipeDataDisk(context.Context, *WipeDataDiskRequest) (*Machine, error) {
 	return nil, status.Error(codes.Unimplemented, "method WipeDataDisk not implemented")
+}
+func (UnimplementedAdminServiceServer) PowerMachine(context.Context, *PowerMachineRequest) (*PowerMachineResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method PowerMachine not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -671,6 +727,24 @@ func _AdminService_WipeDataDisk_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_PowerMachine_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PowerMachineRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).PowerMachine(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_PowerMachine_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).PowerMachine(ctx, req.(*PowerMachineRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -729,6 +803,10 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "WipeDataDisk",
 			Handler:    _AdminService_WipeDataDisk_Handler,
+		},
+		{
+			MethodName: "PowerMachine",
+			Handler:    _AdminService_PowerMachine_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
