@@ -67,7 +67,7 @@ func newMachinesCommand() *cobra.Command {
 	f.register(cmd)
 	reject, resolve, decom := newMachinesDecisionCommands(&f)
 	cmd.AddCommand(newMachinesListCommand(&f), newMachinesShowCommand(&f), newMachinesApproveCommand(&f), reject, resolve, decom,
-		newMachinesWipeDiskCommand(&f), newMachinesHistoryCommand(&f))
+		newMachinesWipeDiskCommand(&f), newMachinesPowerCommand(&f), newMachinesHistoryCommand(&f))
 	return cmd
 }
 
@@ -373,6 +373,9 @@ func printMachine(w io.Writer, m *bootv1.Machine) {
 	row("key fingerprint:", m.KeyFingerprint)
 	if m.EkHash != "" {
 		row("TPM EK:", m.EkHash)
+	}
+	if m.Bmc != "" {
+		row("BMC:", m.Bmc)
 	}
 	if f := m.Facts; f != nil {
 		row("hostname:", f.Hostname)
