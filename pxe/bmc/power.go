@@ -29,9 +29,10 @@ func Power(ctx context.Context, ep Endpoint, systemID string, action Action, opt
 	start := time.Now()
 	res = Result{Address: ep.Address, System: systemID, Action: action}
 	defer func() { res.Elapsed = time.Since(start) }()
-	if _, err := ParseAction(string(action)); err != nil {
+	if action, err = ParseAction(string(action)); err != nil {
 		return res, errorf(KindInvalid, err, "%v", err)
 	}
+	res.Action = action
 	opts = opts.withDefaults()
 	s, err := open(ctx, ep, opts)
 	if err != nil {

@@ -108,6 +108,21 @@ func TestPowerTaskException(t *testing.T) {
 	}
 }
 
+func TestActionSpelling(t *testing.T) {
+	srv := redfishtest.New(t, redfishtest.Config{})
+	res, err := bmc.Power(context.Background(), endpoint(srv), "", bmc.Action("OFF"), fast)
+	if err != nil || res.Action != bmc.ActionOff || res.PowerState != bmc.PowerOff {
+		t.Errorf("power OFF = %+v, %v; want off", res, err)
+	}
+	before := len(srv.Requests())
+	if _, err := bmc.Power(context.Background(), endpoint(srv), "", bmc.Action("reboot"), fast); bmc.KindOf(err) != bmc.KindInvalid {
+		t.Errorf("power reboot: %v, want KindInvalid", err)
+	}
+	if n := len(srv.Requests()); n != before {
+		t.Errorf("an invalid action reached the BMC: %q", srv.Requests()[before:])
+	}
+}
+
 func TestCycleWithoutPowerCycle(t *testing.T) {
 	srv := redfishtest.New(t, redfishtest.Config{AllowedResetTypes: []string{"On", "ForceOff"}, PowerDelay: 30 * time.Millisecond})
 	res, err := bmc.Power(context.Background(), endpoint(srv), "", bmc.ActionCycle, fast)
