@@ -10,6 +10,7 @@ package gpupods
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -19,6 +20,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -366,7 +368,16 @@ func podDevices(t *testing.T, ctx context.Context, ns, ip string) string {
 	t.Helper()
 	var body string
 	err := netnstest.InNamespace(ns, func() error {
-		conn, err := (&net.Dialer{Timeout: 10 * time.Second}).DialContext(ctx, "tcp", net.JoinHostPort(ip, "8080"))
+		// A Running pod's probe may not listen yet (the pods have no readiness probe):
+		// a refused connection is tried again for a while.
+		var conn net.Conn
+		var err error
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+			conn, err = (&net.Dialer{Timeout: 10 * time.Second}).DialContext(ctx, "tcp", net.JoinHostPort(ip, "8080"))
+			if err == nil || !errors.Is(err, syscall.ECONNREFUSED) || time.Now().After(deadline) {
+				break
+			}
+		}
 		if err != nil {
 			return err
 		}
