@@ -28,6 +28,9 @@ type scriptedService struct {
 	mu       sync.Mutex
 	attempts int
 	up       chan struct{}
+	// order, when set, gets the name once the service is up, before it opens its
+	// gate: the order of names is the order the services came up.
+	order chan string
 }
 
 func (s *scriptedService) Name() string { return s.name }
@@ -46,6 +49,9 @@ func (s *scriptedService) attempt(ctx context.Context, g gated) error {
 		}
 	}
 	s.set(Running, "up")
+	if s.order != nil {
+		s.order <- s.name
+	}
 	g.open()
 	close(s.up)
 	<-ctx.Done()
@@ -135,8 +141,9 @@ func TestSupervisorGates(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	n := &node{log: slog.New(slog.DiscardHandler), services: NewServices(ctx, slog.New(slog.DiscardHandler))}
-	first := &scriptedService{name: "first", errs: []error{errModule}, up: make(chan struct{})}
-	second := &scriptedService{name: "second", waitGate: true, up: make(chan struct{})}
+	order := make(chan string, 2)
+	first := &scriptedService{name: "first", errs: []error{errModule}, up: make(chan struct{}), order: order}
+	second := &scriptedService{name: "second", waitGate: true, up: make(chan struct{}), order: order}
 	late := &scriptedService{name: "late", up: make(chan struct{})}
 	fast := retry.Backoff{First: 20 * time.Millisecond, Max: 20 * time.Millisecond}
 	n.supervise([]postJoinService{
@@ -144,17 +151,18 @@ func TestSupervisorGates(t *testing.T) {
 		{svc: first, startAfter: kubeletJoined, opens: kubeProxySynced, restart: fast},
 		{svc: late, startAfter: gate("never opened")},
 	}, kubeletJoined)
-	select {
-	case <-second.up:
-		t.Fatal("second came up before first opened its gate")
-	case <-first.up:
-	case <-time.After(10 * time.Second):
-		t.Fatal("first never came up")
-	}
-	select {
-	case <-second.up:
-	case <-time.After(10 * time.Second):
-		t.Fatal("second never came up after first opened its gate")
+	// Both come up, first then second: second waits for the gate first opens once
+	// it is up. (Watching the two up channels instead raced: once the gate is open
+	// both may be closed by the time a select looks.)
+	for _, want := range []string{"first", "second"} {
+		select {
+		case got := <-order:
+			if got != want {
+				t.Fatalf("%s came up before first opened its gate", got)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s never came up", want)
+		}
 	}
 	cancel()
 	n.services.Wait()
