@@ -11,7 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-order=(pxe node gpu rack image agent gossip controlplane go)
+order=(pxe node storage gpu rack image agent gossip controlplane go)
 out=docs/benchmarks.md
 tmp=$(mktemp)
 trap 'rm -f "$tmp"' EXIT

@@ -11,8 +11,9 @@
 #
 #   test/bench/storage.sh                one TestRack run (RUNS=1): 3 alternating samples a side
 #   RUNS=3 test/bench/storage.sh         three runs, 9 samples a side
-#   FIGURES=FILE test/bench/storage.sh   no run: write the section from figures a run
-#                                        with GPURACK_STORAGE_FIGURES=FILE left
+#   FIGURES=FILE COMMIT=REV test/bench/storage.sh
+#                                        no run: write the section from the figures a run
+#                                        of commit REV with GPURACK_STORAGE_FIGURES=FILE left
 #   OUT=FILE test/bench/storage.sh       write the section to FILE instead of docs/bench/
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -34,8 +35,11 @@ if [ ! -s "$figures" ]; then
   echo "storage bench: no figures in $figures (TestRack writes them in its gpurack-local subtest)" >&2
   exit 1
 fi
-commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
-git diff --quiet HEAD -- 2>/dev/null || commit="$commit + local changes"
+commit=${COMMIT:-}
+if [ -z "$commit" ]; then
+  commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+  git diff --quiet HEAD -- 2>/dev/null || commit="$commit + local changes"
+fi
 cell() { # NAME -> "median (min–max), n=N"
   local n
   n=$(awk -F'\t' -v n="$1" '$1 == n' "$figures" | wc -l)
@@ -68,6 +72,13 @@ section=$(mktemp)
   echo "| figure | seconds |"
   echo "|---|---|"
   echo "| claim -> volume: first pod created -> PersistentVolume created (WaitForFirstConsumer) | $(cell storage-claim-bound) |"
+  echo
+  echo "The reads spread most: QEMU opens the qcow2 file with its default cache (writeback),"
+  echo "so the guest's O_DIRECT reads may still be served from the host's page cache, by luck"
+  echo "of what it holds; with three samples a side the read ratio is not a finding about the"
+  echo "volume. Both sides are the same XFS on the same partition: a volume differs only by its"
+  echo "directory's project id, which XFS accounts when blocks are allocated, not per read."
+  echo "More runs (RUNS=3) narrow it."
   echo
   echo "The claim's time runs from the pod's creation (the claim waited for a consumer) through"
   echo "scheduling with the published capacity, the controller-manager's hand-off to the"
