@@ -52,23 +52,38 @@ func Apply(ctx context.Context, client dynamic.Interface, objs []Object) error {
 // without this wait a just-started cluster would briefly admit anything the
 // enroller's RBAC allows.
 func WaitEnrollerPolicy(ctx context.Context, admin *rest.Config) error {
-	cfg := rest.CopyConfig(admin)
-	cfg.Impersonate = rest.ImpersonationConfig{UserName: EnrollerUser, Groups: []string{EnrollerGroup, "system:authenticated"}}
-	client, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return err
-	}
 	probe := &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Namespace: metav1.NamespaceSystem, Name: "gpurack-enroller-policy-probe"},
 		Type:       corev1.SecretTypeOpaque,
 	}
+	as := rest.ImpersonationConfig{UserName: EnrollerUser, Groups: []string{EnrollerGroup, "system:authenticated"}}
+	return WaitPolicy(ctx, admin, EnrollerPolicy, as, func(ctx context.Context, c kubernetes.Interface, dryRun metav1.CreateOptions) error {
+		_, err := c.CoreV1().Secrets(metav1.NamespaceSystem).Create(ctx, probe, dryRun)
+		return err
+	})
+}
+
+// WaitPolicy waits, up to a minute, until the apiserver enforces the
+// ValidatingAdmissionPolicy named policy: until create, a dry-run create made as
+// the impersonated user that the policy must refuse, fails naming it. The
+// admission plugin loads a new policy asynchronously; without this wait a
+// just-started cluster would briefly admit what the policy is there to refuse.
+func WaitPolicy(ctx context.Context, admin *rest.Config, policy string, as rest.ImpersonationConfig,
+	create func(ctx context.Context, c kubernetes.Interface, dryRun metav1.CreateOptions) error) error {
+	cfg := rest.CopyConfig(admin)
+	cfg.Impersonate = as
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	dryRun := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
 	var last error
 	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
-		_, last = client.CoreV1().Secrets(metav1.NamespaceSystem).Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
-		return last != nil && strings.Contains(last.Error(), EnrollerPolicy), nil
+		last = create(ctx, client, dryRun)
+		return last != nil && strings.Contains(last.Error(), policy), nil
 	})
 	if err != nil {
-		return fmt.Errorf("the apiserver does not enforce the admission policy %s yet (last answer: %v)", EnrollerPolicy, last)
+		return fmt.Errorf("the apiserver does not enforce the admission policy %s yet (last answer: %v)", policy, last)
 	}
 	return nil
 }

@@ -83,7 +83,7 @@ staticPodPath: /etc/kubernetes/manifests
 // and the Roles kubeadm creates so that token holders and nodes may read
 // them.
 func kubeadmConfigMaps(cfg *clusterconfig.Config) []Object {
-	readers := []rbacv1.Subject{group(NodeBootstrapGroup), group(NodesGroup)}
+	readers := []rbacv1.Subject{Group(NodeBootstrapGroup), Group(NodesGroup)}
 	cm := func(name, key, value string) Object {
 		return Object{gvrConfigMap, &corev1.ConfigMap{
 			TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"},
@@ -96,10 +96,10 @@ func kubeadmConfigMaps(cfg *clusterconfig.Config) []Object {
 	}
 	return []Object{
 		cm(KubeadmConfigMap, "ClusterConfiguration", ClusterConfiguration(cfg)),
-		role(metav1.NamespaceSystem, "kubeadm:nodes-kubeadm-config", get(KubeadmConfigMap)),
-		roleBinding(metav1.NamespaceSystem, "kubeadm:nodes-kubeadm-config", readers...),
+		Role(metav1.NamespaceSystem, "kubeadm:nodes-kubeadm-config", get(KubeadmConfigMap)),
+		RoleBinding(metav1.NamespaceSystem, "kubeadm:nodes-kubeadm-config", readers...),
 		cm(KubeletConfigMap, "kubelet", KubeletConfiguration(cfg)),
-		role(metav1.NamespaceSystem, "kubeadm:kubelet-config", get(KubeletConfigMap)),
-		roleBinding(metav1.NamespaceSystem, "kubeadm:kubelet-config", readers...),
+		Role(metav1.NamespaceSystem, "kubeadm:kubelet-config", get(KubeletConfigMap)),
+		RoleBinding(metav1.NamespaceSystem, "kubeadm:kubelet-config", readers...),
 	}
 }

@@ -127,7 +127,8 @@ func ClusterInfo(cfg *clusterconfig.Config, caPEM []byte) (*corev1.ConfigMap, er
 	}, nil
 }
 
-func clusterRoleBinding(name, role string, subjects ...rbacv1.Subject) Object {
+// ClusterRoleBinding binds ClusterRole role to subjects under name.
+func ClusterRoleBinding(name, role string, subjects ...rbacv1.Subject) Object {
 	return Object{gvrClusterRoleBinding, &rbacv1.ClusterRoleBinding{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRoleBinding"},
 		ObjectMeta: metav1.ObjectMeta{Name: name},
@@ -136,7 +137,8 @@ func clusterRoleBinding(name, role string, subjects ...rbacv1.Subject) Object {
 	}}
 }
 
-func clusterRole(name string, rules ...rbacv1.PolicyRule) Object {
+// ClusterRole is a ClusterRole named name with rules.
+func ClusterRole(name string, rules ...rbacv1.PolicyRule) Object {
 	return Object{gvrClusterRole, &rbacv1.ClusterRole{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRole"},
 		ObjectMeta: metav1.ObjectMeta{Name: name},
@@ -144,7 +146,8 @@ func clusterRole(name string, rules ...rbacv1.PolicyRule) Object {
 	}}
 }
 
-func role(ns, name string, rules ...rbacv1.PolicyRule) Object {
+// Role is a Role in namespace ns named name with rules.
+func Role(ns, name string, rules ...rbacv1.PolicyRule) Object {
 	return Object{gvrRole, &rbacv1.Role{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "Role"},
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
@@ -152,7 +155,8 @@ func role(ns, name string, rules ...rbacv1.PolicyRule) Object {
 	}}
 }
 
-func roleBinding(ns, name string, subjects ...rbacv1.Subject) Object {
+// RoleBinding binds the Role of the same name in ns to subjects.
+func RoleBinding(ns, name string, subjects ...rbacv1.Subject) Object {
 	return Object{gvrRoleBinding, &rbacv1.RoleBinding{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "RoleBinding"},
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
@@ -161,11 +165,13 @@ func roleBinding(ns, name string, subjects ...rbacv1.Subject) Object {
 	}}
 }
 
-func group(name string) rbacv1.Subject {
+// Group is an RBAC subject for a group.
+func Group(name string) rbacv1.Subject {
 	return rbacv1.Subject{Kind: rbacv1.GroupKind, APIGroup: rbacv1.GroupName, Name: name}
 }
 
-func user(name string) rbacv1.Subject {
+// User is an RBAC subject for a user.
+func User(name string) rbacv1.Subject {
 	return rbacv1.Subject{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: name}
 }
 
@@ -176,14 +182,14 @@ func user(name string) rbacv1.Subject {
 // kube-public/cluster-info.
 func nodeBootstrapRBAC() []Object {
 	return []Object{
-		clusterRoleBinding("kubeadm:kubelet-bootstrap", "system:node-bootstrapper", group(NodeBootstrapGroup)),
-		clusterRole("kubeadm:get-nodes", rbacv1.PolicyRule{Verbs: []string{"get"}, APIGroups: []string{""}, Resources: []string{"nodes"}}),
-		clusterRoleBinding("kubeadm:get-nodes", "kubeadm:get-nodes", group(NodeBootstrapGroup)),
-		clusterRoleBinding("kubeadm:node-autoapprove-bootstrap", "system:certificates.k8s.io:certificatesigningrequests:nodeclient", group(NodeBootstrapGroup)),
-		clusterRoleBinding("kubeadm:node-autoapprove-certificate-rotation", "system:certificates.k8s.io:certificatesigningrequests:selfnodeclient", group(NodesGroup)),
-		role(metav1.NamespacePublic, "kubeadm:bootstrap-signer-clusterinfo",
+		ClusterRoleBinding("kubeadm:kubelet-bootstrap", "system:node-bootstrapper", Group(NodeBootstrapGroup)),
+		ClusterRole("kubeadm:get-nodes", rbacv1.PolicyRule{Verbs: []string{"get"}, APIGroups: []string{""}, Resources: []string{"nodes"}}),
+		ClusterRoleBinding("kubeadm:get-nodes", "kubeadm:get-nodes", Group(NodeBootstrapGroup)),
+		ClusterRoleBinding("kubeadm:node-autoapprove-bootstrap", "system:certificates.k8s.io:certificatesigningrequests:nodeclient", Group(NodeBootstrapGroup)),
+		ClusterRoleBinding("kubeadm:node-autoapprove-certificate-rotation", "system:certificates.k8s.io:certificatesigningrequests:selfnodeclient", Group(NodesGroup)),
+		Role(metav1.NamespacePublic, "kubeadm:bootstrap-signer-clusterinfo",
 			rbacv1.PolicyRule{Verbs: []string{"get"}, APIGroups: []string{""}, Resources: []string{"configmaps"}, ResourceNames: []string{bootstrapapi.ConfigMapClusterInfo}}),
-		roleBinding(metav1.NamespacePublic, "kubeadm:bootstrap-signer-clusterinfo", user("system:anonymous")),
+		RoleBinding(metav1.NamespacePublic, "kubeadm:bootstrap-signer-clusterinfo", User("system:anonymous")),
 	}
 }
 
@@ -210,14 +216,14 @@ const (
 // so no node holds a credential that can change the rest of the cluster.
 func nodeServiceRBAC() []Object {
 	return []Object{
-		clusterRole(NodeReaderRole,
+		ClusterRole(NodeReaderRole,
 			rbacv1.PolicyRule{Verbs: []string{"get", "list", "watch"}, APIGroups: []string{""}, Resources: []string{"nodes"}}),
-		clusterRoleBinding(NodeReaderRole, NodeReaderRole, group(NodesGroup)),
-		clusterRoleBinding(NodeProxierBinding, "system:node-proxier", group(NodesGroup)),
-		clusterRole(NodePolicyReaderRole,
+		ClusterRoleBinding(NodeReaderRole, NodeReaderRole, Group(NodesGroup)),
+		ClusterRoleBinding(NodeProxierBinding, "system:node-proxier", Group(NodesGroup)),
+		ClusterRole(NodePolicyReaderRole,
 			rbacv1.PolicyRule{Verbs: []string{"get", "list", "watch"}, APIGroups: []string{""}, Resources: []string{"pods", "namespaces"}},
 			rbacv1.PolicyRule{Verbs: []string{"get", "list", "watch"}, APIGroups: []string{"networking.k8s.io"}, Resources: []string{"networkpolicies"}}),
-		clusterRoleBinding(NodePolicyReaderRole, NodePolicyReaderRole, group(NodesGroup)),
+		ClusterRoleBinding(NodePolicyReaderRole, NodePolicyReaderRole, Group(NodesGroup)),
 	}
 }
 
@@ -230,7 +236,7 @@ func nodeServiceRBAC() []Object {
 const APIServerKubeletBinding = "gpurack:apiserver-kubelet-client"
 
 func apiserverKubeletRBAC() Object {
-	return clusterRoleBinding(APIServerKubeletBinding, "system:kubelet-api-admin",
+	return ClusterRoleBinding(APIServerKubeletBinding, "system:kubelet-api-admin",
 		rbacv1.Subject{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: clusterpki.APIServerKubeletUser})
 }
 
@@ -241,14 +247,14 @@ func apiserverKubeletRBAC() Object {
 // created, so once the later one is enforced the earlier one is too.
 func enrollerObjects() []Object {
 	return append(enrollerNodeObjects(), []Object{
-		role(metav1.NamespaceSystem, "gpurack:enroller",
+		Role(metav1.NamespaceSystem, "gpurack:enroller",
 			rbacv1.PolicyRule{Verbs: []string{"create", "delete"}, APIGroups: []string{""}, Resources: []string{"secrets"}},
 			// gpuboot reads the cluster's networking facts (pod and service subnets,
 			// DNS domain, control-plane endpoint) from the kubeadm-config ConfigMap
 			// and no other (decision 0672).
 			rbacv1.PolicyRule{Verbs: []string{"get"}, APIGroups: []string{""}, Resources: []string{"configmaps"}, ResourceNames: []string{KubeadmConfigMap}}),
-		roleBinding(metav1.NamespaceSystem, "gpurack:enroller", user(EnrollerUser)),
-		clusterRole("gpurack:enroller",
+		RoleBinding(metav1.NamespaceSystem, "gpurack:enroller", User(EnrollerUser)),
+		ClusterRole("gpurack:enroller",
 			// gpuboot's node controller watches Nodes, reads one afresh when its
 			// guarded patch finds it changed, and patches taints; decommissioning
 			// deletes the machine's Node. EnrollerNodePolicy narrows patch and
@@ -257,16 +263,18 @@ func enrollerObjects() []Object {
 			rbacv1.PolicyRule{Verbs: []string{"get", "list", "watch", "patch", "delete"}, APIGroups: []string{""}, Resources: []string{"nodes"}},
 			// The tenants' GPU quotas, for the rack report (read only).
 			rbacv1.PolicyRule{Verbs: []string{"list"}, APIGroups: []string{""}, Resources: []string{"resourcequotas"}}),
-		clusterRoleBinding("gpurack:enroller", "gpurack:enroller", user(EnrollerUser)),
+		ClusterRoleBinding("gpurack:enroller", "gpurack:enroller", User(EnrollerUser)),
 		enrollerPolicy(EnrollerPolicy, []string{"secrets"}, append([]admissionv1.Variable{{
 			Name:       "secret",
 			Expression: "request.operation == 'DELETE' ? oldObject : object",
 		}}, expiryVariables()...), enrollerValidations()),
-		policyBinding(EnrollerPolicy),
+		PolicyBinding(EnrollerPolicy),
 	}...)
 }
 
-func policyBinding(policy string) Object {
+// PolicyBinding enforces the ValidatingAdmissionPolicy named policy everywhere
+// (Deny), under the same name.
+func PolicyBinding(policy string) Object {
 	return Object{gvrVAPBinding, &admissionv1.ValidatingAdmissionPolicyBinding{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "admissionregistration.k8s.io/v1", Kind: "ValidatingAdmissionPolicyBinding"},
 		ObjectMeta: metav1.ObjectMeta{Name: policy},
@@ -281,7 +289,7 @@ func policyBinding(policy string) Object {
 func enrollerNodeObjects() []Object {
 	return []Object{
 		enrollerPolicy(EnrollerNodePolicy, []string{"nodes", "nodes/*"}, enrollerNodeVariables(), enrollerNodeValidations()),
-		policyBinding(EnrollerNodePolicy),
+		PolicyBinding(EnrollerNodePolicy),
 	}
 }
 

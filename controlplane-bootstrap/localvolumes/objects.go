@@ -17,7 +17,6 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"time"
 
 	admissionv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -25,7 +24,6 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
@@ -44,31 +42,27 @@ const (
 )
 
 var (
-	gvrNamespace          = corev1.SchemeGroupVersion.WithResource("namespaces")
-	gvrCSIDriver          = storagev1.SchemeGroupVersion.WithResource("csidrivers")
-	gvrStorageClass       = storagev1.SchemeGroupVersion.WithResource("storageclasses")
-	gvrClusterRole        = rbacv1.SchemeGroupVersion.WithResource("clusterroles")
-	gvrClusterRoleBinding = rbacv1.SchemeGroupVersion.WithResource("clusterrolebindings")
-	gvrRole               = rbacv1.SchemeGroupVersion.WithResource("roles")
-	gvrRoleBinding        = rbacv1.SchemeGroupVersion.WithResource("rolebindings")
-	gvrVAP                = admissionv1.SchemeGroupVersion.WithResource("validatingadmissionpolicies")
-	gvrVAPBinding         = admissionv1.SchemeGroupVersion.WithResource("validatingadmissionpolicybindings")
+	gvrNamespace    = corev1.SchemeGroupVersion.WithResource("namespaces")
+	gvrCSIDriver    = storagev1.SchemeGroupVersion.WithResource("csidrivers")
+	gvrStorageClass = storagev1.SchemeGroupVersion.WithResource("storageclasses")
+	gvrVAP          = admissionv1.SchemeGroupVersion.WithResource("validatingadmissionpolicies")
 )
 
 // Objects returns what init applies for local volumes, in an order that lets each
 // exist when the next needs it (the namespace before its Role, the policy before
 // its binding).
 func Objects() []joinconfig.Object {
+	nodes := joinconfig.Group(joinconfig.NodesGroup)
 	return []joinconfig.Object{
 		{GVR: gvrNamespace, Obj: Namespace()},
 		{GVR: gvrCSIDriver, Obj: CSIDriver()},
 		{GVR: gvrStorageClass, Obj: StorageClass()},
-		{GVR: gvrClusterRole, Obj: ClusterRole()},
-		{GVR: gvrClusterRoleBinding, Obj: ClusterRoleBinding()},
-		{GVR: gvrRole, Obj: CapacityRole()},
-		{GVR: gvrRoleBinding, Obj: CapacityRoleBinding()},
+		joinconfig.ClusterRole(Role, ClusterRules()...),
+		joinconfig.ClusterRoleBinding(Role, Role, nodes),
+		joinconfig.Role(localvol.Namespace, Role, CapacityRules()...),
+		joinconfig.RoleBinding(localvol.Namespace, Role, nodes),
 		{GVR: gvrVAP, Obj: AdmissionPolicy()},
-		{GVR: gvrVAPBinding, Obj: AdmissionPolicyBinding()},
+		joinconfig.PolicyBinding(Policy),
 	}
 }
 
@@ -118,71 +112,28 @@ func StorageClass() *storagev1.StorageClass {
 	}
 }
 
-func nodes() []rbacv1.Subject {
-	return []rbacv1.Subject{{Kind: rbacv1.GroupKind, APIGroup: rbacv1.GroupName, Name: joinconfig.NodesGroup}}
-}
-
-// ClusterRole is what a node's provisioner needs cluster-wide: write volumes (Policy
-// narrows it to the node's own), read claims and update them (to hand a claim back
-// to the scheduler; NodeRestriction refuses a node any update of a claim but its
-// status, so the update is not usable today), read classes, and record events.
-func ClusterRole() *rbacv1.ClusterRole {
+// ClusterRules are what a node's provisioner needs cluster-wide (ClusterRole Role,
+// bound to every node): write volumes (Policy narrows it to the node's own), read
+// claims and update them (to hand a claim back to the scheduler; NodeRestriction
+// refuses a node any update of a claim but its status, so the update is not usable
+// today), read classes, and record events.
+func ClusterRules() []rbacv1.PolicyRule {
 	read := []string{"get", "list", "watch"}
-	return &rbacv1.ClusterRole{
-		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRole"},
-		ObjectMeta: metav1.ObjectMeta{Name: Role},
-		Rules: []rbacv1.PolicyRule{
-			{APIGroups: []string{""}, Resources: []string{"persistentvolumes"}, Verbs: append(read, "create", "update", "patch", "delete")},
-			{APIGroups: []string{""}, Resources: []string{"persistentvolumeclaims"}, Verbs: append(read, "update")},
-			{APIGroups: []string{storagev1.GroupName}, Resources: []string{"storageclasses"}, Verbs: read},
-			{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create", "patch", "update"}},
-		},
+	return []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"persistentvolumes"}, Verbs: append(read, "create", "update", "patch", "delete")},
+		{APIGroups: []string{""}, Resources: []string{"persistentvolumeclaims"}, Verbs: append(read, "update")},
+		{APIGroups: []string{storagev1.GroupName}, Resources: []string{"storageclasses"}, Verbs: read},
+		{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create", "patch", "update"}},
 	}
 }
 
-// ClusterRoleBinding binds ClusterRole to every node.
-func ClusterRoleBinding() *rbacv1.ClusterRoleBinding {
-	return &rbacv1.ClusterRoleBinding{
-		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRoleBinding"},
-		ObjectMeta: metav1.ObjectMeta{Name: Role},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: Role},
-		Subjects:   nodes(),
-	}
-}
-
-// CapacityRole lets a node write CSIStorageCapacity objects in localvol.Namespace
-// only (Policy narrows it to the node's own).
-func CapacityRole() *rbacv1.Role {
-	return &rbacv1.Role{
-		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "Role"},
-		ObjectMeta: metav1.ObjectMeta{Namespace: localvol.Namespace, Name: Role},
-		Rules: []rbacv1.PolicyRule{{
-			APIGroups: []string{storagev1.GroupName}, Resources: []string{"csistoragecapacities"},
-			Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete"},
-		}},
-	}
-}
-
-// CapacityRoleBinding binds CapacityRole to every node.
-func CapacityRoleBinding() *rbacv1.RoleBinding {
-	return &rbacv1.RoleBinding{
-		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "RoleBinding"},
-		ObjectMeta: metav1.ObjectMeta{Namespace: localvol.Namespace, Name: Role},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: Role},
-		Subjects:   nodes(),
-	}
-}
-
-// AdmissionPolicyBinding enforces Policy everywhere (Deny).
-func AdmissionPolicyBinding() *admissionv1.ValidatingAdmissionPolicyBinding {
-	return &admissionv1.ValidatingAdmissionPolicyBinding{
-		TypeMeta:   metav1.TypeMeta{APIVersion: "admissionregistration.k8s.io/v1", Kind: "ValidatingAdmissionPolicyBinding"},
-		ObjectMeta: metav1.ObjectMeta{Name: Policy},
-		Spec: admissionv1.ValidatingAdmissionPolicyBindingSpec{
-			PolicyName:        Policy,
-			ValidationActions: []admissionv1.ValidationAction{admissionv1.Deny},
-		},
-	}
+// CapacityRules let a node write CSIStorageCapacity objects in localvol.Namespace
+// only (Role Role there, bound to every node; Policy narrows it to the node's own).
+func CapacityRules() []rbacv1.PolicyRule {
+	return []rbacv1.PolicyRule{{
+		APIGroups: []string{storagev1.GroupName}, Resources: []string{"csistoragecapacities"},
+		Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete"},
+	}}
 }
 
 // WaitPolicy waits until the apiserver enforces Policy: a dry-run create of a
@@ -190,13 +141,6 @@ func AdmissionPolicyBinding() *admissionv1.ValidatingAdmissionPolicyBinding {
 // it. The admission plugin loads a new policy asynchronously, so without this wait
 // a just-started cluster would briefly let a node write any volume.
 func WaitPolicy(ctx context.Context, admin *rest.Config) error {
-	cfg := rest.CopyConfig(admin)
-	cfg.Impersonate = rest.ImpersonationConfig{UserName: "system:node:gpurack-local-volumes-probe",
-		Groups: []string{joinconfig.NodesGroup, "system:authenticated"}}
-	client, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return err
-	}
 	probe := &corev1.PersistentVolume{
 		ObjectMeta: metav1.ObjectMeta{Name: "gpurack-local-volumes-policy-probe"},
 		Spec: corev1.PersistentVolumeSpec{
@@ -209,15 +153,11 @@ func WaitPolicy(ctx context.Context, admin *rest.Config) error {
 			}}}},
 		},
 	}
-	var last error
-	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
-		_, last = client.CoreV1().PersistentVolumes().Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
-		return last != nil && strings.Contains(last.Error(), Policy), nil
+	as := rest.ImpersonationConfig{UserName: "system:node:gpurack-local-volumes-probe", Groups: []string{joinconfig.NodesGroup, "system:authenticated"}}
+	return joinconfig.WaitPolicy(ctx, admin, Policy, as, func(ctx context.Context, c kubernetes.Interface, dryRun metav1.CreateOptions) error {
+		_, err := c.CoreV1().PersistentVolumes().Create(ctx, probe, dryRun)
+		return err
 	})
-	if err != nil {
-		return fmt.Errorf("the apiserver does not enforce the admission policy %s yet (last answer: %v)", Policy, last)
-	}
-	return nil
 }
 
 // AdmissionPolicy is Policy: it applies to nodes only (members of system:nodes, or

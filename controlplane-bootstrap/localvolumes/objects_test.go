@@ -89,11 +89,11 @@ func TestInitAppliesLocalVolumes(t *testing.T) {
 		t.Errorf("CSIDriver %s: %v %+v, want storageCapacity true", localvol.Provisioner, err, driver)
 	}
 	role, err := cs.RbacV1().ClusterRoles().Get(ctx, localvolumes.Role, metav1.GetOptions{})
-	if err != nil || !reflect.DeepEqual(role.Rules, localvolumes.ClusterRole().Rules) {
+	if err != nil || !reflect.DeepEqual(role.Rules, localvolumes.ClusterRules()) {
 		t.Errorf("cluster role %s: %v %+v", localvolumes.Role, err, role)
 	}
 	capRole, err := cs.RbacV1().Roles(localvol.Namespace).Get(ctx, localvolumes.Role, metav1.GetOptions{})
-	if err != nil || !reflect.DeepEqual(capRole.Rules, localvolumes.CapacityRole().Rules) {
+	if err != nil || !reflect.DeepEqual(capRole.Rules, localvolumes.CapacityRules()) {
 		t.Errorf("role %s/%s: %v %+v", localvol.Namespace, localvolumes.Role, err, capRole)
 	}
 
