@@ -46,11 +46,12 @@ type Capacity struct {
 }
 
 // Publish writes this node's capacity objects, one per StorageClass of the
-// provisioner, and deletes its objects for classes that are gone.
-func (c *Capacity) Publish(ctx context.Context) error {
+// provisioner, and deletes its objects for classes that are gone. It returns the
+// disks' space it published.
+func (c *Capacity) Publish(ctx context.Context) ([]DiskSpace, error) {
 	spaces, err := c.Store.Space()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	var total, largest int64
 	for _, d := range spaces {
@@ -59,7 +60,7 @@ func (c *Capacity) Publish(ctx context.Context) error {
 	}
 	classes, err := c.Classes.List(labels.Everything())
 	if err != nil {
-		return err
+		return nil, err
 	}
 	want := map[string]bool{}
 	for _, sc := range classes {
@@ -69,22 +70,22 @@ func (c *Capacity) Publish(ctx context.Context) error {
 		name := capacityName(sc.Name, c.Node)
 		want[name] = true
 		if err := c.apply(ctx, name, sc.Name, total, largest); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	mine, err := c.Capacities.CSIStorageCapacities(localvol.Namespace).List(labels.SelectorFromSet(labels.Set{localvol.LabelNode: c.Node}))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	for _, o := range mine {
 		if !want[o.Name] {
 			err := c.Client.StorageV1().CSIStorageCapacities(localvol.Namespace).Delete(ctx, o.Name, metav1.DeleteOptions{})
 			if err != nil && !apierrors.IsNotFound(err) {
-				return fmt.Errorf("delete capacity %s: %w", o.Name, err)
+				return nil, fmt.Errorf("delete capacity %s: %w", o.Name, err)
 			}
 		}
 	}
-	return nil
+	return spaces, nil
 }
 
 func (c *Capacity) apply(ctx context.Context, name, class string, total, largest int64) error {

@@ -28,9 +28,9 @@ const publishEvery = 30 * time.Second
 // Run provisions node's gpurack-local volumes in store and publishes its capacity
 // until ctx ends. client authenticates as the node (its kubelet's credentials): the
 // cluster's RBAC and admission policy (controlplane-bootstrap/localvolumes) let a node
-// write only its own volumes and capacity. ready is called once the caches are
-// filled, then with each publication's error (nil when it went through).
-func Run(ctx context.Context, client kubernetes.Interface, node string, store *Store, log *slog.Logger, ready func(error)) error {
+// write only its own volumes and capacity. published is called after each
+// publication with the disks' space it published, or its error.
+func Run(ctx context.Context, client kubernetes.Interface, node string, store *Store, log *slog.Logger, published func([]DiskSpace, error)) error {
 	all := informers.NewSharedInformerFactory(client, 0)
 	mine := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 		o.LabelSelector = labels.Set{localvol.LabelNode: node}.String()
@@ -67,24 +67,24 @@ func Run(ctx context.Context, client kubernetes.Interface, node string, store *S
 		return ctx.Err()
 	}
 	go pc.Run(lctx)
-	return publishLoop(ctx, capacity, kick, ready)
+	return publishLoop(ctx, capacity, kick, published)
 }
 
 // publishLoop publishes the capacity and tells unplaceable claims on every kick and
 // every publishEvery, until ctx ends.
-func publishLoop(ctx context.Context, c *Capacity, kick <-chan struct{}, ready func(error)) error {
+func publishLoop(ctx context.Context, c *Capacity, kick <-chan struct{}, published func([]DiskSpace, error)) error {
 	t := time.NewTicker(publishEvery)
 	defer t.Stop()
 	for {
-		err := c.Publish(ctx)
+		spaces, err := c.Publish(ctx)
 		if err == nil {
 			err = c.TellUnplaceable()
 		}
 		if err != nil {
 			err = fmt.Errorf("local volumes: %w", err)
 		}
-		if ready != nil {
-			ready(err)
+		if published != nil {
+			published(spaces, err)
 		}
 		select {
 		case <-ctx.Done():

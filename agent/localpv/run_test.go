@@ -78,7 +78,7 @@ func TestProvisionerInCluster(t *testing.T) {
 	store, quotas := newStore(t, diskDir(t), diskDir(t))
 	errs := make(chan error, 1)
 	go func() {
-		errs <- Run(ctx, c.NodeClientset(t, "node-a"), "node-a", store, slog.New(slog.DiscardHandler), func(err error) {
+		errs <- Run(ctx, c.NodeClientset(t, "node-a"), "node-a", store, slog.New(slog.DiscardHandler), func(_ []DiskSpace, err error) {
 			if err != nil {
 				t.Logf("publish: %v", err)
 			}

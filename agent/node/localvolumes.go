@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"fmt"
+	"log/slog"
 
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
@@ -19,15 +20,11 @@ type localVolumesService struct {
 	statusCell
 	kubeconfig, node string
 	report           *diskReport
-	run              func(ctx context.Context, client kubernetes.Interface, node string, store *localpv.Store, ready func(error)) error
+	log              *slog.Logger
 }
 
 func (n *node) localVolumes(kubeconfig, nodeName string) *localVolumesService {
-	log := n.log.With("service", "local-volumes")
-	return &localVolumesService{kubeconfig: kubeconfig, node: nodeName, report: n.disks,
-		run: func(ctx context.Context, c kubernetes.Interface, node string, s *localpv.Store, ready func(error)) error {
-			return localpv.Run(ctx, c, node, s, log, ready)
-		}}
+	return &localVolumesService{kubeconfig: kubeconfig, node: nodeName, report: n.disks, log: n.log.With("service", "local-volumes")}
 }
 
 func (s *localVolumesService) Name() string { return "local-volumes" }
@@ -46,17 +43,16 @@ func (s *localVolumesService) attempt(ctx context.Context, _ gated) error {
 	}
 	store := &localpv.Store{Disks: s.readyDisks, Quotas: localpv.Quota{}}
 	s.set(Starting, "waiting for the claims, volumes and capacity caches")
-	return s.run(ctx, client, s.node, store, func(err error) {
+	return localpv.Run(ctx, client, s.node, store, s.log, func(spaces []localpv.DiskSpace, err error) {
 		if err != nil {
 			s.set(Failed, err.Error())
 			return
 		}
-		sp, _ := store.Space()
 		var free int64
-		for _, d := range sp {
+		for _, d := range spaces {
 			free += d.Free
 		}
-		s.set(Running, fmt.Sprintf("%d data disks, %d MiB free for gpurack-local volumes", len(sp), free>>20))
+		s.set(Running, fmt.Sprintf("%d data disks, %d MiB free for gpurack-local volumes", len(spaces), free>>20))
 	})
 }
 
