@@ -173,16 +173,12 @@ func requireHistoryAction(t *testing.T, m *bootv1.Machine, actions ...string) {
 func requireNodeEvent(t *testing.T, ctx context.Context, admin kubernetes.Interface, node, reason, what string) {
 	t.Helper()
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(2 * time.Second) {
-		l, err := admin.CoreV1().Events(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.kind=Node,involvedObject.name=" + node + ",reason=" + reason})
-		if err == nil {
-			for _, e := range l.Items {
-				if strings.Contains(e.Message, what) {
-					return
-				}
-			}
+		got := eventMessages(ctx, admin, metav1.NamespaceDefault, "Node", node, reason)
+		if strings.Contains(got, what) {
+			return
 		}
 		if time.Now().After(deadline) {
-			t.Errorf("no %s Event on Node %s naming %s (err %v)", reason, node, what, err)
+			t.Errorf("no %s Event on Node %s naming %s (events: %s)", reason, node, what, got)
 			return
 		}
 	}

@@ -202,15 +202,21 @@ func awaitUnschedulable(t *testing.T, ctx context.Context, admin kubernetes.Inte
 // deletePods deletes pods (default namespace) at once and waits until they are gone.
 func deletePods(t *testing.T, ctx context.Context, admin kubernetes.Interface, names ...string) {
 	t.Helper()
+	deletePodsIn(t, ctx, admin, metav1.NamespaceDefault, names...)
+}
+
+// deletePodsIn is deletePods in namespace ns.
+func deletePodsIn(t *testing.T, ctx context.Context, admin kubernetes.Interface, ns string, names ...string) {
+	t.Helper()
 	zero := int64(0)
 	for _, name := range names {
-		if err := admin.CoreV1().Pods(metav1.NamespaceDefault).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil && !strings.Contains(err.Error(), "not found") {
-			t.Fatalf("delete pod %s: %v", name, err)
+		if err := admin.CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil && !strings.Contains(err.Error(), "not found") {
+			t.Fatalf("delete pod %s/%s: %v", ns, name, err)
 		}
 	}
 	waitFor(t, ctx, 2*time.Minute, "pods "+strings.Join(names, ", ")+" deleted", func() bool {
 		for _, name := range names {
-			if _, err := admin.CoreV1().Pods(metav1.NamespaceDefault).Get(ctx, name, metav1.GetOptions{}); err == nil {
+			if _, err := admin.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{}); err == nil {
 				return false
 			}
 		}

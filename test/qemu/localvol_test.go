@@ -5,7 +5,6 @@ package qemu
 import (
 	"context"
 	"fmt"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -58,18 +57,8 @@ func volumePod(name, claim string, args ...string) *corev1.Pod {
 func runVolumePod(t *testing.T, ctx context.Context, admin kubernetes.Interface, p *corev1.Pod) (*corev1.Pod, error) {
 	t.Helper()
 	got, err := runPodToEnd(ctx, admin, p, 5*time.Minute)
-	deletePodAndWait(t, ctx, admin, localNS, p.Name)
+	deletePodsIn(t, ctx, admin, localNS, p.Name)
 	return got, err
-}
-
-func deletePodAndWait(t *testing.T, ctx context.Context, admin kubernetes.Interface, ns, name string) {
-	t.Helper()
-	zero := int64(0)
-	_ = admin.CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: &zero})
-	waitFor(t, ctx, 2*time.Minute, "pod "+ns+"/"+name+" gone", func() bool {
-		_, err := admin.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
-		return err != nil
-	})
 }
 
 // checkLocalVolumes is TestRack's gpurack-local subtest on B. It leaves keepClaim
@@ -172,7 +161,7 @@ func unplaceableClaim(t *testing.T, ctx context.Context, admin kubernetes.Interf
 	if sched := eventMessages(ctx, admin, localNS, "Pod", pod.Name, "FailedScheduling"); sched != "" {
 		t.Logf("scheduler: %s", sched)
 	}
-	deletePodAndWait(t, ctx, admin, localNS, pod.Name)
+	deletePodsIn(t, ctx, admin, localNS, pod.Name)
 	_ = admin.CoreV1().PersistentVolumeClaims(localNS).Delete(ctx, "huge", metav1.DeleteOptions{})
 }
 
@@ -193,7 +182,7 @@ func classTypo(t *testing.T, ctx context.Context, admin kubernetes.Interface) {
 		t.Fatal(err)
 	}
 	t.Logf("claim typo: %s", requireEvent(t, ctx, admin, localNS, "PersistentVolumeClaim", "typo", "ProvisioningFailed", `unknown parameter "directoryMod"`))
-	deletePodAndWait(t, ctx, admin, localNS, pod.Name)
+	deletePodsIn(t, ctx, admin, localNS, pod.Name)
 	_ = admin.CoreV1().PersistentVolumeClaims(localNS).Delete(ctx, "typo", metav1.DeleteOptions{})
 }
 
@@ -320,20 +309,10 @@ func benchLocalVolume(t *testing.T, ctx context.Context, admin kubernetes.Interf
 		t.Fatalf("storage bench: %d figures in the output, want 12", len(rows))
 	}
 	rows = append(rows, fmt.Sprintf("storage-claim-bound\t%.0f", bound))
-	if err := appendLines(figures, rows); err != nil {
+	if err := appendFigures(figures, rows); err != nil {
 		t.Error(err)
 	}
 	if err := admin.CoreV1().PersistentVolumeClaims(localNS).Delete(ctx, "bench", metav1.DeleteOptions{}); err != nil {
 		t.Error(err)
 	}
-}
-
-func appendLines(path string, lines []string) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	_, err = f.WriteString(strings.Join(lines, "\n") + "\n")
-	return err
 }

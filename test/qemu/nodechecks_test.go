@@ -387,16 +387,26 @@ func logFigures(t *testing.T, rows [][2]string) {
 	}
 	t.Log(b.String())
 	if path := os.Getenv("GPURACK_NODE_FIGURES"); path != "" {
-		f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
-		if err != nil {
-			t.Errorf("GPURACK_NODE_FIGURES: %v", err)
-			return
-		}
-		defer f.Close()
+		var lines []string
 		for _, r := range rows {
-			fmt.Fprintf(f, "%s\t%s\n", r[0], r[1])
+			lines = append(lines, r[0]+"\t"+r[1])
+		}
+		if err := appendFigures(path, lines); err != nil {
+			t.Errorf("GPURACK_NODE_FIGURES: %v", err)
 		}
 	}
+}
+
+// appendFigures appends lines ("name<TAB>value") to the figures file at path, for the
+// bench scripts (test/bench/node.sh, storage.sh).
+func appendFigures(path string, lines []string) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	_, err = f.WriteString(strings.Join(lines, "\n") + "\n")
+	return err
 }
 
 // runProbe runs the probe image with args in a pod named name on node and waits for
