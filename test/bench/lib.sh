@@ -5,6 +5,9 @@
 #   bench_machine                      one line: cores, CPU model, kernel, date (UTC)
 #   printf '%s\n' 3 1 2 | bench_spread  "2 1 3": median, min and max of numbers on stdin
 #   bench_ratio 2 4                    "0.50": a / b with two decimals, "n/a" if b is 0
+#   bench_testrack node 3 VAR FILE DIR runs TestRack 3 times with VAR=FILE (the test
+#                                      appends its figures there), logs in DIR
+#   bench_commit                       the short commit, "+ local changes" when dirty
 #   bench_section pxe FILE             installs FILE as docs/bench/pxe.md and reassembles
 #                                      docs/benchmarks.md (test/bench/benchdoc.sh)
 #
@@ -42,4 +45,25 @@ bench_section() {
   cat "$2" >"docs/bench/$1.md"
   rm -f "$2"
   test/bench/benchdoc.sh
+}
+
+# bench_testrack NAME RUNS VAR FILE DIR runs TestRack (test/qemu) RUNS times with the
+# environment variable VAR set to FILE, where the test appends its figures; each run's
+# log goes to DIR/run-N.log, and a failed run prints its tail and returns 1.
+bench_testrack() {
+  local name=$1 runs=$2 var=$3 file=$4 logs=$5 i
+  for i in $(seq 1 "$runs"); do
+    echo "$name bench: run $i of $runs (TestRack)" >&2
+    env GPURACK_NETNS_REQUIRED=1 "$var=$file" go test -count=1 -timeout 70m -run 'TestRack$' ./test/qemu/ >"$logs/run-$i.log" 2>&1 ||
+      { tail -50 "$logs/run-$i.log" >&2; echo "$name bench: run $i failed (log above)" >&2; return 1; }
+  done
+}
+
+# bench_commit prints the short commit of the tree, with "+ local changes" when it
+# differs from it.
+bench_commit() {
+  local commit
+  commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+  git diff --quiet HEAD -- 2>/dev/null || commit="$commit + local changes"
+  echo "$commit"
 }

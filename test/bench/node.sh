@@ -23,17 +23,12 @@ OUT=${OUT:-}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 figures=$work/figures.tsv
-for i in $(seq 1 "$RUNS"); do
-  echo "node bench: run $i of $RUNS (TestRack)" >&2
-  GPURACK_NETNS_REQUIRED=1 GPURACK_NODE_FIGURES=$figures go test -count=1 -timeout 50m -run 'TestRack$' ./test/qemu/ >"$work/run-$i.log" 2>&1 ||
-    { tail -50 "$work/run-$i.log" >&2; echo "node bench: run $i failed (log above)" >&2; exit 1; }
-done
+bench_testrack node "$RUNS" GPURACK_NODE_FIGURES "$figures" "$work" || exit 1
 if [ ! -s "$figures" ]; then
   echo "node bench: the runs wrote no figures (TestRack writes them once its probe pod has run)" >&2
   exit 1
 fi
-commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
-git diff --quiet HEAD -- 2>/dev/null || commit="$commit + local changes"
+commit=$(bench_commit)
 ms() { # NAME -> "median (min–max), n=N" in ms, or in s when the median is a second or more; one sample: "value, n=1"
   local n
   n=$(awk -F'\t' -v n="$1" '$1 == n' "$figures" | wc -l)

@@ -25,21 +25,13 @@ trap 'rm -rf "$work"' EXIT
 figures=${FIGURES:-}
 if [ -z "$figures" ]; then
   figures=$work/figures.tsv
-  for i in $(seq 1 "$RUNS"); do
-    echo "storage bench: run $i of $RUNS (TestRack)" >&2
-    GPURACK_NETNS_REQUIRED=1 GPURACK_STORAGE_FIGURES=$figures go test -count=1 -timeout 70m -run 'TestRack$' ./test/qemu/ >"$work/run-$i.log" 2>&1 ||
-      { tail -50 "$work/run-$i.log" >&2; echo "storage bench: run $i failed (log above)" >&2; exit 1; }
-  done
+  bench_testrack storage "$RUNS" GPURACK_STORAGE_FIGURES "$figures" "$work" || exit 1
 fi
 if [ ! -s "$figures" ]; then
   echo "storage bench: no figures in $figures (TestRack writes them in its gpurack-local subtest)" >&2
   exit 1
 fi
-commit=${COMMIT:-}
-if [ -z "$commit" ]; then
-  commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
-  git diff --quiet HEAD -- 2>/dev/null || commit="$commit + local changes"
-fi
+commit=${COMMIT:-$(bench_commit)}
 cell() { # NAME -> "median (min–max), n=N"
   local n
   n=$(awk -F'\t' -v n="$1" '$1 == n' "$figures" | wc -l)
