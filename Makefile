@@ -35,14 +35,16 @@ test: deps ## install what is missing, then run every test (what CI runs); durat
 	@# test/qemu is named first: it is the longest package by far (QEMU under TCG), so it
 	@# starts at once and the other packages run beside it, one at a time (-p 2).
 	@mkdir -p $(BIN) && rm -f $(DURATIONS) && $(GO) build -o $(BIN)/testsummary ./hack/testsummary
-	@set -o pipefail; rc=0; \
+	@# Every reason for a failure is repeated on the last lines, where a log's tail shows it.
+	@set -o pipefail; rc=0; why=; \
 	  echo 'go test -json $(TEST_FLAGS) ./test/qemu/ ./... (the pinned binaries on PATH, GPURACK_NETNS_REQUIRED=1) | testsummary stream'; \
-	  PATH="$(TOOLS):$$PATH" GPURACK_NETNS_REQUIRED=1 $(GO) test -json $(TEST_FLAGS) ./test/qemu/ ./... | $(BIN)/testsummary stream --out $(DURATIONS) || rc=1; \
+	  PATH="$(TOOLS):$$PATH" GPURACK_NETNS_REQUIRED=1 $(GO) test -json $(TEST_FLAGS) ./test/qemu/ ./... | $(BIN)/testsummary stream --out $(DURATIONS) || { rc=1; why="$$why; go test ./... failed"; }; \
 	  echo 'cd images/coredns && $(GO) test -json $(TEST_FLAGS) ./... | testsummary stream'; \
-	  (cd images/coredns && $(GO) test -json $(TEST_FLAGS) ./...) | $(BIN)/testsummary stream --out $(DURATIONS) || rc=1; \
-	  leaked=$$(ip netns list 2>/dev/null | grep -c '^gpr-' || true); \
-	  if [ "$$leaked" != 0 ]; then echo "tests leaked $$leaked network namespaces:"; ip netns list; rc=1; fi; \
-	  $(BIN)/testsummary report $(DURATIONS) || rc=1; \
+	  (cd images/coredns && $(GO) test -json $(TEST_FLAGS) ./...) | $(BIN)/testsummary stream --out $(DURATIONS) || { rc=1; why="$$why; go test in images/coredns failed"; }; \
+	  $(BIN)/testsummary report $(DURATIONS) || { rc=1; why="$$why; testsummary report failed"; }; \
+	  leaked=$$(ip netns list 2>/dev/null | grep '^gpr-' || true); \
+	  if [ -n "$$leaked" ]; then echo "tests leaked network namespaces:"; echo "$$leaked"; rc=1; why="$$why; leaked network namespaces"; fi; \
+	  if [ $$rc != 0 ]; then echo "make test: FAIL: $${why#; }"; fi; \
 	  exit $$rc
 
 .PHONY: lint
@@ -64,6 +66,10 @@ k8s-bins: ## build pinned Kubernetes v1.34.2, etcd v3.6.16, grpcurl, promtool an
 .PHONY: probe-image
 probe-image: ## pack the test probe (test/probe, static Go) into $(BIN)/images/probe.tar with hack/imagearchive, reproducibly
 	hack/probe-image.sh $(BIN)/images/probe.tar
+
+.PHONY: debug-image
+debug-image: ## pack the break-glass debug image (images/debug, static Go, runs as root) into $(BIN)/images/debug.tar, reproducibly
+	hack/debug-image.sh $(BIN)/images/debug.tar
 
 .PHONY: coredns-image
 coredns-image: ## build CoreDNS from pinned source (images/coredns) into $(BIN)/images/coredns.tar with hack/imagearchive, reproducibly

@@ -201,8 +201,8 @@ func TestReflectionListsServices(t *testing.T) {
 	// resolve it. This fails if an import (a well-known type, machine.proto) is missing.
 	methods := map[string][]string{
 		"gpurack.agent.v1.AgentService":     {"Status", "ListGPUs", "RunChecks", "WatchEvents", "InjectFault", "ClearFaults"},
-		"gpurack.boot.v1.EnrollmentService": {"Register", "GetJoinBundle", "ReportCommissioning", "Heartbeat"},
-		"gpurack.boot.v1.AdminService":      {"ListMachines", "GetMachine", "Approve", "Reject", "Decommission", "History", "ResolveConflict", "RackReport", "RotateGossipKey", "GetGossipKeyStatus", "RevokeOperator", "ListOperatorAudit", "WipeDataDisk", "PowerMachine"},
+		"gpurack.boot.v1.EnrollmentService": {"Register", "GetJoinBundle", "ReportCommissioning", "Heartbeat", "RenewAgentCertificate"},
+		"gpurack.boot.v1.AdminService":      {"ListMachines", "GetMachine", "Approve", "Reject", "Decommission", "History", "ResolveConflict", "RackReport", "RotateGossipKey", "GetGossipKeyStatus", "RevokeOperator", "ListOperatorAudit", "WipeDataDisk", "PowerMachine", "StartRollout", "GetRollout", "PauseRollout", "ResumeRollout", "RollbackRollout", "ReleaseRollout"},
 	}
 	files := map[string]*descriptorpb.FileDescriptorProto{}
 	for svc := range methods {

@@ -7,9 +7,11 @@ packages=(
   protobuf-compiler libprotobuf-dev # make generate (protoc and the well-known .proto files)
   curl              # tests and bench scripts fetch over loopback
   systemd           # systemd-analyze verifies the image's units
+  systemd-container # test/systemdhost: systemd-nspawn boots the node image with systemd as PID 1
   cpio              # initramfs inspection in the image tests
   iproute2          # network namespaces in tests
   openssl           # cross-checks of signatures and pins
+  jq                # test/runbooks: docs/operations.md's listing loops (pruning the image store)
   ca-certificates
   git
   gcc libc6-dev     # cgo: gpuagent links dynamically for NVML

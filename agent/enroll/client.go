@@ -58,15 +58,18 @@ type Client struct {
 	// (decision 0650). Nil: the machine has no usable TPM.
 	TPM TPMProver
 
-	mu   sync.Mutex
-	conn *grpc.ClientConn
-	svc  bootv1.EnrollmentServiceClient
-	seq  uint64
-	// mtls is set once the connection presents the agent certificate
-	// (UseCertificate): heartbeats then leave out RequestAuth, as the contract says,
-	// so that gpuboot authenticates them by the certificate and answers with what it
-	// gives only over mutual TLS (the gossip key ring, revocations, data-disk wipes).
-	mtls bool
+	mu     sync.Mutex
+	conn   *grpc.ClientConn
+	svc    bootv1.EnrollmentServiceClient
+	tlsCfg *tls.Config
+	seq    uint64
+	// cert is set once the connection presents the agent certificate
+	// (UseCertificate): while it is valid, heartbeats leave out RequestAuth, as the
+	// contract says, so that gpuboot authenticates them by the certificate and answers
+	// with what it gives only over mutual TLS (the gossip key ring, revocations,
+	// data-disk wipes). An expired certificate is not presented, and heartbeats are
+	// signed with the key until a renewal brings a valid one.
+	cert AgentCertificate
 	// answer is the TPM activation the next Register carries.
 	answer *bootv1.TpmActivation
 }
@@ -100,17 +103,39 @@ func (c *Client) Dial() error {
 	return c.dial(pki.ClientConfigPinned(c.Target.Pin))
 }
 
-// UseCertificate reconnects with the agent certificate for mutual TLS.
-func (c *Client) UseCertificate(cert tls.Certificate) error {
+// AgentCertificate is the agent certificate as the client presents it: the one in use
+// at each TLS handshake (renewal replaces it), and whether it is valid now.
+// agent/joinbundle.Credentials implements it.
+type AgentCertificate interface {
+	GetClientCertificate(*tls.CertificateRequestInfo) (*tls.Certificate, error)
+	Valid(now time.Time) bool
+}
+
+// UseCertificate reconnects with the agent certificate for mutual TLS. Each handshake
+// asks cert for the certificate in use; Reconnect makes the next calls shake hands
+// again (after a renewal).
+func (c *Client) UseCertificate(cert AgentCertificate) error {
 	cfg := pki.ClientConfigPinned(c.Target.Pin)
-	cfg.Certificates = []tls.Certificate{cert}
+	cfg.GetClientCertificate = cert.GetClientCertificate
 	if err := c.dial(cfg); err != nil {
 		return err
 	}
 	c.mu.Lock()
-	c.mtls = true
+	c.cert = cert
 	c.mu.Unlock()
 	return nil
+}
+
+// Reconnect opens a new connection to gpuboot with the same TLS settings and closes
+// the old one, so that the next calls shake hands with the agent certificate in use now.
+func (c *Client) Reconnect() error {
+	c.mu.Lock()
+	cfg := c.tlsCfg
+	c.mu.Unlock()
+	if cfg == nil {
+		return errors.New("enroll: reconnect before Dial")
+	}
+	return c.dial(cfg)
 }
 
 func (c *Client) dial(cfg *tls.Config) error {
@@ -120,13 +145,18 @@ func (c *Client) dial(cfg *tls.Config) error {
 	}
 	c.mu.Lock()
 	old := c.conn
-	c.conn, c.svc = conn, bootv1.NewEnrollmentServiceClient(conn)
+	c.conn, c.svc, c.tlsCfg = conn, bootv1.NewEnrollmentServiceClient(conn), cfg
 	c.mu.Unlock()
 	if old != nil {
-		old.Close()
+		// A call still on the old connection (a heartbeat when a renewal reconnects)
+		// finishes first: every call's own timeout is at most callTimeout.
+		time.AfterFunc(callTimeout, func() { old.Close() })
 	}
 	return nil
 }
+
+// callTimeout bounds each call to gpuboot.
+const callTimeout = 30 * time.Second
 
 // Close closes the connection.
 func (c *Client) Close() error {
@@ -265,7 +295,7 @@ func (c *Client) register(ctx context.Context) (*bootv1.RegisterResponse, error)
 	if err := bootv1.SignRequest(c.Key, bootv1.EnrollmentService_Register_FullMethodName, req, c.now()); err != nil {
 		return nil, err
 	}
-	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	cctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
 	return c.service().Register(cctx, req)
 }
@@ -275,7 +305,7 @@ func (c *Client) getBundle(ctx context.Context, token string, challenge []byte) 
 	if err := bootv1.SignRequest(c.Key, bootv1.EnrollmentService_GetJoinBundle_FullMethodName, req, c.now()); err != nil {
 		return nil, err
 	}
-	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	cctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
 	resp, err := c.service().GetJoinBundle(cctx, req)
 	if err != nil {
@@ -303,7 +333,7 @@ func (c *Client) Report(ctx context.Context, cl *machinev1.Checklist) (*bootv1.R
 	if err := bootv1.SignRequest(c.Key, bootv1.EnrollmentService_ReportCommissioning_FullMethodName, req, c.now()); err != nil {
 		return nil, err
 	}
-	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	cctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
 	resp, err := c.service().ReportCommissioning(cctx, req)
 	if err != nil {
@@ -338,8 +368,9 @@ type HeartbeatFields struct {
 func (c *Client) Heartbeat(ctx context.Context, f HeartbeatFields) (*bootv1.HeartbeatResponse, error) {
 	c.mu.Lock()
 	c.seq++
-	seq, mtls := c.seq, c.mtls
+	seq, cert := c.seq, c.cert
 	c.mu.Unlock()
+	mtls := cert != nil && cert.Valid(c.now())
 	req := &bootv1.HeartbeatRequest{Identity: f.Identity, NodeName: f.NodeName, Health: f.Health, ImageId: f.ImageID,
 		DriverVersion: f.DriverVersion, BootId: f.BootID, Sequence: seq, SentAt: timestamppb.New(c.now()), GossipKeyring: f.GossipKeyring, RevocationsDigest: f.RevocationsDigest,
 		GpuAllocation: f.GPUAllocation, DataDisks: f.DataDisks, WipeResult: f.WipeResult}

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/gpurack/gpurack/agent/joinbundle"
 	agentv1 "github.com/gpurack/gpurack/api/agent/v1"
 	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
 	machinev1 "github.com/gpurack/gpurack/api/machine/v1"
@@ -223,7 +224,7 @@ func TestHeartbeatsOverMutualTLSAreNotSigned(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := c.UseCertificate(tls.Certificate{Certificate: [][]byte{cert.Raw}, PrivateKey: c.Key, Leaf: cert}); err != nil {
+	if err := c.UseCertificate(&joinbundle.Credentials{Cert: cert, Key: c.Key, CA: s.ca.Cert}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := c.Heartbeat(ctx, HeartbeatFields{}); err != nil {

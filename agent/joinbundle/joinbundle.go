@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
@@ -54,11 +55,15 @@ func Load(path string, now time.Time) (*bootv1.JoinBundle, error) {
 	return &b, nil
 }
 
-// Credentials are the agent's certificate, key and the gpurack CA.
+// Credentials are the agent's certificate, key and the gpurack CA. Cert is the
+// certificate the bundle brought; Renew replaces it while the agent runs, and Current,
+// GetCertificate and GetClientCertificate give the one in use.
 type Credentials struct {
 	Cert *x509.Certificate
 	Key  crypto.Signer
 	CA   *x509.Certificate
+
+	renewed atomic.Pointer[x509.Certificate]
 }
 
 // LoadCredentials resolves the bundle's agent_key_ref ("file:PATH", or "sha256:HEX"
@@ -105,7 +110,11 @@ func LoadCredentials(b *bootv1.JoinBundle, keyDir string) (*Credentials, error) 
 	if !ok || !pub.Equal(key.Public()) {
 		return nil, fmt.Errorf("join bundle agent certificate does not hold the agent's public key")
 	}
-	if _, err := cert.Verify(x509.VerifyOptions{Roots: pool(ca), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
+	// The chain is checked as of the certificate's last valid moment: an agent restarted
+	// after its certificate expired still uses its kept bundle and renews at once with
+	// its key (CONTRACTS §2.10), rather than enrolling again for a bundle gpuboot
+	// releases once.
+	if _, err := cert.Verify(x509.VerifyOptions{Roots: pool(ca), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}, CurrentTime: cert.NotAfter}); err != nil {
 		return nil, fmt.Errorf("join bundle agent certificate is not issued by its gpurack CA: %w", err)
 	}
 	return &Credentials{Cert: cert, Key: key, CA: ca}, nil
@@ -129,11 +138,11 @@ func pool(ca *x509.Certificate) *x509.CertPool {
 // the operator level each method needs) and ends open streams a new list revokes.
 func (c *Credentials) ServerTLS(revoked *pki.RevocationList) *tls.Config {
 	return &tls.Config{
-		MinVersion:   tls.VersionTLS12,
-		Certificates: []tls.Certificate{{Certificate: [][]byte{c.Cert.Raw}, PrivateKey: c.Key, Leaf: c.Cert}},
-		ClientAuth:   tls.RequireAndVerifyClientCert,
-		ClientCAs:    pool(c.CA),
-		NextProtos:   []string{"h2"},
+		MinVersion:     tls.VersionTLS12,
+		GetCertificate: c.GetCertificate,
+		ClientAuth:     tls.RequireAndVerifyClientCert,
+		ClientCAs:      pool(c.CA),
+		NextProtos:     []string{"h2"},
 		VerifyConnection: func(cs tls.ConnectionState) error {
 			if revoked != nil {
 				if err := revoked.VerifyConnection(cs); err != nil {

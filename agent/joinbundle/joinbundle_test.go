@@ -63,8 +63,10 @@ func TestLoadAndCredentials(t *testing.T) {
 		t.Fatal(err)
 	}
 	conf := creds.ServerTLS(nil)
-	if conf.ClientAuth.String() != "RequireAndVerifyClientCert" || len(conf.Certificates) != 1 {
+	if conf.ClientAuth.String() != "RequireAndVerifyClientCert" || conf.GetCertificate == nil {
 		t.Errorf("TLS config %+v", conf)
+	} else if c, err := conf.GetCertificate(nil); err != nil || !c.Leaf.Equal(kp.Cert) {
+		t.Errorf("GetCertificate = %v, %v; want the bundle's certificate", c, err)
 	}
 	// sha256: refs name the enrollment key in the key directory.
 	der, _ := x509.MarshalPKIXPublicKey(kp.Key.Public())

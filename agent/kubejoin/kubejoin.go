@@ -112,6 +112,10 @@ type NodeSpec struct {
 	// Replicas is how many devices each GPU is (time-slicing, the profile's
 	// gpu.sharing.timeSlicing.replicas); 0 or 1: one. The capacity is GPUs × Replicas.
 	Replicas int
+	// BootID is the machine's boot id (/proc/sys/kernel/random/boot_id), reported as
+	// status.nodeInfo.bootID as kubelet does: gpuboot holds a rejoining machine's
+	// bootstrap token until its Node reports this boot (CONTRACTS §2.7).
+	BootID string
 }
 
 // AgentLabels are the labels the agent owns (CONTRACTS §5). A node with GPUs also gets
@@ -191,7 +195,7 @@ func Register(ctx context.Context, client kubernetes.Interface, spec NodeSpec) (
 			{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "SimulatedKubeletReady", Message: "gpuagent simulates kubelet (no kubelet on this machine)", LastHeartbeatTime: now, LastTransitionTime: now},
 			{Type: nodecontract.ConditionGPUHealthy, Status: corev1.ConditionUnknown, Reason: "ChecksNotRun", Message: "No checklist has completed yet.", LastHeartbeatTime: now, LastTransitionTime: now},
 		},
-		NodeInfo: corev1.NodeSystemInfo{KubeletVersion: "gpuagent-simulated"}}
+		NodeInfo: corev1.NodeSystemInfo{KubeletVersion: "gpuagent-simulated", BootID: spec.BootID}}
 	patch, err := json.Marshal(map[string]any{"status": status})
 	if err != nil {
 		return nil, err

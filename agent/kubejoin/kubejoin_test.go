@@ -80,7 +80,7 @@ func TestSimulatedJoin(t *testing.T) {
 	}
 	s, _ := sim.New("dgxh100", sim.Options{DriverVersion: p.GPU.Driver.Version, Seed: "gpu-node-1"})
 	mon := monitor.New(monitor.Config{Backend: s, Profile: p, Interval: time.Second, ClearAfter: time.Second})
-	node, err := Register(ctx, nodeClient, NodeSpec{Name: "gpu-node-1", GPUs: s.GPUCount(),
+	node, err := Register(ctx, nodeClient, NodeSpec{Name: "gpu-node-1", GPUs: s.GPUCount(), BootID: "boot-1",
 		Labels: AgentLabels("", p.GPU.Driver.Version, p.GPU.Expect.Product, s.GPUCount(), p.GPU.TimeSlicingReplicas(), true)})
 	if err != nil {
 		t.Fatal(err)
@@ -89,6 +89,9 @@ func TestSimulatedJoin(t *testing.T) {
 	n, err := admin.CoreV1().Nodes().Get(ctx, "gpu-node-1", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if b := n.Status.NodeInfo.BootID; b != "boot-1" {
+		t.Errorf("nodeInfo.bootID %q, want the machine's boot-1, as kubelet reports it", b)
 	}
 	if q := n.Status.Capacity["nvidia.com/gpu"]; q.Value() != 8 {
 		t.Errorf("nvidia.com/gpu capacity %v, want 8", q.String())

@@ -3,7 +3,7 @@ package node
 import (
 	"context"
 	"crypto/ed25519"
-	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -69,7 +69,7 @@ func (n *node) enrollAndJoin(ctx context.Context, target enroll.Target) {
 	if !ok {
 		return
 	}
-	if err := c.UseCertificate(tls.Certificate{Certificate: [][]byte{creds.Cert.Raw}, PrivateKey: creds.Key, Leaf: creds.Cert}); err != nil {
+	if err := c.UseCertificate(creds); err != nil {
 		n.stepFailed("mutual TLS to gpuboot", err)
 		return
 	}
@@ -77,8 +77,26 @@ func (n *node) enrollAndJoin(ctx context.Context, target enroll.Target) {
 		n.stepFailed("starting with the JoinBundle", err)
 		return
 	}
+	go n.renewCertificate(ctx, c, bundle, creds)
 	n.advance(evBundleInUse, "JoinBundle received from gpuboot; joining Kubernetes as "+bundle.GetNodeName())
 	n.join(ctx, bundle, func(ctx context.Context) { n.commission(ctx, c, bundle.GetNodeName()) })
+	// The client stays open for the heartbeats and the certificate renewal, also when
+	// the join returned early (a bundle without a cluster).
+	<-ctx.Done()
+}
+
+// renewCertificate renews the agent certificate through gpuboot at two thirds of its
+// lifetime (CONTRACTS §2.10) until ctx ends; the mutual-TLS API and the calls to
+// gpuboot take each new one without a restart, and it is kept beside the JoinBundle
+// for a restart of the agent.
+func (n *node) renewCertificate(ctx context.Context, c *enroll.Client, bundle *bootv1.JoinBundle, creds *joinbundle.Credentials) {
+	r := &enroll.Renewal{Client: c, Identity: protoconv.Identity(n.identity), Cert: creds, Log: n.log,
+		Renewed: func(cert *x509.Certificate) {
+			if err := joinbundle.KeepRenewed(bundle, cert, n.cfg.KeyDir); err != nil {
+				n.log.Warn("renewed agent certificate not kept; a restart of the agent starts from the previous one and renews it again", "error", err)
+			}
+		}}
+	r.Run(ctx)
 }
 
 // advance moves the node's state by ev (the lifecycle table) with msg as its message.
@@ -382,7 +400,7 @@ func (n *node) registerSimulated(ctx context.Context, bundle *bootv1.JoinBundle,
 		return nil, err
 	}
 	node, err := kubejoin.Register(ctx, client, kubejoin.NodeSpec{Name: name, Labels: labels, Taints: taints(bundle),
-		GPUs: n.cfg.Sim.GPUCount(), Replicas: n.cfg.Profile.GPU.TimeSlicingReplicas()})
+		GPUs: n.cfg.Sim.GPUCount(), Replicas: n.cfg.Profile.GPU.TimeSlicingReplicas(), BootID: n.cfg.FactsRoot.BootID()})
 	if err != nil && kept && apierrors.IsUnauthorized(err) {
 		// Kept from another cluster, or for a node since deleted: they will never
 		// work; the bootstrap token may (at once, not after the backoff).

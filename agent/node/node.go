@@ -162,6 +162,9 @@ type node struct {
 	// disks is what the data-disk service found, for the heartbeats and Status, and
 	// the wipe requests gpuboot's answers bring it.
 	disks *diskReport
+	// creds are the agent certificate and key once a JoinBundle brought them (renewal
+	// replaces the certificate inside), for the metrics.
+	creds atomic.Pointer[joinbundle.Credentials]
 }
 
 // newNode builds the monitor and the API and starts the services the configuration
@@ -315,6 +318,12 @@ func (n *node) metricsListener() (Service, error) {
 				return r.counts()
 			}
 			return nil
+		},
+		CertificateNotAfter: func() time.Time {
+			if c := n.creds.Load(); c != nil {
+				return c.Current().NotAfter
+			}
+			return time.Time{}
 		}}
 	return &metricsService{l: l, log: n.log,
 		srv: &http.Server{Handler: server.MetricsHandler(col), ReadHeaderTimeout: 10 * time.Second}}, nil
@@ -339,6 +348,9 @@ func insecureAddressAllowed(listen string, remote bool) error {
 // mutual-TLS listener with its certificate. The services are not started yet.
 func (n *node) bundleServices(bundle *bootv1.JoinBundle, creds *joinbundle.Credentials) ([]Service, error) {
 	n.name.set(bundle.GetNodeName())
+	if creds != nil {
+		n.creds.Store(creds)
+	}
 	var out []Service
 	g, err := startGossip(n.cfg.Gossip, bundle, bundle.GetNodeName(), n.imageID, n.mon, n.log)
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -40,6 +41,9 @@ type Collector struct {
 	// Holders says which containers hold each GPU (kubelet's pod-resources API,
 	// agent/podres); nil, or podres.ErrNoKubelet, where no kubelet runs.
 	Holders func(context.Context) (podres.Holders, error)
+	// CertificateNotAfter is when the agent certificate in use expires (it changes
+	// with each renewal); nil, or a zero time, while the agent has none.
+	CertificateNotAfter func() time.Time
 }
 
 var (
@@ -75,13 +79,16 @@ var (
 	mInfo        = nodeDesc("agent_info", "Agent build and configuration.", "version", "backend", "driver_version", "profile", "simulated")
 	mRack        = nodeDesc("rack_members", "Gossip members by state, as this agent sees them.", "state")
 	mPodRes      = nodeDesc("pod_resources_up", "1 when kubelet's pod-resources API answered (gpu_allocated is current), 0 when it failed.")
+	// mCertExpiry has the name and the component and name labels gpuboot's
+	// certificates have on its /metrics (pxe/server), so that one alert watches both.
+	mCertExpiry = nodeDesc("certificate_expiry_timestamp_seconds", "When a certificate expires (its NotAfter), seconds since the epoch; component gpuagent, name agent: the agent certificate in use.", "component", "name")
 )
 
 // Describe sends every descriptor.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{mTemp, mSlowdown, mPower, mMemUsed, mMemTotal, mUtil, mECCUnc, mECCCorr, mRemapPend,
 		mRemapFail, mRemapUnc, mReplays, mPCIeGen, mPCIeWidth, mNVLinkUp, mNVLinkErr, mClockEvents, mHealthyGPU, mLost, mXID,
-		mCheck, mHealth, mGPUHealthy, mGPUs, mHealthyGPUs, mDriver, mChecklist, mLastRun, mInfo, mRack, mAllocated, mPodRes} {
+		mCheck, mHealth, mGPUHealthy, mGPUs, mHealthyGPUs, mDriver, mChecklist, mLastRun, mInfo, mRack, mAllocated, mPodRes, mCertExpiry} {
 		ch <- d
 	}
 }
@@ -149,6 +156,11 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	if c.Rack != nil {
 		for st, n := range c.Rack() {
 			gauge(mRack, float64(n), h, st)
+		}
+	}
+	if c.CertificateNotAfter != nil {
+		if t := c.CertificateNotAfter(); !t.IsZero() {
+			gauge(mCertExpiry, float64(t.Unix()), h, "gpuagent", "agent")
 		}
 	}
 }

@@ -4,9 +4,12 @@
 //
 // The CAs come from talos machinery's secrets package
 // (config/generate/secrets), the service-account and encryption keys from the
-// standard library, and the leaf certificates are issued with internal/pki (see docs/decisions/0100-cluster-pki.md). It is
-// not a certificate-rotation tool: an existing file is kept, and a missing or
-// no longer matching leaf is issued again from the existing CA.
+// standard library, and the leaf certificates are issued with internal/pki (see
+// docs/decisions/0100-cluster-pki-from-talos-ca-constructors.md). Ensure keeps an
+// existing file and issues a missing or no longer matching leaf again from the existing
+// CA; CheckExpiration reports every certificate's expiry and PlanRenewal issues named
+// leaves again before they expire (docs/decisions/0682-control-plane-certificate-renewal.md).
+// It never replaces a CA.
 package clusterpki
 
 import (
@@ -87,14 +90,22 @@ type Set struct {
 	SAKey crypto.Signer
 	// EncryptionKey is the 32-byte secretbox key for Secrets at rest.
 	EncryptionKey []byte
+	// LeafValidity is how long the leaves and client certificates it issues are valid;
+	// zero means pki.DefaultLeafValidity (one year). Tests set minutes.
+	LeafValidity time.Duration
 }
 
-// Ensure makes dir a complete PKI for cfg and returns it. If dir does not
+// Ensure is EnsureValidity with leaves valid for pki.DefaultLeafValidity.
+func Ensure(dir string, cfg *clusterconfig.Config) (*Set, error) { return EnsureValidity(dir, cfg, 0) }
+
+// EnsureValidity makes dir a complete PKI for cfg and returns it. If dir does not
 // exist the CAs and keys are created in a temporary directory beside it and
 // moved into place in one rename, so an interrupted run leaves either nothing
 // or a complete set. If dir exists its CAs are kept, and each leaf that is
-// missing, unreadable or no longer covers cfg's names is issued again.
-func Ensure(dir string, cfg *clusterconfig.Config) (*Set, error) {
+// missing, unreadable or no longer covers cfg's names is issued again, valid for
+// leafValidity (zero: pki.DefaultLeafValidity), as are the client certificates the
+// returned Set issues.
+func EnsureValidity(dir string, cfg *clusterconfig.Config, leafValidity time.Duration) (*Set, error) {
 	if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
 		if err := createRoots(dir); err != nil {
 			return nil, err
@@ -106,6 +117,7 @@ func Ensure(dir string, cfg *clusterconfig.Config) (*Set, error) {
 	if err != nil {
 		return nil, err
 	}
+	set.LeafValidity = leafValidity
 	for _, l := range set.leaves(cfg) {
 		if err := set.ensureLeaf(l); err != nil {
 			return nil, err
@@ -309,7 +321,9 @@ func (s *Set) ensureLeaf(l leaf) error {
 	if kp, err := pki.LoadKeyPair(certPath, keyPath); err == nil && covers(kp.Cert, ca, l.req) {
 		return nil
 	}
-	kp, err := ca.Issue(l.req)
+	req := l.req
+	req.Validity = s.LeafValidity
+	kp, err := ca.Issue(req)
 	if err != nil {
 		return fmt.Errorf("cluster PKI: %s: %w", l.cert, err)
 	}
@@ -340,7 +354,7 @@ func covers(cert *x509.Certificate, ca *pki.CA, req pki.CertRequest) bool {
 // IssueClient issues a client certificate from the cluster CA (kubeconfig
 // identities: CN is the user name, O the groups).
 func (s *Set) IssueClient(user string, groups ...string) (*pki.KeyPair, error) {
-	return s.CA.Issue(pki.CertRequest{CommonName: user, Organizations: groups, Usages: []pki.Usage{pki.ClientAuth}})
+	return s.CA.Issue(pki.CertRequest{CommonName: user, Organizations: groups, Usages: []pki.Usage{pki.ClientAuth}, Validity: s.LeafValidity})
 }
 
 // CACertPEM returns the cluster CA certificate in PEM.

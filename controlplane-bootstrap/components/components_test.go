@@ -89,7 +89,7 @@ func TestExtraArgsOverride(t *testing.T) {
 func TestRenderUnit(t *testing.T) {
 	cfg := defaultConfig(t, "apiServer:\n  extraArgs:\n    audit-log-format: \"json text\"\n")
 	api, _ := Spec(cfg, Layout{Dir: "/var/lib/gpurack/cluster"}, APIServer)
-	unit := string(RenderUnit(api, "/opt/k8s/bin/kube-apiserver", Etcd))
+	unit := string(RenderUnit(api, "/opt/k8s/bin/kube-apiserver", Etcd, "/var/lib/gpurack/cluster"))
 	for _, want := range []string{
 		"[Unit]\nDescription=gpurack control plane: kube-apiserver\n",
 		"After=network-online.target gpurack-etcd.service\n",
@@ -97,6 +97,8 @@ func TestRenderUnit(t *testing.T) {
 		"ExecStart=/opt/k8s/bin/kube-apiserver \\\n\t--advertise-address=127.0.0.1 \\\n",
 		"\t\"--audit-log-format=json text\" \\\n",
 		"Restart=always\n",
+		"CapabilityBoundingSet=\nProtectSystem=strict\n",
+		"ReadWritePaths=/var/lib/gpurack/cluster\n",
 		"[Install]\nWantedBy=multi-user.target\n",
 	} {
 		if !strings.Contains(unit, want) {
@@ -104,7 +106,7 @@ func TestRenderUnit(t *testing.T) {
 		}
 	}
 	etcd, _ := Spec(cfg, Layout{Dir: "/c"}, Etcd)
-	eu := string(RenderUnit(etcd, "/bin/etcd", ""))
+	eu := string(RenderUnit(etcd, "/bin/etcd", "", "/c"))
 	if !strings.Contains(eu, "Type=notify") || strings.Contains(eu, "gpurack-.service") {
 		t.Errorf("etcd unit:\n%s", eu)
 	}

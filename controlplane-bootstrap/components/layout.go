@@ -1,8 +1,8 @@
 // Package components describes the four control-plane components (etcd,
 // kube-apiserver, kube-controller-manager, kube-scheduler): where their
 // pinned binaries are, the flags and files they get, their systemd units,
-// their health checks, and a supervisor that runs them as child processes
-// and restarts a crashed one with backoff.
+// their health checks, and a supervisor that runs them as child processes,
+// restarts a crashed one with backoff and one asked to restart at once.
 //
 // Flag and unit rendering are pure functions of the cluster configuration and
 // the directory layout; only Supervisor, the health probes, the port check and
@@ -39,3 +39,7 @@ func (l Layout) PIDFile(component string) string {
 func (l Layout) SupervisorPIDFile() string { return filepath.Join(l.Dir, "run", "supervisor.pid") }
 func (l Layout) SystemdMarker() string     { return filepath.Join(l.Dir, "run", "systemd-units") }
 func (l Layout) UnitDir() string           { return filepath.Join(l.Dir, "units") }
+
+// SupervisorSocket is where a foreground supervisor takes restart requests
+// (`certs renew`).
+func (l Layout) SupervisorSocket() string { return filepath.Join(l.Dir, "run", "supervisor.sock") }

@@ -142,6 +142,10 @@ func apiserverSpec(cfg *clusterconfig.Config, l Layout) Component {
 		"audit-log-maxage":                   "30",
 		"audit-log-maxbackup":                "10",
 		"audit-log-maxsize":                  "100",
+		// On SIGTERM, close watches and wait at most this long for them: otherwise the
+		// controller-manager's and scheduler's watches hold shutdown (and a restart onto
+		// renewed certificates) for the full request timeout, a minute.
+		"shutdown-watch-termination-grace-period": "5s",
 	}
 	for k, v := range cfg.APIServer.OIDC.Flags() {
 		flags[k] = v
@@ -172,7 +176,7 @@ func controllerManagerSpec(cfg *clusterconfig.Config, l Layout) Component {
 		"authorization-kubeconfig":         kc,
 		"bind-address":                     "127.0.0.1",
 		"secure-port":                      strconv.Itoa(cfg.ControllerManager.Port),
-		"cert-dir":                         l.PKI("controller-manager-serving"),
+		"cert-dir":                         l.PKI(clusterpki.ControllerManagerServingDir),
 		"client-ca-file":                   l.PKI(clusterpki.CACert),
 		"requestheader-client-ca-file":     l.PKI(clusterpki.FrontProxyCACert),
 		"root-ca-file":                     l.PKI(clusterpki.CACert),
@@ -205,7 +209,7 @@ func schedulerSpec(cfg *clusterconfig.Config, l Layout) Component {
 		"authorization-kubeconfig":  kc,
 		"bind-address":              "127.0.0.1",
 		"secure-port":               strconv.Itoa(cfg.Scheduler.Port),
-		"cert-dir":                  l.PKI("scheduler-serving"),
+		"cert-dir":                  l.PKI(clusterpki.SchedulerServingDir),
 		"leader-elect":              "false",
 	}
 	return Component{
@@ -214,6 +218,24 @@ func schedulerSpec(cfg *clusterconfig.Config, l Layout) Component {
 		Ports:     []Port{{"127.0.0.1", cfg.Scheduler.Port, "scheduler.port"}},
 		HealthURL: "https://" + hostPort("127.0.0.1", cfg.Scheduler.Port) + "/healthz",
 	}
+}
+
+// Using returns the names of the components in specs, in their order, that read one of
+// paths: one of their flags names the path, or a directory above it (--cert-dir). These
+// are the components to restart after the files change.
+func Using(specs []Component, paths []string) []string {
+	var names []string
+	for _, c := range specs {
+		if slices.ContainsFunc(c.Args, func(arg string) bool {
+			_, value, ok := strings.Cut(arg, "=")
+			return ok && value != "" && slices.ContainsFunc(paths, func(p string) bool {
+				return p == value || strings.HasPrefix(p, strings.TrimSuffix(value, "/")+"/")
+			})
+		}) {
+			names = append(names, c.Name)
+		}
+	}
+	return names
 }
 
 // render merges extra over flags and returns "--name=value" sorted by name.

@@ -61,6 +61,9 @@ type supervised struct {
 	cmd      *exec.Cmd
 	done     chan struct{} // closed when the supervising goroutine returns
 	restarts int
+	// requested is set while Restart waits for this process to be replaced; the next
+	// start sends its result on it.
+	requested chan error
 }
 
 // NewSupervisor returns a supervisor that reports starts, exits and restarts
@@ -128,54 +131,107 @@ func (s *Supervisor) supervise(sp *supervised) {
 		err := sp.cmd.Wait()
 		ran := time.Since(began)
 		s.mu.Lock()
-		stopping := s.stopping
+		stopping, requested := s.stopping, sp.requested != nil
 		s.mu.Unlock()
 		if stopping {
 			return
 		}
-		if err == nil {
-			err = errors.New("exited with status 0")
+		retry := backoff
+		if requested {
+			s.logf("%s (pid %d) stopped for a requested restart", sp.p.Name, sp.cmd.Process.Pid)
+		} else {
+			if err == nil {
+				err = errors.New("exited with status 0")
+			}
+			ev := Exit{Name: sp.p.Name, PID: sp.cmd.Process.Pid, Err: err, Ran: ran, Restarts: sp.restarts}
+			select {
+			case s.exits <- ev:
+			default:
+			}
+			if ran >= StableAfter {
+				backoff = InitialBackoff
+			}
+			s.logf("%s (pid %d) %v after %s; restarting in %s (restart %d; log: %s)",
+				sp.p.Name, ev.PID, err, ran.Round(time.Millisecond), backoff, sp.restarts+1, sp.p.LogFile)
+			if !s.sleep(backoff) {
+				return
+			}
+			retry = backoff
+			backoff = min(2*backoff, MaxBackoff)
+			s.mu.Lock()
+			sp.restarts++
+			s.mu.Unlock()
 		}
-		ev := Exit{Name: sp.p.Name, PID: sp.cmd.Process.Pid, Err: err, Ran: ran, Restarts: sp.restarts}
-		select {
-		case s.exits <- ev:
-		default:
-		}
-		if ran >= StableAfter {
-			backoff = InitialBackoff
-		}
-		s.logf("%s (pid %d) %v after %s; restarting in %s (restart %d; log: %s)",
-			sp.p.Name, ev.PID, err, ran.Round(time.Millisecond), backoff, sp.restarts+1, sp.p.LogFile)
-		if !s.sleep(backoff) {
+		if !s.startAgain(sp, retry) {
 			return
 		}
-		backoff = min(2*backoff, MaxBackoff)
+	}
+}
+
+// startAgain starts sp's process again, retrying every retry while the start fails
+// (waiting on a process that never started would spin), and answers a pending Restart
+// with the first attempt's result. It returns false when Stop is called.
+func (s *Supervisor) startAgain(sp *supervised, retry time.Duration) bool {
+	for {
 		s.mu.Lock()
 		if s.stopping {
 			s.mu.Unlock()
-			return
+			return false
 		}
-		sp.restarts++
-		err = sp.start()
+		err := sp.start()
+		if sp.requested != nil {
+			sp.requested <- err
+			sp.requested = nil
+		}
 		s.mu.Unlock()
-		if err != nil {
-			s.logf("%s: restart failed: %v; trying again in %s", sp.p.Name, err, backoff)
-			// Keep trying: wait on a process that cannot be waited for
-			// would spin, so sleep and retry the start here.
-			for err != nil {
-				if !s.sleep(backoff) {
-					return
-				}
-				s.mu.Lock()
-				if s.stopping {
-					s.mu.Unlock()
-					return
-				}
-				err = sp.start()
-				s.mu.Unlock()
-			}
+		if err == nil {
+			s.logf("%s restarted (pid %d)", sp.p.Name, sp.cmd.Process.Pid)
+			return true
 		}
-		s.logf("%s restarted (pid %d)", sp.p.Name, sp.cmd.Process.Pid)
+		s.logf("%s: restart failed: %v; trying again in %s", sp.p.Name, err, retry)
+		if !s.sleep(retry) {
+			return false
+		}
+	}
+}
+
+// Restart stops the process called name (SIGTERM, then SIGKILL after grace) and starts
+// it again at once, so that it reads its files again (renewed certificates). A requested
+// restart is not reported on Exits, not counted by Restarts and not delayed by backoff.
+// It returns when the new process has started, or with why it could not start.
+func (s *Supervisor) Restart(name string, grace time.Duration) error {
+	s.mu.Lock()
+	sp, ok := s.procs[name]
+	switch {
+	case !ok:
+		s.mu.Unlock()
+		return fmt.Errorf("%s is not supervised", name)
+	case s.stopping:
+		s.mu.Unlock()
+		return errors.New("supervisor is stopping")
+	case sp.requested != nil:
+		s.mu.Unlock()
+		return fmt.Errorf("%s is being restarted already", name)
+	}
+	started := make(chan error, 1)
+	sp.requested = started
+	proc := sp.cmd.Process
+	s.mu.Unlock()
+	// A process that already exited (waiting out a crash's backoff) is started by
+	// supervise after the backoff, which answers this request too.
+	proc.Signal(syscall.SIGTERM)
+	timer := time.NewTimer(grace)
+	defer timer.Stop()
+	for {
+		select {
+		case err := <-started:
+			return err
+		case <-sp.done:
+			return errors.New("supervisor is stopping")
+		case <-timer.C:
+			s.logf("%s did not stop within %s; killing it", name, grace)
+			proc.Kill()
+		}
 	}
 }
 

@@ -22,8 +22,9 @@ func SystemdBooted() bool {
 
 // RenderUnit returns the systemd unit file that runs c from binary. Each
 // component after etcd wants and starts after the one before it; systemd
-// restarts a crashed one (Restart=always) with a short delay.
-func RenderUnit(c Component, binary string, after string) []byte {
+// restarts a crashed one (Restart=always) with a short delay. The service may
+// write only under dir, the cluster directory (hardening: decision 0690).
+func RenderUnit(c Component, binary, after, dir string) []byte {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# Written by controlplane-bootstrap init; it is rewritten on the next init.\n")
 	fmt.Fprintf(&b, "[Unit]\nDescription=gpurack control plane: %s\nDocumentation=https://kubernetes.io/docs/reference/command-line-tools-reference/\n", c.Name)
@@ -44,9 +45,39 @@ func RenderUnit(c Component, binary string, after string) []byte {
 	if c.Name == Etcd {
 		b.WriteString("Type=notify\nNotifyAccess=main\n")
 	}
+	b.WriteString(hardening)
+	b.WriteString("ReadWritePaths=" + systemdQuote(dir) + "\n")
 	b.WriteString("\n[Install]\nWantedBy=multi-user.target\n")
 	return []byte(b.String())
 }
+
+// hardening is every control-plane unit's sandbox (decision 0690). The components
+// run as root (they own the cluster directory's keys) but need no capability: their
+// ports are above 1024 and every file they touch is root's own. The file system is
+// read-only but the cluster directory (ReadWritePaths, added per unit) and the
+// binaries' home, which may be under /root (the pinned cache), stays readable.
+const hardening = `# Sandbox (decision 0690): no capabilities, the file system read-only but the cluster directory.
+NoNewPrivileges=yes
+CapabilityBoundingSet=
+ProtectSystem=strict
+ProtectHome=read-only
+PrivateTmp=yes
+PrivateDevices=yes
+ProtectKernelModules=yes
+ProtectKernelTunables=yes
+ProtectKernelLogs=yes
+ProtectControlGroups=yes
+ProtectClock=yes
+RestrictNamespaces=yes
+RestrictRealtime=yes
+RestrictSUIDSGID=yes
+LockPersonality=yes
+MemoryDenyWriteExecute=yes
+RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX AF_NETLINK
+SystemCallArchitectures=native
+SystemCallFilter=@system-service
+SystemCallErrorNumber=EPERM
+`
 
 // systemdQuote quotes s for an ExecStart= line when it holds characters
 // systemd would split or expand.
@@ -88,21 +119,66 @@ func (s SystemdUnits) Install(ctx context.Context, order []string, units map[str
 	if _, _, err := conn.EnableUnitFilesContext(ctx, paths, false, true); err != nil {
 		return fmt.Errorf("enable units: %w", err)
 	}
+	return restartInOrder(ctx, conn, "start", order)
+}
+
+// Restart restarts the units in the order given, waiting for each restart job to
+// finish before the next.
+func (s SystemdUnits) Restart(ctx context.Context, order []string) error {
+	conn, err := sddbus.NewWithContext(ctx)
+	if err != nil {
+		return fmt.Errorf("connect to systemd over D-Bus: %w", err)
+	}
+	defer conn.Close()
+	return restartInOrder(ctx, conn, "restart", order)
+}
+
+// restartInOrder (re)starts the units in order, each job finished before the next;
+// verb names the step in errors.
+func restartInOrder(ctx context.Context, conn *sddbus.Conn, verb string, order []string) error {
 	for _, name := range order {
 		done := make(chan string, 1)
 		if _, err := conn.RestartUnitContext(ctx, name, "replace", done); err != nil {
-			return fmt.Errorf("start %s: %w", name, err)
+			return fmt.Errorf("%s %s: %w", verb, name, err)
 		}
 		select {
 		case result := <-done:
 			if result != "done" {
-				return fmt.Errorf("start %s: job %s (see `journalctl -u %s`)", name, result, name)
+				return fmt.Errorf("%s %s: job %s (see `journalctl -u %s`)", verb, name, result, name)
 			}
 		case <-ctx.Done():
 			return ctx.Err()
 		}
 	}
 	return nil
+}
+
+// Running returns the main PID of each of the units that is active and running, read
+// over D-Bus; a unit that is not (stopped, failed, restarting, not loaded) is left out.
+func (s SystemdUnits) Running(ctx context.Context, names []string) (map[string]uint32, error) {
+	conn, err := sddbus.NewWithContext(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("connect to systemd over D-Bus: %w", err)
+	}
+	defer conn.Close()
+	states, err := conn.ListUnitsByNamesContext(ctx, names)
+	if err != nil {
+		return nil, fmt.Errorf("list units %s: %w", strings.Join(names, " "), err)
+	}
+	pids := map[string]uint32{}
+	for _, st := range states {
+		if st.ActiveState != "active" || st.SubState != "running" {
+			continue
+		}
+		p, err := conn.GetServicePropertyContext(ctx, st.Name, "MainPID")
+		if err != nil {
+			return nil, fmt.Errorf("%s MainPID: %w", st.Name, err)
+		}
+		if pid, ok := p.Value.Value().(uint32); ok && pid > 0 {
+			pids[st.Name] = pid
+		}
+	}
+	return pids, nil
 }
 
 // Stop stops the units in the order given.

@@ -1,9 +1,10 @@
 // Package controlplane is what `controlplane-bootstrap init|status|stop|reset`
-// do: it lays out a cluster directory, creates the PKI and configuration
-// files, starts etcd, kube-apiserver, kube-controller-manager and
+// and `certs renew` do: it lays out a cluster directory, creates the PKI and
+// configuration files, starts etcd, kube-apiserver, kube-controller-manager and
 // kube-scheduler (supervised child processes, or systemd units), waits for
 // each to be healthy, and applies the join material, the cluster DNS and the
-// node-local volumes' objects.
+// node-local volumes' objects; it renews certificates and restarts the
+// components that read them (renew.go, restarts.go).
 //
 // The parts it orders live elsewhere: cluster.yaml in clusterconfig, the
 // PKI in clusterpki, flags, units and the supervisor in components, the
@@ -21,6 +22,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -69,6 +71,10 @@ type Options struct {
 	WritePIDFile bool
 	// UnitDir is where systemd units go; default /etc/systemd/system.
 	UnitDir string
+	// LeafValidity is how long the leaf certificates and kubeconfig credentials that
+	// init issues are valid; zero means a year (pki.DefaultLeafValidity). Tests set
+	// minutes to see certificates expire; `certs renew --validity` sets it for renewals.
+	LeafValidity time.Duration
 }
 
 // ControlPlane is a started (or found running) control plane.
@@ -86,6 +92,13 @@ type ControlPlane struct {
 	Health []components.Health
 	// ReadyAfter is the time from the start of Init to all components healthy.
 	ReadyAfter time.Duration
+
+	// readyTimeout bounds the wait for each component, at init and on a restart.
+	readyTimeout time.Duration
+	// restarts serves `certs renew`'s restart requests (Foreground mode, with the PID
+	// file); nil otherwise.
+	restarts  *restartServer
+	restartMu sync.Mutex // one RestartComponents at a time
 }
 
 // AdminKubeconfig is the path of the admin kubeconfig (system:masters).
@@ -96,6 +109,9 @@ func (cp *ControlPlane) AdminKubeconfig() string {
 // Stop stops the supervised components (Foreground mode) and removes the
 // supervisor PID file if it is this process's.
 func (cp *ControlPlane) Stop() {
+	if cp.restarts != nil {
+		cp.restarts.close()
+	}
 	if cp.Supervisor != nil {
 		cp.Supervisor.Stop(20 * time.Second)
 	}
@@ -145,7 +161,7 @@ func Init(ctx context.Context, opts Options) (*ControlPlane, error) {
 	}
 	specs := components.Specs(cfg, l)
 
-	if by, running := alreadyRunning(l); running {
+	if by, running := alreadyRunning(ctx, l); running {
 		fmt.Fprintf(out, "control plane in %s is already running (%s); re-applying join material\n", dir, by)
 		cp, err := load(l)
 		if err != nil {
@@ -163,11 +179,11 @@ func Init(ctx context.Context, opts Options) (*ControlPlane, error) {
 	if err != nil {
 		return nil, err
 	}
-	set, err := writeFiles(l, cfg, cfgYAML)
+	set, err := writeFiles(l, cfg, cfgYAML, opts.LeafValidity)
 	if err != nil {
 		return nil, err
 	}
-	cp := &ControlPlane{Layout: l, Config: cfg, PKI: set}
+	cp := &ControlPlane{Layout: l, Config: cfg, PKI: set, readyTimeout: opts.ReadyTimeout}
 	if err := cp.start(ctx, opts, specs, bins, out); err != nil {
 		return nil, err
 	}
@@ -226,13 +242,14 @@ func checkInputs(cfg *clusterconfig.Config, specs []components.Component, mode M
 // writeFiles writes the cluster directory: the PKI (kept when it exists), the
 // components' kubeconfigs, the encryption and audit configuration, cfgYAML as
 // cluster.yaml when it is not nil, and the log directory. Each file is written whole
-// (temporary file, then rename).
-func writeFiles(l components.Layout, cfg *clusterconfig.Config, cfgYAML []byte) (*clusterpki.Set, error) {
+// (temporary file, then rename). Leaves and credentials it issues are valid for
+// leafValidity (zero: a year).
+func writeFiles(l components.Layout, cfg *clusterconfig.Config, cfgYAML []byte, leafValidity time.Duration) (*clusterpki.Set, error) {
 	if err := os.MkdirAll(l.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("create cluster directory: %w", err)
 	}
 	removeStaleTemps(l.Dir)
-	set, err := clusterpki.Ensure(l.PKIDir(), cfg)
+	set, err := clusterpki.EnsureValidity(l.PKIDir(), cfg, leafValidity)
 	if err != nil {
 		return nil, err
 	}
@@ -275,10 +292,10 @@ func writeFiles(l components.Layout, cfg *clusterconfig.Config, cfgYAML []byte) 
 // start starts the components as opts.Mode says and waits until each is healthy; a
 // failure in the foreground stops what was started.
 func (cp *ControlPlane) start(ctx context.Context, opts Options, specs []components.Component, bins map[string]string, out io.Writer) error {
-	timeout := opts.ReadyTimeout
-	if timeout == 0 {
-		timeout = 3 * time.Minute
+	if cp.readyTimeout == 0 {
+		cp.readyTimeout = 3 * time.Minute
 	}
+	timeout := cp.readyTimeout
 	switch opts.Mode {
 	case Foreground:
 		if opts.WritePIDFile {
@@ -294,6 +311,13 @@ func (cp *ControlPlane) start(ctx context.Context, opts Options, specs []compone
 		if err := cp.startForeground(ctx, specs, bins, out, timeout); err != nil {
 			cp.Stop()
 			return err
+		}
+		if opts.WritePIDFile {
+			// The supervisor of the directory takes `certs renew`'s restart requests. A
+			// control plane without it still runs; renewing then says what to do.
+			if err := cp.serveRestarts(logf); err != nil {
+				logf("not taking restart requests (certs renew will say how to restart by hand): %v", err)
+			}
 		}
 	case Systemd:
 		return cp.startSystemd(ctx, specs, bins, opts.UnitDir, out, timeout)
@@ -311,7 +335,7 @@ func load(l components.Layout) (*ControlPlane, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &ControlPlane{Layout: l, Config: cfg, PKI: set}, nil
+	return &ControlPlane{Layout: l, Config: cfg, PKI: set, readyTimeout: 3 * time.Minute}, nil
 }
 
 // Open returns the control plane in dir without starting anything, for
@@ -350,7 +374,7 @@ func (cp *ControlPlane) startSystemd(ctx context.Context, specs []components.Com
 	prev := ""
 	for _, c := range specs {
 		name := components.UnitName(c.Name)
-		units[name] = components.RenderUnit(c, bins[c.Name], prev)
+		units[name] = components.RenderUnit(c, bins[c.Name], prev, cp.Layout.Dir)
 		order = append(order, name)
 		prev = c.Name
 		// A copy beside the cluster, for operators and for reset.
@@ -376,6 +400,12 @@ func (cp *ControlPlane) startSystemd(ctx context.Context, specs []components.Com
 // waitHealthy polls c's health endpoint until it is ok. A component that
 // exits meanwhile fails the wait at once, with the end of its log.
 func (cp *ControlPlane) waitHealthy(ctx context.Context, c components.Component, timeout time.Duration, exits <-chan components.Exit) error {
+	return cp.waitHealthyExcept(ctx, c, timeout, exits, nil)
+}
+
+// waitHealthyExcept is waitHealthy where an exit for which tolerate is true does
+// not fail the wait (the supervisor restarts that component itself).
+func (cp *ControlPlane) waitHealthyExcept(ctx context.Context, c components.Component, timeout time.Duration, exits <-chan components.Exit, tolerate func(components.Exit) bool) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	prober := cp.prober()
@@ -389,6 +419,9 @@ func (cp *ControlPlane) waitHealthy(ctx context.Context, c components.Component,
 		}
 		select {
 		case ev := <-exits:
+			if tolerate != nil && tolerate(ev) {
+				continue
+			}
 			return cp.componentError(ev.Name, fmt.Errorf("exited during startup (%v)", ev.Err))
 		case <-ctx.Done():
 			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
@@ -413,6 +446,8 @@ func (cp *ControlPlane) prober() components.Prober {
 	pool := x509.NewCertPool()
 	if cp.PKI != nil {
 		pool.AddCert(cp.PKI.CA.Cert)
+	} else if data, err := os.ReadFile(cp.Layout.PKI(clusterpki.CACert)); err == nil {
+		pool.AppendCertsFromPEM(data)
 	}
 	return components.Prober{ClusterCA: pool}
 }
@@ -433,6 +468,10 @@ func (cp *ControlPlane) RESTConfig() (*rest.Config, error) {
 		return nil, fmt.Errorf("admin kubeconfig: %w", err)
 	}
 	cfg.UserAgent = "controlplane-bootstrap"
+	// client-go's default of 5 requests a second made `tenants diff` and `tenants
+	// apply` wait about 20 s on its own limiter for a handful of tenants (two requests
+	// per object); this is the cluster's admin on its own control plane.
+	cfg.QPS, cfg.Burst = 100, 200
 	return cfg, nil
 }
 
@@ -555,11 +594,14 @@ func runningSupervisor(l components.Layout) (int, bool) {
 }
 
 // alreadyRunning reports whether a control plane is running in l: a live
-// supervisor other than this process, or every component alive under the
-// PIDs recorded for it.
-func alreadyRunning(l components.Layout) (string, bool) {
+// supervisor other than this process, every systemd unit init installed for it
+// running, or every component alive under the PIDs recorded for it.
+func alreadyRunning(ctx context.Context, l components.Layout) (string, bool) {
 	if pid, alive := runningSupervisor(l); alive && pid != os.Getpid() {
 		return fmt.Sprintf("supervisor pid %d", pid), true
+	}
+	if by, running := runningUnits(ctx, l); running {
+		return by, true
 	}
 	var pids []string
 	for _, name := range components.Names {
@@ -570,4 +612,24 @@ func alreadyRunning(l components.Layout) (string, bool) {
 		pids = append(pids, fmt.Sprintf("%s pid %d", name, pid))
 	}
 	return strings.Join(pids, ", "), true
+}
+
+// runningUnits reports whether every unit init installed for l (the systemd marker
+// lists them) is running, and names their main PIDs. Units run without PID files, so
+// only systemd can say.
+func runningUnits(ctx context.Context, l components.Layout) (string, bool) {
+	data, err := os.ReadFile(l.SystemdMarker())
+	units := strings.Fields(string(data))
+	if err != nil || len(units) == 0 || !components.SystemdBooted() {
+		return "", false
+	}
+	pids, err := (components.SystemdUnits{}).Running(ctx, units)
+	if err != nil || len(pids) != len(units) {
+		return "", false
+	}
+	var by []string
+	for _, u := range units {
+		by = append(by, fmt.Sprintf("%s pid %d", u, pids[u]))
+	}
+	return strings.Join(by, ", "), true
 }

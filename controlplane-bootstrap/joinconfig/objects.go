@@ -262,7 +262,12 @@ func enrollerObjects() []Object {
 			// cannot select by label). No nodes/status: the agent owns conditions.
 			rbacv1.PolicyRule{Verbs: []string{"get", "list", "watch", "patch", "delete"}, APIGroups: []string{""}, Resources: []string{"nodes"}},
 			// The tenants' GPU quotas, for the rack report (read only).
-			rbacv1.PolicyRule{Verbs: []string{"list"}, APIGroups: []string{""}, Resources: []string{"resourcequotas"}}),
+			rbacv1.PolicyRule{Verbs: []string{"list"}, APIGroups: []string{""}, Resources: []string{"resourcequotas"}},
+			// A rollout drains a node before it power-cycles it (decision 0687):
+			// it lists the node's pods and evicts them through the eviction API,
+			// which honours PodDisruptionBudgets; it cannot delete a pod.
+			rbacv1.PolicyRule{Verbs: []string{"list"}, APIGroups: []string{""}, Resources: []string{"pods"}},
+			rbacv1.PolicyRule{Verbs: []string{"create"}, APIGroups: []string{""}, Resources: []string{"pods/eviction"}}),
 		ClusterRoleBinding("gpurack:enroller", "gpurack:enroller", User(EnrollerUser)),
 		enrollerPolicy(EnrollerPolicy, []string{"secrets"}, append([]admissionv1.Variable{{
 			Name:       "secret",

@@ -93,12 +93,27 @@ func missing(extra ...string) string {
 // t.Cleanup.
 func New(t testing.TB) *Cluster {
 	t.Helper()
+	return NewWith(t, Options{})
+}
+
+// Options change a private control plane (NewWith).
+type Options struct {
+	// Configure edits the cluster config before init (extra flags, say).
+	Configure func(*clusterconfig.Config)
+	// Supervised records the test process as the directory's supervisor, which
+	// takes `certs renew`'s restart requests (controlplane.Options.WritePIDFile).
+	Supervised bool
+}
+
+// NewWith is New with o.
+func NewWith(t testing.TB, o Options) *Cluster {
+	t.Helper()
 	Require(t)
 	dir, err := os.MkdirTemp("", "gpurack-testcluster-*")
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := start(dir)
+	c, err := start(dir, o)
 	if err != nil {
 		os.RemoveAll(dir)
 		t.Fatalf("testcluster: %v", err)
@@ -145,7 +160,7 @@ func Shared(t testing.TB) *Cluster {
 		if err != nil {
 			t.Fatal(err)
 		}
-		shared.cluster, shared.err = start(dir)
+		shared.cluster, shared.err = start(dir, Options{})
 		if shared.err != nil {
 			os.RemoveAll(dir)
 		}
@@ -198,7 +213,7 @@ func FreePorts(n int) ([]int, error) {
 // start brings a control plane up in dir. Free ports can be taken by
 // another test between choosing and binding them, so a port clash is
 // retried with new ports.
-func start(dir string) (*Cluster, error) {
+func start(dir string, o Options) (*Cluster, error) {
 	var lastErr error
 	for attempt := range 3 {
 		if attempt > 0 {
@@ -208,8 +223,11 @@ func start(dir string) (*Cluster, error) {
 		if err != nil {
 			return nil, err
 		}
+		if o.Configure != nil {
+			o.Configure(cfg)
+		}
 		cp, err := controlplane.Init(context.Background(), controlplane.Options{
-			Dir: dir, Config: cfg, Mode: controlplane.Foreground,
+			Dir: dir, Config: cfg, Mode: controlplane.Foreground, WritePIDFile: o.Supervised,
 			Logf: fileLogger(filepath.Join(dir, "logs", "supervisor.log")),
 		})
 		if err != nil {

@@ -18,18 +18,19 @@ func main() {
 	binary := flag.String("binary", "", "static binary to place at / in the image")
 	tag := flag.String("tag", "", "image reference, for example registry.k8s.io/pause:3.10.1")
 	out := flag.String("out", "", "archive to write")
+	user := flag.String("user", ociarchive.NobodyUser, "UID:GID the image runs as")
 	flag.Parse()
 	if *binary == "" || *tag == "" || *out == "" {
 		fmt.Fprintln(os.Stderr, "imagearchive: -binary, -tag and -out are required")
 		os.Exit(2)
 	}
-	if err := run(*binary, *tag, *out); err != nil {
+	if err := run(*binary, *tag, *out, *user); err != nil {
 		fmt.Fprintln(os.Stderr, "imagearchive:", err)
 		os.Exit(1)
 	}
 }
 
-func run(binary, tag, out string) error {
+func run(binary, tag, out, user string) error {
 	bin, err := os.ReadFile(binary)
 	if err != nil {
 		return err
@@ -37,7 +38,7 @@ func run(binary, tag, out string) error {
 	if _, err := ociarchive.Normalize(tag); err != nil {
 		return fmt.Errorf("-tag: %w", err)
 	}
-	archive, err := ociarchive.Pack(path.Base(binary), bin, tag)
+	archive, err := ociarchive.PackAs(path.Base(binary), bin, tag, user)
 	if err != nil {
 		return err
 	}

@@ -211,5 +211,12 @@ func report(w io.Writer, rows []row, top int) {
 		fmt.Fprintf(w, "  %8.1f s  %-4s  %s\n", p.seconds, p.result, p.pkg)
 	}
 	fmt.Fprintf(w, "package times add up to %.0f s\n", total)
+	// A package can fail with no failing test (a build error, a panic after the tests,
+	// TestMain's exit code): name it here, where a log's tail still shows it.
+	for _, p := range pkgs {
+		if p.result == "fail" {
+			fmt.Fprintf(w, "package failed: %s (its output is printed above)\n", p.pkg)
+		}
+	}
 	fmt.Fprintf(w, "%d passed, %d failed, %d skipped\n", counts["pass"], counts["fail"], counts["skip"])
 }

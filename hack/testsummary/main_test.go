@@ -90,6 +90,29 @@ func TestHangs(t *testing.T) { t.Log("hang-output"); time.Sleep(time.Minute) }
 	if !strings.Contains(out.String(), "hang-output") || !strings.Contains(out.String(), "test timed out") {
 		t.Errorf("a timed-out test's output is not printed:\n%s", out.String())
 	}
+	// A package that fails with every test passing (TestMain's exit code) is named
+	// at the end of the report.
+	write("s_test.go", `package s
+import ("os"; "testing")
+func TestMain(m *testing.M) { m.Run(); os.Exit(3) }
+func TestFine(t *testing.T) {}
+`)
+	cmd = exec.Command("go", "test", "-json", "-count=1", ".")
+	cmd.Dir = dir
+	js, _ = cmd.Output()
+	var exitRows bytes.Buffer
+	if err := stream(bytes.NewReader(js), io.Discard, &exitRows); err != nil {
+		t.Fatal(err)
+	}
+	ers, err := readRows(&exitRows)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep.Reset()
+	report(&rep, ers, 15)
+	if r := rep.String(); !strings.Contains(r, "package failed: example.test/s") || !strings.Contains(r, "1 passed, 0 failed") {
+		t.Errorf("a package failing with no failing test is not named:\n%s", r)
+	}
 	if _, err := readRows(strings.NewReader("a\tb\n")); err == nil {
 		t.Error("a malformed durations file was read")
 	}

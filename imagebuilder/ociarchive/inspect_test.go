@@ -47,6 +47,37 @@ func TestPackIsReproducible(t *testing.T) {
 	}
 }
 
+// TestPackAsUser checks that PackAs writes the user into the image config (the debug
+// image runs as root) and refuses a user that is not UID:GID.
+func TestPackAsUser(t *testing.T) {
+	a, err := PackAs("probebin", goldenBinary, "example.test/golden:1", "0:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := tar.NewReader(bytes.NewReader(a))
+	var config map[string]any
+	for {
+		h, err := tr.Next()
+		if err != nil {
+			t.Fatalf("no image config in the archive: %v", err)
+		}
+		if strings.HasSuffix(h.Name, ".json") && h.Name != "manifest.json" {
+			if err := json.NewDecoder(tr).Decode(&config); err != nil {
+				t.Fatal(err)
+			}
+			break
+		}
+	}
+	if u := config["config"].(map[string]any)["User"]; u != "0:0" {
+		t.Errorf("config User = %v, want 0:0", u)
+	}
+	for _, bad := range []string{"", "root", "0", "0:", ":0", "-1:0", "0:0:0", "99999999999:0"} {
+		if _, err := PackAs("probebin", goldenBinary, "example.test/golden:1", bad); err == nil {
+			t.Errorf("PackAs with user %q accepted", bad)
+		}
+	}
+}
+
 func TestInspectPacked(t *testing.T) {
 	data, err := Pack("probebin", goldenBinary, "example.test/golden:1")
 	if err != nil {

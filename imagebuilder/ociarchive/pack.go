@@ -7,7 +7,10 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"path"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -48,6 +51,18 @@ func hexDigest(b []byte) string {
 // entrypoint, run as user 65535, tagged tag. Every timestamp is zero and the entries
 // come in a fixed order, so the same binary, name and tag give the same bytes.
 func Pack(name string, binary []byte, tag string) ([]byte, error) {
+	return PackAs(name, binary, tag, NobodyUser)
+}
+
+// NobodyUser is the user Pack's images run as: no account on a node, no file owner.
+const NobodyUser = "65535:65535"
+
+// PackAs is Pack with the image's user ("UID:GID"): "0:0" for an image that must act
+// as root on the node, such as the break-glass debug image (images/debug).
+func PackAs(name string, binary []byte, tag, user string) ([]byte, error) {
+	if !validUser(user) {
+		return nil, fmt.Errorf("pack: user %q: want UID:GID in numbers, for example 65535:65535", user)
+	}
 	if name == "" || path.Base(name) != name || name == "." || name == ".." {
 		return nil, errors.New("pack: the binary's name must be a plain file name")
 	}
@@ -63,7 +78,7 @@ func Pack(name string, binary []byte, tag string) ([]byte, error) {
 		"architecture": "amd64",
 		"os":           "linux",
 		"created":      epoch.Format(time.RFC3339),
-		"config":       map[string]any{"Entrypoint": []string{"/" + name}, "User": "65535:65535"},
+		"config":       map[string]any{"Entrypoint": []string{"/" + name}, "User": user},
 		"rootfs":       map[string]any{"type": "layers", "diff_ids": []string{"sha256:" + layerID}},
 	})
 	if err != nil {
@@ -83,4 +98,15 @@ func Pack(name string, binary []byte, tag string) ([]byte, error) {
 		{layerID + "/layer.tar", 0o644, layer},
 		{"manifest.json", 0o644, manifest},
 	})
+}
+
+// validUser reports whether user is "UID:GID", both decimal numbers below 2^32.
+func validUser(user string) bool {
+	uid, gid, ok := strings.Cut(user, ":")
+	for _, n := range []string{uid, gid} {
+		if _, err := strconv.ParseUint(n, 10, 32); err != nil || !ok {
+			return false
+		}
+	}
+	return true
 }

@@ -16,6 +16,9 @@ const (
 	// TaintGPUUnhealthy is set by gpuboot while the Node's GPUHealthy condition is
 	// False and removed when it is True.
 	TaintGPUUnhealthy = "gpurack.io/gpu-unhealthy"
+	// TaintRollout (NoSchedule) is set by a gpuboot rollout on the Node it drains and
+	// removed once the machine is ready on the new image (decision 0687).
+	TaintRollout = "gpurack.io/rollout"
 )
 
 // ConditionGPUHealthy is the Node condition type the agent writes: True when the

@@ -118,11 +118,7 @@ func IssueAgent(ca *CA, nodeName string, ips []net.IP) (*KeyPair, error) {
 // node): the certificate IssueAgent makes, for pub. gpuboot calls it when it releases
 // a JoinBundle.
 func CertifyAgent(ca *CA, nodeName string, ips []net.IP, pub crypto.PublicKey) (*x509.Certificate, error) {
-	req, err := agentRequest(nodeName, ips)
-	if err != nil {
-		return nil, err
-	}
-	return ca.Certify(req, pub)
+	return CertifyAgentFor(ca, nodeName, ips, pub, 0)
 }
 
 // agentRequest is the request of an agent certificate (CONTRACTS §4); repeated and

@@ -115,6 +115,11 @@ type Config struct {
 	// Quotas reads the tenants' GPU quotas for the rack report; nil: the report shows
 	// none (gpuboot has no cluster credential).
 	Quotas func(context.Context) (map[string]report.Quota, error)
+	// Rollouts runs image rollouts; nil: the rollout methods answer UNIMPLEMENTED.
+	Rollouts Rollouts
+	// NextImage says which image a machine gets at its next boot and why, for
+	// GetMachine; nil: GetMachine leaves next_image out.
+	NextImage func(*inventory.Machine) *bootv1.ImageChoice
 }
 
 // Server implements AdminService and the HTTP handlers.
@@ -129,6 +134,8 @@ type Server struct {
 	gossip  GossipKeys
 	ops     OperatorCredentials
 	quotas  func(context.Context) (map[string]report.Quota, error)
+	roll    Rollouts
+	next    func(*inventory.Machine) *bootv1.ImageChoice
 	now     func() time.Time
 }
 
@@ -145,7 +152,8 @@ func New(cfg Config) (*Server, error) {
 		return nil, errors.New("admin: no revocation check")
 	}
 	return &Server{life: cfg.Lifecycle, inv: cfg.Inventory, ca: cfg.CA, revoked: cfg.Revoked,
-		known: append([]string(nil), cfg.Racks...), tokens: cfg.Tokens, gossip: cfg.Gossip, ops: cfg.Operators, quotas: cfg.Quotas, now: time.Now}, nil
+		known: append([]string(nil), cfg.Racks...), tokens: cfg.Tokens, gossip: cfg.Gossip, ops: cfg.Operators, quotas: cfg.Quotas,
+		roll: cfg.Rollouts, next: cfg.NextImage, now: time.Now}, nil
 }
 
 // OperatorFromCert returns the operator a verified client certificate chain's leaf
@@ -339,7 +347,11 @@ func (s *Server) get(ctx context.Context, ref string) (*bootv1.Machine, error) {
 	if err != nil {
 		return nil, grpcError(err)
 	}
-	return ToProto(m, h), nil
+	p := ToProto(m, h)
+	if s.next != nil {
+		p.NextImage = s.next(m)
+	}
+	return p, nil
 }
 
 // Approve implements AdminService.

@@ -21,6 +21,7 @@ var levels = map[string]pki.OperatorLevel{
 	bootv1.AdminService_History_FullMethodName:            pki.LevelViewer,
 	bootv1.AdminService_RackReport_FullMethodName:         pki.LevelViewer,
 	bootv1.AdminService_GetGossipKeyStatus_FullMethodName: pki.LevelViewer,
+	bootv1.AdminService_GetRollout_FullMethodName:         pki.LevelViewer,
 	routeMachines:       pki.LevelViewer,
 	routeMachine:        pki.LevelViewer,
 	routeMachineHistory: pki.LevelViewer,
@@ -37,6 +38,11 @@ var levels = map[string]pki.OperatorLevel{
 	bootv1.AdminService_RotateGossipKey_FullMethodName: pki.LevelOperator,
 	bootv1.AdminService_WipeDataDisk_FullMethodName:    pki.LevelOperator,
 	bootv1.AdminService_PowerMachine_FullMethodName:    pki.LevelOperator,
+	bootv1.AdminService_StartRollout_FullMethodName:    pki.LevelOperator,
+	bootv1.AdminService_PauseRollout_FullMethodName:    pki.LevelOperator,
+	bootv1.AdminService_ResumeRollout_FullMethodName:   pki.LevelOperator,
+	bootv1.AdminService_RollbackRollout_FullMethodName: pki.LevelOperator,
+	bootv1.AdminService_ReleaseRollout_FullMethodName:  pki.LevelOperator,
 
 	// Operators' credentials.
 	bootv1.AdminService_RevokeOperator_FullMethodName:    pki.LevelAdmin,

@@ -125,6 +125,10 @@ const (
 	DefaultSourceBurst = 50
 )
 
+// MinAgentCertValidity is the shortest enrollment.agentCertValidity gpuboot.yaml may
+// set: an agent renews at two thirds of it and needs a few round trips to gpuboot.
+const MinAgentCertValidity = time.Minute
+
 // Enrollment configures the enrollment flow (CONTRACTS §2).
 type Enrollment struct {
 	// UnknownMachines: discover (default) or hold.
@@ -162,14 +166,20 @@ type Enrollment struct {
 	// machine goes quarantined. For labs and demos only; gpuboot warns at every start
 	// while it is on.
 	AllowSimulated bool `yaml:"allowSimulated"`
+	// AgentCertValidity is how long an agent certificate is valid, in the JoinBundle and
+	// at each renewal; agents renew theirs at two thirds of it (CONTRACTS §2.10).
+	// Default one year; at least a minute (labs and tests use minutes).
+	AgentCertValidity time.Duration `yaml:"agentCertValidity"`
 }
 
 // Policy is the approval policy.
 type Policy struct {
 	// Approval: manual (default), allowlist or auto (labs only).
 	Approval string `yaml:"approval"`
-	// Allowlist is the rack manifest CSV (serial, mac, rack, slot).
-	Allowlist string `yaml:"allowlist"`
+	// Allowlist are the rack manifests (CSV: serial, mac, rack, slot, ekHash,
+	// ekCertificate, bmc), as the vendor shipped them: one file, or a list of files
+	// (one per rack) that gpuboot merges into one allowlist (policy.LoadLists).
+	Allowlist Paths `yaml:"allowlist"`
 }
 
 // Rack is one rack.
@@ -302,7 +312,9 @@ func (c *Config) applyDefaults() {
 	}
 	rel(&c.StateDir)
 	rel(&c.Images.Store)
-	rel(&c.Policy.Allowlist)
+	for i := range c.Policy.Allowlist {
+		rel(&c.Policy.Allowlist[i])
+	}
 	rel(&c.Cluster.Kubeconfig)
 	rel(&c.Admin.TokensFile)
 	if c.TFTP.Dir != "" {
@@ -437,6 +449,9 @@ func (c *Config) validateEnrollment(bad badField) {
 	if c.Enrollment.MaxUnapproved < 0 || c.Enrollment.MaxUnapprovedBytes < 0 || c.Enrollment.CreateRate < 0 || c.Enrollment.CreateBurst < 0 {
 		bad("enrollment", "maxUnapproved, maxUnapprovedBytes, createRate and createBurst must not be negative")
 	}
+	if v := c.Enrollment.AgentCertValidity; v != 0 && v < MinAgentCertValidity {
+		bad("enrollment.agentCertValidity", "%s is too short: give at least %s (agents renew at two thirds of it), or leave it out for one year", v, MinAgentCertValidity)
+	}
 	if c.Enrollment.SourceRate < 0 || c.Enrollment.SourceBurst < 0 {
 		bad("enrollment", "sourceRate and sourceBurst must not be negative (leave them out for the defaults, %g per second with a burst of %d)", DefaultSourceRate, DefaultSourceBurst)
 	}
@@ -444,8 +459,15 @@ func (c *Config) validateEnrollment(bad badField) {
 	if err != nil {
 		bad("policy.approval", "%v", err)
 	}
-	if mode == policy.Allowlist && c.Policy.Allowlist == "" {
-		bad("policy.allowlist", "required with approval: allowlist (the rack manifest CSV)")
+	if mode == policy.Allowlist && len(c.Policy.Allowlist) == 0 {
+		bad("policy.allowlist", "required with approval: allowlist (the rack manifest CSV, or a list of them, one per rack)")
+	}
+	seen := map[string]bool{}
+	for _, p := range c.Policy.Allowlist {
+		if seen[p] {
+			bad("policy.allowlist", "%s is listed twice: list each rack manifest once", p)
+		}
+		seen[p] = true
 	}
 }
 

@@ -193,23 +193,73 @@ func Labels(m *inventory.Machine) policy.Labels {
 }
 
 // ImageFor returns the image m boots and the selector that chose it ("" for the
-// rack's default image).
+// rack's default image or a rollout's pin).
 func (s *Service) ImageFor(m *inventory.Machine) (image, selector string) {
-	if sel, ok := policy.Select(s.cfg.Selectors, Labels(m)); ok {
-		return sel.Image, sel.Name
+	c := s.ImageChoice(m)
+	if c.Source == SourceSelector {
+		return c.Image, c.Name
 	}
-	return s.cfg.Racks[m.Rack].DefaultImage, ""
+	return c.Image, ""
 }
 
 func (s *Service) imageAndProfile(m *inventory.Machine) (string, string) {
 	return imageAndProfile(s.cfg.Selectors, s.cfg.Racks, m)
 }
 
-// imageAndProfile returns the image m boots and the profile it was built from: the
-// best matching selector's, else the rack's default image (no profile).
+// imageAndProfile returns the image m boots and the profile it was built from (see
+// imageChoice).
 func imageAndProfile(selectors []policy.Selector, racks map[string]Rack, m *inventory.Machine) (string, string) {
-	if sel, ok := policy.Select(selectors, Labels(m)); ok {
-		return sel.Image, sel.Profile
+	c := imageChoice(selectors, racks, m)
+	return c.Image, c.Profile
+}
+
+// Where an ImageChoice comes from.
+const (
+	SourceRollout     = "rollout"
+	SourceSelector    = "selector"
+	SourceRackDefault = "rack default"
+)
+
+// ImageChoice is the image a machine gets at its next boot, and why.
+type ImageChoice struct {
+	// Image is the image id; empty when nothing gives one (the machine is held).
+	Image string
+	// Profile is the selector's profile, for display; empty otherwise.
+	Profile string
+	// Source is SourceRollout, SourceSelector or SourceRackDefault; Name is the
+	// rollout's id, the selector's name or the rack.
+	Source, Name string
+	// Why is a sentence; Lost names the selectors that matched and lost, and why.
+	Why  string
+	Lost []string
+}
+
+// ImageChoice is the image m gets at its next boot and why (`gpuboot machines show`).
+func (s *Service) ImageChoice(m *inventory.Machine) ImageChoice {
+	return imageChoice(s.cfg.Selectors, s.cfg.Racks, m)
+}
+
+// imageChoice decides m's image: a rollout's pin first, then the selectors in
+// policy.Explain's precedence, then the rack's default image (decision 0687).
+func imageChoice(selectors []policy.Selector, racks map[string]Rack, m *inventory.Machine) ImageChoice {
+	e := policy.Explain(selectors, Labels(m))
+	var c ImageChoice
+	switch {
+	case m.ImagePin != nil:
+		c = ImageChoice{Image: m.ImagePin.Image, Source: SourceRollout, Name: m.ImagePin.Rollout,
+			Why: fmt.Sprintf("pinned by rollout %s since %s; a pin wins over every selector until the rollout releases it",
+				m.ImagePin.Rollout, m.ImagePin.Since.UTC().Format(time.RFC3339))}
+		if e.Matched {
+			c.Lost = append([]string{fmt.Sprintf("%s, and loses to the pin", e.Why)}, e.Lost...)
+		}
+	case e.Matched:
+		c = ImageChoice{Image: e.Selector.Image, Profile: e.Selector.Profile, Source: SourceSelector, Name: e.Selector.Name, Why: e.Why, Lost: e.Lost}
+	default:
+		c = ImageChoice{Image: racks[m.Rack].DefaultImage, Source: SourceRackDefault, Name: m.Rack,
+			Why: fmt.Sprintf("no selector matches: rack %q's defaultImage", m.Rack)}
+		if c.Image == "" {
+			c.Why = fmt.Sprintf("no selector matches and rack %q has no defaultImage: the machine is held at boot", m.Rack)
+		}
 	}
-	return racks[m.Rack].DefaultImage, ""
+	return c
 }

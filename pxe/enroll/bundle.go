@@ -94,7 +94,7 @@ func (s *Service) getJoinBundle(ctx context.Context, req *bootv1.GetJoinBundleRe
 	_ = proto.Unmarshal(m.Facts, &facts)
 	// The agent's own key is certified (JoinBundle.agent_key_ref): it never travels. Its
 	// IP SANs are the address gpuboot saw the call come from, never the facts' (issue 14).
-	cert, err := pki.CertifyAgent(s.cfg.CA, m.NodeName, observedIPs(ctx), pub)
+	cert, err := pki.CertifyAgentFor(s.cfg.CA, m.NodeName, observedIPs(ctx), pub, s.cfg.AgentCertValidity)
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "join bundle: %v", err)
 	}

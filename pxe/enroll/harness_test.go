@@ -234,7 +234,7 @@ func (e *env) nodeBootID(t testing.TB, node string) string {
 		t.Fatalf("no machine holds node %s: %v", node, err)
 	}
 	for _, m := range ms {
-		if id := boundBootID(m); id != "" {
+		if id := m.BoundBootID(); id != "" {
 			return id
 		}
 	}

@@ -132,7 +132,7 @@ func (s *Service) Approve(ctx context.Context, ref string, o ApproveOptions) (*i
 			reason += fmt.Sprintf(" (key %s)", short(m.BoundKey))
 		}
 		if rearmed {
-			reason += " (allowlist row re-armed after the decommission)"
+			reason += " (allowlist row re-armed)"
 		}
 		t, err := inventory.Move(m, inventory.Approved, o.Actor, reason, now)
 		if err != nil {
@@ -367,7 +367,7 @@ func (s *Service) NodeRegistered(ctx context.Context, nodeName, nodeBootID strin
 	if m == nil {
 		return nil, nil
 	}
-	if want := boundBootID(m); want != "" && want != nodeBootID {
+	if want := m.BoundBootID(); want != "" && want != nodeBootID {
 		s.log.Info("Node exists but was registered by another boot; waiting for this boot's kubelet", "node", nodeName, "node_boot_id", nodeBootID, "machine_boot_id", want)
 		return m, nil
 	}
@@ -405,14 +405,6 @@ func (s *Service) NodeRegistered(ctx context.Context, nodeName, nodeBootID strin
 		}
 		return ts, nil
 	})
-}
-
-// boundBootID is the boot id the machine's bound key registered with; "" when unknown.
-func boundBootID(m *inventory.Machine) string {
-	if i := m.FindKey(m.BoundKey); i >= 0 {
-		return m.Keys[i].BootID
-	}
-	return ""
 }
 
 // Revoked reports whether the agent certificate serial is revoked.

@@ -73,17 +73,17 @@ func (s *Service) PowerMachine(ctx context.Context, ref string, action bmc.Actio
 
 // bmcEndpoint is the BMC of m with the account for it, or why there is none.
 func (s *Service) bmcEndpoint(m *inventory.Machine) (bmc.Endpoint, error) {
-	address := m.BMC
+	address, manifest := m.BMC, "the rack manifest (policy.allowlist in gpuboot.yaml)"
 	if l := s.cfg.Policy.List; l != nil {
-		if e, ok := l.Match(m.Identity); ok && e.BMC != "" {
-			address = e.BMC
+		manifest = "the rack manifest " + l.Source
+		if e, ok := l.Match(m.Identity); ok {
+			manifest = "the rack manifest " + e.Row()
+			if e.BMC != "" {
+				address = e.BMC
+			}
 		}
 	}
 	if address == "" {
-		manifest := "the rack manifest (policy.allowlist in gpuboot.yaml)"
-		if l := s.cfg.Policy.List; l != nil {
-			manifest = "the rack manifest " + l.Source
-		}
 		return bmc.Endpoint{}, fmt.Errorf("%w: machine %s has no BMC address: add a bmc column (https://host[:port]) to its row in %s and restart gpuboot", ErrPrecondition, m.ID, manifest)
 	}
 	if err := s.cfg.BMC.Unavailable; err != nil {

@@ -71,7 +71,7 @@ func (s *Service) Register(ctx context.Context, req *bootv1.RegisterRequest) (*b
 		if holder != "" {
 			call.Verdict.Approve, call.RowHeldBy = false, holder
 			s.log.Warn("allowlist row already bound to another machine: not approved", "machine", m.ID, "mac", id.MAC, "serial", id.Serial,
-				"uuid", id.UUID, "row", call.Verdict.Line, "boundTo", holder, "key", fp, "remote", call.Key.Remote)
+				"uuid", id.UUID, "manifest", call.Verdict.Source, "row", call.Verdict.Line, "boundTo", holder, "key", fp, "remote", call.Key.Remote)
 		}
 	}
 	var d registerDecision
@@ -220,10 +220,10 @@ func (s *Service) checkManifestEK(ctx context.Context, id identity.Identity, cal
 	}
 	s.count("ek-refused")
 	s.log.Warn("refused: the rack manifest names another TPM for this serial and MAC", "mac", id.MAC, "serial", id.Serial, "uuid", id.UUID,
-		"row", call.Verdict.Line, "manifestEK", want, "provedEK", claimed, "key", call.Key.Fingerprint, "remote", call.Key.Remote)
+		"manifest", call.Verdict.Source, "row", call.Verdict.Line, "manifestEK", want, "provedEK", claimed, "key", call.Key.Fingerprint, "remote", call.Key.Remote)
 	return status.Errorf(codes.PermissionDenied,
-		"register: the rack manifest (line %d) names TPM EK %s for this machine and this agent proved EK %s: if this is the machine, correct its row in the manifest (ekHash or ekCertificate)",
-		call.Verdict.Line, want, claimed)
+		"register: the rack manifest (%s line %d) names TPM EK %s for this machine and this agent proved EK %s: if this is the machine, correct its row in the manifest (ekHash or ekCertificate)",
+		call.Verdict.Source, call.Verdict.Line, want, claimed)
 }
 
 // tokenSecretSize is the number of random bytes in a JoinBundle token after the
@@ -274,7 +274,7 @@ func (s *Service) rowHolder(ctx context.Context, id identity.Identity, d policy.
 		if c.Identity == id {
 			continue
 		}
-		if e, ok := s.cfg.Policy.List.Match(c.Identity); ok && e.Line == d.Line {
+		if e, ok := s.cfg.Policy.List.Match(c.Identity); ok && d.MatchedRow(e) {
 			return c.ID, nil
 		}
 	}
@@ -379,7 +379,8 @@ func decideRegister(stored *inventory.Machine, call registerCall, rules register
 		m.ImageID, m.Profile = imageAndProfile(rules.Selectors, rules.Racks, m)
 	}
 	// A decommissioned machine's allowlist approval is spent until an operator
-	// approves it again: its row approves it no more.
+	// approves it again, and so is a re-enrolling one's under reenroll: manual: its row
+	// approves it no more.
 	spent := m.AllowlistSpent && call.Verdict.ByAllowlist()
 	if m.State == inventory.Registered && current && len(m.Keys) == 1 && !spent {
 		if v := call.Verdict; v.Approve {
@@ -463,6 +464,10 @@ func bindLoneKey(m *inventory.Machine, fp string, reenroll Reenroll, now time.Ti
 			move(inventory.Approved, "policy:reenroll-auto", fmt.Sprintf("new key %s after reboot; bound key %s no longer live", short(fp), short(old)))
 		} else {
 			m.BoundKey = ""
+			// The allowlist row approved the machine once: it must not approve the new
+			// key in its stead, or reenroll: manual would not wait for the operator
+			// (CONTRACTS §2.8; the operator's approval re-arms the row, decision 0407).
+			m.AllowlistSpent = true
 			move(inventory.Registered, "policy:reenroll-manual", fmt.Sprintf("new key %s after reboot; bound key %s no longer live; waiting for an operator", short(fp), short(old)))
 		}
 	case m.State == inventory.Approved:
@@ -522,7 +527,7 @@ func pendingMessage(m *inventory.Machine, call registerCall, rules registerRules
 	case call.Verdict.EKHash != "" && strings.HasPrefix(call.Verdict.Actor, "policy:allowlist:") && !rules.Identity.usesTPM():
 		return "the rack manifest names this machine's TPM EK, which gpuboot does not check with identity: mac-uuid-serial: an operator must approve it, or set enrollment.identity: tpm"
 	case spent:
-		return "this machine was decommissioned and its allowlist row no longer approves it: an operator must approve it (gpuboot machines approve)"
+		return "this machine's allowlist row approved it once and approves it no more (it was decommissioned, or it re-enrolls with a new key under reenroll: manual): an operator must approve it (gpuboot machines approve)"
 	case call.RowHeldBy != "":
 		return fmt.Sprintf("the allowlist row for this serial and MAC is bound to machine %s; an operator must approve or reject this identity", call.RowHeldBy)
 	}

@@ -106,6 +106,18 @@ func TestDecideRegister(t *testing.T) {
 			fp: "B", rules: manual,
 			status: bootv1.RegisterStatus_REGISTER_STATUS_PENDING, message: "waiting for approval", state: inventory.Registered, keys: []string{"B"},
 			moves: []string{"ready→registered by policy:reenroll-manual"}, revoke: []string{"0a"}},
+		{name: "bound key gone, reenroll manual: the allowlist row does not approve the new key in the operator's stead",
+			stored: withSerials(machine(inventory.Ready, "A", key("A", time.Hour, dead)), "0a"), fp: "B", rules: manual,
+			verdict: policy.Decision{Approve: true, Actor: "policy:allowlist:2", Reason: "listed", Line: 2},
+			status:  bootv1.RegisterStatus_REGISTER_STATUS_PENDING, message: "re-enrolls with a new key under reenroll: manual", state: inventory.Registered,
+			keys: []string{"B"}, moves: []string{"ready→registered by policy:reenroll-manual"}, revoke: []string{"0a"}},
+		{name: "a machine waiting after a manual re-enrollment: its row still does not approve it",
+			stored: func() *inventory.Machine {
+				m := machine(inventory.Registered, "", key("B", time.Minute, 10*time.Second))
+				m.AllowlistSpent = true
+				return m
+			}(), fp: "B", rules: manual, verdict: policy.Decision{Approve: true, Actor: "policy:allowlist:2", Reason: "listed", Line: 2},
+			status: bootv1.RegisterStatus_REGISTER_STATUS_PENDING, message: "an operator must approve it", state: inventory.Registered, keys: []string{"B"}},
 		{name: "bound key still live: the new key waits beside it", stored: machine(inventory.Ready, "A", key("A", time.Hour, time.Minute)),
 			fp: "B", rules: auto,
 			status: bootv1.RegisterStatus_REGISTER_STATUS_PENDING, message: "another key (A) is bound", state: inventory.Ready, bound: "A",

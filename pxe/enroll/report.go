@@ -23,9 +23,10 @@ import (
 	"github.com/gpurack/gpurack/pxe/protoconv"
 )
 
-// caller is an authenticated agent: its machine and key fingerprint.
+// caller is an authenticated agent: its machine, key and key fingerprint.
 type caller struct {
 	m        *inventory.Machine
+	pub      ed25519.PublicKey
 	fp       string
 	viaCert  bool
 	nodeName string
@@ -54,7 +55,7 @@ func (s *Service) authenticateAgent(ctx context.Context, method string, req boot
 		if m.FindKey(fp) < 0 {
 			return nil, status.Error(codes.PermissionDenied, "this key is not registered for that identity: call Register first")
 		}
-		return &caller{m: m, fp: fp}, nil
+		return &caller{m: m, pub: pub, fp: fp}, nil
 	}
 	p, ok := peer.FromContext(ctx)
 	if !ok {
@@ -74,6 +75,11 @@ func (s *Service) authenticateAgent(ctx context.Context, method string, req boot
 	if s.cfg.Revocations.Contains(cert.SerialNumber) {
 		return nil, status.Error(codes.Unauthenticated, "client certificate revoked")
 	}
+	// The handshake checked the validity period once; a connection opened before the
+	// certificate expired does not outlive it (the agent renews and reconnects).
+	if now.After(cert.NotAfter) {
+		return nil, status.Errorf(codes.Unauthenticated, "client certificate expired at %s: renew it (RenewAgentCertificate with auth) and reconnect", cert.NotAfter.UTC().Format(time.RFC3339))
+	}
 	m, err := s.store.Lookup(ctx, id.Key())
 	if err != nil {
 		return nil, status.Error(codes.PermissionDenied, "the agent certificate is not for that identity")
@@ -87,7 +93,7 @@ func (s *Service) authenticateAgent(ctx context.Context, method string, req boot
 		return nil, status.Error(codes.PermissionDenied, "the agent certificate is not for that identity")
 	}
 	pub, _ := cert.PublicKey.(ed25519.PublicKey)
-	return &caller{m: m, fp: bootv1.KeyFingerprint(pub), viaCert: true, nodeName: cert.Subject.CommonName}, nil
+	return &caller{m: m, pub: pub, fp: bootv1.KeyFingerprint(pub), viaCert: true, nodeName: cert.Subject.CommonName}, nil
 }
 
 // commissioningMove returns the state a COMMISSIONING report moves a machine to and

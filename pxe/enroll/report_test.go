@@ -11,7 +11,6 @@ import (
 
 	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
 	machinev1 "github.com/gpurack/gpurack/api/machine/v1"
-	"github.com/gpurack/gpurack/internal/pki"
 	"github.com/gpurack/gpurack/pxe/inventory"
 )
 
@@ -48,19 +47,8 @@ func TestReportFromKeyNotCurrentIsRefused(t *testing.T) {
 // an mTLS client with its certificate and the node name.
 func joined(e *env, mac string) (*agent, bootv1.EnrollmentServiceClient, string) {
 	e.t.Helper()
-	a := e.agent(mac, "SN-"+mac)
-	a.mustRegister(bootv1.RegisterStatus_REGISTER_STATUS_PENDING)
-	e.approve(mac)
-	r := a.mustRegister(bootv1.RegisterStatus_REGISTER_STATUS_APPROVED)
-	b, err := a.bundle(r.Token, r.Challenge)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	cert, err := pki.DecodeCertPEM([]byte(b.AgentCertificatePem))
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return a, e.client(tls.Certificate{Certificate: [][]byte{cert.Raw}, PrivateKey: a.key, Leaf: cert}), b.NodeName
+	a, cert := bundled(e, mac)
+	return a, e.client(tls.Certificate{Certificate: [][]byte{cert.Raw}, PrivateKey: a.key, Leaf: cert}), e.machine(mac).NodeName
 }
 
 // TestEarlyReportAppliedWhenNodeRegisters: a commissioning report that arrives while

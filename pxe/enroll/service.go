@@ -156,6 +156,10 @@ type Config struct {
 
 	TokenTTL     time.Duration
 	BootstrapTTL time.Duration
+	// AgentCertValidity is how long an agent certificate is valid, in the JoinBundle
+	// and at each renewal (RenewAgentCertificate); default pki.DefaultLeafValidity
+	// (gpuboot.yaml's enrollment.agentCertValidity).
+	AgentCertValidity time.Duration
 
 	// Now is the clock; default time.Now.
 	Now func() time.Time
@@ -191,6 +195,8 @@ type Service struct {
 	rings *rings // gossip key rings by rack
 
 	tpm tpmChallenges
+
+	renewals renewals // when each machine last renewed its agent certificate
 
 	stats counters
 }
@@ -251,6 +257,12 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	}
 	if cfg.BootstrapTTL == 0 {
 		cfg.BootstrapTTL = DefaultBootstrapTTL
+	}
+	if cfg.AgentCertValidity < 0 {
+		return nil, fmt.Errorf("enroll: agent certificate validity %s is negative", cfg.AgentCertValidity)
+	}
+	if cfg.AgentCertValidity == 0 {
+		cfg.AgentCertValidity = pki.DefaultLeafValidity
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now

@@ -2,6 +2,7 @@ package enroll
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/gpurack/gpurack/pxe/policy"
 )
@@ -22,9 +23,13 @@ func StartWarnings(cfg Config) []string {
 	var out []string
 	if l := cfg.Policy.List; cfg.Policy.Mode == policy.Allowlist && l != nil {
 		withEK := 0
+		ekFiles, noEKFiles := map[string]bool{}, map[string]bool{}
 		for _, e := range l.Entries {
 			if e.EKHash != "" {
 				withEK++
+				ekFiles[e.Source] = true
+			} else {
+				noEKFiles[e.Source] = true
 			}
 		}
 		anyTPM := "the first TPM"
@@ -34,13 +39,13 @@ func StartWarnings(cfg Config) []string {
 		switch {
 		case !id.usesTPM() && withEK > 0:
 			out = append(out, fmt.Sprintf("approval allowlist with identity %s: the %d rows of %s that name a TPM EK approve nobody, since this identity mode checks no TPM; "+
-				"the other rows approve whoever registers first with a listed serial and MAC: set enrollment.identity: tpm", id, withEK, l.Source))
+				"the other rows approve whoever registers first with a listed serial and MAC: set enrollment.identity: tpm", id, withEK, filesOf(l, ekFiles)))
 		case !id.usesTPM():
 			out = append(out, fmt.Sprintf("approval allowlist with identity %s: whoever registers first with a listed serial and MAC is approved and receives the machine's join secrets "+
 				"(both are printed on the machine and sent on the wire at every boot); set enrollment.identity: tpm and give each row of %s its ekHash or ekCertificate", id, l.Source))
 		case withEK < len(l.Entries):
 			out = append(out, fmt.Sprintf("approval allowlist with identity %s: %d of the %d rows of %s name no TPM EK: %s that registers with such a row's serial and MAC is approved; "+
-				"give each row its ekHash or ekCertificate (the vendor ships them) and set enrollment.identity: tpm", id, len(l.Entries)-withEK, len(l.Entries), l.Source, anyTPM))
+				"give each row its ekHash or ekCertificate (the vendor ships them) and set enrollment.identity: tpm", id, len(l.Entries)-withEK, len(l.Entries), filesOf(l, noEKFiles), anyTPM))
 		}
 	}
 	if cfg.Policy.Mode == policy.Auto && id != IdentityTPM {
@@ -51,6 +56,18 @@ func StartWarnings(cfg Config) []string {
 			"set enrollment.identity: tpm (the same TPM re-enrolls at once, another is a conflict for an operator), or reenroll: manual", id, keyLivenessWords))
 	}
 	return out
+}
+
+// filesOf names the manifest files of l that are in files, in l's order: "a.csv" or
+// "a.csv, b.csv".
+func filesOf(l *policy.List, files map[string]bool) string {
+	var out []string
+	for _, s := range l.Sources {
+		if files[s] {
+			out = append(out, s)
+		}
+	}
+	return strings.Join(out, ", ")
 }
 
 // keyLivenessWords is inventory.KeyLiveness as the warnings say it.

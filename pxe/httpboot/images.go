@@ -427,3 +427,12 @@ func listFiles(dir string) (map[string]string, error) {
 	}
 	return out, nil
 }
+
+// VerifyImage returns an error unless image id is in the store and verifies (its
+// manifest signed by a trusted key, every artifact matching it): what a rollout checks
+// before it touches a machine (pxe/rollout.Images). The verdict is cached as for
+// serving.
+func (h *Handler) VerifyImage(id string) error {
+	_, err := h.images.get(id)
+	return err
+}

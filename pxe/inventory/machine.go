@@ -36,6 +36,9 @@ type Machine struct {
 	// manifest row (policy.Entry.BMC); empty when the row names none. Power control
 	// (pxe/bmc) uses it with the accounts in bmc-credentials.yaml.
 	BMC string `json:"bmc,omitempty"`
+	// ImagePin, when set, is the image a rollout gave the machine: it wins over every
+	// selector and the rack's default until the rollout releases it (decision 0687).
+	ImagePin *ImagePin `json:"imagePin,omitempty"`
 
 	// Facts is the latest gpurack.machine.v1.MachineFacts from Register.
 	Facts []byte `json:"facts,omitempty"`
@@ -87,15 +90,23 @@ type Machine struct {
 	// deleted.
 	BootstrapTokenIDs []string `json:"bootstrapTokenIds,omitempty"`
 
-	// AllowlistSpent is set when the machine is decommissioned: the allowlist row
-	// that matches it approved it once and approves neither it nor another identity
-	// on the row again until an operator approves it (which clears this). The record
-	// keeps it across the boot that starts the machine over.
+	// AllowlistSpent is set when the machine is decommissioned, or re-enrolls with a
+	// new key under reenroll: manual: the allowlist row that matches it approved it
+	// once and approves neither it nor another identity on the row again until an
+	// operator approves it (which clears this). The record keeps it across the boot
+	// that starts the machine over.
 	AllowlistSpent bool `json:"allowlistSpent,omitempty"`
 
 	LastBootAt time.Time `json:"lastBootAt,omitzero"`
 	CreatedAt  time.Time `json:"createdAt"`
 	UpdatedAt  time.Time `json:"updatedAt"`
+}
+
+// ImagePin is the image a rollout pinned a machine to.
+type ImagePin struct {
+	Image   string    `json:"image"`
+	Rollout string    `json:"rollout"`
+	Since   time.Time `json:"since"`
 }
 
 // Key is one agent key registered for an identity.
@@ -171,6 +182,14 @@ func (m *Machine) FindKey(fp string) int {
 		}
 	}
 	return -1
+}
+
+// BoundBootID is the boot id the bound key registered with, "" when none is bound.
+func (m *Machine) BoundBootID() string {
+	if i := m.FindKey(m.BoundKey); i >= 0 {
+		return m.Keys[i].BootID
+	}
+	return ""
 }
 
 // Clone returns a deep copy of m.

@@ -161,7 +161,7 @@ func (c *Controller) reconcile(ctx context.Context, name string) error {
 		if !d.Changed {
 			return nil
 		}
-		err := c.patchTaints(ctx, node, d.Taints)
+		err := c.cluster.patchTaints(ctx, node, d.Taints)
 		if err == nil {
 			c.opts.Log.Info("node taints updated", "node", name, "taints", taintKeys(d.Taints))
 			return nil
@@ -181,7 +181,7 @@ var errStale = errors.New("the Node changed meanwhile")
 // patchTaints replaces the Node's taints with a JSON patch that first tests the
 // resourceVersion the decision was made on (the enroller may patch, not update), so a
 // concurrent change makes it fail and retry instead of overwriting.
-func (c *Controller) patchTaints(ctx context.Context, node *corev1.Node, taints []corev1.Taint) error {
+func (c *Cluster) patchTaints(ctx context.Context, node *corev1.Node, taints []corev1.Taint) error {
 	if taints == nil {
 		taints = []corev1.Taint{}
 	}
@@ -194,7 +194,7 @@ func (c *Controller) patchTaints(ctx context.Context, node *corev1.Node, taints 
 		ops = append(ops, map[string]any{"op": "replace", "path": "/spec/taints", "value": taints})
 	}
 	body, _ := json.Marshal(ops)
-	_, err := c.cluster.client.CoreV1().Nodes().Patch(ctx, node.Name, types.JSONPatchType, body, metav1.PatchOptions{FieldManager: "gpuboot"})
+	_, err := c.client.CoreV1().Nodes().Patch(ctx, node.Name, types.JSONPatchType, body, metav1.PatchOptions{FieldManager: "gpuboot"})
 	if apierrors.IsInvalid(err) || apierrors.IsConflict(err) {
 		return fmt.Errorf("node %s: %w (%v)", node.Name, errStale, err)
 	}

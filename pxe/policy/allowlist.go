@@ -38,13 +38,21 @@ type Entry struct {
 	// when the row names none. Only the address: the BMC accounts are in gpuboot's
 	// state directory (bmc-credentials.yaml), never in the manifest.
 	BMC string
-	// Line is the row's line number in the file (for transition records).
-	Line int
+	// Source is the manifest file the row is in, and Line its line number there (for
+	// transition records and messages: "rack-r2.csv line 4"). Source and Line together
+	// name one row, also when a List merges several files (MergeLists).
+	Source string
+	Line   int
 }
 
-// List is a parsed rack manifest.
+// Row names the row for messages: "FILE line N".
+func (e Entry) Row() string { return fmt.Sprintf("%s line %d", e.Source, e.Line) }
+
+// List is a parsed rack manifest, or several merged into one (one file per rack).
 type List struct {
-	// Source names the file, for messages.
+	// Sources are the files the entries come from, in order; Source names them all
+	// for messages (the file, or "a.csv, b.csv").
+	Sources  []string
 	Source   string
 	Entries  []Entry
 	bySerial map[string]int
@@ -95,7 +103,7 @@ func ParseList(source string, r io.Reader) (*List, error) {
 	if err != nil {
 		return nil, fmt.Errorf("allowlist %s line 1: %w", source, err)
 	}
-	l := &List{Source: source, bySerial: map[string]int{}, byMAC: map[string]int{}, byEK: map[string]int{}}
+	l := newList(source)
 	for {
 		rec, err := cr.Read()
 		if errors.Is(err, io.EOF) {
@@ -109,6 +117,7 @@ func ParseList(source string, r io.Reader) (*List, error) {
 			return nil, fmt.Errorf("allowlist %s line %d: %d fields, the header has %d", source, line, len(rec), len(header))
 		}
 		e, err := manifestEntry(rec, col, line)
+		e.Source = source
 		if err == nil {
 			err = l.add(e)
 		}
@@ -200,22 +209,27 @@ func manifestEntry(rec []string, col map[string]int, line int) (Entry, error) {
 	return e, nil
 }
 
+func newList(sources ...string) *List {
+	return &List{Sources: sources, Source: strings.Join(sources, ", "),
+		bySerial: map[string]int{}, byMAC: map[string]int{}, byEK: map[string]int{}}
+}
+
 // add appends e, refusing a serial, EK or MAC another row already lists.
 func (l *List) add(e Entry) error {
 	idx := len(l.Entries)
 	if e.Serial != "" {
 		if prev, dup := l.bySerial[e.Serial]; dup {
-			return fmt.Errorf("serial %q already listed on line %d", e.Serial, l.Entries[prev].Line)
+			return fmt.Errorf("serial %q already listed %s", e.Serial, l.where(prev, e))
 		}
 	}
 	if e.EKHash != "" {
 		if prev, dup := l.byEK[e.EKHash]; dup {
-			return fmt.Errorf("ekHash %s already listed on line %d: one TPM is in one machine", e.EKHash, l.Entries[prev].Line)
+			return fmt.Errorf("ekHash %s already listed %s: one TPM is in one machine", e.EKHash, l.where(prev, e))
 		}
 	}
 	if e.MAC != "" {
 		if prev, dup := l.byMAC[e.MAC]; dup {
-			return fmt.Errorf("mac %s already listed on line %d", e.MAC, l.Entries[prev].Line)
+			return fmt.Errorf("mac %s already listed %s", e.MAC, l.where(prev, e))
 		}
 	}
 	if e.Serial != "" {
@@ -262,6 +276,70 @@ func (l *List) Match(c identity.Identity) (Entry, bool) {
 }
 
 func hasKey(m map[string]int, k string) bool { _, ok := m[k]; return ok }
+
+// where says where the entry at index prev is, as seen from e: "on line 3" in the
+// same file, "in rack-r1.csv line 3" in another.
+func (l *List) where(prev int, e Entry) string {
+	p := l.Entries[prev]
+	if p.Source == e.Source {
+		return fmt.Sprintf("on line %d", p.Line)
+	}
+	return "in " + p.Row()
+}
+
+// LoadLists reads the rack manifests at paths (one per rack, as the vendor shipped
+// them; see ParseList) and merges them into one List (see MergeLists). Every file is
+// read, and the error names every file that does not parse.
+func LoadLists(paths ...string) (*List, error) {
+	if len(paths) == 0 {
+		return nil, errors.New("allowlist: no manifest file given")
+	}
+	lists := make([]*List, 0, len(paths))
+	var errs []error
+	for _, p := range paths {
+		l, err := LoadList(p)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		lists = append(lists, l)
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	return MergeLists(lists...)
+}
+
+// MergeLists merges parsed manifests into one List. Each entry keeps its Source and
+// Line. A serial, MAC or EK hash listed in two of them is an error naming both files
+// and lines (one machine has one row); the error lists every such row. A file given
+// twice is an error too. The lists are not changed.
+func MergeLists(lists ...*List) (*List, error) {
+	var sources []string
+	seen := map[string]bool{}
+	for _, l := range lists {
+		for _, s := range l.Sources {
+			if seen[s] {
+				return nil, fmt.Errorf("allowlist %s is given twice: list each rack manifest once", s)
+			}
+			seen[s] = true
+			sources = append(sources, s)
+		}
+	}
+	m := newList(sources...)
+	var errs []error
+	for _, l := range lists {
+		for _, e := range l.Entries {
+			if err := m.add(e); err != nil {
+				errs = append(errs, fmt.Errorf("allowlist %s: %w", e.Row(), err))
+			}
+		}
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	return m, nil
+}
 
 // ParseListBytes is ParseList over a byte slice.
 func ParseListBytes(source string, b []byte) (*List, error) {

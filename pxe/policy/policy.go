@@ -18,6 +18,7 @@ package policy
 
 import (
 	"fmt"
+	"path/filepath"
 	"strings"
 
 	"github.com/gpurack/gpurack/pxe/identity"
@@ -50,8 +51,9 @@ func ParseMode(s string) (Mode, error) {
 type Decision struct {
 	// Approve is true when the policy approves the machine without an operator.
 	Approve bool
-	// Actor names the rule for the transition record: "policy:allowlist:LINE" or
-	// "policy:auto".
+	// Actor names the rule for the transition record: "policy:allowlist:LINE" (the
+	// row's line, when the allowlist is one file), "policy:allowlist:FILE:LINE" (the
+	// base name of the row's file too, when it is several) or "policy:auto".
 	Actor string
 	// Reason is one sentence for the transition record.
 	Reason string
@@ -59,10 +61,12 @@ type Decision struct {
 	Rack, Slot string
 	// BMC is the BMC Redfish address the matched row names; empty when none.
 	BMC string
-	// Line is the line of the allowlist row the identity matched; 0 when none did.
-	// One row approves at most one machine: pxe/enroll checks that no other machine
-	// holds the row before it acts on an allowlist approval.
-	Line int
+	// Source and Line name the allowlist row the identity matched: its manifest file
+	// and line; Line is 0 when none did. One row approves at most one machine:
+	// pxe/enroll checks that no other machine holds the row before it acts on an
+	// allowlist approval. Several files may have a row on the same line: compare both.
+	Source string
+	Line   int
 	// RowHasMAC is true when the matched row names a MAC (every machine the row
 	// matches then has that MAC), false when it names only a serial.
 	RowHasMAC bool
@@ -74,6 +78,12 @@ type Decision struct {
 // ByAllowlist reports whether the decision approves through an allowlist row.
 func (d Decision) ByAllowlist() bool {
 	return d.Approve && d.Line > 0 && strings.HasPrefix(d.Actor, "policy:allowlist:")
+}
+
+// MatchedRow reports whether e is the allowlist row the decision matched (the same file
+// and line).
+func (d Decision) MatchedRow(e Entry) bool {
+	return d.Line > 0 && d.Line == e.Line && d.Source == e.Source
 }
 
 // Policy is an approval mode with its allowlist.
@@ -107,11 +117,14 @@ func (p Policy) Decide(id identity.Identity) Decision {
 	var d Decision
 	if p.List != nil {
 		if e, ok := p.List.Match(id); ok {
-			d.Rack, d.Slot, d.Line, d.EKHash, d.RowHasMAC, d.BMC = e.Rack, e.Slot, e.Line, e.EKHash, e.MAC != "", e.BMC
+			d.Rack, d.Slot, d.Source, d.Line, d.EKHash, d.RowHasMAC, d.BMC = e.Rack, e.Slot, e.Source, e.Line, e.EKHash, e.MAC != "", e.BMC
 			if p.Mode == Allowlist {
 				d.Approve = true
 				d.Actor = fmt.Sprintf("policy:allowlist:%d", e.Line)
-				d.Reason = fmt.Sprintf("listed in the rack manifest %s line %d", p.List.Source, e.Line)
+				if len(p.List.Sources) > 1 {
+					d.Actor = fmt.Sprintf("policy:allowlist:%s:%d", filepath.Base(e.Source), e.Line)
+				}
+				d.Reason = "listed in the rack manifest " + e.Row()
 			}
 		}
 	}

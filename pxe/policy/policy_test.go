@@ -166,6 +166,8 @@ func TestSelect(t *testing.T) {
 		{Labels{"rack": "r1"}, "rack-r1"},
 		{Labels{"rack": "r1", "sku": "NVIDIA-H100-80GB-HBM3"}, "r1-h100"}, // tie with dup: first wins
 		{Labels{"rack": "r2", "mac": "52:54:00:00:01:07"}, "canary"},
+		// A machine term beats more terms: the canary wins over r1-h100's two.
+		{Labels{"rack": "r1", "sku": "NVIDIA-H100-80GB-HBM3", "mac": "52:54:00:00:01:07"}, "canary"},
 	}
 	for _, c := range cases {
 		s, ok := Select(ss, c.labels)
@@ -175,6 +177,23 @@ func TestSelect(t *testing.T) {
 	}
 	if _, ok := Select(ss[1:2], Labels{"rack": "r2"}); ok {
 		t.Error("a non-matching selector was selected")
+	}
+	e := Explain(ss, Labels{"rack": "r1", "sku": "NVIDIA-H100-80GB-HBM3", "mac": "52:54:00:00:01:07"})
+	wantLost := []string{
+		`selector "default" (no terms: matches every machine) also matches and loses: "canary" names the machine`,
+		`selector "rack-r1" (rack=r1) also matches and loses: "canary" names the machine`,
+		`selector "r1-h100" (rack=r1, sku=NVIDIA-H100-80GB-HBM3) also matches and loses: "canary" names the machine`,
+		`selector "r1-h100-dup" (rack=r1, sku=NVIDIA-H100-80GB-HBM3) also matches and loses: "canary" names the machine`,
+	}
+	if e.Why != `selector "canary" matches (machine=52:54:00:00:01:07)` || strings.Join(e.Lost, "\n") != strings.Join(wantLost, "\n") {
+		t.Errorf("Explain = %q, lost %q", e.Why, e.Lost)
+	}
+	e = Explain(ss, Labels{"rack": "r1", "sku": "NVIDIA-H100-80GB-HBM3"})
+	if len(e.Lost) != 3 || !strings.HasSuffix(e.Lost[2], `loses: "r1-h100" is listed first`) || !strings.HasSuffix(e.Lost[1], `loses: "r1-h100" has more terms (2 to 1)`) {
+		t.Errorf("Explain lost = %q", e.Lost)
+	}
+	if e := Explain(ss[1:2], Labels{"rack": "r2"}); e.Matched || e.Why != "no selector matches" {
+		t.Errorf("Explain of no match = %+v", e)
 	}
 	bad := []Selector{{Name: "x", Image: "not-an-id"}}
 	if err := ValidateSelectors(bad); err == nil {

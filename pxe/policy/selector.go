@@ -69,6 +69,9 @@ const (
 
 var imageIDPattern = regexp.MustCompile(`^[0-9a-f]{40}$`)
 
+// IsImageID reports whether s is an image id: 40 lowercase hex characters (CONTRACTS §7).
+func IsImageID(s string) bool { return imageIDPattern.MatchString(s) }
+
 // ValidateSelectors checks a selector list: names unique and set, images valid ids.
 func ValidateSelectors(ss []Selector) error {
 	seen := map[string]bool{}
@@ -95,23 +98,87 @@ func ValidateSelectors(ss []Selector) error {
 	return nil
 }
 
-// Select returns the selector for a machine with labels: among the selectors all of
-// whose terms match, the one with the most terms; on a tie the first listed. The
-// "machine" term matches the labels id, mac, serial or node.
+// Select returns the selector for a machine with labels (Explain says why).
 func Select(ss []Selector, labels Labels) (Selector, bool) {
-	best, bestN := -1, -1
+	e := Explain(ss, labels)
+	return e.Selector, e.Matched
+}
+
+// Explanation is which selector a machine gets and why.
+type Explanation struct {
+	// Selector is the winner; Matched is false when no selector matches.
+	Selector Selector
+	Matched  bool
+	// Why says in a sentence why the winner won.
+	Why string
+	// Lost names each other matching selector and why it lost, in list order.
+	Lost []string
+}
+
+// Explain picks the selector for a machine with labels among those all of whose terms
+// match. Precedence, in order (decision 0687):
+//  1. a selector with a machine term (it names this one machine) beats every one
+//     without, so a canary always wins over a rack-wide or SKU selector;
+//  2. then the one with the most terms;
+//  3. then the first listed.
+//
+// The machine term matches the labels id, mac, serial or node.
+func Explain(ss []Selector, labels Labels) Explanation {
+	best := -1
 	for i, s := range ss {
-		if !matches(s, labels) {
-			continue
-		}
-		if n := len(s.Match); n > bestN {
-			best, bestN = i, n
+		if matches(s, labels) && (best < 0 || outranks(s, ss[best])) {
+			best = i
 		}
 	}
 	if best < 0 {
-		return Selector{}, false
+		return Explanation{Why: "no selector matches"}
 	}
-	return ss[best], true
+	w := ss[best]
+	e := Explanation{Selector: w, Matched: true, Why: fmt.Sprintf("selector %q matches (%s)", w.Name, describeMatch(w))}
+	for i, s := range ss {
+		if i == best || !matches(s, labels) {
+			continue
+		}
+		var why string
+		switch {
+		case names(w) && !names(s):
+			why = fmt.Sprintf("%q names the machine", w.Name)
+		case len(w.Match) > len(s.Match):
+			why = fmt.Sprintf("%q has more terms (%d to %d)", w.Name, len(w.Match), len(s.Match))
+		default:
+			why = fmt.Sprintf("%q is listed first", w.Name)
+		}
+		e.Lost = append(e.Lost, fmt.Sprintf("selector %q (%s) also matches and loses: %s", s.Name, describeMatch(s), why))
+	}
+	return e
+}
+
+// outranks reports whether a wins over b, both matching and b listed first.
+func outranks(a, b Selector) bool {
+	if names(a) != names(b) {
+		return names(a)
+	}
+	return len(a.Match) > len(b.Match)
+}
+
+// names reports whether s has a machine term.
+func names(s Selector) bool {
+	_, ok := s.Match["machine"]
+	return ok
+}
+
+// describeMatch writes s's terms as "rack=r1, sku=X", sorted, or "matches every
+// machine".
+func describeMatch(s Selector) string {
+	if len(s.Match) == 0 {
+		return "no terms: matches every machine"
+	}
+	terms := make([]string, 0, len(s.Match))
+	for k, v := range s.Match {
+		terms = append(terms, k+"="+v)
+	}
+	sort.Strings(terms)
+	return strings.Join(terms, ", ")
 }
 
 func matches(s Selector, labels Labels) bool {

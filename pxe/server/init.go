@@ -3,6 +3,7 @@ package server
 import (
 	"crypto/rand"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -139,22 +140,33 @@ func EnsureGossipKey(stateDir, rack string) (string, []byte, error) {
 // stateDir, records it (with its level) for `gpuboot operators revoke`, and writes
 // outDir/{ca.crt,operator.crt,operator.key}.
 func IssueOperator(stateDir, name string, level pki.OperatorLevel, outDir string) error {
+	_, err := issueOperator(stateDir, name, level, outDir)
+	return err
+}
+
+// issueOperator is IssueOperator, returning the certificate. The CA is loaded and the
+// certificate made before anything is written (a missing CA key writes nothing), and
+// each file is replaced whole.
+func issueOperator(stateDir, name string, level pki.OperatorLevel, outDir string) (*x509.Certificate, error) {
 	ca, err := pki.LoadCA(filepath.Join(stateDir, "pki"))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	kp, err := pki.IssueOperatorLevel(ca, name, level)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := os.MkdirAll(outDir, 0o700); err != nil {
-		return err
+		return nil, err
 	}
-	if err := os.WriteFile(filepath.Join(outDir, OperatorCAFile), pki.EncodeCertPEM(ca.Cert), 0o644); err != nil {
-		return err
+	if err := atomicfile.Write(filepath.Join(outDir, OperatorCAFile), pki.EncodeCertPEM(ca.Cert), 0o644); err != nil {
+		return nil, err
 	}
 	if err := recordOperatorCert(stateDir, name, kp.Cert.SerialNumber.Text(16), kp.Cert.NotAfter, level); err != nil {
-		return fmt.Errorf("record the operator certificate (for gpuboot operators revoke): %w", err)
+		return nil, fmt.Errorf("record the operator certificate (for gpuboot operators revoke): %w", err)
 	}
-	return pki.SaveKeyPair(filepath.Join(outDir, OperatorCertFile), filepath.Join(outDir, OperatorKeyFile), kp)
+	if err := pki.SaveKeyPair(filepath.Join(outDir, OperatorCertFile), filepath.Join(outDir, OperatorKeyFile), kp); err != nil {
+		return nil, err
+	}
+	return kp.Cert, nil
 }

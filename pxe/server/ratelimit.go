@@ -43,10 +43,11 @@ func newSourceLimiter(perSecond float64, burst int) *sourceLimiter {
 // check and an inventory read or write before it is refused (issue 33). One bucket per
 // source serves them all; an agent makes a few calls a minute.
 var limitedMethods = map[string]bool{
-	bootv1.EnrollmentService_Register_FullMethodName:            true,
-	bootv1.EnrollmentService_Heartbeat_FullMethodName:           true,
-	bootv1.EnrollmentService_GetJoinBundle_FullMethodName:       true,
-	bootv1.EnrollmentService_ReportCommissioning_FullMethodName: true,
+	bootv1.EnrollmentService_Register_FullMethodName:              true,
+	bootv1.EnrollmentService_Heartbeat_FullMethodName:             true,
+	bootv1.EnrollmentService_GetJoinBundle_FullMethodName:         true,
+	bootv1.EnrollmentService_ReportCommissioning_FullMethodName:   true,
+	bootv1.EnrollmentService_RenewAgentCertificate_FullMethodName: true,
 }
 
 // sourceKey is the bucket of addr: the address for IPv4, its /64 for IPv6, as the

@@ -30,6 +30,7 @@ import (
 	"github.com/gpurack/gpurack/pxe/inventory"
 	"github.com/gpurack/gpurack/pxe/nodecontrol"
 	"github.com/gpurack/gpurack/pxe/policy"
+	"github.com/gpurack/gpurack/pxe/rollout"
 	"github.com/gpurack/gpurack/pxe/tftp"
 )
 
@@ -42,7 +43,10 @@ type gpuboot struct {
 	// pki
 	ca       *pki.CA
 	serverKP *pki.KeyPair
-	revoked  *pki.RevocationList
+	// serverCert is the serving certificate in use: serverKP at start, then whatever
+	// `gpuboot certs server` writes (read again when the files change).
+	serverCert *serverCertificate
+	revoked    *pki.RevocationList
 	// inventory
 	store *countingStore
 	// policy
@@ -64,6 +68,8 @@ type gpuboot struct {
 	boot     *httpboot.Handler
 	httpAddr net.Addr
 	ipxeDir  string
+	// rollouts
+	rollouts *rollout.Controller
 	// tls
 	tlsAddr net.Addr
 }
@@ -82,7 +88,8 @@ func (g *gpuboot) services() []service {
 		{name: "node controller", needs: []string{"cluster", "node queue", "enrollment"}, start: g.startNodeController},
 		{name: "metrics", needs: []string{"store", "enrollment"}, provides: []string{"metrics"}, start: g.startMetrics},
 		{name: "http", needs: []string{"ca", "enrollment", "metrics"}, provides: []string{"boot script url"}, start: g.startHTTP},
-		{name: "tls", needs: []string{"ca", "server certificate", "revocations", "store", "enrollment", "cluster"}, start: g.startTLS},
+		{name: "rollouts", needs: []string{"enrollment", "cluster", "boot script url"}, provides: []string{"rollouts"}, start: g.startRollouts},
+		{name: "tls", needs: []string{"ca", "server certificate", "revocations", "store", "enrollment", "cluster", "rollouts"}, start: g.startTLS},
 		{name: "dhcp", needs: []string{"boot script url", "metrics"}, start: g.startDHCP},
 		{name: "tftp", needs: []string{"metrics"}, start: g.startTFTP},
 	}
@@ -104,6 +111,9 @@ func (g *gpuboot) startPKI(context.Context) (started, error) {
 	}
 	if g.serverKP, err = pki.LoadKeyPair(cfg.ServerCertPath(), cfg.ServerKeyPath()); err != nil {
 		return started{}, fmt.Errorf("server certificate: %w", err)
+	}
+	if g.serverCert, err = loadServerCertificate(cfg.ServerCertPath(), cfg.ServerKeyPath(), g.ca.Cert, g.log); err != nil {
+		return started{}, err
 	}
 	g.revoked = pki.NewRevocationList()
 	if _, err := os.Stat(cfg.RevocationsPath()); err == nil {
@@ -133,8 +143,8 @@ func (g *gpuboot) startPolicy(context.Context) (started, error) {
 	mode, _ := policy.ParseMode(cfg.Policy.Approval)
 	g.policy = policy.Policy{Mode: mode}
 	var err error
-	if cfg.Policy.Allowlist != "" {
-		if g.policy.List, err = policy.LoadList(cfg.Policy.Allowlist); err != nil {
+	if len(cfg.Policy.Allowlist) > 0 {
+		if g.policy.List, err = policy.LoadLists(cfg.Policy.Allowlist...); err != nil {
 			return started{}, err
 		}
 	}
@@ -234,6 +244,7 @@ func (g *gpuboot) startEnrollment(ctx context.Context) (started, error) {
 		MaxUnapproved: cfg.Enrollment.MaxUnapproved, CreateRate: cfg.Enrollment.CreateRate, CreateBurst: cfg.Enrollment.CreateBurst,
 		MaxUnapprovedBytes: cfg.Enrollment.MaxUnapprovedBytes,
 		AllowSimulated:     cfg.Enrollment.AllowSimulated,
+		AgentCertValidity:  cfg.Enrollment.AgentCertValidity,
 		BMC:                loadBMCAccess(cfg.StateDir, g.log),
 		Log:                g.log,
 	}
@@ -265,6 +276,7 @@ func (g *gpuboot) startMetrics(context.Context) (started, error) {
 	g.metrics = prometheus.NewRegistry()
 	g.metrics.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	g.metrics.MustRegister(newInventoryCollector(g.enroll, g.store.byClass))
+	g.metrics.MustRegister(newCertificateCollector(g.ca.Cert, g.serverCert, g.cfg.StateDir, g.revoked, g.log))
 	return started{}, nil
 }
 
@@ -327,7 +339,7 @@ func (g *gpuboot) startTLS(context.Context) (started, error) {
 	adm, err := admin.New(admin.Config{Lifecycle: g.enroll, Inventory: g.store, CA: g.ca.Cert, Revoked: g.enroll.Revoked,
 		Racks: rackNames, Tokens: mustTokens(cfg, g.log), Gossip: g.enroll,
 		Operators: &operatorCreds{stateDir: cfg.StateDir, tokensFile: cfg.Admin.TokensFile, svc: g.enroll, log: g.log},
-		Quotas:    tenantQuotas(g.cluster)})
+		Quotas:    tenantQuotas(g.cluster), Rollouts: g.rollouts, NextImage: g.nextImage})
 	if err != nil {
 		return started{}, err
 	}
@@ -348,7 +360,7 @@ func (g *gpuboot) startTLS(context.Context) (started, error) {
 	}), defaultHTTPLimits)
 	srv.TLSConfig = &tls.Config{
 		MinVersion:       tls.VersionTLS12,
-		Certificates:     []tls.Certificate{g.serverKP.TLSCertificate(g.ca.Cert)},
+		GetCertificate:   g.serverCert.GetCertificate,
 		ClientAuth:       tls.VerifyClientCertIfGiven,
 		ClientCAs:        g.ca.CertPool(),
 		VerifyConnection: g.revoked.VerifyConnection,

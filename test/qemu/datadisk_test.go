@@ -19,13 +19,14 @@ import (
 
 	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
 	machinev1 "github.com/gpurack/gpurack/api/machine/v1"
+	"github.com/gpurack/gpurack/internal/nodecontract"
 	"github.com/gpurack/gpurack/internal/testreq"
 )
 
 // The data disks of TestRack's machine B (docs/storage.md): /dev/vda, a blank qcow2
 // the agent prepares, and /dev/vdb, a raw disk holding an ext4 filesystem with a file,
 // which the agent must refuse and leave byte-for-byte as it was until an operator wipes
-// it. The tiny profile of the rig selects every virtio disk (tinyProfile).
+// it. The tiny profile of the rig selects every virtio disk (rigimage.Profile).
 const (
 	dataDiskSerial    = "GPR-DATA-0001"
 	foreignDiskSerial = "GPR-FOREIGN-01"
@@ -247,18 +248,17 @@ func hostRootPod(node *corev1.Node, name, script string) *corev1.Pod {
 	return p
 }
 
-// powerCycleDataDisks writes a file on B's prepared disk, pulls B's plug and powers it
-// on again with the same disks: it re-enrolls on its own (reenroll: auto), joins, and
+// powerCycleDataDisks writes a file on B's prepared disk and rolls B out to another
+// image (rollOut: gpuboot drains it and power-cycles it through its Redfish BMC) with
+// the same disks: it re-enrolls on its own (reenroll: auto), joins on the new image, and
 // its agent mounts both data disks as they are (same partitions, nothing prepared), and
 // the file written before the cycle verifies, and so does the gpurack-local volume's
 // (keepClaim, when the local-volume subtest left it: withVolume), from a pod the
 // scheduler sends to B by the volume's node affinity.
 func powerCycleDataDisks(t *testing.T, r *Rack, b *RackMachine, before map[string]*machinev1.DataDisk, withVolume bool) {
 	writeDataDiskFile(t, r.ctx, r.admin, b.node, before["/dev/vda"].GetMountPoint())
-	b.powerOff()
 	booted := time.Now()
-	b2 := r.powerOn(t, b.MachineSpec)
-	t.Cleanup(b2.powerOff)
+	b2, next := rollOut(t, r, b)
 	disks := waitDataDisksAfter(t, r.g, b2, booted, func(dd map[string]*machinev1.DataDisk) bool {
 		return dd["/dev/vda"].GetState() == machinev1.DataDiskState_DATA_DISK_STATE_READY &&
 			dd["/dev/vdb"].GetState() == machinev1.DataDiskState_DATA_DISK_STATE_READY
@@ -278,6 +278,9 @@ func powerCycleDataDisks(t *testing.T, r *Rack, b *RackMachine, before map[strin
 		node = n
 		return true
 	}, r.nodeNames, b2.con.tail)
+	if got := node.Labels[nodecontract.LabelImage]; got != next {
+		t.Errorf("after the rollout Node %s has %s=%s, want the new image %s", b.Node, nodecontract.LabelImage, got, next)
+	}
 	verifyDataDiskFile(t, r.ctx, r.admin, node, disks["/dev/vda"].GetMountPoint())
 	if !withVolume {
 		t.Error("the gpurack-local subtest failed or did not run: no volume to check after the power cycle")

@@ -21,10 +21,11 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/gpurack/gpurack/controlplane-bootstrap/clusterdns"
+	"github.com/gpurack/gpurack/test/rigimage"
 )
 
 // probeImage is the tag hack/probe-image.sh gives the probe archive.
-const probeImage = "gpurack.io/probe:v1"
+const probeImage = rigimage.ProbeImage
 
 // runProbePod runs the preloaded probe image on node: `probe fetch` of the apiserver's
 // /version through the kubernetes Service's ClusterIP. The pod must succeed (the

@@ -20,7 +20,7 @@ import (
 // the boot script gpuboot gives it, which the iPXE path has already shown on A).
 var rackMachines = []MachineSpec{
 	{Node: joinNode, MAC: joinMAC, IP: poweronNodeIP, Serial: joinSerial, UUID: joinUUID, PXE: true},
-	{Node: "gpu-r1-sim", MAC: "52:54:00:e2:e0:22", IP: "10.0.2.22", Serial: "GPR-SIM-0002", UUID: "5e1f0c2a-8d4b-4f7e-9a61-0c3d2b1a0e22", Image: imageSimGPU},
+	{Node: "gpu-r1-sim", MAC: "52:54:00:e2:e0:22", IP: "10.0.2.22", Serial: "GPR-SIM-0002", UUID: "5e1f0c2a-8d4b-4f7e-9a61-0c3d2b1a0e22", Image: imageSimGPU, BMC: true, PXE: true},
 }
 
 // TestRack is the whole life of a rack's nodes, nothing simulated but the GPUs of the
@@ -42,12 +42,16 @@ var rackMachines = []MachineSpec{
 //     restarted under a held connection) and tenant isolation (NetworkPolicies); on B
 //     GPUs to pods (the device plugin, CDI, XID withdrawal, a kubelet restart) and its
 //     data disks (a blank one prepared, a foreign one refused and left byte-identical,
-//     then wiped by an operator through gpuboot and prepared);
+//     then wiped by an operator through gpuboot and prepared); after tenant isolation,
+//     A gets kubectl exec, kubectl logs and kubectl debug node with the debug image (a
+//     command, an interactive shell), the node's journal and the audit log checked;
 //   - then B's agent's memory: sampled every 5 s through its /metrics from Ready to
 //     here, then read by mapping (probe mem);
-//   - last, opt-in (GPURACK_E2E_REJOIN=1, it fails today: powerCycleDataDisks), B is
-//     power-cycled: it should re-enroll, join, mount both data disks as they were,
-//     and verify 200 MiB written on one before.
+//   - last, B is rolled out to another image (`gpuboot rollout start`: pinned, drained,
+//     power-cycled through its Redfish BMC, whose reset restarts its QEMU, which
+//     PXE-boots through its firmware, like A, the image gpuboot's boot script now
+//     names): it re-enrolls, joins on the new image, mounts both data disks as they were, and
+//     verifies 200 MiB written on one before and its gpurack-local volume.
 //
 // GPURACK_HOLD_RUNS=N repeats the restart hold N times on the one boot and logs the
 // pass count.
@@ -61,7 +65,7 @@ func TestRack(t *testing.T) {
 	disks := makeRackDisks(t, t.TempDir())
 	machines := slices.Clone(rackMachines)
 	machines[1].Disks = disks.disks
-	r := startRack(t, RackOptions{Machines: machines})
+	r := startRack(t, RackOptions{Machines: machines, ExtraImages: []string{imageSimGPUNext}})
 	a, b := r.Machines[0], r.Machines[1]
 	t.Logf("timings: power-on -> waiting for approval %s (A, PXE) and %s (B); approve -> Ready %s and %s",
 		a.bootToWait.Round(time.Second), b.bootToWait.Round(time.Second), a.toReady.Round(time.Second), b.toReady.Round(time.Second))
@@ -101,6 +105,7 @@ func TestRack(t *testing.T) {
 			t.Run("tenant isolation", func(t *testing.T) {
 				tenantIsolation(t, r.ctx, r.env, r.ns, r.bins.controlplane, r.cp, r.admin, a.node, a.con, restarted)
 			})
+			t.Run("logs, exec and break-glass", func(t *testing.T) { checkLogsExecAndBreakGlass(t, r, a.node) })
 		})
 		t.Run(b.Node+" GPUs", func(t *testing.T) {
 			t.Parallel()
@@ -129,9 +134,10 @@ func TestRack(t *testing.T) {
 		t.Logf("gpuagent on %s (simulated GPUs, every node service on, /metrics scraped by this sampler): %s", b.Node, summary)
 		t.Logf("gpuagent on %s by mapping, at the end:\n%s", b.Node, agentMappings(t, r.ctx, r.admin, b.node))
 	})
-	// Last, as it takes B down: its data disks and their data survive a power cycle
-	// (opt-in until a rebooted node rejoins; see powerCycleDataDisks).
-	t.Run(b.Node+" data disks after a power cycle", func(t *testing.T) {
+	// Last, as it takes B down: a rollout moves B to another image (drain, a power
+	// cycle through its Redfish BMC, commissioning), and its data disks and their data
+	// survive it (powerCycleDataDisks).
+	t.Run(b.Node+" data disks after a rollout to another image", func(t *testing.T) {
 		if prepared == nil {
 			t.Fatal("the data-disk subtest did not get to the end; nothing to check after a power cycle")
 		}

@@ -28,14 +28,13 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
-	"github.com/gpurack/gpurack/controlplane-bootstrap/clusterdns"
 	"github.com/gpurack/gpurack/controlplane-bootstrap/testcluster"
-	"github.com/gpurack/gpurack/imagebuilder/build"
 	"github.com/gpurack/gpurack/imagebuilder/buildtest"
 	"github.com/gpurack/gpurack/internal/netnstest"
-	"github.com/gpurack/gpurack/internal/profile"
 	"github.com/gpurack/gpurack/internal/swtpmtest"
 	"github.com/gpurack/gpurack/internal/testreq"
+	"github.com/gpurack/gpurack/pxe/bmc/redfishtest"
+	"github.com/gpurack/gpurack/test/rigimage"
 )
 
 // The rig: one boot network in a network namespace the test makes, with the control
@@ -81,21 +80,14 @@ const (
 )
 
 // The images a rack machine boots: the tiny image, and its simulated GPU variant
-// (simGPUSection).
+// (test/rigimage builds them).
 const (
-	imageTiny   = "tiny"
-	imageSimGPU = "tiny-simgpu"
+	imageTiny   = rigimage.Tiny
+	imageSimGPU = rigimage.SimGPU
+	// imageSimGPUNext is the same profile under another name, so another image id: the
+	// image a rollout moves a simulated GPU machine to.
+	imageSimGPUNext = rigimage.SimGPUNext
 )
-
-// simGPUSection makes the tiny profile a simulated GPU image (gpu.simulator): the GPU
-// container runtime of its containerd, and the agent's simulator of a DGX H100 (8
-// simulated GPUs, labelled so everywhere) served to kubelet by the device plugin; no
-// driver.
-const simGPUSection = `gpu:
-  vendor: nvidia
-  simulator: dgxh100
-  expect: {count: 8, product: NVIDIA H100 80GB HBM3, memoryMiB: 81559, pcie: {gen: 5, width: 16}, nvlinkLinks: 18}
-`
 
 // MachineSpec is one machine of a rack.
 type MachineSpec struct {
@@ -114,6 +106,10 @@ type MachineSpec struct {
 	// Disks are local disks (the nodes boot diskless either way): virtio block devices
 	// in this order, /dev/vda, /dev/vdb, … in the guest.
 	Disks []QEMUDisk
+	// BMC gives the machine a Redfish BMC (pxe/bmc/redfishtest) in the rack's network
+	// namespace, named in the rack manifest's bmc column: its power actions stop and
+	// start the machine's QEMU (Rack.bmcReset).
+	BMC bool
 }
 
 // QEMUDisk is one virtio disk of a machine: an image file (qcow2 or raw) and the serial
@@ -140,6 +136,9 @@ type RackOptions struct {
 	NoPowerOn bool
 	// Name is the approval reason (default: the test's name).
 	Name string
+	// ExtraImages are put in gpuboot's image store beside those the machines boot
+	// (e.g. imageSimGPUNext, for a rollout).
+	ExtraImages []string
 }
 
 // Rack is a running rack: the namespace, the control plane, gpuboot and the machines.
@@ -156,6 +155,12 @@ type Rack struct {
 	opts   RackOptions
 
 	Machines []*RackMachine
+	// bmcs are the machines' Redfish BMCs by node name (MachineSpec.BMC); powered
+	// receives each machine a BMC powers on (Rack.bmcReset), and mu guards Machines
+	// while a BMC replaces one.
+	bmcs    map[string]*redfishtest.Server
+	powered chan *RackMachine
+	mu      sync.Mutex
 }
 
 // RackMachine is one powered-on machine of a rack.
@@ -193,6 +198,11 @@ func startRack(t *testing.T, opts RackOptions) *Rack {
 		m.Image = cmp.Or(m.Image, imageTiny)
 		if !slices.Contains(names, m.Image) {
 			names = append(names, m.Image)
+		}
+	}
+	for _, n := range opts.ExtraImages {
+		if !slices.Contains(names, n) {
+			names = append(names, n)
 		}
 	}
 	r := &Rack{opts: opts}
@@ -247,6 +257,7 @@ dhcp:
   reservations: [%[3]s]
 tftp: {enabled: %[4]t}`, r.bridge.Name, joinHost, strings.Join(reservations, ", "), pxe)
 	startSiteServices(t, r.env, r.ns, r.bridge.Name)
+	r.startBMCs(t, &set)
 	r.g = startNamespacedGpuboot(t, r.env, r.ns, r.bins.gpuboot, enroller, r.images.store, r.images.pubKeys, r.images.ids[imageTiny], set)
 	if opts.NoPowerOn {
 		return r
@@ -557,133 +568,14 @@ type rackImages struct {
 	ids     map[string]string // image name (imageTiny, imageSimGPU) -> image ID
 }
 
-// images is what this test binary has taken from the image cache, by name: each
-// image's cache entry is looked up (and built, on a miss) once per binary.
-var images struct {
-	mu      sync.Mutex
-	entries map[string]string
-}
-
-// imageStore links the images named into a new store directory for gpuboot. Each comes
-// from the content-addressed image cache (buildtest.ImageCache), keyed on the profile,
-// its lock, the preloaded archives, the pinned Kubernetes binaries and the Go sources
-// of gpuimage, gpuagent and gpurack-init: built once per change of those, not once per
-// test or CI run. GPURACK_JOIN_IMAGE=DIR stands in for the tiny image (a developer's
-// shortcut that make test refuses; see rigBinaries).
+// imageStore links the images named into a new store directory for gpuboot, from the
+// content-addressed image cache (test/rigimage, shared with test/systemdhost).
+// GPURACK_JOIN_IMAGE=DIR stands in for the tiny image (a developer's shortcut that
+// make test refuses; see rigBinaries).
 func imageStore(t *testing.T, bins joinBinaries, names ...string) rackImages {
 	t.Helper()
-	store := rackImages{store: t.TempDir(), ids: map[string]string{}}
-	for _, name := range names {
-		if reuse := os.Getenv("GPURACK_JOIN_IMAGE"); reuse != "" {
-			pub := cmp.Or(os.Getenv("GPURACK_JOIN_IMAGE_PUBKEY"), filepath.Join(build.DefaultCacheDir(), "signing-key.pub.pem"))
-			t.Logf("reusing image %s from GPURACK_JOIN_IMAGE (key %s) as %s: its gpuagent is the one built into it, not this tree's", reuse, pub, name)
-			if len(store.pubKeys) == 0 { // one image stands in for every name
-				if err := buildtest.LinkTree(reuse, filepath.Join(store.store, filepath.Base(reuse))); err != nil {
-					t.Fatal(err)
-				}
-				store.pubKeys = append(store.pubKeys, pub)
-			}
-			store.ids[name] = filepath.Base(reuse)
-			continue
-		}
-		entry := cachedImage(t, bins, name)
-		dirs, err := os.ReadDir(filepath.Join(entry, "store"))
-		if err != nil || len(dirs) != 1 {
-			t.Fatalf("image cache entry %s holds no single image (%v)", entry, err)
-		}
-		id := dirs[0].Name()
-		if err := buildtest.LinkTree(filepath.Join(entry, "store", id), filepath.Join(store.store, id)); err != nil {
-			t.Fatalf("link image %s into gpuboot's store: %v", id, err)
-		}
-		store.pubKeys = append(store.pubKeys, filepath.Join(entry, "key.pub.pem"))
-		store.ids[name] = id
-	}
-	return store
-}
-
-// cachedImage is the image cache entry of image name (imageTiny or imageSimGPU): a
-// signing key pair (key.pem, key.pub.pem) and store/ID/, the image.
-func cachedImage(t *testing.T, bins joinBinaries, name string) string {
-	t.Helper()
-	images.mu.Lock()
-	defer images.mu.Unlock()
-	if e, ok := images.entries[name]; ok {
-		return e
-	}
-	section := ""
-	if name == imageSimGPU {
-		section = simGPUSection
-	}
-	k8sDir := buildtest.RequireImageTools(t, "go")
-	root := repoRoot(t)
-	prof := tinyProfile(t, root, bins.gpuimage, name, section)
-	key := buildtest.NewKey("test/qemu tiny image v1")
-	agentUnit := filepath.Join(root, "agent", "systemd", "gpuagent.service")
-	for _, err := range []error{
-		key.File("profile", prof), key.File("lock", profile.LockPath(prof)),
-		key.File("probe.tar", filepath.Join(filepath.Dir(prof), "probe.tar")),
-		key.File("coredns.tar", filepath.Join(filepath.Dir(prof), "coredns.tar")),
-		key.File("agent unit", agentUnit), key.Dir("k8s", k8sDir),
-		key.GoSources(root, "./imagebuilder/cmd/gpuimage", "./agent/cmd/gpuagent", "./imagebuilder/cmd/gpurack-init",
-			"github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook", "github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-container-runtime"),
-	} {
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	entry, _ := buildtest.DefaultImageCache().Get(t, key, func(dir string) {
-		priv := filepath.Join(dir, "key.pem")
-		runGpuimage(t, root, bins.gpuimage, "keygen", priv, filepath.Join(dir, "key.pub.pem"))
-		start := time.Now()
-		cache := build.DefaultCacheDir() // the .deb cache and apt lists stay warm between runs
-		out := runGpuimage(t, root, bins.gpuimage, "build", prof, "--out", filepath.Join(dir, "store"), "--cache", cache, "--key", priv, "--src", root,
-			"--agent-unit", agentUnit, "--k8s-dir", k8sDir)
-		m := regexp.MustCompile(`(?m)^built (\S+)$`).FindStringSubmatch(out)
-		if m == nil {
-			t.Fatalf("no 'built DIR' line in:\n%s", out)
-		}
-		t.Logf("built the %s image %s in %s", name, filepath.Base(m[1]), time.Since(start).Round(time.Second))
-	})
-	if images.entries == nil {
-		images.entries = map[string]string{}
-	}
-	images.entries[name] = entry
-	return entry
-}
-
-// tinyProfile writes profiles/tiny.yaml, renamed name and with section appended, and
-// the preloaded archives it names (the probe, and CoreDNS from pinned source) into a
-// temporary directory, and locks it afresh there (the committed lock rots as the
-// mirror drops versions). It returns the profile's path; its lock is beside it.
-func tinyProfile(t *testing.T, root, gpuimage, name, section string) string {
-	t.Helper()
-	tmp := t.TempDir()
-	tiny, err := os.ReadFile(filepath.Join(root, "profiles", "tiny.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The probe image, preloaded (profile images:), for the pods the tests run.
-	probe := exec.Command(filepath.Join(root, "hack", "probe-image.sh"), filepath.Join(tmp, "probe.tar"))
-	if out, err := probe.CombinedOutput(); err != nil {
-		t.Fatalf("hack/probe-image.sh: %v\n%s", err, out)
-	}
-	// CoreDNS from pinned source (images/coredns), the cluster DNS Deployment's image.
-	coredns := exec.Command(filepath.Join(root, "hack", "coredns-image.sh"), filepath.Join(tmp, "coredns.tar"))
-	if out, err := coredns.CombinedOutput(); err != nil {
-		t.Fatalf("hack/coredns-image.sh: %v\n%s", err, out)
-	}
-	src := strings.Replace(string(tiny), "name: tiny\n", "name: "+name+"\n", 1)
-	src += "images:\n  - path: probe.tar\n    name: " + probeImage + "\n  - path: coredns.tar\n    name: " + clusterdns.Image + "\n" + section
-	// Data disks: every virtio disk (the rig's machines have none but those a test
-	// gives them, MachineSpec.Disks), XFS from the image's xfsprogs (docs/storage.md).
-	src = strings.Replace(src, "  - ca-certificates\n", "  - ca-certificates\n  - xfsprogs\n", 1)
-	src += "storage:\n  dataDisks:\n    - transport: virtio\n"
-	prof := filepath.Join(tmp, name+".yaml")
-	if err := os.WriteFile(prof, []byte(src), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	runGpuimage(t, root, gpuimage, "lock", prof, "--cache", build.DefaultCacheDir())
-	return prof
+	s := rigimage.NewStore(t, repoRoot(t), bins.gpuimage, names...)
+	return rackImages{store: s.Dir, pubKeys: s.PubKeys, ids: s.IDs}
 }
 
 // repoRoot is the repository's root directory.
@@ -748,19 +640,6 @@ func TestMain(m *testing.M) {
 
 // joinBinaries is gpuimage, gpuboot and controlplane-bootstrap built from this tree.
 type joinBinaries struct{ gpuimage, gpuboot, controlplane string }
-
-// runGpuimage runs gpuimage with args in root and returns its output; a failure fails
-// the test with that output.
-func runGpuimage(t *testing.T, root, gpuimage string, args ...string) string {
-	t.Helper()
-	cmd := exec.Command(gpuimage, args...)
-	cmd.Dir = root
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("gpuimage %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	return string(out)
-}
 
 // nsDial dials from inside network namespace ns (only IP literals: a name would be
 // resolved on another thread, outside ns).
@@ -908,6 +787,10 @@ type gpubootSettings struct {
 	// selectors is gpuboot's selectors (a flow YAML list): which image which machine
 	// boots; empty: none, every machine boots the rack's default image.
 	selectors string
+	// manifest, when set, is the rack manifest (CSV), given as policy.allowlist;
+	// stateFiles are written into the state directory after init (mode 0600).
+	manifest   string
+	stateFiles map[string]string
 }
 
 // startNamespacedGpuboot starts gpuboot with DHCP and TFTP off, or on a boot network
@@ -928,6 +811,14 @@ func startNamespacedGpuboot(t *testing.T, env *netnstest.Env, ns, bin, enroller,
 	}
 	if g.pin == "" {
 		t.Fatalf("gpuboot init printed no CA pin:\n%s", out)
+	}
+	set.policy = cmp.Or(set.policy, "{approval: manual}")
+	if set.manifest != "" {
+		writeFile(t, filepath.Join(dir, "rack.csv"), set.manifest, 0o644)
+		set.policy = strings.TrimSuffix(set.policy, "}") + ", allowlist: rack.csv}"
+	}
+	for name, content := range set.stateFiles {
+		writeFile(t, filepath.Join(dir, "state", name), content, 0o600)
 	}
 	cfg := fmt.Sprintf(`stateDir: state
 advertise: %s

@@ -88,6 +88,13 @@ func (g *gpubootProc) cli(args ...string) string {
 // kubeconfig, on loopback, without DHCP and TFTP.
 func startGpuboot(t testing.TB, c *testcluster.Cluster) *gpubootProc {
 	t.Helper()
+	return startGpubootWith(t, "enrollment: {allowSimulated: true}\ncluster: {kubeconfig: "+c.EnrollerKubeconfig+"}\n")
+}
+
+// startGpubootWith is startGpuboot with extra configuration lines (enrollment, policy,
+// cluster) instead of the cluster's.
+func startGpubootWith(t testing.TB, extra string) *gpubootProc {
+	t.Helper()
 	g := &gpubootProc{t: t, bin: buildGpuboot(t), dir: t.TempDir(), log: &syncBuffer{}}
 	out := g.run("init", "--state-dir", filepath.Join(g.dir, "state"), "--advertise", "127.0.0.1", "--rack", "r1")
 	for _, line := range strings.Split(out, "\n") {
@@ -112,10 +119,8 @@ images: {store: images, trustedKeys: [images.pub]}
 racks: [{name: r1, defaultImage: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa}]
 dhcp: {enabled: false}
 tftp: {enabled: false}
-enrollment: {allowSimulated: true}
 logLevel: info
-cluster: {kubeconfig: %s}
-`, freePort(t), g.tls, c.EnrollerKubeconfig)
+%s`, freePort(t), g.tls, extra)
 	if err := os.WriteFile(g.cfg, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}

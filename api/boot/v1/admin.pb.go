@@ -298,6 +298,708 @@ func (ReportFormat) EnumDescriptor() ([]byte, []int) {
 	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{3}
 }
 
+// ReleaseRolloutRequest names the rollout (the newest when empty).
+type ReleaseRolloutRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Id     string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Reason string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Release pins even where the configuration chooses another image.
+	Force         bool `protobuf:"varint,3,opt,name=force,proto3" json:"force,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseRolloutRequest) Reset() {
+	*x = ReleaseRolloutRequest{}
+	mi := &file_api_boot_v1_admin_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseRolloutRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseRolloutRequest) ProtoMessage() {}
+
+func (x *ReleaseRolloutRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_boot_v1_admin_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseRolloutRequest.ProtoReflect.Descriptor instead.
+func (*ReleaseRolloutRequest) Descriptor() ([]byte, []int) {
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *ReleaseRolloutRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ReleaseRolloutRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *ReleaseRolloutRequest) GetForce() bool {
+	if x != nil {
+		return x.Force
+	}
+	return false
+}
+
+// ReleaseRolloutResponse says what happened to each machine the rollout still pins.
+type ReleaseRolloutResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	RolloutId     string                 `protobuf:"bytes,1,opt,name=rollout_id,json=rolloutId,proto3" json:"rollout_id,omitempty"`
+	Machines      []*PinRelease          `protobuf:"bytes,2,rep,name=machines,proto3" json:"machines,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseRolloutResponse) Reset() {
+	*x = ReleaseRolloutResponse{}
+	mi := &file_api_boot_v1_admin_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseRolloutResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseRolloutResponse) ProtoMessage() {}
+
+func (x *ReleaseRolloutResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_boot_v1_admin_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseRolloutResponse.ProtoReflect.Descriptor instead.
+func (*ReleaseRolloutResponse) Descriptor() ([]byte, []int) {
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ReleaseRolloutResponse) GetRolloutId() string {
+	if x != nil {
+		return x.RolloutId
+	}
+	return ""
+}
+
+func (x *ReleaseRolloutResponse) GetMachines() []*PinRelease {
+	if x != nil {
+		return x.Machines
+	}
+	return nil
+}
+
+// PinRelease is one machine's pin.
+type PinRelease struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	MachineId string                 `protobuf:"bytes,1,opt,name=machine_id,json=machineId,proto3" json:"machine_id,omitempty"`
+	NodeName  string                 `protobuf:"bytes,2,opt,name=node_name,json=nodeName,proto3" json:"node_name,omitempty"`
+	// The image the rollout pinned.
+	PinnedImageId string `protobuf:"bytes,3,opt,name=pinned_image_id,json=pinnedImageId,proto3" json:"pinned_image_id,omitempty"`
+	// The image the machine boots next now (the pin's while kept).
+	NextImageId string `protobuf:"bytes,4,opt,name=next_image_id,json=nextImageId,proto3" json:"next_image_id,omitempty"`
+	Released    bool   `protobuf:"varint,5,opt,name=released,proto3" json:"released,omitempty"`
+	// Why it was kept, or what releasing it changed.
+	Message       string `protobuf:"bytes,6,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PinRelease) Reset() {
+	*x = PinRelease{}
+	mi := &file_api_boot_v1_admin_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PinRelease) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PinRelease) ProtoMessage() {}
+
+func (x *PinRelease) ProtoReflect() protoreflect.Message {
+	mi := &file_api_boot_v1_admin_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PinRelease.ProtoReflect.Descriptor instead.
+func (*PinRelease) Descriptor() ([]byte, []int) {
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *PinRelease) GetMachineId() string {
+	if x != nil {
+		return x.MachineId
+	}
+	return ""
+}
+
+func (x *PinRelease) GetNodeName() string {
+	if x != nil {
+		return x.NodeName
+	}
+	return ""
+}
+
+func (x *PinRelease) GetPinnedImageId() string {
+	if x != nil {
+		return x.PinnedImageId
+	}
+	return ""
+}
+
+func (x *PinRelease) GetNextImageId() string {
+	if x != nil {
+		return x.NextImageId
+	}
+	return ""
+}
+
+func (x *PinRelease) GetReleased() bool {
+	if x != nil {
+		return x.Released
+	}
+	return false
+}
+
+func (x *PinRelease) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+// StartRolloutRequest says which machines move to which image and how fast.
+type StartRolloutRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The image id (CONTRACTS §7) to roll out.
+	ImageId string `protobuf:"bytes,1,opt,name=image_id,json=imageId,proto3" json:"image_id,omitempty"`
+	// The machines: those whose selector labels match every term (as a selector's match:
+	// rack, slot, sku, machine or an inventory label), in state ready. At least one
+	// term, or machines.
+	Match map[string]string `protobuf:"bytes,2,rep,name=match,proto3" json:"match,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Or MachineRefs, in this order.
+	Machines []string `protobuf:"bytes,3,rep,name=machines,proto3" json:"machines,omitempty"`
+	// The canary: the first canary machines (default 1) go alone, as batch 0; the rest
+	// wait until every canary is ready.
+	Canary int32 `protobuf:"varint,4,opt,name=canary,proto3" json:"canary,omitempty"`
+	// Machines per batch after the canary (default 1); a batch starts when the one
+	// before it is done.
+	BatchSize int32 `protobuf:"varint,5,opt,name=batch_size,json=batchSize,proto3" json:"batch_size,omitempty"`
+	// At most this many machines of a batch are unavailable (drained to ready) at once
+	// (default batch_size).
+	MaxUnavailable int32 `protobuf:"varint,6,opt,name=max_unavailable,json=maxUnavailable,proto3" json:"max_unavailable,omitempty"`
+	// How long one machine may take from the power cycle to ready (default 20 minutes),
+	// and its drain (default 5 minutes).
+	NodeTimeout  *durationpb.Duration `protobuf:"bytes,7,opt,name=node_timeout,json=nodeTimeout,proto3" json:"node_timeout,omitempty"`
+	DrainTimeout *durationpb.Duration `protobuf:"bytes,8,opt,name=drain_timeout,json=drainTimeout,proto3" json:"drain_timeout,omitempty"`
+	// Why; recorded in each machine's history.
+	Reason        string `protobuf:"bytes,9,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StartRolloutRequest) Reset() {
+	*x = StartRolloutRequest{}
+	mi := &file_api_boot_v1_admin_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartRolloutRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartRolloutRequest) ProtoMessage() {}
+
+func (x *StartRolloutRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_boot_v1_admin_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartRolloutRequest.ProtoReflect.Descriptor instead.
+func (*StartRolloutRequest) Descriptor() ([]byte, []int) {
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *StartRolloutRequest) GetImageId() string {
+	if x != nil {
+		return x.ImageId
+	}
+	return ""
+}
+
+func (x *StartRolloutRequest) GetMatch() map[string]string {
+	if x != nil {
+		return x.Match
+	}
+	return nil
+}
+
+func (x *StartRolloutRequest) GetMachines() []string {
+	if x != nil {
+		return x.Machines
+	}
+	return nil
+}
+
+func (x *StartRolloutRequest) GetCanary() int32 {
+	if x != nil {
+		return x.Canary
+	}
+	return 0
+}
+
+func (x *StartRolloutRequest) GetBatchSize() int32 {
+	if x != nil {
+		return x.BatchSize
+	}
+	return 0
+}
+
+func (x *StartRolloutRequest) GetMaxUnavailable() int32 {
+	if x != nil {
+		return x.MaxUnavailable
+	}
+	return 0
+}
+
+func (x *StartRolloutRequest) GetNodeTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.NodeTimeout
+	}
+	return nil
+}
+
+func (x *StartRolloutRequest) GetDrainTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.DrainTimeout
+	}
+	return nil
+}
+
+func (x *StartRolloutRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// GetRolloutRequest names a rollout; empty: the newest.
+type GetRolloutRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetRolloutRequest) Reset() {
+	*x = GetRolloutRequest{}
+	mi := &file_api_boot_v1_admin_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetRolloutRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetRolloutRequest) ProtoMessage() {}
+
+func (x *GetRolloutRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_boot_v1_admin_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetRolloutRequest.ProtoReflect.Descriptor instead.
+func (*GetRolloutRequest) Descriptor() ([]byte, []int) {
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *GetRolloutRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+// RolloutActionRequest names a rollout (empty: the newest) and says why.
+type RolloutActionRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Reason        string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RolloutActionRequest) Reset() {
+	*x = RolloutActionRequest{}
+	mi := &file_api_boot_v1_admin_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RolloutActionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RolloutActionRequest) ProtoMessage() {}
+
+func (x *RolloutActionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_boot_v1_admin_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RolloutActionRequest.ProtoReflect.Descriptor instead.
+func (*RolloutActionRequest) Descriptor() ([]byte, []int) {
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *RolloutActionRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *RolloutActionRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// Rollout is a rollout and where each of its machines stands.
+type Rollout struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "r" and the start time, e.g. r20261203T140501Z.
+	Id      string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	ImageId string `protobuf:"bytes,2,opt,name=image_id,json=imageId,proto3" json:"image_id,omitempty"`
+	// running, paused, stopped (by a failure: see reason), done, or the same with
+	// rollback (rolling-back, rollback-paused, rollback-stopped, rolled-back).
+	State string `protobuf:"bytes,3,opt,name=state,proto3" json:"state,omitempty"`
+	// Why it is stopped, paused or rolled back; empty while it runs.
+	Reason string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Who started it and when; when it ended (done, stopped, rolled back).
+	Actor          string                 `protobuf:"bytes,5,opt,name=actor,proto3" json:"actor,omitempty"`
+	StartedAt      *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
+	EndedAt        *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=ended_at,json=endedAt,proto3" json:"ended_at,omitempty"`
+	Canary         int32                  `protobuf:"varint,8,opt,name=canary,proto3" json:"canary,omitempty"`
+	BatchSize      int32                  `protobuf:"varint,9,opt,name=batch_size,json=batchSize,proto3" json:"batch_size,omitempty"`
+	MaxUnavailable int32                  `protobuf:"varint,10,opt,name=max_unavailable,json=maxUnavailable,proto3" json:"max_unavailable,omitempty"`
+	NodeTimeout    *durationpb.Duration   `protobuf:"bytes,11,opt,name=node_timeout,json=nodeTimeout,proto3" json:"node_timeout,omitempty"`
+	DrainTimeout   *durationpb.Duration   `protobuf:"bytes,12,opt,name=drain_timeout,json=drainTimeout,proto3" json:"drain_timeout,omitempty"`
+	Match          map[string]string      `protobuf:"bytes,13,rep,name=match,proto3" json:"match,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Machines       []*RolloutMachine      `protobuf:"bytes,14,rep,name=machines,proto3" json:"machines,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *Rollout) Reset() {
+	*x = Rollout{}
+	mi := &file_api_boot_v1_admin_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Rollout) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Rollout) ProtoMessage() {}
+
+func (x *Rollout) ProtoReflect() protoreflect.Message {
+	mi := &file_api_boot_v1_admin_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Rollout.ProtoReflect.Descriptor instead.
+func (*Rollout) Descriptor() ([]byte, []int) {
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *Rollout) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *Rollout) GetImageId() string {
+	if x != nil {
+		return x.ImageId
+	}
+	return ""
+}
+
+func (x *Rollout) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *Rollout) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *Rollout) GetActor() string {
+	if x != nil {
+		return x.Actor
+	}
+	return ""
+}
+
+func (x *Rollout) GetStartedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartedAt
+	}
+	return nil
+}
+
+func (x *Rollout) GetEndedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.EndedAt
+	}
+	return nil
+}
+
+func (x *Rollout) GetCanary() int32 {
+	if x != nil {
+		return x.Canary
+	}
+	return 0
+}
+
+func (x *Rollout) GetBatchSize() int32 {
+	if x != nil {
+		return x.BatchSize
+	}
+	return 0
+}
+
+func (x *Rollout) GetMaxUnavailable() int32 {
+	if x != nil {
+		return x.MaxUnavailable
+	}
+	return 0
+}
+
+func (x *Rollout) GetNodeTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.NodeTimeout
+	}
+	return nil
+}
+
+func (x *Rollout) GetDrainTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.DrainTimeout
+	}
+	return nil
+}
+
+func (x *Rollout) GetMatch() map[string]string {
+	if x != nil {
+		return x.Match
+	}
+	return nil
+}
+
+func (x *Rollout) GetMachines() []*RolloutMachine {
+	if x != nil {
+		return x.Machines
+	}
+	return nil
+}
+
+// RolloutMachine is one machine of a rollout.
+type RolloutMachine struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	MachineId string                 `protobuf:"bytes,1,opt,name=machine_id,json=machineId,proto3" json:"machine_id,omitempty"`
+	NodeName  string                 `protobuf:"bytes,2,opt,name=node_name,json=nodeName,proto3" json:"node_name,omitempty"`
+	// 0 is the canary.
+	Batch int32 `protobuf:"varint,3,opt,name=batch,proto3" json:"batch,omitempty"`
+	// The image it had before the rollout (what a rollback returns it to), and the one
+	// this step moves it to.
+	PreviousImageId string `protobuf:"bytes,4,opt,name=previous_image_id,json=previousImageId,proto3" json:"previous_image_id,omitempty"`
+	TargetImageId   string `protobuf:"bytes,5,opt,name=target_image_id,json=targetImageId,proto3" json:"target_image_id,omitempty"`
+	// pending, draining, cycling, booting, done, failed, skipped (a rollback leaves
+	// machines the rollout never touched alone).
+	Phase string `protobuf:"bytes,6,opt,name=phase,proto3" json:"phase,omitempty"`
+	// When it was cordoned (unavailable from), power-cycled, and ready again.
+	StartedAt *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
+	CycledAt  *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=cycled_at,json=cycledAt,proto3" json:"cycled_at,omitempty"`
+	ReadyAt   *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=ready_at,json=readyAt,proto3" json:"ready_at,omitempty"`
+	// What happened last, or why it failed.
+	Message       string `protobuf:"bytes,10,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RolloutMachine) Reset() {
+	*x = RolloutMachine{}
+	mi := &file_api_boot_v1_admin_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RolloutMachine) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RolloutMachine) ProtoMessage() {}
+
+func (x *RolloutMachine) ProtoReflect() protoreflect.Message {
+	mi := &file_api_boot_v1_admin_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RolloutMachine.ProtoReflect.Descriptor instead.
+func (*RolloutMachine) Descriptor() ([]byte, []int) {
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *RolloutMachine) GetMachineId() string {
+	if x != nil {
+		return x.MachineId
+	}
+	return ""
+}
+
+func (x *RolloutMachine) GetNodeName() string {
+	if x != nil {
+		return x.NodeName
+	}
+	return ""
+}
+
+func (x *RolloutMachine) GetBatch() int32 {
+	if x != nil {
+		return x.Batch
+	}
+	return 0
+}
+
+func (x *RolloutMachine) GetPreviousImageId() string {
+	if x != nil {
+		return x.PreviousImageId
+	}
+	return ""
+}
+
+func (x *RolloutMachine) GetTargetImageId() string {
+	if x != nil {
+		return x.TargetImageId
+	}
+	return ""
+}
+
+func (x *RolloutMachine) GetPhase() string {
+	if x != nil {
+		return x.Phase
+	}
+	return ""
+}
+
+func (x *RolloutMachine) GetStartedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartedAt
+	}
+	return nil
+}
+
+func (x *RolloutMachine) GetCycledAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CycledAt
+	}
+	return nil
+}
+
+func (x *RolloutMachine) GetReadyAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ReadyAt
+	}
+	return nil
+}
+
+func (x *RolloutMachine) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
 // PowerMachineRequest names the machine and the action.
 type PowerMachineRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -312,7 +1014,7 @@ type PowerMachineRequest struct {
 
 func (x *PowerMachineRequest) Reset() {
 	*x = PowerMachineRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[0]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -324,7 +1026,7 @@ func (x *PowerMachineRequest) String() string {
 func (*PowerMachineRequest) ProtoMessage() {}
 
 func (x *PowerMachineRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[0]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -337,7 +1039,7 @@ func (x *PowerMachineRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PowerMachineRequest.ProtoReflect.Descriptor instead.
 func (*PowerMachineRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{0}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *PowerMachineRequest) GetMachine() string {
@@ -384,7 +1086,7 @@ type PowerMachineResponse struct {
 
 func (x *PowerMachineResponse) Reset() {
 	*x = PowerMachineResponse{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[1]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -396,7 +1098,7 @@ func (x *PowerMachineResponse) String() string {
 func (*PowerMachineResponse) ProtoMessage() {}
 
 func (x *PowerMachineResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[1]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -409,7 +1111,7 @@ func (x *PowerMachineResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PowerMachineResponse.ProtoReflect.Descriptor instead.
 func (*PowerMachineResponse) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{1}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *PowerMachineResponse) GetMachineId() string {
@@ -482,7 +1184,7 @@ type PowerReset struct {
 
 func (x *PowerReset) Reset() {
 	*x = PowerReset{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[2]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -494,7 +1196,7 @@ func (x *PowerReset) String() string {
 func (*PowerReset) ProtoMessage() {}
 
 func (x *PowerReset) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[2]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -507,7 +1209,7 @@ func (x *PowerReset) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PowerReset.ProtoReflect.Descriptor instead.
 func (*PowerReset) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{2}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *PowerReset) GetResetType() string {
@@ -576,7 +1278,7 @@ type WipeDataDiskRequest struct {
 
 func (x *WipeDataDiskRequest) Reset() {
 	*x = WipeDataDiskRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[3]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -588,7 +1290,7 @@ func (x *WipeDataDiskRequest) String() string {
 func (*WipeDataDiskRequest) ProtoMessage() {}
 
 func (x *WipeDataDiskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[3]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -601,7 +1303,7 @@ func (x *WipeDataDiskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WipeDataDiskRequest.ProtoReflect.Descriptor instead.
 func (*WipeDataDiskRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{3}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *WipeDataDiskRequest) GetMachine() string {
@@ -643,7 +1345,7 @@ type ListOperatorAuditRequest struct {
 
 func (x *ListOperatorAuditRequest) Reset() {
 	*x = ListOperatorAuditRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[4]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -655,7 +1357,7 @@ func (x *ListOperatorAuditRequest) String() string {
 func (*ListOperatorAuditRequest) ProtoMessage() {}
 
 func (x *ListOperatorAuditRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[4]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -668,7 +1370,7 @@ func (x *ListOperatorAuditRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOperatorAuditRequest.ProtoReflect.Descriptor instead.
 func (*ListOperatorAuditRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{4}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ListOperatorAuditRequest) GetLimit() int32 {
@@ -688,7 +1390,7 @@ type ListOperatorAuditResponse struct {
 
 func (x *ListOperatorAuditResponse) Reset() {
 	*x = ListOperatorAuditResponse{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[5]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -700,7 +1402,7 @@ func (x *ListOperatorAuditResponse) String() string {
 func (*ListOperatorAuditResponse) ProtoMessage() {}
 
 func (x *ListOperatorAuditResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[5]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -713,7 +1415,7 @@ func (x *ListOperatorAuditResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOperatorAuditResponse.ProtoReflect.Descriptor instead.
 func (*ListOperatorAuditResponse) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{5}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListOperatorAuditResponse) GetEntries() []*OperatorAuditEntry {
@@ -746,7 +1448,7 @@ type OperatorAuditEntry struct {
 
 func (x *OperatorAuditEntry) Reset() {
 	*x = OperatorAuditEntry{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[6]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -758,7 +1460,7 @@ func (x *OperatorAuditEntry) String() string {
 func (*OperatorAuditEntry) ProtoMessage() {}
 
 func (x *OperatorAuditEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[6]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -771,7 +1473,7 @@ func (x *OperatorAuditEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OperatorAuditEntry.ProtoReflect.Descriptor instead.
 func (*OperatorAuditEntry) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{6}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *OperatorAuditEntry) GetTime() *timestamppb.Timestamp {
@@ -846,7 +1548,7 @@ type RevokeOperatorRequest struct {
 
 func (x *RevokeOperatorRequest) Reset() {
 	*x = RevokeOperatorRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[7]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -858,7 +1560,7 @@ func (x *RevokeOperatorRequest) String() string {
 func (*RevokeOperatorRequest) ProtoMessage() {}
 
 func (x *RevokeOperatorRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[7]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -871,7 +1573,7 @@ func (x *RevokeOperatorRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeOperatorRequest.ProtoReflect.Descriptor instead.
 func (*RevokeOperatorRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{7}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RevokeOperatorRequest) GetName() string {
@@ -908,7 +1610,7 @@ type RevokeOperatorResponse struct {
 
 func (x *RevokeOperatorResponse) Reset() {
 	*x = RevokeOperatorResponse{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[8]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -920,7 +1622,7 @@ func (x *RevokeOperatorResponse) String() string {
 func (*RevokeOperatorResponse) ProtoMessage() {}
 
 func (x *RevokeOperatorResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[8]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -933,7 +1635,7 @@ func (x *RevokeOperatorResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeOperatorResponse.ProtoReflect.Descriptor instead.
 func (*RevokeOperatorResponse) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{8}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RevokeOperatorResponse) GetSerials() []string {
@@ -960,7 +1662,7 @@ type RotateGossipKeyRequest struct {
 
 func (x *RotateGossipKeyRequest) Reset() {
 	*x = RotateGossipKeyRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[9]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -972,7 +1674,7 @@ func (x *RotateGossipKeyRequest) String() string {
 func (*RotateGossipKeyRequest) ProtoMessage() {}
 
 func (x *RotateGossipKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[9]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -985,7 +1687,7 @@ func (x *RotateGossipKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RotateGossipKeyRequest.ProtoReflect.Descriptor instead.
 func (*RotateGossipKeyRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{9}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RotateGossipKeyRequest) GetRack() string {
@@ -1005,7 +1707,7 @@ type GetGossipKeyStatusRequest struct {
 
 func (x *GetGossipKeyStatusRequest) Reset() {
 	*x = GetGossipKeyStatusRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[10]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1017,7 +1719,7 @@ func (x *GetGossipKeyStatusRequest) String() string {
 func (*GetGossipKeyStatusRequest) ProtoMessage() {}
 
 func (x *GetGossipKeyStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[10]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1030,7 +1732,7 @@ func (x *GetGossipKeyStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetGossipKeyStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetGossipKeyStatusRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{10}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *GetGossipKeyStatusRequest) GetRack() string {
@@ -1060,7 +1762,7 @@ type GossipKeyStatus struct {
 
 func (x *GossipKeyStatus) Reset() {
 	*x = GossipKeyStatus{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[11]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1072,7 +1774,7 @@ func (x *GossipKeyStatus) String() string {
 func (*GossipKeyStatus) ProtoMessage() {}
 
 func (x *GossipKeyStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[11]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1085,7 +1787,7 @@ func (x *GossipKeyStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GossipKeyStatus.ProtoReflect.Descriptor instead.
 func (*GossipKeyStatus) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{11}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *GossipKeyStatus) GetRack() string {
@@ -1183,14 +1885,16 @@ type Machine struct {
 	PendingWipe *v1.DataDiskWipe `protobuf:"bytes,22,opt,name=pending_wipe,json=pendingWipe,proto3" json:"pending_wipe,omitempty"`
 	// The BMC's Redfish address, "https://host[:port]", from the bmc column of the
 	// machine's rack manifest row; empty when none (PowerMachine).
-	Bmc           string `protobuf:"bytes,23,opt,name=bmc,proto3" json:"bmc,omitempty"`
+	Bmc string `protobuf:"bytes,23,opt,name=bmc,proto3" json:"bmc,omitempty"`
+	// The image the machine gets at its next boot and why; filled by GetMachine only.
+	NextImage     *ImageChoice `protobuf:"bytes,24,opt,name=next_image,json=nextImage,proto3" json:"next_image,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Machine) Reset() {
 	*x = Machine{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[12]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1202,7 +1906,7 @@ func (x *Machine) String() string {
 func (*Machine) ProtoMessage() {}
 
 func (x *Machine) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[12]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1215,7 +1919,7 @@ func (x *Machine) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Machine.ProtoReflect.Descriptor instead.
 func (*Machine) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{12}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Machine) GetId() string {
@@ -1379,6 +2083,97 @@ func (x *Machine) GetBmc() string {
 	return ""
 }
 
+func (x *Machine) GetNextImage() *ImageChoice {
+	if x != nil {
+		return x.NextImage
+	}
+	return nil
+}
+
+// ImageChoice is the image a machine gets at its next boot and why (decision 0687):
+// a rollout's pin first, then the selectors (one naming the machine, then the most
+// terms, then the first listed), then the rack's defaultImage.
+type ImageChoice struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Empty when nothing gives one: the machine is held at boot.
+	ImageId string `protobuf:"bytes,1,opt,name=image_id,json=imageId,proto3" json:"image_id,omitempty"`
+	// "rollout", "selector" or "rack default".
+	Source string `protobuf:"bytes,2,opt,name=source,proto3" json:"source,omitempty"`
+	// The rollout's id, the selector's name or the rack.
+	Name string `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	// Why, in a sentence.
+	Reason string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Each other selector that matches, and why it loses.
+	Lost          []string `protobuf:"bytes,5,rep,name=lost,proto3" json:"lost,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ImageChoice) Reset() {
+	*x = ImageChoice{}
+	mi := &file_api_boot_v1_admin_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ImageChoice) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ImageChoice) ProtoMessage() {}
+
+func (x *ImageChoice) ProtoReflect() protoreflect.Message {
+	mi := &file_api_boot_v1_admin_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ImageChoice.ProtoReflect.Descriptor instead.
+func (*ImageChoice) Descriptor() ([]byte, []int) {
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *ImageChoice) GetImageId() string {
+	if x != nil {
+		return x.ImageId
+	}
+	return ""
+}
+
+func (x *ImageChoice) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *ImageChoice) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ImageChoice) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *ImageChoice) GetLost() []string {
+	if x != nil {
+		return x.Lost
+	}
+	return nil
+}
+
 // RegisteredKey is one agent key registered for a machine's identity.
 type RegisteredKey struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1406,7 +2201,7 @@ type RegisteredKey struct {
 
 func (x *RegisteredKey) Reset() {
 	*x = RegisteredKey{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[13]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1418,7 +2213,7 @@ func (x *RegisteredKey) String() string {
 func (*RegisteredKey) ProtoMessage() {}
 
 func (x *RegisteredKey) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[13]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1431,7 +2226,7 @@ func (x *RegisteredKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisteredKey.ProtoReflect.Descriptor instead.
 func (*RegisteredKey) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{13}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *RegisteredKey) GetFingerprint() string {
@@ -1519,7 +2314,7 @@ type Transition struct {
 
 func (x *Transition) Reset() {
 	*x = Transition{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[14]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1531,7 +2326,7 @@ func (x *Transition) String() string {
 func (*Transition) ProtoMessage() {}
 
 func (x *Transition) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[14]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1544,7 +2339,7 @@ func (x *Transition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Transition.ProtoReflect.Descriptor instead.
 func (*Transition) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{14}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Transition) GetMachineId() string {
@@ -1613,7 +2408,7 @@ type ListMachinesRequest struct {
 
 func (x *ListMachinesRequest) Reset() {
 	*x = ListMachinesRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[15]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1625,7 +2420,7 @@ func (x *ListMachinesRequest) String() string {
 func (*ListMachinesRequest) ProtoMessage() {}
 
 func (x *ListMachinesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[15]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1638,7 +2433,7 @@ func (x *ListMachinesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMachinesRequest.ProtoReflect.Descriptor instead.
 func (*ListMachinesRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{15}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ListMachinesRequest) GetStates() []MachineState {
@@ -1682,7 +2477,7 @@ type ListMachinesResponse struct {
 
 func (x *ListMachinesResponse) Reset() {
 	*x = ListMachinesResponse{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[16]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1694,7 +2489,7 @@ func (x *ListMachinesResponse) String() string {
 func (*ListMachinesResponse) ProtoMessage() {}
 
 func (x *ListMachinesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[16]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1707,7 +2502,7 @@ func (x *ListMachinesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMachinesResponse.ProtoReflect.Descriptor instead.
 func (*ListMachinesResponse) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{16}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ListMachinesResponse) GetMachines() []*Machine {
@@ -1735,7 +2530,7 @@ type GetMachineRequest struct {
 
 func (x *GetMachineRequest) Reset() {
 	*x = GetMachineRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[17]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1747,7 +2542,7 @@ func (x *GetMachineRequest) String() string {
 func (*GetMachineRequest) ProtoMessage() {}
 
 func (x *GetMachineRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[17]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1760,7 +2555,7 @@ func (x *GetMachineRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetMachineRequest.ProtoReflect.Descriptor instead.
 func (*GetMachineRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{17}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *GetMachineRequest) GetMachine() string {
@@ -1790,7 +2585,7 @@ type ApproveRequest struct {
 
 func (x *ApproveRequest) Reset() {
 	*x = ApproveRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[18]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1802,7 +2597,7 @@ func (x *ApproveRequest) String() string {
 func (*ApproveRequest) ProtoMessage() {}
 
 func (x *ApproveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[18]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1815,7 +2610,7 @@ func (x *ApproveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApproveRequest.ProtoReflect.Descriptor instead.
 func (*ApproveRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{18}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ApproveRequest) GetMachine() string {
@@ -1866,7 +2661,7 @@ type RejectRequest struct {
 
 func (x *RejectRequest) Reset() {
 	*x = RejectRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[19]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1878,7 +2673,7 @@ func (x *RejectRequest) String() string {
 func (*RejectRequest) ProtoMessage() {}
 
 func (x *RejectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[19]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1891,7 +2686,7 @@ func (x *RejectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RejectRequest.ProtoReflect.Descriptor instead.
 func (*RejectRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{19}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *RejectRequest) GetMachine() string {
@@ -1921,7 +2716,7 @@ type DecommissionRequest struct {
 
 func (x *DecommissionRequest) Reset() {
 	*x = DecommissionRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[20]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1933,7 +2728,7 @@ func (x *DecommissionRequest) String() string {
 func (*DecommissionRequest) ProtoMessage() {}
 
 func (x *DecommissionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[20]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1946,7 +2741,7 @@ func (x *DecommissionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecommissionRequest.ProtoReflect.Descriptor instead.
 func (*DecommissionRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{20}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *DecommissionRequest) GetMachine() string {
@@ -1981,7 +2776,7 @@ type HistoryRequest struct {
 
 func (x *HistoryRequest) Reset() {
 	*x = HistoryRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[21]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1993,7 +2788,7 @@ func (x *HistoryRequest) String() string {
 func (*HistoryRequest) ProtoMessage() {}
 
 func (x *HistoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[21]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2006,7 +2801,7 @@ func (x *HistoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HistoryRequest.ProtoReflect.Descriptor instead.
 func (*HistoryRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{21}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *HistoryRequest) GetMachine() string {
@@ -2048,7 +2843,7 @@ type HistoryResponse struct {
 
 func (x *HistoryResponse) Reset() {
 	*x = HistoryResponse{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[22]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2060,7 +2855,7 @@ func (x *HistoryResponse) String() string {
 func (*HistoryResponse) ProtoMessage() {}
 
 func (x *HistoryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[22]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2073,7 +2868,7 @@ func (x *HistoryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HistoryResponse.ProtoReflect.Descriptor instead.
 func (*HistoryResponse) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{22}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *HistoryResponse) GetTransitions() []*Transition {
@@ -2098,7 +2893,7 @@ type ResolveConflictRequest struct {
 
 func (x *ResolveConflictRequest) Reset() {
 	*x = ResolveConflictRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[23]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2110,7 +2905,7 @@ func (x *ResolveConflictRequest) String() string {
 func (*ResolveConflictRequest) ProtoMessage() {}
 
 func (x *ResolveConflictRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[23]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2123,7 +2918,7 @@ func (x *ResolveConflictRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveConflictRequest.ProtoReflect.Descriptor instead.
 func (*ResolveConflictRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{23}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ResolveConflictRequest) GetMachine() string {
@@ -2160,7 +2955,7 @@ type RackReportRequest struct {
 
 func (x *RackReportRequest) Reset() {
 	*x = RackReportRequest{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[24]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2172,7 +2967,7 @@ func (x *RackReportRequest) String() string {
 func (*RackReportRequest) ProtoMessage() {}
 
 func (x *RackReportRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[24]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2185,7 +2980,7 @@ func (x *RackReportRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RackReportRequest.ProtoReflect.Descriptor instead.
 func (*RackReportRequest) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{24}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *RackReportRequest) GetRack() string {
@@ -2219,7 +3014,7 @@ type RackReportResponse struct {
 
 func (x *RackReportResponse) Reset() {
 	*x = RackReportResponse{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[25]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2231,7 +3026,7 @@ func (x *RackReportResponse) String() string {
 func (*RackReportResponse) ProtoMessage() {}
 
 func (x *RackReportResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[25]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2244,7 +3039,7 @@ func (x *RackReportResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RackReportResponse.ProtoReflect.Descriptor instead.
 func (*RackReportResponse) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{25}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *RackReportResponse) GetContent() []byte {
@@ -2313,7 +3108,7 @@ type RackReportData struct {
 
 func (x *RackReportData) Reset() {
 	*x = RackReportData{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[26]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2325,7 +3120,7 @@ func (x *RackReportData) String() string {
 func (*RackReportData) ProtoMessage() {}
 
 func (x *RackReportData) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[26]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2338,7 +3133,7 @@ func (x *RackReportData) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RackReportData.ProtoReflect.Descriptor instead.
 func (*RackReportData) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{26}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *RackReportData) GetRack() string {
@@ -2448,7 +3243,7 @@ type RackReportTenant struct {
 
 func (x *RackReportTenant) Reset() {
 	*x = RackReportTenant{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[27]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2460,7 +3255,7 @@ func (x *RackReportTenant) String() string {
 func (*RackReportTenant) ProtoMessage() {}
 
 func (x *RackReportTenant) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[27]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2473,7 +3268,7 @@ func (x *RackReportTenant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RackReportTenant.ProtoReflect.Descriptor instead.
 func (*RackReportTenant) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{27}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *RackReportTenant) GetTenant() string {
@@ -2539,7 +3334,7 @@ type RackReportTotals struct {
 
 func (x *RackReportTotals) Reset() {
 	*x = RackReportTotals{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[28]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2551,7 +3346,7 @@ func (x *RackReportTotals) String() string {
 func (*RackReportTotals) ProtoMessage() {}
 
 func (x *RackReportTotals) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[28]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2564,7 +3359,7 @@ func (x *RackReportTotals) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RackReportTotals.ProtoReflect.Descriptor instead.
 func (*RackReportTotals) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{28}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *RackReportTotals) GetNodesReady() uint32 {
@@ -2645,7 +3440,7 @@ type RackReportMachine struct {
 
 func (x *RackReportMachine) Reset() {
 	*x = RackReportMachine{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[29]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2657,7 +3452,7 @@ func (x *RackReportMachine) String() string {
 func (*RackReportMachine) ProtoMessage() {}
 
 func (x *RackReportMachine) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[29]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2670,7 +3465,7 @@ func (x *RackReportMachine) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RackReportMachine.ProtoReflect.Descriptor instead.
 func (*RackReportMachine) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{29}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *RackReportMachine) GetMachineId() string {
@@ -2793,7 +3588,7 @@ type CheckTally struct {
 
 func (x *CheckTally) Reset() {
 	*x = CheckTally{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[30]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2805,7 +3600,7 @@ func (x *CheckTally) String() string {
 func (*CheckTally) ProtoMessage() {}
 
 func (x *CheckTally) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[30]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2818,7 +3613,7 @@ func (x *CheckTally) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckTally.ProtoReflect.Descriptor instead.
 func (*CheckTally) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{30}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *CheckTally) GetId() string {
@@ -2867,7 +3662,80 @@ var File_api_boot_v1_admin_proto protoreflect.FileDescriptor
 
 const file_api_boot_v1_admin_proto_rawDesc = "" +
 	"\n" +
-	"\x17api/boot/v1/admin.proto\x12\x0fgpurack.boot.v1\x1a\x1capi/machine/v1/machine.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"}\n" +
+	"\x17api/boot/v1/admin.proto\x12\x0fgpurack.boot.v1\x1a\x1capi/machine/v1/machine.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"U\n" +
+	"\x15ReleaseRolloutRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x14\n" +
+	"\x05force\x18\x03 \x01(\bR\x05force\"p\n" +
+	"\x16ReleaseRolloutResponse\x12\x1d\n" +
+	"\n" +
+	"rollout_id\x18\x01 \x01(\tR\trolloutId\x127\n" +
+	"\bmachines\x18\x02 \x03(\v2\x1b.gpurack.boot.v1.PinReleaseR\bmachines\"\xca\x01\n" +
+	"\n" +
+	"PinRelease\x12\x1d\n" +
+	"\n" +
+	"machine_id\x18\x01 \x01(\tR\tmachineId\x12\x1b\n" +
+	"\tnode_name\x18\x02 \x01(\tR\bnodeName\x12&\n" +
+	"\x0fpinned_image_id\x18\x03 \x01(\tR\rpinnedImageId\x12\"\n" +
+	"\rnext_image_id\x18\x04 \x01(\tR\vnextImageId\x12\x1a\n" +
+	"\breleased\x18\x05 \x01(\bR\breleased\x12\x18\n" +
+	"\amessage\x18\x06 \x01(\tR\amessage\"\xc3\x03\n" +
+	"\x13StartRolloutRequest\x12\x19\n" +
+	"\bimage_id\x18\x01 \x01(\tR\aimageId\x12E\n" +
+	"\x05match\x18\x02 \x03(\v2/.gpurack.boot.v1.StartRolloutRequest.MatchEntryR\x05match\x12\x1a\n" +
+	"\bmachines\x18\x03 \x03(\tR\bmachines\x12\x16\n" +
+	"\x06canary\x18\x04 \x01(\x05R\x06canary\x12\x1d\n" +
+	"\n" +
+	"batch_size\x18\x05 \x01(\x05R\tbatchSize\x12'\n" +
+	"\x0fmax_unavailable\x18\x06 \x01(\x05R\x0emaxUnavailable\x12<\n" +
+	"\fnode_timeout\x18\a \x01(\v2\x19.google.protobuf.DurationR\vnodeTimeout\x12>\n" +
+	"\rdrain_timeout\x18\b \x01(\v2\x19.google.protobuf.DurationR\fdrainTimeout\x12\x16\n" +
+	"\x06reason\x18\t \x01(\tR\x06reason\x1a8\n" +
+	"\n" +
+	"MatchEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"#\n" +
+	"\x11GetRolloutRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\">\n" +
+	"\x14RolloutActionRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"\xfa\x04\n" +
+	"\aRollout\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x19\n" +
+	"\bimage_id\x18\x02 \x01(\tR\aimageId\x12\x14\n" +
+	"\x05state\x18\x03 \x01(\tR\x05state\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\x12\x14\n" +
+	"\x05actor\x18\x05 \x01(\tR\x05actor\x129\n" +
+	"\n" +
+	"started_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x125\n" +
+	"\bended_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\aendedAt\x12\x16\n" +
+	"\x06canary\x18\b \x01(\x05R\x06canary\x12\x1d\n" +
+	"\n" +
+	"batch_size\x18\t \x01(\x05R\tbatchSize\x12'\n" +
+	"\x0fmax_unavailable\x18\n" +
+	" \x01(\x05R\x0emaxUnavailable\x12<\n" +
+	"\fnode_timeout\x18\v \x01(\v2\x19.google.protobuf.DurationR\vnodeTimeout\x12>\n" +
+	"\rdrain_timeout\x18\f \x01(\v2\x19.google.protobuf.DurationR\fdrainTimeout\x129\n" +
+	"\x05match\x18\r \x03(\v2#.gpurack.boot.v1.Rollout.MatchEntryR\x05match\x12;\n" +
+	"\bmachines\x18\x0e \x03(\v2\x1f.gpurack.boot.v1.RolloutMachineR\bmachines\x1a8\n" +
+	"\n" +
+	"MatchEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x91\x03\n" +
+	"\x0eRolloutMachine\x12\x1d\n" +
+	"\n" +
+	"machine_id\x18\x01 \x01(\tR\tmachineId\x12\x1b\n" +
+	"\tnode_name\x18\x02 \x01(\tR\bnodeName\x12\x14\n" +
+	"\x05batch\x18\x03 \x01(\x05R\x05batch\x12*\n" +
+	"\x11previous_image_id\x18\x04 \x01(\tR\x0fpreviousImageId\x12&\n" +
+	"\x0ftarget_image_id\x18\x05 \x01(\tR\rtargetImageId\x12\x14\n" +
+	"\x05phase\x18\x06 \x01(\tR\x05phase\x129\n" +
+	"\n" +
+	"started_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x127\n" +
+	"\tcycled_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\bcycledAt\x125\n" +
+	"\bready_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\areadyAt\x12\x18\n" +
+	"\amessage\x18\n" +
+	" \x01(\tR\amessage\"}\n" +
 	"\x13PowerMachineRequest\x12\x18\n" +
 	"\amachine\x18\x01 \x01(\tR\amachine\x124\n" +
 	"\x06action\x18\x02 \x01(\x0e2\x1c.gpurack.boot.v1.PowerActionR\x06action\x12\x16\n" +
@@ -2931,7 +3799,7 @@ const file_api_boot_v1_admin_proto_rawDesc = "" +
 	"\x15accepted_fingerprints\x18\x04 \x03(\tR\x14acceptedFingerprints\x12\x16\n" +
 	"\x06behind\x18\x05 \x03(\tR\x06behind\x12;\n" +
 	"\vphase_since\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"phaseSince\"\xfc\b\n" +
+	"phaseSince\"\xb9\t\n" +
 	"\aMachine\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12?\n" +
 	"\bidentity\x18\x02 \x01(\v2#.gpurack.machine.v1.MachineIdentityR\bidentity\x123\n" +
@@ -2959,10 +3827,18 @@ const file_api_boot_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"data_disks\x18\x15 \x01(\v2\x1d.gpurack.machine.v1.DataDisksR\tdataDisks\x12C\n" +
 	"\fpending_wipe\x18\x16 \x01(\v2 .gpurack.machine.v1.DataDiskWipeR\vpendingWipe\x12\x10\n" +
-	"\x03bmc\x18\x17 \x01(\tR\x03bmc\x1a9\n" +
+	"\x03bmc\x18\x17 \x01(\tR\x03bmc\x12;\n" +
+	"\n" +
+	"next_image\x18\x18 \x01(\v2\x1c.gpurack.boot.v1.ImageChoiceR\tnextImage\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xbe\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x80\x01\n" +
+	"\vImageChoice\x12\x19\n" +
+	"\bimage_id\x18\x01 \x01(\tR\aimageId\x12\x16\n" +
+	"\x06source\x18\x02 \x01(\tR\x06source\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\x12\x12\n" +
+	"\x04lost\x18\x05 \x03(\tR\x04lost\"\xbe\x02\n" +
 	"\rRegisteredKey\x12 \n" +
 	"\vfingerprint\x18\x01 \x01(\tR\vfingerprint\x12\x1d\n" +
 	"\n" +
@@ -3121,7 +3997,7 @@ const file_api_boot_v1_admin_proto_rawDesc = "" +
 	"\x19REPORT_FORMAT_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16REPORT_FORMAT_MARKDOWN\x10\x01\x12\x16\n" +
 	"\x12REPORT_FORMAT_JSON\x10\x02\x12\x16\n" +
-	"\x12REPORT_FORMAT_HTML\x10\x032\xca\t\n" +
+	"\x12REPORT_FORMAT_HTML\x10\x032\xc0\r\n" +
 	"\fAdminService\x12[\n" +
 	"\fListMachines\x12$.gpurack.boot.v1.ListMachinesRequest\x1a%.gpurack.boot.v1.ListMachinesResponse\x12J\n" +
 	"\n" +
@@ -3138,7 +4014,14 @@ const file_api_boot_v1_admin_proto_rawDesc = "" +
 	"\x0eRevokeOperator\x12&.gpurack.boot.v1.RevokeOperatorRequest\x1a'.gpurack.boot.v1.RevokeOperatorResponse\x12j\n" +
 	"\x11ListOperatorAudit\x12).gpurack.boot.v1.ListOperatorAuditRequest\x1a*.gpurack.boot.v1.ListOperatorAuditResponse\x12N\n" +
 	"\fWipeDataDisk\x12$.gpurack.boot.v1.WipeDataDiskRequest\x1a\x18.gpurack.boot.v1.Machine\x12[\n" +
-	"\fPowerMachine\x12$.gpurack.boot.v1.PowerMachineRequest\x1a%.gpurack.boot.v1.PowerMachineResponseB/Z-github.com/gpurack/gpurack/api/boot/v1;bootv1b\x06proto3"
+	"\fPowerMachine\x12$.gpurack.boot.v1.PowerMachineRequest\x1a%.gpurack.boot.v1.PowerMachineResponse\x12N\n" +
+	"\fStartRollout\x12$.gpurack.boot.v1.StartRolloutRequest\x1a\x18.gpurack.boot.v1.Rollout\x12J\n" +
+	"\n" +
+	"GetRollout\x12\".gpurack.boot.v1.GetRolloutRequest\x1a\x18.gpurack.boot.v1.Rollout\x12O\n" +
+	"\fPauseRollout\x12%.gpurack.boot.v1.RolloutActionRequest\x1a\x18.gpurack.boot.v1.Rollout\x12P\n" +
+	"\rResumeRollout\x12%.gpurack.boot.v1.RolloutActionRequest\x1a\x18.gpurack.boot.v1.Rollout\x12R\n" +
+	"\x0fRollbackRollout\x12%.gpurack.boot.v1.RolloutActionRequest\x1a\x18.gpurack.boot.v1.Rollout\x12a\n" +
+	"\x0eReleaseRollout\x12&.gpurack.boot.v1.ReleaseRolloutRequest\x1a'.gpurack.boot.v1.ReleaseRolloutResponseB/Z-github.com/gpurack/gpurack/api/boot/v1;bootv1b\x06proto3"
 
 var (
 	file_api_boot_v1_admin_proto_rawDescOnce sync.Once
@@ -3153,134 +4036,171 @@ func file_api_boot_v1_admin_proto_rawDescGZIP() []byte {
 }
 
 var file_api_boot_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_api_boot_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
+var file_api_boot_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
 var file_api_boot_v1_admin_proto_goTypes = []any{
 	(PowerAction)(0),                  // 0: gpurack.boot.v1.PowerAction
 	(GossipRotationPhase)(0),          // 1: gpurack.boot.v1.GossipRotationPhase
 	(MachineState)(0),                 // 2: gpurack.boot.v1.MachineState
 	(ReportFormat)(0),                 // 3: gpurack.boot.v1.ReportFormat
-	(*PowerMachineRequest)(nil),       // 4: gpurack.boot.v1.PowerMachineRequest
-	(*PowerMachineResponse)(nil),      // 5: gpurack.boot.v1.PowerMachineResponse
-	(*PowerReset)(nil),                // 6: gpurack.boot.v1.PowerReset
-	(*WipeDataDiskRequest)(nil),       // 7: gpurack.boot.v1.WipeDataDiskRequest
-	(*ListOperatorAuditRequest)(nil),  // 8: gpurack.boot.v1.ListOperatorAuditRequest
-	(*ListOperatorAuditResponse)(nil), // 9: gpurack.boot.v1.ListOperatorAuditResponse
-	(*OperatorAuditEntry)(nil),        // 10: gpurack.boot.v1.OperatorAuditEntry
-	(*RevokeOperatorRequest)(nil),     // 11: gpurack.boot.v1.RevokeOperatorRequest
-	(*RevokeOperatorResponse)(nil),    // 12: gpurack.boot.v1.RevokeOperatorResponse
-	(*RotateGossipKeyRequest)(nil),    // 13: gpurack.boot.v1.RotateGossipKeyRequest
-	(*GetGossipKeyStatusRequest)(nil), // 14: gpurack.boot.v1.GetGossipKeyStatusRequest
-	(*GossipKeyStatus)(nil),           // 15: gpurack.boot.v1.GossipKeyStatus
-	(*Machine)(nil),                   // 16: gpurack.boot.v1.Machine
-	(*RegisteredKey)(nil),             // 17: gpurack.boot.v1.RegisteredKey
-	(*Transition)(nil),                // 18: gpurack.boot.v1.Transition
-	(*ListMachinesRequest)(nil),       // 19: gpurack.boot.v1.ListMachinesRequest
-	(*ListMachinesResponse)(nil),      // 20: gpurack.boot.v1.ListMachinesResponse
-	(*GetMachineRequest)(nil),         // 21: gpurack.boot.v1.GetMachineRequest
-	(*ApproveRequest)(nil),            // 22: gpurack.boot.v1.ApproveRequest
-	(*RejectRequest)(nil),             // 23: gpurack.boot.v1.RejectRequest
-	(*DecommissionRequest)(nil),       // 24: gpurack.boot.v1.DecommissionRequest
-	(*HistoryRequest)(nil),            // 25: gpurack.boot.v1.HistoryRequest
-	(*HistoryResponse)(nil),           // 26: gpurack.boot.v1.HistoryResponse
-	(*ResolveConflictRequest)(nil),    // 27: gpurack.boot.v1.ResolveConflictRequest
-	(*RackReportRequest)(nil),         // 28: gpurack.boot.v1.RackReportRequest
-	(*RackReportResponse)(nil),        // 29: gpurack.boot.v1.RackReportResponse
-	(*RackReportData)(nil),            // 30: gpurack.boot.v1.RackReportData
-	(*RackReportTenant)(nil),          // 31: gpurack.boot.v1.RackReportTenant
-	(*RackReportTotals)(nil),          // 32: gpurack.boot.v1.RackReportTotals
-	(*RackReportMachine)(nil),         // 33: gpurack.boot.v1.RackReportMachine
-	(*CheckTally)(nil),                // 34: gpurack.boot.v1.CheckTally
-	nil,                               // 35: gpurack.boot.v1.Machine.LabelsEntry
-	nil,                               // 36: gpurack.boot.v1.RackReportData.MachinesByStateEntry
-	(*durationpb.Duration)(nil),       // 37: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),     // 38: google.protobuf.Timestamp
-	(*v1.MachineIdentity)(nil),        // 39: gpurack.machine.v1.MachineIdentity
-	(*v1.MachineFacts)(nil),           // 40: gpurack.machine.v1.MachineFacts
-	(*v1.Checklist)(nil),              // 41: gpurack.machine.v1.Checklist
-	(*v1.HealthSummary)(nil),          // 42: gpurack.machine.v1.HealthSummary
-	(*v1.GPUAllocation)(nil),          // 43: gpurack.machine.v1.GPUAllocation
-	(*v1.DataDisks)(nil),              // 44: gpurack.machine.v1.DataDisks
-	(*v1.DataDiskWipe)(nil),           // 45: gpurack.machine.v1.DataDiskWipe
-	(*v1.DataDisk)(nil),               // 46: gpurack.machine.v1.DataDisk
+	(*ReleaseRolloutRequest)(nil),     // 4: gpurack.boot.v1.ReleaseRolloutRequest
+	(*ReleaseRolloutResponse)(nil),    // 5: gpurack.boot.v1.ReleaseRolloutResponse
+	(*PinRelease)(nil),                // 6: gpurack.boot.v1.PinRelease
+	(*StartRolloutRequest)(nil),       // 7: gpurack.boot.v1.StartRolloutRequest
+	(*GetRolloutRequest)(nil),         // 8: gpurack.boot.v1.GetRolloutRequest
+	(*RolloutActionRequest)(nil),      // 9: gpurack.boot.v1.RolloutActionRequest
+	(*Rollout)(nil),                   // 10: gpurack.boot.v1.Rollout
+	(*RolloutMachine)(nil),            // 11: gpurack.boot.v1.RolloutMachine
+	(*PowerMachineRequest)(nil),       // 12: gpurack.boot.v1.PowerMachineRequest
+	(*PowerMachineResponse)(nil),      // 13: gpurack.boot.v1.PowerMachineResponse
+	(*PowerReset)(nil),                // 14: gpurack.boot.v1.PowerReset
+	(*WipeDataDiskRequest)(nil),       // 15: gpurack.boot.v1.WipeDataDiskRequest
+	(*ListOperatorAuditRequest)(nil),  // 16: gpurack.boot.v1.ListOperatorAuditRequest
+	(*ListOperatorAuditResponse)(nil), // 17: gpurack.boot.v1.ListOperatorAuditResponse
+	(*OperatorAuditEntry)(nil),        // 18: gpurack.boot.v1.OperatorAuditEntry
+	(*RevokeOperatorRequest)(nil),     // 19: gpurack.boot.v1.RevokeOperatorRequest
+	(*RevokeOperatorResponse)(nil),    // 20: gpurack.boot.v1.RevokeOperatorResponse
+	(*RotateGossipKeyRequest)(nil),    // 21: gpurack.boot.v1.RotateGossipKeyRequest
+	(*GetGossipKeyStatusRequest)(nil), // 22: gpurack.boot.v1.GetGossipKeyStatusRequest
+	(*GossipKeyStatus)(nil),           // 23: gpurack.boot.v1.GossipKeyStatus
+	(*Machine)(nil),                   // 24: gpurack.boot.v1.Machine
+	(*ImageChoice)(nil),               // 25: gpurack.boot.v1.ImageChoice
+	(*RegisteredKey)(nil),             // 26: gpurack.boot.v1.RegisteredKey
+	(*Transition)(nil),                // 27: gpurack.boot.v1.Transition
+	(*ListMachinesRequest)(nil),       // 28: gpurack.boot.v1.ListMachinesRequest
+	(*ListMachinesResponse)(nil),      // 29: gpurack.boot.v1.ListMachinesResponse
+	(*GetMachineRequest)(nil),         // 30: gpurack.boot.v1.GetMachineRequest
+	(*ApproveRequest)(nil),            // 31: gpurack.boot.v1.ApproveRequest
+	(*RejectRequest)(nil),             // 32: gpurack.boot.v1.RejectRequest
+	(*DecommissionRequest)(nil),       // 33: gpurack.boot.v1.DecommissionRequest
+	(*HistoryRequest)(nil),            // 34: gpurack.boot.v1.HistoryRequest
+	(*HistoryResponse)(nil),           // 35: gpurack.boot.v1.HistoryResponse
+	(*ResolveConflictRequest)(nil),    // 36: gpurack.boot.v1.ResolveConflictRequest
+	(*RackReportRequest)(nil),         // 37: gpurack.boot.v1.RackReportRequest
+	(*RackReportResponse)(nil),        // 38: gpurack.boot.v1.RackReportResponse
+	(*RackReportData)(nil),            // 39: gpurack.boot.v1.RackReportData
+	(*RackReportTenant)(nil),          // 40: gpurack.boot.v1.RackReportTenant
+	(*RackReportTotals)(nil),          // 41: gpurack.boot.v1.RackReportTotals
+	(*RackReportMachine)(nil),         // 42: gpurack.boot.v1.RackReportMachine
+	(*CheckTally)(nil),                // 43: gpurack.boot.v1.CheckTally
+	nil,                               // 44: gpurack.boot.v1.StartRolloutRequest.MatchEntry
+	nil,                               // 45: gpurack.boot.v1.Rollout.MatchEntry
+	nil,                               // 46: gpurack.boot.v1.Machine.LabelsEntry
+	nil,                               // 47: gpurack.boot.v1.RackReportData.MachinesByStateEntry
+	(*durationpb.Duration)(nil),       // 48: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),     // 49: google.protobuf.Timestamp
+	(*v1.MachineIdentity)(nil),        // 50: gpurack.machine.v1.MachineIdentity
+	(*v1.MachineFacts)(nil),           // 51: gpurack.machine.v1.MachineFacts
+	(*v1.Checklist)(nil),              // 52: gpurack.machine.v1.Checklist
+	(*v1.HealthSummary)(nil),          // 53: gpurack.machine.v1.HealthSummary
+	(*v1.GPUAllocation)(nil),          // 54: gpurack.machine.v1.GPUAllocation
+	(*v1.DataDisks)(nil),              // 55: gpurack.machine.v1.DataDisks
+	(*v1.DataDiskWipe)(nil),           // 56: gpurack.machine.v1.DataDiskWipe
+	(*v1.DataDisk)(nil),               // 57: gpurack.machine.v1.DataDisk
 }
 var file_api_boot_v1_admin_proto_depIdxs = []int32{
-	0,  // 0: gpurack.boot.v1.PowerMachineRequest.action:type_name -> gpurack.boot.v1.PowerAction
-	6,  // 1: gpurack.boot.v1.PowerMachineResponse.resets:type_name -> gpurack.boot.v1.PowerReset
-	37, // 2: gpurack.boot.v1.PowerMachineResponse.elapsed:type_name -> google.protobuf.Duration
-	10, // 3: gpurack.boot.v1.ListOperatorAuditResponse.entries:type_name -> gpurack.boot.v1.OperatorAuditEntry
-	38, // 4: gpurack.boot.v1.OperatorAuditEntry.time:type_name -> google.protobuf.Timestamp
-	1,  // 5: gpurack.boot.v1.GossipKeyStatus.phase:type_name -> gpurack.boot.v1.GossipRotationPhase
-	38, // 6: gpurack.boot.v1.GossipKeyStatus.phase_since:type_name -> google.protobuf.Timestamp
-	39, // 7: gpurack.boot.v1.Machine.identity:type_name -> gpurack.machine.v1.MachineIdentity
-	2,  // 8: gpurack.boot.v1.Machine.state:type_name -> gpurack.boot.v1.MachineState
-	35, // 9: gpurack.boot.v1.Machine.labels:type_name -> gpurack.boot.v1.Machine.LabelsEntry
-	40, // 10: gpurack.boot.v1.Machine.facts:type_name -> gpurack.machine.v1.MachineFacts
-	41, // 11: gpurack.boot.v1.Machine.checklist:type_name -> gpurack.machine.v1.Checklist
-	17, // 12: gpurack.boot.v1.Machine.keys:type_name -> gpurack.boot.v1.RegisteredKey
-	42, // 13: gpurack.boot.v1.Machine.health:type_name -> gpurack.machine.v1.HealthSummary
-	38, // 14: gpurack.boot.v1.Machine.last_heartbeat_at:type_name -> google.protobuf.Timestamp
-	38, // 15: gpurack.boot.v1.Machine.created_at:type_name -> google.protobuf.Timestamp
-	38, // 16: gpurack.boot.v1.Machine.updated_at:type_name -> google.protobuf.Timestamp
-	18, // 17: gpurack.boot.v1.Machine.history:type_name -> gpurack.boot.v1.Transition
-	43, // 18: gpurack.boot.v1.Machine.gpu_allocation:type_name -> gpurack.machine.v1.GPUAllocation
-	44, // 19: gpurack.boot.v1.Machine.data_disks:type_name -> gpurack.machine.v1.DataDisks
-	45, // 20: gpurack.boot.v1.Machine.pending_wipe:type_name -> gpurack.machine.v1.DataDiskWipe
-	38, // 21: gpurack.boot.v1.RegisteredKey.registered_at:type_name -> google.protobuf.Timestamp
-	38, // 22: gpurack.boot.v1.RegisteredKey.last_seen_at:type_name -> google.protobuf.Timestamp
-	2,  // 23: gpurack.boot.v1.Transition.from:type_name -> gpurack.boot.v1.MachineState
-	2,  // 24: gpurack.boot.v1.Transition.to:type_name -> gpurack.boot.v1.MachineState
-	38, // 25: gpurack.boot.v1.Transition.time:type_name -> google.protobuf.Timestamp
-	2,  // 26: gpurack.boot.v1.ListMachinesRequest.states:type_name -> gpurack.boot.v1.MachineState
-	16, // 27: gpurack.boot.v1.ListMachinesResponse.machines:type_name -> gpurack.boot.v1.Machine
-	38, // 28: gpurack.boot.v1.HistoryRequest.since:type_name -> google.protobuf.Timestamp
-	18, // 29: gpurack.boot.v1.HistoryResponse.transitions:type_name -> gpurack.boot.v1.Transition
-	3,  // 30: gpurack.boot.v1.RackReportRequest.format:type_name -> gpurack.boot.v1.ReportFormat
-	30, // 31: gpurack.boot.v1.RackReportResponse.data:type_name -> gpurack.boot.v1.RackReportData
-	38, // 32: gpurack.boot.v1.RackReportData.generated_at:type_name -> google.protobuf.Timestamp
-	33, // 33: gpurack.boot.v1.RackReportData.machines:type_name -> gpurack.boot.v1.RackReportMachine
-	34, // 34: gpurack.boot.v1.RackReportData.checks:type_name -> gpurack.boot.v1.CheckTally
-	36, // 35: gpurack.boot.v1.RackReportData.machines_by_state:type_name -> gpurack.boot.v1.RackReportData.MachinesByStateEntry
-	32, // 36: gpurack.boot.v1.RackReportData.totals:type_name -> gpurack.boot.v1.RackReportTotals
-	31, // 37: gpurack.boot.v1.RackReportData.tenants:type_name -> gpurack.boot.v1.RackReportTenant
-	39, // 38: gpurack.boot.v1.RackReportMachine.identity:type_name -> gpurack.machine.v1.MachineIdentity
-	2,  // 39: gpurack.boot.v1.RackReportMachine.state:type_name -> gpurack.boot.v1.MachineState
-	41, // 40: gpurack.boot.v1.RackReportMachine.checklist:type_name -> gpurack.machine.v1.Checklist
-	42, // 41: gpurack.boot.v1.RackReportMachine.health:type_name -> gpurack.machine.v1.HealthSummary
-	43, // 42: gpurack.boot.v1.RackReportMachine.gpu_allocation:type_name -> gpurack.machine.v1.GPUAllocation
-	46, // 43: gpurack.boot.v1.RackReportMachine.data_disk_problems:type_name -> gpurack.machine.v1.DataDisk
-	19, // 44: gpurack.boot.v1.AdminService.ListMachines:input_type -> gpurack.boot.v1.ListMachinesRequest
-	21, // 45: gpurack.boot.v1.AdminService.GetMachine:input_type -> gpurack.boot.v1.GetMachineRequest
-	22, // 46: gpurack.boot.v1.AdminService.Approve:input_type -> gpurack.boot.v1.ApproveRequest
-	23, // 47: gpurack.boot.v1.AdminService.Reject:input_type -> gpurack.boot.v1.RejectRequest
-	24, // 48: gpurack.boot.v1.AdminService.Decommission:input_type -> gpurack.boot.v1.DecommissionRequest
-	25, // 49: gpurack.boot.v1.AdminService.History:input_type -> gpurack.boot.v1.HistoryRequest
-	27, // 50: gpurack.boot.v1.AdminService.ResolveConflict:input_type -> gpurack.boot.v1.ResolveConflictRequest
-	28, // 51: gpurack.boot.v1.AdminService.RackReport:input_type -> gpurack.boot.v1.RackReportRequest
-	13, // 52: gpurack.boot.v1.AdminService.RotateGossipKey:input_type -> gpurack.boot.v1.RotateGossipKeyRequest
-	14, // 53: gpurack.boot.v1.AdminService.GetGossipKeyStatus:input_type -> gpurack.boot.v1.GetGossipKeyStatusRequest
-	11, // 54: gpurack.boot.v1.AdminService.RevokeOperator:input_type -> gpurack.boot.v1.RevokeOperatorRequest
-	8,  // 55: gpurack.boot.v1.AdminService.ListOperatorAudit:input_type -> gpurack.boot.v1.ListOperatorAuditRequest
-	7,  // 56: gpurack.boot.v1.AdminService.WipeDataDisk:input_type -> gpurack.boot.v1.WipeDataDiskRequest
-	4,  // 57: gpurack.boot.v1.AdminService.PowerMachine:input_type -> gpurack.boot.v1.PowerMachineRequest
-	20, // 58: gpurack.boot.v1.AdminService.ListMachines:output_type -> gpurack.boot.v1.ListMachinesResponse
-	16, // 59: gpurack.boot.v1.AdminService.GetMachine:output_type -> gpurack.boot.v1.Machine
-	16, // 60: gpurack.boot.v1.AdminService.Approve:output_type -> gpurack.boot.v1.Machine
-	16, // 61: gpurack.boot.v1.AdminService.Reject:output_type -> gpurack.boot.v1.Machine
-	16, // 62: gpurack.boot.v1.AdminService.Decommission:output_type -> gpurack.boot.v1.Machine
-	26, // 63: gpurack.boot.v1.AdminService.History:output_type -> gpurack.boot.v1.HistoryResponse
-	16, // 64: gpurack.boot.v1.AdminService.ResolveConflict:output_type -> gpurack.boot.v1.Machine
-	29, // 65: gpurack.boot.v1.AdminService.RackReport:output_type -> gpurack.boot.v1.RackReportResponse
-	15, // 66: gpurack.boot.v1.AdminService.RotateGossipKey:output_type -> gpurack.boot.v1.GossipKeyStatus
-	15, // 67: gpurack.boot.v1.AdminService.GetGossipKeyStatus:output_type -> gpurack.boot.v1.GossipKeyStatus
-	12, // 68: gpurack.boot.v1.AdminService.RevokeOperator:output_type -> gpurack.boot.v1.RevokeOperatorResponse
-	9,  // 69: gpurack.boot.v1.AdminService.ListOperatorAudit:output_type -> gpurack.boot.v1.ListOperatorAuditResponse
-	16, // 70: gpurack.boot.v1.AdminService.WipeDataDisk:output_type -> gpurack.boot.v1.Machine
-	5,  // 71: gpurack.boot.v1.AdminService.PowerMachine:output_type -> gpurack.boot.v1.PowerMachineResponse
-	58, // [58:72] is the sub-list for method output_type
-	44, // [44:58] is the sub-list for method input_type
-	44, // [44:44] is the sub-list for extension type_name
-	44, // [44:44] is the sub-list for extension extendee
-	0,  // [0:44] is the sub-list for field type_name
+	6,  // 0: gpurack.boot.v1.ReleaseRolloutResponse.machines:type_name -> gpurack.boot.v1.PinRelease
+	44, // 1: gpurack.boot.v1.StartRolloutRequest.match:type_name -> gpurack.boot.v1.StartRolloutRequest.MatchEntry
+	48, // 2: gpurack.boot.v1.StartRolloutRequest.node_timeout:type_name -> google.protobuf.Duration
+	48, // 3: gpurack.boot.v1.StartRolloutRequest.drain_timeout:type_name -> google.protobuf.Duration
+	49, // 4: gpurack.boot.v1.Rollout.started_at:type_name -> google.protobuf.Timestamp
+	49, // 5: gpurack.boot.v1.Rollout.ended_at:type_name -> google.protobuf.Timestamp
+	48, // 6: gpurack.boot.v1.Rollout.node_timeout:type_name -> google.protobuf.Duration
+	48, // 7: gpurack.boot.v1.Rollout.drain_timeout:type_name -> google.protobuf.Duration
+	45, // 8: gpurack.boot.v1.Rollout.match:type_name -> gpurack.boot.v1.Rollout.MatchEntry
+	11, // 9: gpurack.boot.v1.Rollout.machines:type_name -> gpurack.boot.v1.RolloutMachine
+	49, // 10: gpurack.boot.v1.RolloutMachine.started_at:type_name -> google.protobuf.Timestamp
+	49, // 11: gpurack.boot.v1.RolloutMachine.cycled_at:type_name -> google.protobuf.Timestamp
+	49, // 12: gpurack.boot.v1.RolloutMachine.ready_at:type_name -> google.protobuf.Timestamp
+	0,  // 13: gpurack.boot.v1.PowerMachineRequest.action:type_name -> gpurack.boot.v1.PowerAction
+	14, // 14: gpurack.boot.v1.PowerMachineResponse.resets:type_name -> gpurack.boot.v1.PowerReset
+	48, // 15: gpurack.boot.v1.PowerMachineResponse.elapsed:type_name -> google.protobuf.Duration
+	18, // 16: gpurack.boot.v1.ListOperatorAuditResponse.entries:type_name -> gpurack.boot.v1.OperatorAuditEntry
+	49, // 17: gpurack.boot.v1.OperatorAuditEntry.time:type_name -> google.protobuf.Timestamp
+	1,  // 18: gpurack.boot.v1.GossipKeyStatus.phase:type_name -> gpurack.boot.v1.GossipRotationPhase
+	49, // 19: gpurack.boot.v1.GossipKeyStatus.phase_since:type_name -> google.protobuf.Timestamp
+	50, // 20: gpurack.boot.v1.Machine.identity:type_name -> gpurack.machine.v1.MachineIdentity
+	2,  // 21: gpurack.boot.v1.Machine.state:type_name -> gpurack.boot.v1.MachineState
+	46, // 22: gpurack.boot.v1.Machine.labels:type_name -> gpurack.boot.v1.Machine.LabelsEntry
+	51, // 23: gpurack.boot.v1.Machine.facts:type_name -> gpurack.machine.v1.MachineFacts
+	52, // 24: gpurack.boot.v1.Machine.checklist:type_name -> gpurack.machine.v1.Checklist
+	26, // 25: gpurack.boot.v1.Machine.keys:type_name -> gpurack.boot.v1.RegisteredKey
+	53, // 26: gpurack.boot.v1.Machine.health:type_name -> gpurack.machine.v1.HealthSummary
+	49, // 27: gpurack.boot.v1.Machine.last_heartbeat_at:type_name -> google.protobuf.Timestamp
+	49, // 28: gpurack.boot.v1.Machine.created_at:type_name -> google.protobuf.Timestamp
+	49, // 29: gpurack.boot.v1.Machine.updated_at:type_name -> google.protobuf.Timestamp
+	27, // 30: gpurack.boot.v1.Machine.history:type_name -> gpurack.boot.v1.Transition
+	54, // 31: gpurack.boot.v1.Machine.gpu_allocation:type_name -> gpurack.machine.v1.GPUAllocation
+	55, // 32: gpurack.boot.v1.Machine.data_disks:type_name -> gpurack.machine.v1.DataDisks
+	56, // 33: gpurack.boot.v1.Machine.pending_wipe:type_name -> gpurack.machine.v1.DataDiskWipe
+	25, // 34: gpurack.boot.v1.Machine.next_image:type_name -> gpurack.boot.v1.ImageChoice
+	49, // 35: gpurack.boot.v1.RegisteredKey.registered_at:type_name -> google.protobuf.Timestamp
+	49, // 36: gpurack.boot.v1.RegisteredKey.last_seen_at:type_name -> google.protobuf.Timestamp
+	2,  // 37: gpurack.boot.v1.Transition.from:type_name -> gpurack.boot.v1.MachineState
+	2,  // 38: gpurack.boot.v1.Transition.to:type_name -> gpurack.boot.v1.MachineState
+	49, // 39: gpurack.boot.v1.Transition.time:type_name -> google.protobuf.Timestamp
+	2,  // 40: gpurack.boot.v1.ListMachinesRequest.states:type_name -> gpurack.boot.v1.MachineState
+	24, // 41: gpurack.boot.v1.ListMachinesResponse.machines:type_name -> gpurack.boot.v1.Machine
+	49, // 42: gpurack.boot.v1.HistoryRequest.since:type_name -> google.protobuf.Timestamp
+	27, // 43: gpurack.boot.v1.HistoryResponse.transitions:type_name -> gpurack.boot.v1.Transition
+	3,  // 44: gpurack.boot.v1.RackReportRequest.format:type_name -> gpurack.boot.v1.ReportFormat
+	39, // 45: gpurack.boot.v1.RackReportResponse.data:type_name -> gpurack.boot.v1.RackReportData
+	49, // 46: gpurack.boot.v1.RackReportData.generated_at:type_name -> google.protobuf.Timestamp
+	42, // 47: gpurack.boot.v1.RackReportData.machines:type_name -> gpurack.boot.v1.RackReportMachine
+	43, // 48: gpurack.boot.v1.RackReportData.checks:type_name -> gpurack.boot.v1.CheckTally
+	47, // 49: gpurack.boot.v1.RackReportData.machines_by_state:type_name -> gpurack.boot.v1.RackReportData.MachinesByStateEntry
+	41, // 50: gpurack.boot.v1.RackReportData.totals:type_name -> gpurack.boot.v1.RackReportTotals
+	40, // 51: gpurack.boot.v1.RackReportData.tenants:type_name -> gpurack.boot.v1.RackReportTenant
+	50, // 52: gpurack.boot.v1.RackReportMachine.identity:type_name -> gpurack.machine.v1.MachineIdentity
+	2,  // 53: gpurack.boot.v1.RackReportMachine.state:type_name -> gpurack.boot.v1.MachineState
+	52, // 54: gpurack.boot.v1.RackReportMachine.checklist:type_name -> gpurack.machine.v1.Checklist
+	53, // 55: gpurack.boot.v1.RackReportMachine.health:type_name -> gpurack.machine.v1.HealthSummary
+	54, // 56: gpurack.boot.v1.RackReportMachine.gpu_allocation:type_name -> gpurack.machine.v1.GPUAllocation
+	57, // 57: gpurack.boot.v1.RackReportMachine.data_disk_problems:type_name -> gpurack.machine.v1.DataDisk
+	28, // 58: gpurack.boot.v1.AdminService.ListMachines:input_type -> gpurack.boot.v1.ListMachinesRequest
+	30, // 59: gpurack.boot.v1.AdminService.GetMachine:input_type -> gpurack.boot.v1.GetMachineRequest
+	31, // 60: gpurack.boot.v1.AdminService.Approve:input_type -> gpurack.boot.v1.ApproveRequest
+	32, // 61: gpurack.boot.v1.AdminService.Reject:input_type -> gpurack.boot.v1.RejectRequest
+	33, // 62: gpurack.boot.v1.AdminService.Decommission:input_type -> gpurack.boot.v1.DecommissionRequest
+	34, // 63: gpurack.boot.v1.AdminService.History:input_type -> gpurack.boot.v1.HistoryRequest
+	36, // 64: gpurack.boot.v1.AdminService.ResolveConflict:input_type -> gpurack.boot.v1.ResolveConflictRequest
+	37, // 65: gpurack.boot.v1.AdminService.RackReport:input_type -> gpurack.boot.v1.RackReportRequest
+	21, // 66: gpurack.boot.v1.AdminService.RotateGossipKey:input_type -> gpurack.boot.v1.RotateGossipKeyRequest
+	22, // 67: gpurack.boot.v1.AdminService.GetGossipKeyStatus:input_type -> gpurack.boot.v1.GetGossipKeyStatusRequest
+	19, // 68: gpurack.boot.v1.AdminService.RevokeOperator:input_type -> gpurack.boot.v1.RevokeOperatorRequest
+	16, // 69: gpurack.boot.v1.AdminService.ListOperatorAudit:input_type -> gpurack.boot.v1.ListOperatorAuditRequest
+	15, // 70: gpurack.boot.v1.AdminService.WipeDataDisk:input_type -> gpurack.boot.v1.WipeDataDiskRequest
+	12, // 71: gpurack.boot.v1.AdminService.PowerMachine:input_type -> gpurack.boot.v1.PowerMachineRequest
+	7,  // 72: gpurack.boot.v1.AdminService.StartRollout:input_type -> gpurack.boot.v1.StartRolloutRequest
+	8,  // 73: gpurack.boot.v1.AdminService.GetRollout:input_type -> gpurack.boot.v1.GetRolloutRequest
+	9,  // 74: gpurack.boot.v1.AdminService.PauseRollout:input_type -> gpurack.boot.v1.RolloutActionRequest
+	9,  // 75: gpurack.boot.v1.AdminService.ResumeRollout:input_type -> gpurack.boot.v1.RolloutActionRequest
+	9,  // 76: gpurack.boot.v1.AdminService.RollbackRollout:input_type -> gpurack.boot.v1.RolloutActionRequest
+	4,  // 77: gpurack.boot.v1.AdminService.ReleaseRollout:input_type -> gpurack.boot.v1.ReleaseRolloutRequest
+	29, // 78: gpurack.boot.v1.AdminService.ListMachines:output_type -> gpurack.boot.v1.ListMachinesResponse
+	24, // 79: gpurack.boot.v1.AdminService.GetMachine:output_type -> gpurack.boot.v1.Machine
+	24, // 80: gpurack.boot.v1.AdminService.Approve:output_type -> gpurack.boot.v1.Machine
+	24, // 81: gpurack.boot.v1.AdminService.Reject:output_type -> gpurack.boot.v1.Machine
+	24, // 82: gpurack.boot.v1.AdminService.Decommission:output_type -> gpurack.boot.v1.Machine
+	35, // 83: gpurack.boot.v1.AdminService.History:output_type -> gpurack.boot.v1.HistoryResponse
+	24, // 84: gpurack.boot.v1.AdminService.ResolveConflict:output_type -> gpurack.boot.v1.Machine
+	38, // 85: gpurack.boot.v1.AdminService.RackReport:output_type -> gpurack.boot.v1.RackReportResponse
+	23, // 86: gpurack.boot.v1.AdminService.RotateGossipKey:output_type -> gpurack.boot.v1.GossipKeyStatus
+	23, // 87: gpurack.boot.v1.AdminService.GetGossipKeyStatus:output_type -> gpurack.boot.v1.GossipKeyStatus
+	20, // 88: gpurack.boot.v1.AdminService.RevokeOperator:output_type -> gpurack.boot.v1.RevokeOperatorResponse
+	17, // 89: gpurack.boot.v1.AdminService.ListOperatorAudit:output_type -> gpurack.boot.v1.ListOperatorAuditResponse
+	24, // 90: gpurack.boot.v1.AdminService.WipeDataDisk:output_type -> gpurack.boot.v1.Machine
+	13, // 91: gpurack.boot.v1.AdminService.PowerMachine:output_type -> gpurack.boot.v1.PowerMachineResponse
+	10, // 92: gpurack.boot.v1.AdminService.StartRollout:output_type -> gpurack.boot.v1.Rollout
+	10, // 93: gpurack.boot.v1.AdminService.GetRollout:output_type -> gpurack.boot.v1.Rollout
+	10, // 94: gpurack.boot.v1.AdminService.PauseRollout:output_type -> gpurack.boot.v1.Rollout
+	10, // 95: gpurack.boot.v1.AdminService.ResumeRollout:output_type -> gpurack.boot.v1.Rollout
+	10, // 96: gpurack.boot.v1.AdminService.RollbackRollout:output_type -> gpurack.boot.v1.Rollout
+	5,  // 97: gpurack.boot.v1.AdminService.ReleaseRollout:output_type -> gpurack.boot.v1.ReleaseRolloutResponse
+	78, // [78:98] is the sub-list for method output_type
+	58, // [58:78] is the sub-list for method input_type
+	58, // [58:58] is the sub-list for extension type_name
+	58, // [58:58] is the sub-list for extension extendee
+	0,  // [0:58] is the sub-list for field type_name
 }
 
 func init() { file_api_boot_v1_admin_proto_init() }
@@ -3288,15 +4208,15 @@ func file_api_boot_v1_admin_proto_init() {
 	if File_api_boot_v1_admin_proto != nil {
 		return
 	}
-	file_api_boot_v1_admin_proto_msgTypes[27].OneofWrappers = []any{}
-	file_api_boot_v1_admin_proto_msgTypes[28].OneofWrappers = []any{}
+	file_api_boot_v1_admin_proto_msgTypes[36].OneofWrappers = []any{}
+	file_api_boot_v1_admin_proto_msgTypes[37].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_boot_v1_admin_proto_rawDesc), len(file_api_boot_v1_admin_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   33,
+			NumMessages:   44,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

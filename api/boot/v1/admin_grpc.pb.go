@@ -40,6 +40,12 @@ const (
 	AdminService_ListOperatorAudit_FullMethodName  = "/gpurack.boot.v1.AdminService/ListOperatorAudit"
 	AdminService_WipeDataDisk_FullMethodName       = "/gpurack.boot.v1.AdminService/WipeDataDisk"
 	AdminService_PowerMachine_FullMethodName       = "/gpurack.boot.v1.AdminService/PowerMachine"
+	AdminService_StartRollout_FullMethodName       = "/gpurack.boot.v1.AdminService/StartRollout"
+	AdminService_GetRollout_FullMethodName         = "/gpurack.boot.v1.AdminService/GetRollout"
+	AdminService_PauseRollout_FullMethodName       = "/gpurack.boot.v1.AdminService/PauseRollout"
+	AdminService_ResumeRollout_FullMethodName      = "/gpurack.boot.v1.AdminService/ResumeRollout"
+	AdminService_RollbackRollout_FullMethodName    = "/gpurack.boot.v1.AdminService/RollbackRollout"
+	AdminService_ReleaseRollout_FullMethodName     = "/gpurack.boot.v1.AdminService/ReleaseRollout"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -156,6 +162,35 @@ type AdminServiceClient interface {
 	// answering with an error or its task failing: ABORTED; another power action on the
 	// machine under way: FAILED_PRECONDITION. Each message names the BMC and what to fix.
 	PowerMachine(ctx context.Context, in *PowerMachineRequest, opts ...grpc.CallOption) (*PowerMachineResponse, error)
+	// StartRollout moves machines to another image, canary first, then in batches
+	// (`gpuboot rollout start`, docs/operations.md "Rolling out a new image", decision
+	// 0687). Before any machine is touched the image must be in gpuboot's image store
+	// with a valid signature (else FAILED_PRECONDITION), and no other rollout may be
+	// running or paused (FAILED_PRECONDITION naming it). Each machine in turn is pinned
+	// to the image (a pin wins over every selector), tainted gpurack.io/rollout and
+	// drained through the eviction API, power-cycled through its BMC, and waited for
+	// until it boots again (a new boot id), commissions and is ready on the image; then
+	// the taint is removed. The first drain, power or commissioning failure or timeout
+	// stops the rollout: no machine starts after it, and Rollout.reason says why.
+	StartRollout(ctx context.Context, in *StartRolloutRequest, opts ...grpc.CallOption) (*Rollout, error)
+	// GetRollout returns a rollout with every machine's phase; the newest one when the
+	// id is empty. None: NOT_FOUND.
+	GetRollout(ctx context.Context, in *GetRolloutRequest, opts ...grpc.CallOption) (*Rollout, error)
+	// PauseRollout stops starting machines (those under way finish); ResumeRollout
+	// starts them again, also after a stop (the operator has dealt with the cause);
+	// RollbackRollout moves every machine the rollout touched back to the image it had
+	// before, the same way, and leaves the others alone. A rollout in a state that does
+	// not allow it: FAILED_PRECONDITION.
+	PauseRollout(ctx context.Context, in *RolloutActionRequest, opts ...grpc.CallOption) (*Rollout, error)
+	ResumeRollout(ctx context.Context, in *RolloutActionRequest, opts ...grpc.CallOption) (*Rollout, error)
+	RollbackRollout(ctx context.Context, in *RolloutActionRequest, opts ...grpc.CallOption) (*Rollout, error)
+	// ReleaseRollout removes the image pins a rollout left on its machines, once it is
+	// done or rolled back (else FAILED_PRECONDITION), so that gpuboot.yaml's selectors
+	// and the rack's default image decide their image again. A machine whose
+	// configuration chooses another image than its pin keeps the pin, and the answer
+	// names that image, unless force: then its next boot changes image. Machines whose
+	// pin another rollout has replaced are left alone. Nothing is rebooted.
+	ReleaseRollout(ctx context.Context, in *ReleaseRolloutRequest, opts ...grpc.CallOption) (*ReleaseRolloutResponse, error)
 }
 
 type adminServiceClient struct {
@@ -306,6 +341,66 @@ func (c *adminServiceClient) PowerMachine(ctx context.Context, in *PowerMachineR
 	return out, nil
 }
 
+func (c *adminServiceClient) StartRollout(ctx context.Context, in *StartRolloutRequest, opts ...grpc.CallOption) (*Rollout, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Rollout)
+	err := c.cc.Invoke(ctx, AdminService_StartRollout_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) GetRollout(ctx context.Context, in *GetRolloutRequest, opts ...grpc.CallOption) (*Rollout, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Rollout)
+	err := c.cc.Invoke(ctx, AdminService_GetRollout_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) PauseRollout(ctx context.Context, in *RolloutActionRequest, opts ...grpc.CallOption) (*Rollout, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Rollout)
+	err := c.cc.Invoke(ctx, AdminService_PauseRollout_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) ResumeRollout(ctx context.Context, in *RolloutActionRequest, opts ...grpc.CallOption) (*Rollout, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Rollout)
+	err := c.cc.Invoke(ctx, AdminService_ResumeRollout_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) RollbackRollout(ctx context.Context, in *RolloutActionRequest, opts ...grpc.CallOption) (*Rollout, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Rollout)
+	err := c.cc.Invoke(ctx, AdminService_RollbackRollout_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) ReleaseRollout(ctx context.Context, in *ReleaseRolloutRequest, opts ...grpc.CallOption) (*ReleaseRolloutResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReleaseRolloutResponse)
+	err := c.cc.Invoke(ctx, AdminService_ReleaseRollout_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
@@ -420,6 +515,35 @@ type AdminServiceServer interface {
 	// answering with an error or its task failing: ABORTED; another power action on the
 	// machine under way: FAILED_PRECONDITION. Each message names the BMC and what to fix.
 	PowerMachine(context.Context, *PowerMachineRequest) (*PowerMachineResponse, error)
+	// StartRollout moves machines to another image, canary first, then in batches
+	// (`gpuboot rollout start`, docs/operations.md "Rolling out a new image", decision
+	// 0687). Before any machine is touched the image must be in gpuboot's image store
+	// with a valid signature (else FAILED_PRECONDITION), and no other rollout may be
+	// running or paused (FAILED_PRECONDITION naming it). Each machine in turn is pinned
+	// to the image (a pin wins over every selector), tainted gpurack.io/rollout and
+	// drained through the eviction API, power-cycled through its BMC, and waited for
+	// until it boots again (a new boot id), commissions and is ready on the image; then
+	// the taint is removed. The first drain, power or commissioning failure or timeout
+	// stops the rollout: no machine starts after it, and Rollout.reason says why.
+	StartRollout(context.Context, *StartRolloutRequest) (*Rollout, error)
+	// GetRollout returns a rollout with every machine's phase; the newest one when the
+	// id is empty. None: NOT_FOUND.
+	GetRollout(context.Context, *GetRolloutRequest) (*Rollout, error)
+	// PauseRollout stops starting machines (those under way finish); ResumeRollout
+	// starts them again, also after a stop (the operator has dealt with the cause);
+	// RollbackRollout moves every machine the rollout touched back to the image it had
+	// before, the same way, and leaves the others alone. A rollout in a state that does
+	// not allow it: FAILED_PRECONDITION.
+	PauseRollout(context.Context, *RolloutActionRequest) (*Rollout, error)
+	ResumeRollout(context.Context, *RolloutActionRequest) (*Rollout, error)
+	RollbackRollout(context.Context, *RolloutActionRequest) (*Rollout, error)
+	// ReleaseRollout removes the image pins a rollout left on its machines, once it is
+	// done or rolled back (else FAILED_PRECONDITION), so that gpuboot.yaml's selectors
+	// and the rack's default image decide their image again. A machine whose
+	// configuration chooses another image than its pin keeps the pin, and the answer
+	// names that image, unless force: then its next boot changes image. Machines whose
+	// pin another rollout has replaced are left alone. Nothing is rebooted.
+	ReleaseRollout(context.Context, *ReleaseRolloutRequest) (*ReleaseRolloutResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -471,6 +595,24 @@ func (UnimplementedAdminServiceServer) WipeDataDisk(context.Context, *WipeDataDi
 }
 func (UnimplementedAdminServiceServer) PowerMachine(context.Context, *PowerMachineRequest) (*PowerMachineResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method PowerMachine not implemented")
+}
+func (UnimplementedAdminServiceServer) StartRollout(context.Context, *StartRolloutRequest) (*Rollout, error) {
+	return nil, status.Error(codes.Unimplemented, "method StartRollout not implemented")
+}
+func (UnimplementedAdminServiceServer) GetRollout(context.Context, *GetRolloutRequest) (*Rollout, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetRollout not implemented")
+}
+func (UnimplementedAdminServiceServer) PauseRollout(context.Context, *RolloutActionRequest) (*Rollout, error) {
+	return nil, status.Error(codes.Unimplemented, "method PauseRollout not implemented")
+}
+func (UnimplementedAdminServiceServer) ResumeRollout(context.Context, *RolloutActionRequest) (*Rollout, error) {
+	return nil, status.Error(codes.Unimplemented, "method ResumeRollout not implemented")
+}
+func (UnimplementedAdminServiceServer) RollbackRollout(context.Context, *RolloutActionRequest) (*Rollout, error) {
+	return nil, status.Error(codes.Unimplemented, "method RollbackRollout not implemented")
+}
+func (UnimplementedAdminServiceServer) ReleaseRollout(context.Context, *ReleaseRolloutRequest) (*ReleaseRolloutResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReleaseRollout not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -745,6 +887,114 @@ func _AdminService_PowerMachine_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_StartRollout_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(StartRolloutRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).StartRollout(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_StartRollout_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).StartRollout(ctx, req.(*StartRolloutRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_GetRollout_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetRolloutRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).GetRollout(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_GetRollout_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).GetRollout(ctx, req.(*GetRolloutRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_PauseRollout_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RolloutActionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).PauseRollout(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_PauseRollout_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).PauseRollout(ctx, req.(*RolloutActionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_ResumeRollout_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RolloutActionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ResumeRollout(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ResumeRollout_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ResumeRollout(ctx, req.(*RolloutActionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_RollbackRollout_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RolloutActionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).RollbackRollout(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_RollbackRollout_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).RollbackRollout(ctx, req.(*RolloutActionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_ReleaseRollout_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReleaseRolloutRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ReleaseRollout(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ReleaseRollout_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ReleaseRollout(ctx, req.(*ReleaseRolloutRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -807,6 +1057,30 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "PowerMachine",
 			Handler:    _AdminService_PowerMachine_Handler,
+		},
+		{
+			MethodName: "StartRollout",
+			Handler:    _AdminService_StartRollout_Handler,
+		},
+		{
+			MethodName: "GetRollout",
+			Handler:    _AdminService_GetRollout_Handler,
+		},
+		{
+			MethodName: "PauseRollout",
+			Handler:    _AdminService_PauseRollout_Handler,
+		},
+		{
+			MethodName: "ResumeRollout",
+			Handler:    _AdminService_ResumeRollout_Handler,
+		},
+		{
+			MethodName: "RollbackRollout",
+			Handler:    _AdminService_RollbackRollout_Handler,
+		},
+		{
+			MethodName: "ReleaseRollout",
+			Handler:    _AdminService_ReleaseRollout_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

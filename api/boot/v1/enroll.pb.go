@@ -1745,6 +1745,110 @@ func (x *Revocations) GetSerials() []string {
 	return nil
 }
 
+// RenewAgentCertificateRequest asks for a new agent certificate.
+type RenewAgentCertificateRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required when the call does not present the agent certificate (see RequestAuth);
+	// left out with mutual TLS.
+	Auth *RequestAuth `protobuf:"bytes,15,opt,name=auth,proto3" json:"auth,omitempty"`
+	// The caller's identity; must match its key or certificate.
+	Identity      *v1.MachineIdentity `protobuf:"bytes,1,opt,name=identity,proto3" json:"identity,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RenewAgentCertificateRequest) Reset() {
+	*x = RenewAgentCertificateRequest{}
+	mi := &file_api_boot_v1_enroll_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RenewAgentCertificateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RenewAgentCertificateRequest) ProtoMessage() {}
+
+func (x *RenewAgentCertificateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_boot_v1_enroll_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RenewAgentCertificateRequest.ProtoReflect.Descriptor instead.
+func (*RenewAgentCertificateRequest) Descriptor() ([]byte, []int) {
+	return file_api_boot_v1_enroll_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *RenewAgentCertificateRequest) GetAuth() *RequestAuth {
+	if x != nil {
+		return x.Auth
+	}
+	return nil
+}
+
+func (x *RenewAgentCertificateRequest) GetIdentity() *v1.MachineIdentity {
+	if x != nil {
+		return x.Identity
+	}
+	return nil
+}
+
+// RenewAgentCertificateResponse carries the new certificate.
+type RenewAgentCertificateResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The new agent certificate, PEM: the form of JoinBundle.agent_certificate_pem, for the
+	// same ed25519 key and node name. The agent keeps it in place of the old one (in its
+	// kept JoinBundle) and uses it for every new TLS connection.
+	AgentCertificatePem string `protobuf:"bytes,1,opt,name=agent_certificate_pem,json=agentCertificatePem,proto3" json:"agent_certificate_pem,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
+}
+
+func (x *RenewAgentCertificateResponse) Reset() {
+	*x = RenewAgentCertificateResponse{}
+	mi := &file_api_boot_v1_enroll_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RenewAgentCertificateResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RenewAgentCertificateResponse) ProtoMessage() {}
+
+func (x *RenewAgentCertificateResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_boot_v1_enroll_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RenewAgentCertificateResponse.ProtoReflect.Descriptor instead.
+func (*RenewAgentCertificateResponse) Descriptor() ([]byte, []int) {
+	return file_api_boot_v1_enroll_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *RenewAgentCertificateResponse) GetAgentCertificatePem() string {
+	if x != nil {
+		return x.AgentCertificatePem
+	}
+	return ""
+}
+
 var File_api_boot_v1_enroll_proto protoreflect.FileDescriptor
 
 const file_api_boot_v1_enroll_proto_rawDesc = "" +
@@ -1878,7 +1982,12 @@ const file_api_boot_v1_enroll_proto_rawDesc = "" +
 	"\vrevocations\x18\x05 \x01(\v2\x1c.gpurack.boot.v1.RevocationsR\vrevocations\x124\n" +
 	"\x04wipe\x18\x06 \x01(\v2 .gpurack.machine.v1.DataDiskWipeR\x04wipe\"'\n" +
 	"\vRevocations\x12\x18\n" +
-	"\aserials\x18\x01 \x03(\tR\aserials*\xf1\x01\n" +
+	"\aserials\x18\x01 \x03(\tR\aserials\"\x91\x01\n" +
+	"\x1cRenewAgentCertificateRequest\x120\n" +
+	"\x04auth\x18\x0f \x01(\v2\x1c.gpurack.boot.v1.RequestAuthR\x04auth\x12?\n" +
+	"\bidentity\x18\x01 \x01(\v2#.gpurack.machine.v1.MachineIdentityR\bidentity\"S\n" +
+	"\x1dRenewAgentCertificateResponse\x122\n" +
+	"\x15agent_certificate_pem\x18\x01 \x01(\tR\x13agentCertificatePem*\xf1\x01\n" +
 	"\x0eRegisterStatus\x12\x1f\n" +
 	"\x1bREGISTER_STATUS_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17REGISTER_STATUS_PENDING\x10\x01\x12\x1c\n" +
@@ -1886,12 +1995,13 @@ const file_api_boot_v1_enroll_proto_rawDesc = "" +
 	"\x18REGISTER_STATUS_REJECTED\x10\x03\x12\x1c\n" +
 	"\x18REGISTER_STATUS_CONFLICT\x10\x04\x12#\n" +
 	"\x1fREGISTER_STATUS_BUNDLE_RELEASED\x10\x05\x12\"\n" +
-	"\x1eREGISTER_STATUS_DECOMMISSIONED\x10\x062\x8a\x03\n" +
+	"\x1eREGISTER_STATUS_DECOMMISSIONED\x10\x062\x82\x04\n" +
 	"\x11EnrollmentService\x12O\n" +
 	"\bRegister\x12 .gpurack.boot.v1.RegisterRequest\x1a!.gpurack.boot.v1.RegisterResponse\x12^\n" +
 	"\rGetJoinBundle\x12%.gpurack.boot.v1.GetJoinBundleRequest\x1a&.gpurack.boot.v1.GetJoinBundleResponse\x12p\n" +
 	"\x13ReportCommissioning\x12+.gpurack.boot.v1.ReportCommissioningRequest\x1a,.gpurack.boot.v1.ReportCommissioningResponse\x12R\n" +
-	"\tHeartbeat\x12!.gpurack.boot.v1.HeartbeatRequest\x1a\".gpurack.boot.v1.HeartbeatResponseB/Z-github.com/gpurack/gpurack/api/boot/v1;bootv1b\x06proto3"
+	"\tHeartbeat\x12!.gpurack.boot.v1.HeartbeatRequest\x1a\".gpurack.boot.v1.HeartbeatResponse\x12v\n" +
+	"\x15RenewAgentCertificate\x12-.gpurack.boot.v1.RenewAgentCertificateRequest\x1a..gpurack.boot.v1.RenewAgentCertificateResponseB/Z-github.com/gpurack/gpurack/api/boot/v1;bootv1b\x06proto3"
 
 var (
 	file_api_boot_v1_enroll_proto_rawDescOnce sync.Once
@@ -1906,93 +2016,99 @@ func file_api_boot_v1_enroll_proto_rawDescGZIP() []byte {
 }
 
 var file_api_boot_v1_enroll_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_api_boot_v1_enroll_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_api_boot_v1_enroll_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_api_boot_v1_enroll_proto_goTypes = []any{
-	(RegisterStatus)(0),                 // 0: gpurack.boot.v1.RegisterStatus
-	(*RequestAuth)(nil),                 // 1: gpurack.boot.v1.RequestAuth
-	(*RegisterRequest)(nil),             // 2: gpurack.boot.v1.RegisterRequest
-	(*TpmAttestation)(nil),              // 3: gpurack.boot.v1.TpmAttestation
-	(*TpmActivation)(nil),               // 4: gpurack.boot.v1.TpmActivation
-	(*TpmChallenge)(nil),                // 5: gpurack.boot.v1.TpmChallenge
-	(*RegisterResponse)(nil),            // 6: gpurack.boot.v1.RegisterResponse
-	(*GetJoinBundleRequest)(nil),        // 7: gpurack.boot.v1.GetJoinBundleRequest
-	(*GetJoinBundleResponse)(nil),       // 8: gpurack.boot.v1.GetJoinBundleResponse
-	(*JoinBundle)(nil),                  // 9: gpurack.boot.v1.JoinBundle
-	(*PodNetwork)(nil),                  // 10: gpurack.boot.v1.PodNetwork
-	(*GossipConfig)(nil),                // 11: gpurack.boot.v1.GossipConfig
-	(*Taint)(nil),                       // 12: gpurack.boot.v1.Taint
-	(*ReportCommissioningRequest)(nil),  // 13: gpurack.boot.v1.ReportCommissioningRequest
-	(*ReportCommissioningResponse)(nil), // 14: gpurack.boot.v1.ReportCommissioningResponse
-	(*DataDiskRules)(nil),               // 15: gpurack.boot.v1.DataDiskRules
-	(*DataDiskRule)(nil),                // 16: gpurack.boot.v1.DataDiskRule
-	(*HeartbeatRequest)(nil),            // 17: gpurack.boot.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),           // 18: gpurack.boot.v1.HeartbeatResponse
-	(*Revocations)(nil),                 // 19: gpurack.boot.v1.Revocations
-	nil,                                 // 20: gpurack.boot.v1.JoinBundle.NodeLabelsEntry
-	(*v1.MachineFacts)(nil),             // 21: gpurack.machine.v1.MachineFacts
-	(*v1.Checklist)(nil),                // 22: gpurack.machine.v1.Checklist
-	(*durationpb.Duration)(nil),         // 23: google.protobuf.Duration
-	(MachineState)(0),                   // 24: gpurack.boot.v1.MachineState
-	(*timestamppb.Timestamp)(nil),       // 25: google.protobuf.Timestamp
-	(*v1.MachineIdentity)(nil),          // 26: gpurack.machine.v1.MachineIdentity
-	(*v1.HealthSummary)(nil),            // 27: gpurack.machine.v1.HealthSummary
-	(*v1.GPUAllocation)(nil),            // 28: gpurack.machine.v1.GPUAllocation
-	(*v1.DataDisks)(nil),                // 29: gpurack.machine.v1.DataDisks
-	(*v1.DataDiskWipeResult)(nil),       // 30: gpurack.machine.v1.DataDiskWipeResult
-	(*v1.DataDiskWipe)(nil),             // 31: gpurack.machine.v1.DataDiskWipe
+	(RegisterStatus)(0),                   // 0: gpurack.boot.v1.RegisterStatus
+	(*RequestAuth)(nil),                   // 1: gpurack.boot.v1.RequestAuth
+	(*RegisterRequest)(nil),               // 2: gpurack.boot.v1.RegisterRequest
+	(*TpmAttestation)(nil),                // 3: gpurack.boot.v1.TpmAttestation
+	(*TpmActivation)(nil),                 // 4: gpurack.boot.v1.TpmActivation
+	(*TpmChallenge)(nil),                  // 5: gpurack.boot.v1.TpmChallenge
+	(*RegisterResponse)(nil),              // 6: gpurack.boot.v1.RegisterResponse
+	(*GetJoinBundleRequest)(nil),          // 7: gpurack.boot.v1.GetJoinBundleRequest
+	(*GetJoinBundleResponse)(nil),         // 8: gpurack.boot.v1.GetJoinBundleResponse
+	(*JoinBundle)(nil),                    // 9: gpurack.boot.v1.JoinBundle
+	(*PodNetwork)(nil),                    // 10: gpurack.boot.v1.PodNetwork
+	(*GossipConfig)(nil),                  // 11: gpurack.boot.v1.GossipConfig
+	(*Taint)(nil),                         // 12: gpurack.boot.v1.Taint
+	(*ReportCommissioningRequest)(nil),    // 13: gpurack.boot.v1.ReportCommissioningRequest
+	(*ReportCommissioningResponse)(nil),   // 14: gpurack.boot.v1.ReportCommissioningResponse
+	(*DataDiskRules)(nil),                 // 15: gpurack.boot.v1.DataDiskRules
+	(*DataDiskRule)(nil),                  // 16: gpurack.boot.v1.DataDiskRule
+	(*HeartbeatRequest)(nil),              // 17: gpurack.boot.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),             // 18: gpurack.boot.v1.HeartbeatResponse
+	(*Revocations)(nil),                   // 19: gpurack.boot.v1.Revocations
+	(*RenewAgentCertificateRequest)(nil),  // 20: gpurack.boot.v1.RenewAgentCertificateRequest
+	(*RenewAgentCertificateResponse)(nil), // 21: gpurack.boot.v1.RenewAgentCertificateResponse
+	nil,                                   // 22: gpurack.boot.v1.JoinBundle.NodeLabelsEntry
+	(*v1.MachineFacts)(nil),               // 23: gpurack.machine.v1.MachineFacts
+	(*v1.Checklist)(nil),                  // 24: gpurack.machine.v1.Checklist
+	(*durationpb.Duration)(nil),           // 25: google.protobuf.Duration
+	(MachineState)(0),                     // 26: gpurack.boot.v1.MachineState
+	(*timestamppb.Timestamp)(nil),         // 27: google.protobuf.Timestamp
+	(*v1.MachineIdentity)(nil),            // 28: gpurack.machine.v1.MachineIdentity
+	(*v1.HealthSummary)(nil),              // 29: gpurack.machine.v1.HealthSummary
+	(*v1.GPUAllocation)(nil),              // 30: gpurack.machine.v1.GPUAllocation
+	(*v1.DataDisks)(nil),                  // 31: gpurack.machine.v1.DataDisks
+	(*v1.DataDiskWipeResult)(nil),         // 32: gpurack.machine.v1.DataDiskWipeResult
+	(*v1.DataDiskWipe)(nil),               // 33: gpurack.machine.v1.DataDiskWipe
 }
 var file_api_boot_v1_enroll_proto_depIdxs = []int32{
-	21, // 0: gpurack.boot.v1.RegisterRequest.facts:type_name -> gpurack.machine.v1.MachineFacts
-	22, // 1: gpurack.boot.v1.RegisterRequest.checklist:type_name -> gpurack.machine.v1.Checklist
+	23, // 0: gpurack.boot.v1.RegisterRequest.facts:type_name -> gpurack.machine.v1.MachineFacts
+	24, // 1: gpurack.boot.v1.RegisterRequest.checklist:type_name -> gpurack.machine.v1.Checklist
 	1,  // 2: gpurack.boot.v1.RegisterRequest.auth:type_name -> gpurack.boot.v1.RequestAuth
 	3,  // 3: gpurack.boot.v1.RegisterRequest.tpm:type_name -> gpurack.boot.v1.TpmAttestation
 	4,  // 4: gpurack.boot.v1.TpmAttestation.activation:type_name -> gpurack.boot.v1.TpmActivation
-	23, // 5: gpurack.boot.v1.TpmChallenge.ttl:type_name -> google.protobuf.Duration
+	25, // 5: gpurack.boot.v1.TpmChallenge.ttl:type_name -> google.protobuf.Duration
 	0,  // 6: gpurack.boot.v1.RegisterResponse.status:type_name -> gpurack.boot.v1.RegisterStatus
-	23, // 7: gpurack.boot.v1.RegisterResponse.ttl:type_name -> google.protobuf.Duration
-	23, // 8: gpurack.boot.v1.RegisterResponse.retry_after:type_name -> google.protobuf.Duration
-	24, // 9: gpurack.boot.v1.RegisterResponse.machine_state:type_name -> gpurack.boot.v1.MachineState
+	25, // 7: gpurack.boot.v1.RegisterResponse.ttl:type_name -> google.protobuf.Duration
+	25, // 8: gpurack.boot.v1.RegisterResponse.retry_after:type_name -> google.protobuf.Duration
+	26, // 9: gpurack.boot.v1.RegisterResponse.machine_state:type_name -> gpurack.boot.v1.MachineState
 	5,  // 10: gpurack.boot.v1.RegisterResponse.tpm_challenge:type_name -> gpurack.boot.v1.TpmChallenge
 	1,  // 11: gpurack.boot.v1.GetJoinBundleRequest.auth:type_name -> gpurack.boot.v1.RequestAuth
 	9,  // 12: gpurack.boot.v1.GetJoinBundleResponse.bundle:type_name -> gpurack.boot.v1.JoinBundle
 	11, // 13: gpurack.boot.v1.JoinBundle.gossip:type_name -> gpurack.boot.v1.GossipConfig
-	25, // 14: gpurack.boot.v1.JoinBundle.expires_at:type_name -> google.protobuf.Timestamp
-	25, // 15: gpurack.boot.v1.JoinBundle.issued_at:type_name -> google.protobuf.Timestamp
-	26, // 16: gpurack.boot.v1.JoinBundle.identity:type_name -> gpurack.machine.v1.MachineIdentity
-	20, // 17: gpurack.boot.v1.JoinBundle.node_labels:type_name -> gpurack.boot.v1.JoinBundle.NodeLabelsEntry
+	27, // 14: gpurack.boot.v1.JoinBundle.expires_at:type_name -> google.protobuf.Timestamp
+	27, // 15: gpurack.boot.v1.JoinBundle.issued_at:type_name -> google.protobuf.Timestamp
+	28, // 16: gpurack.boot.v1.JoinBundle.identity:type_name -> gpurack.machine.v1.MachineIdentity
+	22, // 17: gpurack.boot.v1.JoinBundle.node_labels:type_name -> gpurack.boot.v1.JoinBundle.NodeLabelsEntry
 	12, // 18: gpurack.boot.v1.JoinBundle.node_taints:type_name -> gpurack.boot.v1.Taint
 	10, // 19: gpurack.boot.v1.JoinBundle.pod_network:type_name -> gpurack.boot.v1.PodNetwork
 	15, // 20: gpurack.boot.v1.JoinBundle.data_disks:type_name -> gpurack.boot.v1.DataDiskRules
 	1,  // 21: gpurack.boot.v1.ReportCommissioningRequest.auth:type_name -> gpurack.boot.v1.RequestAuth
-	22, // 22: gpurack.boot.v1.ReportCommissioningRequest.report:type_name -> gpurack.machine.v1.Checklist
-	24, // 23: gpurack.boot.v1.ReportCommissioningResponse.machine_state:type_name -> gpurack.boot.v1.MachineState
+	24, // 22: gpurack.boot.v1.ReportCommissioningRequest.report:type_name -> gpurack.machine.v1.Checklist
+	26, // 23: gpurack.boot.v1.ReportCommissioningResponse.machine_state:type_name -> gpurack.boot.v1.MachineState
 	16, // 24: gpurack.boot.v1.DataDiskRules.rules:type_name -> gpurack.boot.v1.DataDiskRule
 	1,  // 25: gpurack.boot.v1.HeartbeatRequest.auth:type_name -> gpurack.boot.v1.RequestAuth
-	26, // 26: gpurack.boot.v1.HeartbeatRequest.identity:type_name -> gpurack.machine.v1.MachineIdentity
-	27, // 27: gpurack.boot.v1.HeartbeatRequest.health:type_name -> gpurack.machine.v1.HealthSummary
-	25, // 28: gpurack.boot.v1.HeartbeatRequest.sent_at:type_name -> google.protobuf.Timestamp
-	25, // 29: gpurack.boot.v1.HeartbeatRequest.agent_started_at:type_name -> google.protobuf.Timestamp
-	28, // 30: gpurack.boot.v1.HeartbeatRequest.gpu_allocation:type_name -> gpurack.machine.v1.GPUAllocation
-	29, // 31: gpurack.boot.v1.HeartbeatRequest.data_disks:type_name -> gpurack.machine.v1.DataDisks
-	30, // 32: gpurack.boot.v1.HeartbeatRequest.wipe_result:type_name -> gpurack.machine.v1.DataDiskWipeResult
-	24, // 33: gpurack.boot.v1.HeartbeatResponse.machine_state:type_name -> gpurack.boot.v1.MachineState
-	23, // 34: gpurack.boot.v1.HeartbeatResponse.interval:type_name -> google.protobuf.Duration
+	28, // 26: gpurack.boot.v1.HeartbeatRequest.identity:type_name -> gpurack.machine.v1.MachineIdentity
+	29, // 27: gpurack.boot.v1.HeartbeatRequest.health:type_name -> gpurack.machine.v1.HealthSummary
+	27, // 28: gpurack.boot.v1.HeartbeatRequest.sent_at:type_name -> google.protobuf.Timestamp
+	27, // 29: gpurack.boot.v1.HeartbeatRequest.agent_started_at:type_name -> google.protobuf.Timestamp
+	30, // 30: gpurack.boot.v1.HeartbeatRequest.gpu_allocation:type_name -> gpurack.machine.v1.GPUAllocation
+	31, // 31: gpurack.boot.v1.HeartbeatRequest.data_disks:type_name -> gpurack.machine.v1.DataDisks
+	32, // 32: gpurack.boot.v1.HeartbeatRequest.wipe_result:type_name -> gpurack.machine.v1.DataDiskWipeResult
+	26, // 33: gpurack.boot.v1.HeartbeatResponse.machine_state:type_name -> gpurack.boot.v1.MachineState
+	25, // 34: gpurack.boot.v1.HeartbeatResponse.interval:type_name -> google.protobuf.Duration
 	11, // 35: gpurack.boot.v1.HeartbeatResponse.gossip:type_name -> gpurack.boot.v1.GossipConfig
 	19, // 36: gpurack.boot.v1.HeartbeatResponse.revocations:type_name -> gpurack.boot.v1.Revocations
-	31, // 37: gpurack.boot.v1.HeartbeatResponse.wipe:type_name -> gpurack.machine.v1.DataDiskWipe
-	2,  // 38: gpurack.boot.v1.EnrollmentService.Register:input_type -> gpurack.boot.v1.RegisterRequest
-	7,  // 39: gpurack.boot.v1.EnrollmentService.GetJoinBundle:input_type -> gpurack.boot.v1.GetJoinBundleRequest
-	13, // 40: gpurack.boot.v1.EnrollmentService.ReportCommissioning:input_type -> gpurack.boot.v1.ReportCommissioningRequest
-	17, // 41: gpurack.boot.v1.EnrollmentService.Heartbeat:input_type -> gpurack.boot.v1.HeartbeatRequest
-	6,  // 42: gpurack.boot.v1.EnrollmentService.Register:output_type -> gpurack.boot.v1.RegisterResponse
-	8,  // 43: gpurack.boot.v1.EnrollmentService.GetJoinBundle:output_type -> gpurack.boot.v1.GetJoinBundleResponse
-	14, // 44: gpurack.boot.v1.EnrollmentService.ReportCommissioning:output_type -> gpurack.boot.v1.ReportCommissioningResponse
-	18, // 45: gpurack.boot.v1.EnrollmentService.Heartbeat:output_type -> gpurack.boot.v1.HeartbeatResponse
-	42, // [42:46] is the sub-list for method output_type
-	38, // [38:42] is the sub-list for method input_type
-	38, // [38:38] is the sub-list for extension type_name
-	38, // [38:38] is the sub-list for extension extendee
-	0,  // [0:38] is the sub-list for field type_name
+	33, // 37: gpurack.boot.v1.HeartbeatResponse.wipe:type_name -> gpurack.machine.v1.DataDiskWipe
+	1,  // 38: gpurack.boot.v1.RenewAgentCertificateRequest.auth:type_name -> gpurack.boot.v1.RequestAuth
+	28, // 39: gpurack.boot.v1.RenewAgentCertificateRequest.identity:type_name -> gpurack.machine.v1.MachineIdentity
+	2,  // 40: gpurack.boot.v1.EnrollmentService.Register:input_type -> gpurack.boot.v1.RegisterRequest
+	7,  // 41: gpurack.boot.v1.EnrollmentService.GetJoinBundle:input_type -> gpurack.boot.v1.GetJoinBundleRequest
+	13, // 42: gpurack.boot.v1.EnrollmentService.ReportCommissioning:input_type -> gpurack.boot.v1.ReportCommissioningRequest
+	17, // 43: gpurack.boot.v1.EnrollmentService.Heartbeat:input_type -> gpurack.boot.v1.HeartbeatRequest
+	20, // 44: gpurack.boot.v1.EnrollmentService.RenewAgentCertificate:input_type -> gpurack.boot.v1.RenewAgentCertificateRequest
+	6,  // 45: gpurack.boot.v1.EnrollmentService.Register:output_type -> gpurack.boot.v1.RegisterResponse
+	8,  // 46: gpurack.boot.v1.EnrollmentService.GetJoinBundle:output_type -> gpurack.boot.v1.GetJoinBundleResponse
+	14, // 47: gpurack.boot.v1.EnrollmentService.ReportCommissioning:output_type -> gpurack.boot.v1.ReportCommissioningResponse
+	18, // 48: gpurack.boot.v1.EnrollmentService.Heartbeat:output_type -> gpurack.boot.v1.HeartbeatResponse
+	21, // 49: gpurack.boot.v1.EnrollmentService.RenewAgentCertificate:output_type -> gpurack.boot.v1.RenewAgentCertificateResponse
+	45, // [45:50] is the sub-list for method output_type
+	40, // [40:45] is the sub-list for method input_type
+	40, // [40:40] is the sub-list for extension type_name
+	40, // [40:40] is the sub-list for extension extendee
+	0,  // [0:40] is the sub-list for field type_name
 }
 
 func init() { file_api_boot_v1_enroll_proto_init() }
@@ -2007,7 +2123,7 @@ func file_api_boot_v1_enroll_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_boot_v1_enroll_proto_rawDesc), len(file_api_boot_v1_enroll_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   20,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

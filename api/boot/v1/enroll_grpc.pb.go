@@ -25,10 +25,11 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	EnrollmentService_Register_FullMethodName            = "/gpurack.boot.v1.EnrollmentService/Register"
-	EnrollmentService_GetJoinBundle_FullMethodName       = "/gpurack.boot.v1.EnrollmentService/GetJoinBundle"
-	EnrollmentService_ReportCommissioning_FullMethodName = "/gpurack.boot.v1.EnrollmentService/ReportCommissioning"
-	EnrollmentService_Heartbeat_FullMethodName           = "/gpurack.boot.v1.EnrollmentService/Heartbeat"
+	EnrollmentService_Register_FullMethodName              = "/gpurack.boot.v1.EnrollmentService/Register"
+	EnrollmentService_GetJoinBundle_FullMethodName         = "/gpurack.boot.v1.EnrollmentService/GetJoinBundle"
+	EnrollmentService_ReportCommissioning_FullMethodName   = "/gpurack.boot.v1.EnrollmentService/ReportCommissioning"
+	EnrollmentService_Heartbeat_FullMethodName             = "/gpurack.boot.v1.EnrollmentService/Heartbeat"
+	EnrollmentService_RenewAgentCertificate_FullMethodName = "/gpurack.boot.v1.EnrollmentService/RenewAgentCertificate"
 )
 
 // EnrollmentServiceClient is the client API for EnrollmentService service.
@@ -80,6 +81,18 @@ type EnrollmentServiceClient interface {
 	// heartbeat after the newer Register are a conflict (CONTRACTS §2.8). A decommissioned
 	// or rejected machine is PERMISSION_DENIED.
 	Heartbeat(ctx context.Context, in *HeartbeatRequest, opts ...grpc.CallOption) (*HeartbeatResponse, error)
+	// RenewAgentCertificate issues the calling agent a new agent certificate for the same
+	// key and node name (CONTRACTS §2.10, §4): the agent calls it at two thirds of its
+	// certificate's lifetime, and once more whenever its certificate expired. It takes the
+	// agent certificate over mutual TLS, or `auth` signed by the machine's bound key (an
+	// agent whose certificate already expired can no longer present it). The new
+	// certificate's lifetime is gpuboot.yaml's enrollment.agentCertValidity; its IP SAN is
+	// the address gpuboot sees this call come from, as for the JoinBundle. The old
+	// certificate stays valid until it expires. Errors: PERMISSION_DENIED for a
+	// decommissioned or rejected machine, a key that is not the bound one or a machine that
+	// was never given a bundle; RESOURCE_EXHAUSTED when the machine renewed less than a
+	// tenth of the lifetime ago (retry later).
+	RenewAgentCertificate(ctx context.Context, in *RenewAgentCertificateRequest, opts ...grpc.CallOption) (*RenewAgentCertificateResponse, error)
 }
 
 type enrollmentServiceClient struct {
@@ -124,6 +137,16 @@ func (c *enrollmentServiceClient) Heartbeat(ctx context.Context, in *HeartbeatRe
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(HeartbeatResponse)
 	err := c.cc.Invoke(ctx, EnrollmentService_Heartbeat_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *enrollmentServiceClient) RenewAgentCertificate(ctx context.Context, in *RenewAgentCertificateRequest, opts ...grpc.CallOption) (*RenewAgentCertificateResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RenewAgentCertificateResponse)
+	err := c.cc.Invoke(ctx, EnrollmentService_RenewAgentCertificate_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -179,6 +202,18 @@ type EnrollmentServiceServer interface {
 	// heartbeat after the newer Register are a conflict (CONTRACTS §2.8). A decommissioned
 	// or rejected machine is PERMISSION_DENIED.
 	Heartbeat(context.Context, *HeartbeatRequest) (*HeartbeatResponse, error)
+	// RenewAgentCertificate issues the calling agent a new agent certificate for the same
+	// key and node name (CONTRACTS §2.10, §4): the agent calls it at two thirds of its
+	// certificate's lifetime, and once more whenever its certificate expired. It takes the
+	// agent certificate over mutual TLS, or `auth` signed by the machine's bound key (an
+	// agent whose certificate already expired can no longer present it). The new
+	// certificate's lifetime is gpuboot.yaml's enrollment.agentCertValidity; its IP SAN is
+	// the address gpuboot sees this call come from, as for the JoinBundle. The old
+	// certificate stays valid until it expires. Errors: PERMISSION_DENIED for a
+	// decommissioned or rejected machine, a key that is not the bound one or a machine that
+	// was never given a bundle; RESOURCE_EXHAUSTED when the machine renewed less than a
+	// tenth of the lifetime ago (retry later).
+	RenewAgentCertificate(context.Context, *RenewAgentCertificateRequest) (*RenewAgentCertificateResponse, error)
 	mustEmbedUnimplementedEnrollmentServiceServer()
 }
 
@@ -200,6 +235,9 @@ func (UnimplementedEnrollmentServiceServer) ReportCommissioning(context.Context,
 }
 func (UnimplementedEnrollmentServiceServer) Heartbeat(context.Context, *HeartbeatRequest) (*HeartbeatResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Heartbeat not implemented")
+}
+func (UnimplementedEnrollmentServiceServer) RenewAgentCertificate(context.Context, *RenewAgentCertificateRequest) (*RenewAgentCertificateResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RenewAgentCertificate not implemented")
 }
 func (UnimplementedEnrollmentServiceServer) mustEmbedUnimplementedEnrollmentServiceServer() {}
 func (UnimplementedEnrollmentServiceServer) testEmbeddedByValue()                           {}
@@ -294,6 +332,24 @@ func _EnrollmentService_Heartbeat_Handler(srv interface{}, ctx context.Context, 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _EnrollmentService_RenewAgentCertificate_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RenewAgentCertificateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(EnrollmentServiceServer).RenewAgentCertificate(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: EnrollmentService_RenewAgentCertificate_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(EnrollmentServiceServer).RenewAgentCertificate(ctx, req.(*RenewAgentCertificateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // EnrollmentService_ServiceDesc is the grpc.ServiceDesc for EnrollmentService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -316,6 +372,10 @@ var EnrollmentService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Heartbeat",
 			Handler:    _EnrollmentService_Heartbeat_Handler,
+		},
+		{
+			MethodName: "RenewAgentCertificate",
+			Handler:    _EnrollmentService_RenewAgentCertificate_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

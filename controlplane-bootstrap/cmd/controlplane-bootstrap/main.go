@@ -36,6 +36,6 @@ See docs/controlplane.md.`,
 		SilenceErrors: true,
 	}
 	root.AddCommand(newInitCommand(), newStatusCommand(), newStopCommand(), newResetCommand(),
-		newTokenCommand(), newJoinConfigCommand(), newTenantsCommand(), newUsersCommand())
+		newTokenCommand(), newJoinConfigCommand(), newTenantsCommand(), newUsersCommand(), newCertsCommand(), newAuditCommand())
 	return root
 }

@@ -165,6 +165,8 @@ func TestCLIEndToEnd(t *testing.T) {
 		t.Errorf("enroller kubeconfig server %v", kc.Clusters)
 	}
 
+	checkAuditBreakGlass(t, dir)
+
 	caBefore, _ := os.ReadFile(filepath.Join(dir, "pki", "ca.crt"))
 	if out, err = cli(t, "", "init", "--config", cfgPath, "--dir", dir, "--foreground"); err != nil || !strings.Contains(out, "already running") {
 		t.Errorf("init while running: %v", err)

@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -62,6 +63,9 @@ type Config struct {
 	// OnReset, when set, is called with each accepted ResetType (after the state
 	// change is scheduled, outside the server's lock).
 	OnReset func(resetType string)
+	// Listener, when set, is where the BMC serves (e.g. a socket opened in a test's
+	// network namespace); nil: a new one on 127.0.0.1.
+	Listener net.Listener
 }
 
 // Server is a running test BMC.
@@ -105,6 +109,10 @@ func New(t testing.TB, cfg Config) *Server {
 		s.systems[id] = &system{state: cfg.PowerState}
 	}
 	s.srv = httptest.NewUnstartedServer(s.routes())
+	if cfg.Listener != nil {
+		s.srv.Listener.Close()
+		s.srv.Listener = cfg.Listener
+	}
 	// A client refusing the self-signed certificate is a case tests make on purpose.
 	s.srv.Config.ErrorLog = log.New(io.Discard, "", 0)
 	s.srv.StartTLS()

@@ -118,34 +118,7 @@ func newOperatorsCommand() *cobra.Command {
 	var f clientFlags
 	cmd := &cobra.Command{Use: "operators", Short: "Operator credentials: revoke an operator's certificates and tokens, read the revocation audit (AdminService, an admin's certificate)"}
 	f.register(cmd)
-	var reason string
-	var serials []string
-	revoke := &cobra.Command{
-		Use:   "revoke NAME [--serial HEX]... [--reason TEXT]",
-		Short: "Revoke every certificate and bearer token of an operator",
-		Long: `Revoke an operator's access: every operator certificate gpuboot recorded issuing to
-NAME (STATEDIR/operators/issued) goes on gpuboot's revocation list, which AdminService,
-the REST API and the rack view check on every call, and NAME's bearer tokens are removed
-from the token file, which gpuboot re-reads within a second. Certificates issued before
-gpuboot recorded them can be named with --serial (the serial number in hex, as
-"openssl x509 -noout -serial" prints it). It needs an admin's certificate (level
-admin; gpuboot init's first operator is one), another than NAME's: an operator cannot
-revoke itself. Every revocation is appended to gpuboot's audit record (gpuboot
-operators audit).`,
-		Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			return f.call(func(ctx context.Context, c bootv1.AdminServiceClient) error {
-				resp, err := c.RevokeOperator(ctx, &bootv1.RevokeOperatorRequest{Name: args[0], Reason: reason, Serials: serials})
-				if err != nil {
-					return err
-				}
-				fmt.Fprintf(cmd.OutOrStdout(), "operator %s: %d certificate(s) revoked %v, %d token(s) removed\n", args[0], len(resp.GetSerials()), resp.GetSerials(), resp.GetTokensRemoved())
-				return nil
-			})
-		},
-	}
-	revoke.Flags().StringVar(&reason, "reason", "", "why, for gpuboot's log and audit record")
-	revoke.Flags().StringSliceVar(&serials, "serial", nil, "also revoke this certificate serial (hex)")
+	revoke := newOperatorRevokeCommand(&f, "revoke NAME [--serial HEX]... [--reason TEXT]")
 	var limit int32
 	var asJSON bool
 	audit := &cobra.Command{
@@ -174,6 +147,41 @@ what failed if a revocation did not complete. It needs an admin's certificate.`,
 	audit.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	cmd.AddCommand(revoke, audit)
 	return cmd
+}
+
+// newOperatorRevokeCommand is `gpuboot operators revoke NAME`, also reached as `gpuboot
+// certs revoke operator NAME` (use is the command's usage line there).
+func newOperatorRevokeCommand(f *clientFlags, use string) *cobra.Command {
+	var reason string
+	var serials []string
+	revoke := &cobra.Command{
+		Use:   use,
+		Short: "Revoke every certificate and bearer token of an operator",
+		Long: `Revoke an operator's access: every operator certificate gpuboot recorded issuing to
+NAME (STATEDIR/operators/issued) goes on gpuboot's revocation list, which AdminService,
+the REST API and the rack view check on every call, and NAME's bearer tokens are removed
+from the token file, which gpuboot re-reads within a second. Certificates issued before
+gpuboot recorded them can be named with --serial (the serial number in hex, as
+"openssl x509 -noout -serial" prints it). It needs an admin's certificate (level
+admin; gpuboot init's first operator is one), another than NAME's: an operator cannot
+revoke itself. Every revocation is appended to gpuboot's audit record (gpuboot
+operators audit). "gpuboot operators revoke" and "gpuboot certs revoke operator" are
+the same command.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return f.call(func(ctx context.Context, c bootv1.AdminServiceClient) error {
+				resp, err := c.RevokeOperator(ctx, &bootv1.RevokeOperatorRequest{Name: args[0], Reason: reason, Serials: serials})
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "operator %s: %d certificate(s) revoked %v, %d token(s) removed\n", args[0], len(resp.GetSerials()), resp.GetSerials(), resp.GetTokensRemoved())
+				return nil
+			})
+		},
+	}
+	revoke.Flags().StringVar(&reason, "reason", "", "why, for gpuboot's log and audit record")
+	revoke.Flags().StringSliceVar(&serials, "serial", nil, "also revoke this certificate serial (hex)")
+	return revoke
 }
 
 func printOperatorAudit(w io.Writer, entries []*bootv1.OperatorAuditEntry) {

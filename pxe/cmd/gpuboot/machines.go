@@ -369,6 +369,12 @@ func printMachine(w io.Writer, m *bootv1.Machine) {
 	row("rack / slot:", m.Rack+" / "+m.Slot)
 	row("node name:", m.NodeName)
 	row("image:", m.ImageId)
+	if n := m.NextImage; n != nil {
+		row("next boot:", fmt.Sprintf("image %s, from %s %s: %s", dash(n.ImageId), n.Source, n.Name, n.Reason))
+		for _, l := range n.Lost {
+			row("", l)
+		}
+	}
 	row("profile:", m.Profile)
 	row("key fingerprint:", m.KeyFingerprint)
 	if m.EkHash != "" {
