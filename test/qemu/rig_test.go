@@ -29,7 +29,6 @@ import (
 
 	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
 	"github.com/gpurack/gpurack/controlplane-bootstrap/testcluster"
-	"github.com/gpurack/gpurack/imagebuilder/buildtest"
 	"github.com/gpurack/gpurack/internal/netnstest"
 	"github.com/gpurack/gpurack/internal/swtpmtest"
 	"github.com/gpurack/gpurack/internal/testreq"
@@ -579,67 +578,29 @@ func imageStore(t *testing.T, bins joinBinaries, names ...string) rackImages {
 }
 
 // repoRoot is the repository's root directory.
-func repoRoot(t *testing.T) string {
-	t.Helper()
-	root, err := filepath.Abs("../..")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return root
-}
+func repoRoot(t *testing.T) string { return rigimage.RepoRoot(t) }
 
 // rigBinaries checks what every rig test needs (the image tools, a control plane's
 // binaries, network namespaces) and builds gpuimage, gpuboot and controlplane-bootstrap
-// from this tree, once per test binary.
+// from this tree, once per test binary (rigimage.BuildBinaries).
 func rigBinaries(t *testing.T) joinBinaries {
 	t.Helper()
-	if reuse := os.Getenv("GPURACK_JOIN_IMAGE"); reuse != "" && testreq.Required() {
-		// A developer's shortcut: it skips the image build, and the simulated GPU node's
-		// checks do not run. Under make test (CI) nothing may be left out quietly.
-		t.Fatalf("GPURACK_JOIN_IMAGE=%s is set under %s=1: it would skip the image build and the simulated GPU checks; unset it (it is for a developer's local runs only)", reuse, testreq.RequiredEnv)
-	}
-	if os.Getenv("GPURACK_JOIN_IMAGE") == "" {
-		buildtest.RequireImageTools(t, "go")
-	}
+	rigimage.RequireImageBuild(t)
 	testcluster.Require(t)
 	netnstest.Require(t)
-	builtBins.once.Do(func() {
-		dir, err := os.MkdirTemp("", "gpurack-qemu-bins-")
-		if err != nil {
-			builtBins.err = err
-			return
-		}
-		builtBins.dir = dir
-		cmd := exec.Command("go", "build", "-o", dir+"/", "./imagebuilder/cmd/gpuimage", "./pxe/cmd/gpuboot", "./controlplane-bootstrap/cmd/controlplane-bootstrap")
-		cmd.Dir = repoRoot(t)
-		if out, err := cmd.CombinedOutput(); err != nil {
-			builtBins.err = fmt.Errorf("go build: %v\n%s", err, out)
-		}
-	})
-	if builtBins.err != nil {
-		t.Fatal(builtBins.err)
-	}
-	return joinBinaries{filepath.Join(builtBins.dir, "gpuimage"), filepath.Join(builtBins.dir, "gpuboot"), filepath.Join(builtBins.dir, "controlplane-bootstrap")}
-}
-
-// builtBins is the host-side binaries, built once per test binary (removed by TestMain).
-var builtBins struct {
-	once sync.Once
-	dir  string
-	err  error
-}
-
-// TestMain removes the binaries the tests built.
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if builtBins.dir != "" {
-		os.RemoveAll(builtBins.dir)
-	}
-	os.Exit(code)
+	b := rigimage.BuildBinaries(t)
+	return joinBinaries{b.Gpuimage, b.Gpuboot, b.ControlPlane}
 }
 
 // joinBinaries is gpuimage, gpuboot and controlplane-bootstrap built from this tree.
 type joinBinaries struct{ gpuimage, gpuboot, controlplane string }
+
+// TestMain removes the binaries the tests built.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	rigimage.RemoveBinaries()
+	os.Exit(code)
+}
 
 // nsDial dials from inside network namespace ns (only IP literals: a name would be
 // resolved on another thread, outside ns).

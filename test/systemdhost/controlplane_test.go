@@ -12,6 +12,7 @@ import (
 	"github.com/gpurack/gpurack/controlplane-bootstrap/components"
 	"github.com/gpurack/gpurack/controlplane-bootstrap/testcluster"
 	"github.com/gpurack/gpurack/internal/netnstest"
+	"github.com/gpurack/gpurack/test/rigimage"
 )
 
 // The control plane in the container: docs/controlplane.md's quick start, without
@@ -36,7 +37,7 @@ var apiserverUnit = components.UnitName(components.APIServer)
 func TestControlPlaneUnits(t *testing.T) {
 	requireHost(t)
 	testcluster.Require(t)
-	bins := buildBinaries(t)
+	bins := rigimage.BuildBinaries(t)
 	image, _ := nodeImage(t, bins)
 	root := repoRoot(t)
 
@@ -45,7 +46,7 @@ func TestControlPlaneUnits(t *testing.T) {
 	// The repository's paths the quick start names, and the pinned binaries where
 	// controlplane-bootstrap looks for them by default (root's cache).
 	src := stageTree(t, map[string]string{
-		"bin/controlplane-bootstrap": bins.controlplane,
+		"bin/controlplane-bootstrap": bins.ControlPlane,
 		"docs/examples/cluster.yaml": filepath.Join(root, "docs", "examples", "cluster.yaml"),
 	})
 	c := bootContainer(t, bootSpec{

@@ -16,6 +16,7 @@ import (
 	"github.com/gpurack/gpurack/internal/netnstest"
 	"github.com/gpurack/gpurack/internal/testreq"
 	"github.com/gpurack/gpurack/pxe/tftp"
+	"github.com/gpurack/gpurack/test/rigimage"
 )
 
 // The boot network: the container (gpuboot's host) and a client, on a veth pair. The
@@ -45,7 +46,7 @@ func TestGpubootService(t *testing.T) {
 	// /boot, which the container does not have).
 	testreq.File(t, filepath.Join(tftp.DefaultDir, tftpFile), "apt-get install ipxe (hack/deps.sh lists it); gpuboot serves it over TFTP")
 	testreq.Tool(t, "udhcpc", "apt-get install udhcpc (hack/deps.sh lists it); it is the PXE client")
-	bins := buildBinaries(t)
+	bins := rigimage.BuildBinaries(t)
 	image, pubKey := nodeImage(t, bins)
 	root := repoRoot(t)
 
@@ -57,7 +58,7 @@ func TestGpubootService(t *testing.T) {
 
 	// What the documented commands install, by the relative paths they name (the
 	// repository's root, with the gpuboot binary built from it).
-	src := stageTree(t, map[string]string{"gpuboot": bins.gpuboot, "pxe/systemd": filepath.Join(root, "pxe", "systemd")})
+	src := stageTree(t, map[string]string{"gpuboot": bins.Gpuboot, "pxe/systemd": filepath.Join(root, "pxe", "systemd")})
 	store := filepath.Dir(image)
 	if err := os.Chmod(store, 0o755); err != nil { // gpuboot reads it as its own user
 		t.Fatal(err)
