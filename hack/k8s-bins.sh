@@ -7,7 +7,7 @@
 #   GPURACK_K8S_DIR this version's folder (default: $GPURACK_CACHE/k8s/v1.34.2)
 #
 # Layout:  $GPURACK_K8S_DIR/bin/{kube-apiserver,...,etcd,etcdctl,grpcurl,promtool,
-#          staticcheck}
+#          alertmanager,amtool,staticcheck}
 #          $GPURACK_K8S_DIR/images/pause.tar  (docker archive, tag $PAUSE_IMAGE)
 #
 # Why a throwaway module: k8s.io/kubernetes and etcd's server carry replace directives,
@@ -25,6 +25,7 @@ K8S_VERSION=v1.34.2
 ETCD_VERSION=v3.6.16
 GRPCURL_VERSION=v1.9.4
 PROMETHEUS_VERSION=v0.316.0
+ALERTMANAGER_VERSION=v0.35.0 # docs/decisions/0691: its UI is not built
 STATICCHECK_VERSION=v0.8.2
 PAUSE_IMAGE=registry.k8s.io/pause:3.10.1
 
@@ -105,7 +106,42 @@ install_tool() { # name module@version [ldflags]
     (cd "$dir/work" && GOFLAGS= GOBIN="$bin" CGO_ENABLED=0 go install -trimpath -ldflags "-s -w ${3:-}" "$2")
   fi
 }
+# Alertmanager embeds its web UI's compiled assets (ui/app/dist), which its module
+# source lacks from v0.32 on: they come from an npm and Elm build that fetches the Elm
+# compiler and packages from outside the Go proxy. The module is copied out of the
+# module cache, a placeholder page is put where the UI would be, and both commands are
+# built from that copy with its own go.mod and go.sum (docs/decisions/0691).
+alertmanager_bins() {
+if need alertmanager || need amtool; then
+  log "building Alertmanager $ALERTMANAGER_VERSION: alertmanager amtool (about 1 min cold)"
+  w=$dir/work/alertmanager
+  src=$(cd "$dir/work" && GOFLAGS= go mod download -json "github.com/prometheus/alertmanager@$ALERTMANAGER_VERSION" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
+  [ -n "$src" ] || { echo "k8s-bins: could not download github.com/prometheus/alertmanager@$ALERTMANAGER_VERSION from the Go module proxy (check GOPROXY)" >&2; exit 1; }
+  rm -rf "$w" && mkdir -p "$w" && cp -R "$src" "$w/src" && chmod -R u+w "$w/src"
+  # ui/web.go serves an HTML file only as FILE.gz or FILE.br (by Accept-Encoding). The
+  # .br is one uncompressed brotli meta-block (RFC 7932, 9.2), so no encoder is needed.
+  for ui in elm mantine; do
+    page=$w/src/ui/app/dist/$ui/index.html
+    mkdir -p "${page%/*}"
+    cat >"$page" <<EOF
+<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>Alertmanager</title></head>
+<body><p>Alertmanager $ALERTMANAGER_VERSION, built by gpurack without its web UI: the UI needs a
+JavaScript build that cannot run air-gapped. Use amtool, or the API under /api/v2/.</p></body></html>
+EOF
+    gzip -9 -n -k "$page"
+    h=$(( (($(wc -c <"$page") - 1) << 4) | (1 << 20) ))
+    { printf "\\$(printf %03o $((h & 255)))\\$(printf %03o $(((h >> 8) & 255)))\\$(printf %03o $((h >> 16)))"
+      cat "$page"; printf '\003'; } >"$page.br"
+  done
+  pv=github.com/prometheus/common/version
+  ld="-s -w -X $pv.Version=${ALERTMANAGER_VERSION#v} -X $pv.Branch=release -X $pv.Revision=module-source"
+  (cd "$w/src" && GOFLAGS=-mod=mod CGO_ENABLED=0 go build -trimpath -ldflags "$ld" -o "$bin/" ./cmd/alertmanager ./cmd/amtool)
+  log "built alertmanager amtool"
+fi
+}
 tools() {
+alertmanager_bins
 install_tool staticcheck "honnef.co/go/tools/cmd/staticcheck@$STATICCHECK_VERSION"
 install_tool grpcurl "github.com/fullstorydev/grpcurl/cmd/grpcurl@$GRPCURL_VERSION" "-X main.version=$GRPCURL_VERSION"
 install_tool promtool "github.com/prometheus/prometheus/cmd/promtool@$PROMETHEUS_VERSION" \
