@@ -62,7 +62,11 @@ const (
 
 // akTemplate is the attestation key: an ECC-P256 ECDSA-SHA256 signing key that is
 // restricted (it signs only TPM-generated structures) and never leaves the TPM
-// (fixedTPM, fixedParent, sensitiveDataOrigin). gpuboot checks these attributes.
+// (fixedTPM, fixedParent, sensitiveDataOrigin). gpuboot checks these attributes. It is
+// noDA: its authorization is the empty password, so dictionary-attack protection guards
+// nothing, and without noDA every power cut (no TPM2_Shutdown) after a use of the AK
+// counts as a failed try: after maxTries of them (3 in swtpm, about 32 on vendors' TPMs)
+// the TPM locks the AK out and the machine cannot re-enroll (TestActivateAfterPowerCuts).
 var akTemplate = tpm2.TPMTPublic{
 	Type:    tpm2.TPMAlgECC,
 	NameAlg: tpm2.TPMAlgSHA256,
@@ -71,6 +75,7 @@ var akTemplate = tpm2.TPMTPublic{
 		FixedParent:         true,
 		SensitiveDataOrigin: true,
 		UserWithAuth:        true,
+		NoDA:                true,
 		Restricted:          true,
 		SignEncrypt:         true,
 	},
@@ -208,6 +213,9 @@ func (a *Attester) Activate(ch *bootv1.TpmChallenge) (*bootv1.TpmActivation, err
 		CredentialBlob: tpm2.TPM2BIDObject{Buffer: ch.GetCredentialBlob()},
 		Secret:         tpm2.TPM2BEncryptedSecret{Buffer: ch.GetEncryptedSecret()},
 	}.Execute(a.tpm)
+	if errors.Is(err, tpm2.TPMRCLockout) {
+		return nil, fmt.Errorf("attest: activate gpuboot's credential %q: %w: the TPM is in dictionary-attack lockout (power cuts without a TPM shutdown count as failed tries); it leaves lockout after its recoveryTime, or clear it with the lockout authorization (tpm2_dictionarylockout --clear-lockout)", ch.GetId(), err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("attest: activate gpuboot's credential %q: %w (the challenge was made for another EK or AK)", ch.GetId(), err)
 	}

@@ -88,3 +88,30 @@ func TestOpenNoTPM(t *testing.T) {
 }
 
 func bytesContains(s, sub string) bool { return bytes.Contains([]byte(s), []byte(sub)) }
+
+// A machine whose power is cut (a BMC's ForceOff or PowerCycle, a pulled plug) never
+// sends TPM2_Shutdown. A TPM counts an unorderly shutdown after a use of an object that
+// is subject to dictionary-attack protection as a failed authorization, and after
+// maxTries of them (3 in swtpm's default, 32 or so on vendors' TPMs) it refuses such
+// objects for recoveryTime: an AK without noDA then cannot answer gpuboot's challenge,
+// and the machine cannot re-enroll after its fourth power cut. The AK is noDA, so the
+// challenge is answered after every one of them.
+func TestActivateAfterPowerCuts(t *testing.T) {
+	tpm := swtpmtest.Start(t)
+	secret := []byte("0123456789abcdef0123456789abcdef")
+	for boot := 1; boot <= 6; boot++ {
+		att, err := attest.New(tpm.Dial(t))
+		if err != nil {
+			t.Fatalf("boot %d: %v", boot, err)
+		}
+		ans, err := att.Activate(challenge(t, att.Attestation(), secret))
+		if err != nil {
+			t.Fatalf("boot %d, after %d power cuts: activate: %v", boot, boot-1, err)
+		}
+		if !bytes.Equal(ans.Secret, secret) {
+			t.Fatalf("boot %d: activation recovered %x, want %x", boot, ans.Secret, secret)
+		}
+		tpm.Stop() // the power cut: no TPM2_Shutdown, no flush
+		tpm = swtpmtest.StartIn(t, tpm.Dir)
+	}
+}

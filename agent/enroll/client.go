@@ -216,6 +216,7 @@ func (c *Client) Enroll(ctx context.Context) (*bootv1.JoinBundle, error) {
 					ans, err := c.TPM.Activate(ch)
 					if err != nil {
 						c.Log.Warn("TPM could not answer gpuboot's challenge; registering again for a new one", "error", err)
+						c.progress(agentv1.EnrollmentState_ENROLLMENT_STATE_REGISTERING, "the TPM could not answer gpuboot's challenge, registering again: "+err.Error(), ms)
 					} else {
 						c.mu.Lock()
 						c.answer = ans

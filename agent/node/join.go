@@ -123,6 +123,10 @@ func (n *node) stepFailed(msg string, err error) {
 func (n *node) enrollmentClient(target enroll.Target, key ed25519.PrivateKey, fp string, startHeartbeats func()) *enroll.Client {
 	id := n.identity
 	pre := n.mon.RunChecks(monitor.PhasePreApproval)
+	// shown is the last message on the console: a change of state shows its message, and
+	// so does a new reason for registering again (gpuboot unreachable, a TPM that cannot
+	// answer), which does not change the state; the same reason again is not repeated.
+	var shown string
 	return &enroll.Client{Target: target, Key: key, Log: n.log, Facts: n.facts(id, pre),
 		PreApproval: func() *machinev1.Checklist { return protoconv.Checklist(pre, id, n.imageID, "") },
 		Progress: func(st agentv1.EnrollmentState, msg, ms string) {
@@ -133,10 +137,11 @@ func (n *node) enrollmentClient(target enroll.Target, key ed25519.PrivateKey, fp
 			}
 			from, to := n.advance(ev, msg)
 			n.enrollment.update(ms, "")
-			if to != from {
+			if to != from || (st == agentv1.EnrollmentState_ENROLLMENT_STATE_REGISTERING && msg != shown) {
 				n.log.Info("enrollment", "state", to.String(), "message", msg, "machine_state", ms)
 				daemon.SdNotify(false, "STATUS="+msg)
 				consoleLine(n.cfg.Console, fmt.Sprintf("gpuagent: %s (gpuboot %s, key %s)", msg, target.Endpoint, fp))
+				shown = msg
 			}
 			if to == waiting || to == approved {
 				startHeartbeats()
