@@ -20,13 +20,7 @@ import (
 func TestServeInNamespace(t *testing.T) {
 	netnstest.Require(t)
 	testreq.File(t, filepath.Join(tftp.DefaultDir, "ipxe.efi"), "apt-get install ipxe (make deps installs it)")
-	env := netnstest.New(t)
-	srvNS, cliNS := env.Namespace(), env.Namespace()
-	a, b := env.Veth(srvNS, cliNS)
-	env.AddAddr(a, "192.0.2.1/24")
-	env.AddAddr(b, "192.0.2.2/24")
-	in := newInstanceAt(t, "192.0.2.1", "192.0.2.1:8080", "192.0.2.1:8443",
-		"interfaces: [{name: "+a.Name+"}]\ndhcp: {mode: proxy}\ntftp: {dir: "+tftp.DefaultDir+"}\n")
+	env, srvNS, cliNS, in := proxyInstanceInNamespaces(t)
 	cmd := env.Command(srvNS, in.bin, "serve", "--config", in.cfg)
 	var log strings.Builder
 	cmd.Stdout, cmd.Stderr = &log, &log
@@ -59,4 +53,19 @@ func TestServeInNamespace(t *testing.T) {
 	if err != nil || !strings.Contains(list, "52:54:00:dd:00:01") || !strings.Contains(list, "discovered") {
 		t.Fatalf("machines list in the server namespace: %v\n%s\n%s", err, list, log.String())
 	}
+}
+
+// proxyInstanceInNamespaces is a gpuboot instance (newInstanceAt) in proxyDHCP mode
+// on a veth between two new network namespaces: the server's (192.0.2.1, where
+// the instance is to run) and a client's (192.0.2.2).
+func proxyInstanceInNamespaces(t *testing.T) (env *netnstest.Env, srvNS, cliNS string, in *instance) {
+	t.Helper()
+	env = netnstest.New(t)
+	srvNS, cliNS = env.Namespace(), env.Namespace()
+	a, b := env.Veth(srvNS, cliNS)
+	env.AddAddr(a, "192.0.2.1/24")
+	env.AddAddr(b, "192.0.2.2/24")
+	in = newInstanceAt(t, "192.0.2.1", "192.0.2.1:8080", "192.0.2.1:8443",
+		"interfaces: [{name: "+a.Name+"}]\ndhcp: {mode: proxy}\ntftp: {dir: "+tftp.DefaultDir+"}\n")
+	return env, srvNS, cliNS, in
 }

@@ -211,13 +211,7 @@ func TestGpubootUnitCapabilities(t *testing.T) {
 	setpriv := testreq.Tool(t, "setpriv", "apt-get install util-linux; it drops root's privileges as the unit does")
 	testreq.File(t, filepath.Join(tftp.DefaultDir, "ipxe.efi"), "apt-get install ipxe (make deps installs it)")
 	d := unitDirectives(t, unitFile)
-	env := netnstest.New(t)
-	srvNS, cliNS := env.Namespace(), env.Namespace()
-	a, b := env.Veth(srvNS, cliNS)
-	env.AddAddr(a, "192.0.2.1/24")
-	env.AddAddr(b, "192.0.2.2/24")
-	in := newInstanceAt(t, "192.0.2.1", "192.0.2.1:8080", "192.0.2.1:8443",
-		"interfaces: [{name: "+a.Name+"}]\ndhcp: {mode: proxy}\ntftp: {dir: "+tftp.DefaultDir+"}\n")
+	env, srvNS, cliNS, in := proxyInstanceInNamespaces(t)
 	// The unprivileged user owns the state as the unit's user would, and can reach it
 	// and the binary through the test's private temporary directories.
 	for _, dir := range []string{filepath.Dir(in.dir), filepath.Dir(in.bin)} {
