@@ -7,7 +7,7 @@
 #   GPURACK_K8S_DIR this version's folder (default: $GPURACK_CACHE/k8s/v1.34.2)
 #
 # Layout:  $GPURACK_K8S_DIR/bin/{kube-apiserver,...,etcd,etcdctl,grpcurl,promtool,
-#          alertmanager,amtool,staticcheck}
+#          prometheus,alertmanager,amtool,staticcheck}
 #          $GPURACK_K8S_DIR/images/pause.tar  (docker archive, tag $PAUSE_IMAGE)
 #
 # Why a throwaway module: k8s.io/kubernetes and etcd's server carry replace directives,
@@ -100,10 +100,10 @@ fi
 }
 
 # --- test tools -------------------------------------------------------------------
-install_tool() { # name module@version [ldflags]
+install_tool() { # name module@version [ldflags [tags]]
   if need "$1"; then
     log "installing $2"
-    (cd "$dir/work" && GOFLAGS= GOBIN="$bin" CGO_ENABLED=0 go install -trimpath -ldflags "-s -w ${3:-}" "$2")
+    (cd "$dir/work" && GOFLAGS= GOBIN="$bin" CGO_ENABLED=0 go install -trimpath -tags "${4:-}" -ldflags "-s -w ${3:-}" "$2")
   fi
 }
 # Alertmanager embeds its web UI's compiled assets (ui/app/dist), which its module
@@ -146,6 +146,12 @@ install_tool staticcheck "honnef.co/go/tools/cmd/staticcheck@$STATICCHECK_VERSIO
 install_tool grpcurl "github.com/fullstorydev/grpcurl/cmd/grpcurl@$GRPCURL_VERSION" "-X main.version=$GRPCURL_VERSION"
 install_tool promtool "github.com/prometheus/prometheus/cmd/promtool@$PROMETHEUS_VERSION" \
   "-X github.com/prometheus/common/version.Version=$PROMETHEUS_VERSION -X github.com/prometheus/common/version.Branch=release" # about 4 min cold
+# The metrics server (docs/decisions/0692): only Kubernetes service discovery (the
+# cloud providers' are left out by Prometheus' own build tags), and no web UI, whose
+# assets need an npm build (the API and gpuboot's graphs page serve instead).
+install_tool prometheus "github.com/prometheus/prometheus/cmd/prometheus@$PROMETHEUS_VERSION" \
+  "-X github.com/prometheus/common/version.Version=$PROMETHEUS_VERSION -X github.com/prometheus/common/version.Branch=release" \
+  remove_all_sd,enable_kubernetes_sd # about 1 min after promtool
 }
 
 # --- pause image ------------------------------------------------------------------

@@ -45,6 +45,7 @@ type Config struct {
 	Scheduler         Scheduler         `yaml:"scheduler"`
 	Networking        Networking        `yaml:"networking"`
 	BootstrapTokens   BootstrapTokens   `yaml:"bootstrapTokens"`
+	Monitoring        Monitoring        `yaml:"monitoring"`
 	// BinDir overrides where the pinned binaries are looked up.
 	BinDir string `yaml:"binDir"`
 }
@@ -186,6 +187,7 @@ func Default() Config {
 			DNSDomain:     "cluster.local",
 		},
 		BootstrapTokens: BootstrapTokens{TTL: "24h"},
+		Monitoring:      defaultMonitoring(),
 	}
 }
 
@@ -219,6 +221,7 @@ func (c *Config) applyDefaults() {
 	str(&c.Networking.PodSubnet, d.Networking.PodSubnet)
 	str(&c.Networking.DNSDomain, d.Networking.DNSDomain)
 	str(&c.BootstrapTokens.TTL, d.BootstrapTokens.TTL)
+	c.Monitoring.applyDefaults()
 	if c.APIServer.OIDC.IssuerURL != "" {
 		str(&c.APIServer.OIDC.UsernameClaim, "sub")
 		str(&c.APIServer.OIDC.UsernamePrefix, "oidc:")
@@ -267,6 +270,7 @@ func (c *Config) Validate() []FieldError {
 	c.APIServer.OIDC.validate(&p)
 	c.validatePorts(&p)
 	c.Networking.validate(&p)
+	c.Monitoring.validate(&p)
 	if d, err := time.ParseDuration(c.BootstrapTokens.TTL); err != nil || d <= 0 {
 		p.add("bootstrapTokens.ttl", "%q is not a positive duration (for example 24h or 15m)", c.BootstrapTokens.TTL)
 	}
@@ -358,6 +362,15 @@ func (c *Config) validatePorts(p *problems) {
 		{"etcd.metricsPort", c.Etcd.MetricsPort},
 		{"controllerManager.port", c.ControllerManager.Port},
 		{"scheduler.port", c.Scheduler.Port},
+	}
+	if c.Monitoring.Enabled {
+		ports = append(ports, []struct {
+			field string
+			v     int
+		}{
+			{"monitoring.prometheus.port", c.Monitoring.Prometheus.Port},
+			{"monitoring.alertmanager.port", c.Monitoring.Alertmanager.Port},
+		}...)
 	}
 	seen := map[int]string{}
 	for _, port := range ports {

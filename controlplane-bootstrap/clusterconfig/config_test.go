@@ -88,6 +88,13 @@ func TestParseErrorsNameTheField(t *testing.T) {
 		{"oidc groups without prefix", "apiServer:\n  oidc:\n    issuerURL: https://idp\n    clientID: k\n    groupsClaim: groups\n", []string{"apiServer.oidc.groupsPrefix", "system:masters"}},
 		{"oidc fields without issuer", "apiServer:\n  oidc:\n    clientID: k\n", []string{"x.yaml:2: apiServer.oidc.issuerURL: is required"}},
 		{"every invalid value at once", "clusterName: A\nnetworking:\n  podSubnet: x\n", []string{"x.yaml:1: clusterName", "x.yaml:3: networking.podSubnet"}},
+		{"monitoring retention size", "monitoring:\n  enabled: true\n  prometheus:\n    retentionSize: 50G\n", []string{"x.yaml:4: monitoring.prometheus.retentionSize: \"50G\" is not a size"}},
+		{"monitoring retention time", "monitoring:\n  enabled: true\n  prometheus:\n    retentionTime: 2 weeks\n", []string{"x.yaml:4: monitoring.prometheus.retentionTime", "not a Prometheus duration"}},
+		{"monitoring scrape interval", "monitoring:\n  enabled: true\n  prometheus:\n    scrapeInterval: 0s\n", []string{"monitoring.prometheus.scrapeInterval"}},
+		{"monitoring listen address", "monitoring:\n  enabled: true\n  listenAddress: localhost\n", []string{"x.yaml:3: monitoring.listenAddress", "not an IP address"}},
+		{"monitoring port clash", "monitoring:\n  enabled: true\n  alertmanager:\n    port: 6443\n", []string{"x.yaml:4: monitoring.alertmanager.port: 6443 is also apiServer.port"}},
+		{"monitoring gpuboot target", "monitoring:\n  enabled: true\n  gpuboot: [\"http://gpuboot:8080\"]\n", []string{"monitoring.gpuboot[0]", "HOST:PORT"}},
+		{"monitoring unknown field", "monitoring:\n  enabeld: true\n", []string{"x.yaml:2: monitoring.enabeld: unknown field"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Parse("x.yaml", []byte(tc.yaml))
@@ -117,6 +124,23 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("Parse accepted a config that does not validate: %+v", cfg)
 		}
 	})
+}
+
+// TestMonitoringOffIsNotValidated: a site that does not turn the metrics server on is
+// not held to its fields; turned on, the defaults validate.
+func TestMonitoringOffIsNotValidated(t *testing.T) {
+	if _, err := Parse("x.yaml", []byte("monitoring:\n  prometheus:\n    retentionSize: lots\n")); err != nil {
+		t.Errorf("monitoring off: %v", err)
+	}
+	cfg, err := Parse("x.yaml", []byte("monitoring:\n  enabled: true\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := cfg.Monitoring
+	if m.ListenAddress != "127.0.0.1" || m.Prometheus.Port != 9090 || m.Alertmanager.Port != 9093 || m.GPUAgentPort != 9410 ||
+		m.Prometheus.RetentionTime != "15d" || m.Prometheus.RetentionSize != "50GB" || m.NodeExporterPort != 0 {
+		t.Errorf("defaults: %+v", m)
+	}
 }
 
 // TestAdvertiseWarning: only loopback advertised with nodes on another endpoint is

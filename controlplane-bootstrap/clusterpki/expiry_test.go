@@ -85,7 +85,7 @@ func TestCheckExpirationListsEveryCertificateAndCA(t *testing.T) {
 	wantCA := map[string]string{
 		"admin.conf": "ca", "apiserver": "ca", "apiserver-etcd-client": "etcd-ca", "apiserver-kubelet-client": "ca",
 		"controller-manager.conf": "ca", "controller-manager-serving": "self-signed", "etcd-healthcheck-client": "etcd-ca",
-		"etcd-peer": "etcd-ca", "etcd-server": "etcd-ca", "front-proxy-client": "front-proxy-ca", "scheduler.conf": "ca",
+		"etcd-peer": "etcd-ca", "etcd-server": "etcd-ca", "front-proxy-client": "front-proxy-ca", "monitoring-client": "ca", "scheduler.conf": "ca",
 		"enroller.kubeconfig": "ca",
 	}
 	for _, e := range r.Certificates {

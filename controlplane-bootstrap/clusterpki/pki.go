@@ -62,6 +62,8 @@ const (
 	EtcdPeerKey          = "etcd/peer.key"
 	EtcdHealthcheckCert  = "etcd/healthcheck-client.crt"
 	EtcdHealthcheckKey   = "etcd/healthcheck-client.key"
+	MonitoringClientCert = "monitoring-client.crt"
+	MonitoringClientKey  = "monitoring-client.key"
 	// Identities of the kubeconfigs and client certificates.
 	ControllerManagerUser  = "system:kube-controller-manager"
 	SchedulerUser          = "system:kube-scheduler"
@@ -72,6 +74,10 @@ const (
 	FrontProxyClientUser   = "front-proxy-client"
 	APIServerEtcdClientCN  = "kube-apiserver-etcd-client"
 	EtcdHealthcheckClientC = "kube-etcd-healthcheck-client"
+	// MonitoringUser is the metrics server's identity: it discovers nodes and scrapes
+	// the apiserver, kubelets, the scheduler and the controller-manager as this user
+	// (RBAC: ClusterRole gpurack:monitoring).
+	MonitoringUser = "gpurack:monitoring"
 )
 
 // leaf describes one leaf certificate and how to decide it is still right.
@@ -300,6 +306,7 @@ func (s *Set) leaves(cfg *clusterconfig.Config) []leaf {
 		{EtcdServerCert, EtcdServerKey, "etcd", pki.CertRequest{CommonName: cfg.NodeName, DNSNames: etcdDNS, IPs: etcdIPs, Usages: both}},
 		{EtcdPeerCert, EtcdPeerKey, "etcd", pki.CertRequest{CommonName: cfg.NodeName, DNSNames: etcdDNS, IPs: etcdIPs, Usages: both}},
 		{EtcdHealthcheckCert, EtcdHealthcheckKey, "etcd", pki.CertRequest{CommonName: EtcdHealthcheckClientC, Usages: client}},
+		{MonitoringClientCert, MonitoringClientKey, "ca", pki.CertRequest{CommonName: MonitoringUser, Usages: client}},
 	}
 }
 

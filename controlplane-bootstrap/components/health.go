@@ -71,6 +71,9 @@ func (p Prober) Probe(ctx context.Context, c Component, timeout time.Duration) H
 	case c.Name == Etcd:
 		h.OK = strings.Contains(text, `"health":"true"`)
 		h.Detail = text
+	case c.HealthText != "":
+		h.OK = strings.Contains(text, c.HealthText)
+		h.Detail = text
 	default:
 		h.OK = text == "ok"
 		h.Detail = text

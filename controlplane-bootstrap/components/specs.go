@@ -42,11 +42,15 @@ type Component struct {
 	Ports []Port
 	// HealthURL answers 200 "ok" (or etcd's {"health":"true"}) when healthy.
 	HealthURL string
+	// HealthText, when set, is what HealthURL's body holds when healthy instead of "ok".
+	HealthText string
 }
 
-// Specs returns the four components for cfg laid out in l, in start order.
+// Specs returns the components for cfg laid out in l, in start order: the four of the
+// control plane, then Alertmanager and Prometheus when monitoring is enabled.
 func Specs(cfg *clusterconfig.Config, l Layout) []Component {
-	return []Component{etcdSpec(cfg, l), apiserverSpec(cfg, l), controllerManagerSpec(cfg, l), schedulerSpec(cfg, l)}
+	core := []Component{etcdSpec(cfg, l), apiserverSpec(cfg, l), controllerManagerSpec(cfg, l), schedulerSpec(cfg, l)}
+	return append(core, monitoringSpecs(cfg, l)...)
 }
 
 // Spec returns the component called name.

@@ -179,8 +179,15 @@ func Init(ctx context.Context, opts Options) (*ControlPlane, error) {
 	if err != nil {
 		return nil, err
 	}
+	amConfig, err := readAlertmanagerConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
 	set, err := writeFiles(l, cfg, cfgYAML, opts.LeafValidity)
 	if err != nil {
+		return nil, err
+	}
+	if err := writeMonitoringFiles(l, cfg, amConfig); err != nil {
 		return nil, err
 	}
 	cp := &ControlPlane{Layout: l, Config: cfg, PKI: set, readyTimeout: opts.ReadyTimeout}
@@ -508,6 +515,7 @@ func (cp *ControlPlane) applyJoinMaterial(ctx context.Context) error {
 	}
 	objs = append(objs, dns...)
 	objs = append(objs, localvolumes.Objects()...)
+	objs = append(objs, monitoringObjects(cp.Config)...)
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		err = joinconfig.Apply(ctx, dyn, objs)

@@ -98,8 +98,8 @@ func Stop(ctx context.Context, dir string) error {
 			return err
 		}
 	}
-	for i := len(components.Names) - 1; i >= 0; i-- {
-		name := components.Names[i]
+	for i := len(components.AllNames) - 1; i >= 0; i-- {
+		name := components.AllNames[i]
 		pid, _ := readPIDFile(l.PIDFile(name))
 		if pid > 0 && isComponent(pid, name) {
 			syscall.Kill(pid, syscall.SIGTERM)

@@ -1,0 +1,99 @@
+package controlplane
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+
+	rbacv1 "k8s.io/api/rbac/v1"
+
+	"github.com/gpurack/gpurack/controlplane-bootstrap/clusterconfig"
+	"github.com/gpurack/gpurack/controlplane-bootstrap/clusterpki"
+	"github.com/gpurack/gpurack/controlplane-bootstrap/components"
+	"github.com/gpurack/gpurack/controlplane-bootstrap/joinconfig"
+	"github.com/gpurack/gpurack/docs/monitoring"
+	"github.com/gpurack/gpurack/internal/atomicfile"
+)
+
+// monitoringRole is the metrics server's ClusterRole and ClusterRoleBinding (to
+// clusterpki.MonitoringUser): discover nodes, read kubelet's and cAdvisor's metrics
+// through kubelet's authorizer, and the apiserver's, scheduler's and controller-manager's
+// /metrics. Nothing else: it cannot read Secrets or change anything.
+const monitoringRole = "gpurack:monitoring"
+
+func monitoringObjects(cfg *clusterconfig.Config) []joinconfig.Object {
+	if !cfg.Monitoring.Enabled {
+		return nil
+	}
+	rules := []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"nodes", "nodes/metrics", "services", "endpoints", "pods"}, Verbs: []string{"get", "list", "watch"}},
+		{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: []string{"get", "list", "watch"}},
+		{NonResourceURLs: []string{"/metrics", "/metrics/cadvisor"}, Verbs: []string{"get"}},
+	}
+	return []joinconfig.Object{
+		joinconfig.ClusterRole(monitoringRole, rules...),
+		joinconfig.ClusterRoleBinding(monitoringRole, monitoringRole, joinconfig.User(clusterpki.MonitoringUser)),
+	}
+}
+
+// readAlertmanagerConfig returns the routing Alertmanager gets: the operator's
+// monitoring.alertmanager.configFile, or the one with no receiver. It is read before
+// anything is written, so a missing file stops init with nothing changed.
+func readAlertmanagerConfig(cfg *clusterconfig.Config) ([]byte, error) {
+	if !cfg.Monitoring.Enabled {
+		return nil, nil
+	}
+	f := cfg.Monitoring.Alertmanager.ConfigFile
+	if f == "" {
+		return components.EmptyAlertmanagerConfig, nil
+	}
+	data, err := os.ReadFile(f)
+	if err != nil {
+		return nil, fmt.Errorf("monitoring.alertmanager.configFile: %w (give the site's routing, docs/monitoring/alertmanager.yml with its placeholders replaced, or leave it empty)", err)
+	}
+	return data, nil
+}
+
+// writeMonitoringFiles writes DIR/monitoring: Prometheus' configuration, the shipped
+// rules, Alertmanager's routing, and the two data directories. Each file is written
+// whole; the data directories are kept.
+func writeMonitoringFiles(l components.Layout, cfg *clusterconfig.Config, amConfig []byte) error {
+	if !cfg.Monitoring.Enabled {
+		return nil
+	}
+	prom, err := components.PrometheusConfig(cfg, l)
+	if err != nil {
+		return err
+	}
+	files := []struct {
+		path string
+		data []byte
+		mode os.FileMode
+	}{
+		{l.PrometheusConfig(), prom, 0o644},
+		// It may hold an SMTP password or a webhook's token.
+		{l.AlertmanagerConfig(), amConfig, 0o600},
+	}
+	for _, name := range monitoring.RuleFiles {
+		data, err := monitoring.Rules.ReadFile(name)
+		if err != nil {
+			return err
+		}
+		files = append(files, struct {
+			path string
+			data []byte
+			mode os.FileMode
+		}{filepath.Join(l.RulesDir(), name), data, 0o644})
+	}
+	for _, f := range files {
+		if err := atomicfile.WriteMkdirAll(f.path, f.data, f.mode, 0o755); err != nil {
+			return err
+		}
+	}
+	for _, d := range []string{l.PrometheusData(), l.AlertmanagerData()} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return err
+		}
+	}
+	return nil
+}

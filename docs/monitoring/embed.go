@@ -1,0 +1,16 @@
+// Package monitoring carries the shipped monitoring files of this folder into the
+// binaries: controlplane-bootstrap writes the alert and recording rules where the
+// metrics server it starts reads them (docs/monitoring.md). The YAML files stay the
+// one source; this file only embeds them.
+package monitoring
+
+import "embed"
+
+// Rules are the rule files Prometheus loads, by file name: the alerts and the
+// tenants' recording rules (not their promtool tests).
+//
+//go:embed gpurack-alerts.yaml gpurack-tenants.yaml
+var Rules embed.FS
+
+// RuleFiles names the files in Rules.
+var RuleFiles = []string{"gpurack-alerts.yaml", "gpurack-tenants.yaml"}

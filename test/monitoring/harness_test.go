@@ -1,0 +1,233 @@
+package monitoring
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/gpurack/gpurack/test/rigimage"
+)
+
+// client bounds every request the test makes to Prometheus and Alertmanager.
+var client = &http.Client{Timeout: 10 * time.Second}
+
+// getJSON GETs rawURL and decodes the body into v.
+func getJSON(rawURL string, v any) error {
+	resp, err := client.Get(rawURL)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: HTTP %d: %s", rawURL, resp.StatusCode, body)
+	}
+	return json.Unmarshal(body, v)
+}
+
+// sample is one series of an instant query's answer.
+type sample struct {
+	Metric map[string]string `json:"metric"`
+	Value  [2]any            `json:"value"`
+}
+
+// query runs an instant PromQL query against Prometheus at base.
+func query(base, q string) ([]sample, error) {
+	var r struct {
+		Status string `json:"status"`
+		Data   struct {
+			Result []sample `json:"result"`
+		} `json:"data"`
+	}
+	if err := getJSON(base+"/api/v1/query?query="+url.QueryEscape(q), &r); err != nil {
+		return nil, err
+	}
+	return r.Data.Result, nil
+}
+
+// eventually polls cond every 250 ms until it returns nil or d passes, and fails t
+// with cond's last error.
+func eventually(t *testing.T, d time.Duration, what string, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		err := cond()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %s: %v", what, d, err)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}
+
+// webhook is an Alertmanager webhook receiver: it keeps every notification with the
+// time it arrived.
+type webhook struct {
+	srv *httptest.Server
+	mu  sync.Mutex
+	got []received
+}
+
+type received struct {
+	at time.Time
+	n  notification
+}
+
+// notification is Alertmanager's webhook payload, as much as the test reads.
+type notification struct {
+	Receiver string `json:"receiver"`
+	Status   string `json:"status"`
+	Alerts   []struct {
+		Status      string            `json:"status"`
+		Labels      map[string]string `json:"labels"`
+		Annotations map[string]string `json:"annotations"`
+	} `json:"alerts"`
+}
+
+func newWebhook(t *testing.T) *webhook {
+	w := &webhook{}
+	w.srv = httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		var n notification
+		if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&n); err != nil {
+			http.Error(rw, err.Error(), http.StatusBadRequest)
+			return
+		}
+		w.mu.Lock()
+		w.got = append(w.got, received{time.Now(), n})
+		w.mu.Unlock()
+	}))
+	t.Cleanup(w.srv.Close)
+	return w
+}
+
+// firing returns the first notification that carries a firing alert named name, and
+// when it arrived.
+func (w *webhook) firing(name string) (received, int, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, r := range w.got {
+		for i, a := range r.n.Alerts {
+			if a.Status == "firing" && a.Labels["alertname"] == name {
+				return r, i, true
+			}
+		}
+	}
+	return received{}, 0, false
+}
+
+// simAgent is a gpuagent on the GPU simulator, its /metrics on addr; a Node object
+// whose InternalIP is addr's host stands in for the kubelet that would register it.
+type simAgent struct {
+	node, addr, socket string
+	cmd                *exec.Cmd
+}
+
+// buildAgent builds gpuagent from the tree into dir.
+func buildAgent(t *testing.T, dir string) string {
+	bin := filepath.Join(dir, "gpuagent")
+	cmd := exec.Command("go", "build", "-trimpath", "-o", bin, "./agent/cmd/gpuagent")
+	cmd.Dir = rigimage.RepoRoot(t)
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=1")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build gpuagent: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// loopbackPrefix picks a 127.X.0.0/16 whose first n hosts (127.X.H/256.H%256+1) have a
+// port free on each, so that every simulated node's agent listens on the one port the
+// scrape configuration names. host(prefix, i) names the i-th.
+func loopbackPrefix(t *testing.T, n int) (string, int) {
+	for range 50 {
+		prefix := fmt.Sprintf("127.%d.", 100+rand.IntN(100))
+		port := 20000 + rand.IntN(20000)
+		ok := true
+		for i := range n {
+			l, err := net.Listen("tcp", net.JoinHostPort(host(prefix, i), strconv.Itoa(port)))
+			if err != nil {
+				ok = false
+				break
+			}
+			l.Close()
+		}
+		if ok {
+			return prefix, port
+		}
+	}
+	t.Fatal("no free loopback addresses for the simulated nodes' agents")
+	return "", 0
+}
+
+// host is the i-th simulated node's address under prefix.
+func host(prefix string, i int) string { return fmt.Sprintf("%s%d.%d", prefix, i/250, i%250+1) }
+
+// startAgent starts a simulated node's gpuagent and registers its Node.
+func startAgent(t *testing.T, bin, dir, node, ip string, port int, interval time.Duration, cs kubernetes.Interface) *simAgent {
+	a := &simAgent{node: node, addr: net.JoinHostPort(ip, strconv.Itoa(port))}
+	state := filepath.Join(dir, node)
+	if err := os.MkdirAll(state, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	a.socket = filepath.Join(state, "agent.sock")
+	profile := filepath.Join(rigimage.RepoRoot(t), "profiles", "debian12-nvidia535.yaml")
+	log, err := os.Create(filepath.Join(dir, node+".log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.cmd = exec.Command(bin, "run", "--gpu-backend", "sim:dgxh100", "--profile", profile,
+		"--listen", "", "--metrics-listen", a.addr, "--socket", a.socket, "--node-name", node,
+		"--key-dir", filepath.Join(state, "key"), "--kubelet-dir", filepath.Join(state, "kubelet"),
+		"--cdi-dir", filepath.Join(state, "cdi"), "--gossip-bind", net.JoinHostPort(ip, "0"),
+		"--kmsg", "off", "--interval", interval.String(), "--sim-seed", node)
+	a.cmd.Stdout, a.cmd.Stderr = log, log
+	if err := a.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.kill(); log.Close() })
+	registerNode(t, cs, node, ip)
+	return a
+}
+
+func (a *simAgent) kill() {
+	if a.cmd.Process != nil && a.cmd.ProcessState == nil {
+		a.cmd.Process.Kill()
+		a.cmd.Wait()
+	}
+}
+
+// registerNode creates the Node object a kubelet would, with host as its InternalIP
+// and labelled simulated.
+func registerNode(t *testing.T, cs kubernetes.Interface, name, host string) {
+	ctx := context.Background()
+	n, err := cs.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{
+		Name: name, Labels: map[string]string{"gpurack.io/simulated": "true"}}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: host}, {Type: corev1.NodeHostName, Address: name}}
+	if _, err := cs.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
