@@ -588,7 +588,41 @@ func TestOperatorLevels(t *testing.T) {
 	if l, err := ParseOperatorLevel("operator"); err != nil || l != LevelOperator {
 		t.Errorf("ParseOperatorLevel(operator) = %q, %v", l, err)
 	}
-	if _, err := ParseOperatorLevel("root"); err == nil || !strings.Contains(err.Error(), "viewer, operator or admin") {
+	if _, err := ParseOperatorLevel("root"); err == nil || !strings.Contains(err.Error(), "viewer, operator, admin or alert-sender") {
 		t.Errorf("ParseOperatorLevel(root) = %v", err)
+	}
+}
+
+// TestAlertSenderLevel: the alert-sender level is issued, parsed and read back like the
+// others, but stands outside their order: it allows only what needs exactly it, and no
+// viewer, operator or admin allows that.
+func TestAlertSenderLevel(t *testing.T) {
+	ca, err := NewCA(CARequest{CommonName: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l, err := ParseOperatorLevel("alert-sender"); err != nil || l != LevelAlertSender {
+		t.Fatalf("ParseOperatorLevel(alert-sender) = %q, %v", l, err)
+	}
+	kp, err := IssueOperatorLevel(ca, "alertmanager", LevelAlertSender)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := OperatorLevelOf(kp.Cert); got != LevelAlertSender {
+		t.Errorf("OperatorLevelOf(alert-sender certificate) = %q", got)
+	}
+	if !LevelAlertSender.Allows(LevelAlertSender) {
+		t.Error("alert-sender does not allow what needs alert-sender")
+	}
+	for _, l := range Levels {
+		if LevelAlertSender.Allows(l) {
+			t.Errorf("alert-sender allows what needs %s", l.Name())
+		}
+		if l.Allows(LevelAlertSender) {
+			t.Errorf("%s allows what needs alert-sender", l.Name())
+		}
+	}
+	if OperatorLevel("").Allows(LevelAlertSender) {
+		t.Error("no level allows what needs alert-sender")
 	}
 }

@@ -151,8 +151,9 @@ func agentRequest(nodeName string, ips []net.IP) (CertRequest, error) {
 }
 
 // OperatorLevel is what an operator certificate lets its holder do, carried in the
-// subject's OU field beside the operator role (CONTRACTS §4). The levels nest: an admin
-// may do all an operator may, an operator all a viewer may.
+// subject's OU field beside the operator role (CONTRACTS §4). The levels of Levels nest:
+// an admin may do all an operator may, an operator all a viewer may. A level of
+// SeparateLevels stands apart: it allows what needs exactly it, and nothing else.
 type OperatorLevel string
 
 const (
@@ -165,29 +166,59 @@ const (
 	// LevelAdmin also manages credentials (revokes operators and serials) and, on a
 	// simulated agent, injects and clears faults.
 	LevelAdmin OperatorLevel = "gpurack:level:admin"
+	// LevelAlertSender posts Alertmanager's notifications to gpuboot (POST
+	// /api/v1/alerts) and does nothing else: it is Alertmanager's credential, so a
+	// stolen one can neither read machines nor change them. It is not in Levels'
+	// order: no viewer, operator or admin call allows it, and it allows none of them.
+	LevelAlertSender OperatorLevel = "gpurack:level:alert-sender"
 )
 
-// Levels lists the operator levels from least to most allowed.
+// Levels lists the nested operator levels from least to most allowed.
 var Levels = []OperatorLevel{LevelViewer, LevelOperator, LevelAdmin}
 
-// ParseOperatorLevel reads a level as a person writes it: "viewer", "operator" or
-// "admin" (or the full OU value).
+// SeparateLevels lists the levels outside Levels' order: each allows only the calls
+// that need exactly it.
+var SeparateLevels = []OperatorLevel{LevelAlertSender}
+
+// levelWords is what ParseOperatorLevel and the refusals offer.
+const levelWords = "viewer, operator, admin or alert-sender"
+
+// ParseOperatorLevel reads a level as a person writes it: "viewer", "operator",
+// "admin" or "alert-sender" (or the full OU value).
 func ParseOperatorLevel(s string) (OperatorLevel, error) {
-	for _, l := range Levels {
+	for _, l := range append(append([]OperatorLevel(nil), Levels...), SeparateLevels...) {
 		if s == string(l) || s == l.Name() {
 			return l, nil
 		}
 	}
-	return "", fmt.Errorf("operator level %q: use viewer, operator or admin", s)
+	return "", fmt.Errorf("operator level %q: use %s", s, levelWords)
 }
 
-// Name is the level as a person writes it: viewer, operator or admin.
+// Name is the level as a person writes it: viewer, operator, admin or alert-sender.
 func (l OperatorLevel) Name() string { return strings.TrimPrefix(string(l), "gpurack:level:") }
 
-// Allows reports whether level l may do what need requires.
+// Allows reports whether level l may do what need requires: a nested level what
+// needs it or a level below it; a separate level (SeparateLevels) what needs exactly
+// it, and no nested level what needs a separate one.
 func (l OperatorLevel) Allows(need OperatorLevel) bool {
+	if l.separate() || need.separate() {
+		return l == need && l.separate()
+	}
 	return l.rank() >= need.rank() && need.rank() > 0
 }
+
+// separate reports whether l is one of SeparateLevels.
+func (l OperatorLevel) separate() bool {
+	for _, x := range SeparateLevels {
+		if x == l {
+			return true
+		}
+	}
+	return false
+}
+
+// known reports whether l is a level gpurack defines.
+func (l OperatorLevel) known() bool { return l.rank() > 0 || l.separate() }
 
 func (l OperatorLevel) rank() int {
 	for i, x := range Levels {
@@ -209,7 +240,7 @@ func OperatorLevelOf(cert *x509.Certificate) OperatorLevel {
 	var found OperatorLevel
 	for _, ou := range cert.Subject.OrganizationalUnit {
 		l := OperatorLevel(ou)
-		if l.rank() == 0 {
+		if !l.known() {
 			continue
 		}
 		if found != "" && found != l {
@@ -240,8 +271,8 @@ func IssueOperatorLevel(ca *CA, name string, level OperatorLevel) (*KeyPair, err
 			return nil, fmt.Errorf("issue operator certificate: name %q contains a non-printable character", name)
 		}
 	}
-	if level.rank() == 0 {
-		return nil, fmt.Errorf("issue operator certificate: level %q: use viewer, operator or admin", level)
+	if !level.known() {
+		return nil, fmt.Errorf("issue operator certificate: level %q: use %s", level, levelWords)
 	}
 	return ca.Issue(CertRequest{
 		CommonName:          name,

@@ -1,10 +1,11 @@
 // Package admin is gpuboot's operator surface on its TLS listener (CONTRACTS §3, §4):
-// gpurack.boot.v1.AdminService (gRPC), a read-only REST API over the inventory and an
-// HTML rack view with no external assets. Every request must come from an operator:
+// gpurack.boot.v1.AdminService (gRPC), a read-only REST API over the inventory, an
+// HTML rack view with no external assets, and the webhook Alertmanager posts the
+// active alerts to (for the rack report). Every request must come from an operator:
 // a client certificate of the gpurack CA with O=gpurack:operators (not revoked), or,
 // for the REST API and the rack view, an operator bearer token. Each call needs an
-// operator level (viewer, operator, admin; pki.OperatorLevel), given by one table
-// (levels.go) that refuses what it does not list.
+// operator level (viewer, operator, admin, or alert-sender for the webhook alone;
+// pki.OperatorLevel), given by one table (levels.go) that refuses what it does not list.
 //
 // It decides nothing about machines itself: lifecycle actions go to pxe/enroll, reads
 // to the inventory (through Lifecycle and Inventory, the two small interfaces declared
@@ -120,6 +121,9 @@ type Config struct {
 	// NextImage says which image a machine gets at its next boot and why, for
 	// GetMachine; nil: GetMachine leaves next_image out.
 	NextImage func(*inventory.Machine) *bootv1.ImageChoice
+	// Alerts keeps the alerts Alertmanager posts (POST /api/v1/alerts) for the rack
+	// report; nil: the route answers 501 and reports list no alerts.
+	Alerts AlertStore
 }
 
 // Server implements AdminService and the HTTP handlers.
@@ -136,6 +140,7 @@ type Server struct {
 	quotas  func(context.Context) (map[string]report.Quota, error)
 	roll    Rollouts
 	next    func(*inventory.Machine) *bootv1.ImageChoice
+	alerts  AlertStore
 	now     func() time.Time
 }
 
@@ -153,7 +158,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	return &Server{life: cfg.Lifecycle, inv: cfg.Inventory, ca: cfg.CA, revoked: cfg.Revoked,
 		known: append([]string(nil), cfg.Racks...), tokens: cfg.Tokens, gossip: cfg.Gossip, ops: cfg.Operators, quotas: cfg.Quotas,
-		roll: cfg.Rollouts, next: cfg.NextImage, now: time.Now}, nil
+		roll: cfg.Rollouts, next: cfg.NextImage, alerts: cfg.Alerts, now: time.Now}, nil
 }
 
 // OperatorFromCert returns the operator a verified client certificate chain's leaf
@@ -571,6 +576,9 @@ func (s *Server) rackReport(ctx context.Context, rack string, f bootv1.ReportFor
 		ms = append(ms, ToProto(m, nil))
 	}
 	d := report.Build(rack, ms, s.now())
+	if s.alerts != nil {
+		report.AddAlerts(d, ms, s.alerts.Active(s.now()))
+	}
 	if s.quotas != nil {
 		qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		q, err := s.quotas(qctx)

@@ -19,19 +19,22 @@ import (
 	"github.com/gpurack/gpurack/pxe/report"
 )
 
-// Handler returns the REST API and the rack view, all GET and read-only:
+// Handler returns the REST API and the rack view, GET and read-only, and
+// Alertmanager's webhook:
 //
-//	/api/v1/machines?state=S&rack=R     ListMachinesResponse (protojson)
-//	/api/v1/machines/{ref}              Machine with history
-//	/api/v1/machines/{ref}/history      HistoryResponse
-//	/api/v1/history?rack=R              HistoryResponse
-//	/api/v1/racks/{rack}/report?format= the rack report (md, json, html)
-//	/racks/{rack}                       rack view (HTML)
-//	/                                   index of racks (HTML)
+//	GET  /api/v1/machines?state=S&rack=R     ListMachinesResponse (protojson)
+//	GET  /api/v1/machines/{ref}              Machine with history
+//	GET  /api/v1/machines/{ref}/history      HistoryResponse
+//	GET  /api/v1/history?rack=R              HistoryResponse
+//	GET  /api/v1/racks/{rack}/report?format= the rack report (md, json, html)
+//	GET  /racks/{rack}                       rack view (HTML)
+//	GET  /                                   index of racks (HTML)
+//	POST /api/v1/alerts                      Alertmanager's webhook (alert-sender)
 //
 // Each request needs an operator client certificate or "Authorization: Bearer TOKEN"
-// with an operator token, and the level levels gives its route (all viewer: a token
-// acts as a viewer).
+// with an operator token, and the level levels gives its route (the reads viewer, and
+// a token acts as a viewer; the webhook alert-sender, a level that reaches nothing
+// else).
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	for route, h := range map[string]http.HandlerFunc{
@@ -42,6 +45,7 @@ func (s *Server) Handler() http.Handler {
 		routeReport:         s.apiReport,
 		routeRackView:       s.rackView,
 		routeIndex:          s.index,
+		routeAlerts:         s.apiAlerts,
 	} {
 		mux.HandleFunc(route, s.auth(route, h))
 	}
@@ -233,7 +237,8 @@ func rackViewData(d *bootv1.RackReportData, operator string) map[string]any {
 		rows = append(rows, v)
 	}
 	return map[string]any{"Rack": d.GetRack(), "Rows": rows, "Generated": d.GetGeneratedAt().AsTime().Format("2006-01-02 15:04:05 MST"),
-		"GPUs": d.GetGpuCount(), "Healthy": d.GetHealthyGpuCount(), "Simulated": report.SimulatedLine(d), "Operator": operator}
+		"GPUs": d.GetGpuCount(), "Healthy": d.GetHealthyGpuCount(), "Simulated": report.SimulatedLine(d), "Operator": operator,
+		"Alerts": report.AlertLines(d)}
 }
 
 var rackViewTemplate = template.Must(template.New("rack").Parse(`<!doctype html>
@@ -244,6 +249,11 @@ var rackViewTemplate = template.Must(template.New("rack").Parse(`<!doctype html>
 <p>{{len .Rows}} machines · GPUs {{.GPUs}}, {{.Healthy}} without a failing check · {{.Generated}} · refreshes every 10 s ·
 <a href="/api/v1/racks/{{.Rack}}/report?format=html">report</a></p>
 {{if .Simulated}}<p class="simulated"><b>{{.Simulated}}</b></p>
+{{end}}{{if .Alerts}}<h2>Active alerts ({{len .Alerts}})</h2>
+<table id="alerts"><tr><th>severity</th><th>alert</th><th>node</th><th>GPU</th><th>summary</th><th>since</th><th>runbook</th></tr>
+{{range .Alerts}}<tr><td class="sev-{{.Severity}}">{{.Severity}}</td><td><code>{{.Name}}</code></td><td>{{.Where}}</td><td>{{.GPU}}</td><td>{{.Summary}}</td><td>{{.Since}}</td><td>{{if .RunbookLink}}<a href="{{.RunbookLink}}">runbook</a>{{else}}{{.Runbook}}{{end}}</td></tr>
+{{end}}</table>
+<h2>Machines</h2>
 {{end}}<table><tr><th>slot</th><th>node</th><th>machine</th><th>MAC</th><th>state</th><th>last check</th><th>failing</th><th>health</th></tr>
 {{range .Rows}}<tr><td>{{.Slot}}</td><td>{{.Node}}</td><td><a href="/api/v1/machines/{{.ID}}"><code>{{.ID}}</code></a></td><td><code>{{.MAC}}</code></td><td class="{{.State}}">{{.State}}</td><td class="{{.Check}}">{{.Check}}</td><td>{{.Failing}}</td><td>{{.Health}}</td></tr>
 {{end}}</table></body></html>

@@ -44,6 +44,9 @@ var levels = map[string]pki.OperatorLevel{
 	bootv1.AdminService_RollbackRollout_FullMethodName: pki.LevelOperator,
 	bootv1.AdminService_ReleaseRollout_FullMethodName:  pki.LevelOperator,
 
+	// Alertmanager's notifications: its own level, which reaches nothing else.
+	routeAlerts: pki.LevelAlertSender,
+
 	// Operators' credentials.
 	bootv1.AdminService_RevokeOperator_FullMethodName:    pki.LevelAdmin,
 	bootv1.AdminService_ListOperatorAudit_FullMethodName: pki.LevelAdmin,
@@ -58,12 +61,14 @@ const (
 	routeReport         = "GET /api/v1/racks/{rack}/report"
 	routeRackView       = "GET /racks/{rack}"
 	routeIndex          = "GET /{$}"
+	routeAlerts         = "POST /api/v1/alerts"
 )
 
 // tokenLevel is what a bearer token may do. Tokens reach only the REST API and the
 // rack view (AdminService takes client certificates only), so they read: a token is a
 // viewer's credential whatever the level of its operator's certificate, and a route
-// that changes something, should one be added, is closed to tokens by its level.
+// that changes something (POST /api/v1/alerts, alert-sender) is closed to tokens by
+// its level.
 const tokenLevel = pki.LevelViewer
 
 // Caller is an authenticated operator: its name (the certificate's CN, or the token

@@ -57,6 +57,12 @@ func TestLevelRefusals(t *testing.T) {
 		{pki.LevelAdmin, revoke, true},
 		{pki.LevelAdmin, list, true},
 		{"", list, false},
+		{pki.LevelAlertSender, routeAlerts, true},
+		{pki.LevelAlertSender, list, false},
+		{pki.LevelAlertSender, routeReport, false},
+		{pki.LevelViewer, routeAlerts, false},
+		{pki.LevelOperator, routeAlerts, false},
+		{pki.LevelAdmin, routeAlerts, false},
 	} {
 		err := Caller{Name: "bob", Level: tt.level}.allow(tt.call)
 		if tt.ok != (err == nil) {

@@ -76,6 +76,7 @@ type htmlPage struct {
 	Height, InnerWidth, TextRight             int
 	Slots                                     []svgSlot
 	Quarantined, Waiting                      []reasonLine
+	Alerts                                    []AlertLine
 	DiskIntro                                 string
 	Disks                                     []diskLine
 	Rows                                      []row
@@ -145,7 +146,7 @@ func htmlView(d *bootv1.RackReportData) htmlPage {
 		Rack: d.GetRack(), Generated: d.GetGeneratedAt().AsTime().UTC().Format(time.RFC3339),
 		NodesReady: t.GetNodesReady(), NodesQuarantined: t.GetNodesQuarantined(), Allocatable: t.GetGpusAllocatable(),
 		Machines: len(d.GetMachines()), GPUs: int(d.GetGpuCount()), Simulated: SimulatedLine(d),
-		Rows: view(d).Rows, Checks: d.GetChecks(), Tenants: tenantRows(d), QuotaError: d.GetQuotaError(), InnerWidth: rackWidth - 2*rackPad, TextRight: rackWidth - 2*rackPad - 8,
+		Rows: view(d).Rows, Alerts: AlertLines(d), Checks: d.GetChecks(), Tenants: tenantRows(d), QuotaError: d.GetQuotaError(), InnerWidth: rackWidth - 2*rackPad, TextRight: rackWidth - 2*rackPad - 8,
 	}
 	for _, st := range diagramStates {
 		p.Legend = append(p.Legend, legendEntry{State: StateName(st), Count: d.GetMachinesByState()[StateName(st)]})
@@ -245,6 +246,10 @@ var htmlTemplate = template.Must(template.New("report").Parse(`<!doctype html>
 <ul id="attention">{{range .Waiting}}
 <li><b>{{.Slot}}</b> {{.Node}} ({{.State}}): {{.Reason}}</li>{{end}}
 </ul>{{end}}
+{{if .Alerts}}<h2>Active alerts ({{len .Alerts}})</h2>
+<table id="alerts"><tr><th>severity</th><th>alert</th><th>node</th><th>GPU</th><th>summary</th><th>since</th><th>runbook</th></tr>
+{{range .Alerts}}<tr><td class="sev-{{.Severity}}">{{.Severity}}</td><td><code>{{.Name}}</code></td><td>{{.Where}}</td><td>{{.GPU}}</td><td>{{.Summary}}</td><td>{{.Since}}</td><td>{{if .RunbookLink}}<a href="{{.RunbookLink}}">runbook</a>{{else}}{{.Runbook}}{{end}}</td></tr>
+{{end}}</table>{{end}}
 {{if .Disks}}<h2>Data disks refused or failed</h2>
 <p>{{.DiskIntro}}</p>
 <ul id="data-disks">{{range .Disks}}

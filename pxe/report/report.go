@@ -568,6 +568,7 @@ func markdown(d *bootv1.RackReportData) []byte {
 	if attention {
 		b.WriteString("\n")
 	}
+	mdAlerts(&b, d)
 	mdDiskProblems(&b, d)
 	b.WriteString("| slot | node | machine | MAC | serial | state | checks | failing | warning | health | image | driver |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|\n")
@@ -623,4 +624,4 @@ const Style = `body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}
 table{border-collapse:collapse;margin:1em 0}th,td{border:1px solid #ccc;padding:.3em .6em;text-align:left;vertical-align:top}
 th{background:#f3f3f3}.ready,.pass{background:#dff5df}.quarantined,.fail,.conflict,.rejected{background:#f9d6d6}
 .warn,.commissioning,.joining,.approved{background:#fdf3cf}.discovered,.registered{background:#e4ecf9}
-.decommissioned,.no-report{color:#888}code{font-size:12px}`
+.decommissioned,.no-report{color:#888}code{font-size:12px}.sev-critical{background:#f9d6d6}.sev-warning{background:#fdf3cf}`

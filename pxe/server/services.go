@@ -89,7 +89,7 @@ func (g *gpuboot) services() []service {
 		{name: "metrics", needs: []string{"store", "enrollment"}, provides: []string{"metrics"}, start: g.startMetrics},
 		{name: "http", needs: []string{"ca", "enrollment", "metrics"}, provides: []string{"boot script url"}, start: g.startHTTP},
 		{name: "rollouts", needs: []string{"enrollment", "cluster", "boot script url"}, provides: []string{"rollouts"}, start: g.startRollouts},
-		{name: "tls", needs: []string{"ca", "server certificate", "revocations", "store", "enrollment", "cluster", "rollouts"}, start: g.startTLS},
+		{name: "tls", needs: []string{"ca", "server certificate", "revocations", "store", "enrollment", "cluster", "rollouts", "metrics"}, start: g.startTLS},
 		{name: "dhcp", needs: []string{"boot script url", "metrics"}, start: g.startDHCP},
 		{name: "tftp", needs: []string{"metrics"}, start: g.startTFTP},
 	}
@@ -336,10 +336,11 @@ func (g *gpuboot) startTLS(context.Context) (started, error) {
 	for _, r := range cfg.Racks {
 		rackNames = append(rackNames, r.Name)
 	}
+	active := openAlerts(cfg.StateDir, g.metrics, g.log)
 	adm, err := admin.New(admin.Config{Lifecycle: g.enroll, Inventory: g.store, CA: g.ca.Cert, Revoked: g.enroll.Revoked,
 		Racks: rackNames, Tokens: mustTokens(cfg, g.log), Gossip: g.enroll,
 		Operators: &operatorCreds{stateDir: cfg.StateDir, tokensFile: cfg.Admin.TokensFile, svc: g.enroll, log: g.log},
-		Quotas:    tenantQuotas(g.cluster), Rollouts: g.rollouts, NextImage: g.nextImage})
+		Quotas:    tenantQuotas(g.cluster), Rollouts: g.rollouts, NextImage: g.nextImage, Alerts: active})
 	if err != nil {
 		return started{}, err
 	}

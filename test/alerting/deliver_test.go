@@ -44,7 +44,7 @@ func fromRule(t *testing.T, rules map[string]rule, name string, kv ...string) al
 // one whose webhook answers 500.
 func TestAlertmanagerDelivers(t *testing.T) {
 	rules := shippedRules(t)
-	a := startAlertmanager(t)
+	a := startAlertmanager(t, nil)
 	for name, check := range map[string]func(*testing.T, *am, map[string]rule){
 		"critical pages by webhook and email": deliverCritical,
 		"tenant alert reaches its tenant":     deliverTenant,

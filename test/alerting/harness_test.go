@@ -29,6 +29,8 @@ var client = &http.Client{Timeout: 10 * time.Second}
 type alert struct {
 	Labels      map[string]string `json:"labels"`
 	Annotations map[string]string `json:"annotations,omitempty"`
+	// EndsAt, when set (RFC 3339) and past, resolves the alert.
+	EndsAt string `json:"endsAt,omitempty"`
 }
 
 // notification is the webhook payload, as much of it as the tests read.
@@ -185,10 +187,19 @@ func (s *smtpSink) sent(rcpt, subject string) bool {
 	return false
 }
 
+// gpubootTarget is a real gpuboot admin handler for the gpuboot receiver: its webhook
+// URL and the alert-sender credential Alertmanager presents to it.
+type gpubootTarget struct {
+	url                       string
+	caFile, certFile, keyFile string
+}
+
 // testConfig is the shipped configuration with every webhook pointed at hookURL/NAME,
 // the SMTP relay at the sink (which offers no STARTTLS, so require_tls is off) and the
-// route tree's timings cut to seconds.
-func testConfig(t *testing.T, hookURL, smtpAddr string) []byte {
+// route tree's timings cut to seconds. The gpuboot receiver keeps its TLS settings,
+// pointed at gb's files, when gb is given; without gb it too goes to hookURL, in plain
+// HTTP.
+func testConfig(t *testing.T, hookURL, smtpAddr string, gb *gpubootTarget) []byte {
 	data, err := os.ReadFile(configPath)
 	if err != nil {
 		t.Fatal(err)
@@ -205,8 +216,12 @@ func testConfig(t *testing.T, hookURL, smtpAddr string) []byte {
 		r := r.(map[string]any)
 		configs, _ := r["webhook_configs"].([]any)
 		for _, c := range configs {
-			c.(map[string]any)["url"] = hookURL + "/" + r["name"].(string)
+			c := c.(map[string]any)
+			c["url"] = hookURL + "/" + r["name"].(string)
 			hooks++
+			if r["name"] == "gpuboot" {
+				gpubootTLS(t, c, gb)
+			}
 		}
 	}
 	if hooks < 4 {
@@ -217,6 +232,26 @@ func testConfig(t *testing.T, hookURL, smtpAddr string) []byte {
 		t.Fatal(err)
 	}
 	return out
+}
+
+// gpubootTLS points the shipped gpuboot webhook c at gb, with gb's credential in its
+// tls_config, whose keys the shipped file must name; without gb it drops http_config
+// (c then goes to the plain test hook).
+func gpubootTLS(t *testing.T, c map[string]any, gb *gpubootTarget) {
+	t.Helper()
+	httpConfig, _ := c["http_config"].(map[string]any)
+	tlsConfig, _ := httpConfig["tls_config"].(map[string]any)
+	for _, k := range []string{"ca_file", "cert_file", "key_file"} {
+		if v, _ := tlsConfig[k].(string); !strings.HasPrefix(v, "/etc/gpurack/") {
+			t.Fatalf("%s: the gpuboot receiver's http_config.tls_config.%s is %q, want the alert-sender credential's path under /etc/gpurack/", configPath, k, v)
+		}
+	}
+	if gb == nil {
+		delete(c, "http_config")
+		return
+	}
+	c["url"] = gb.url
+	tlsConfig["ca_file"], tlsConfig["cert_file"], tlsConfig["key_file"] = gb.caFile, gb.certFile, gb.keyFile
 }
 
 // shorten sets the root's timings, and overrides any a child route sets.
@@ -242,8 +277,9 @@ type am struct {
 
 // startAlertmanager runs alertmanager on a loopback port of the test's choosing,
 // without gossip, its state in a temporary folder, and kills it when t ends (printing
-// its log if t failed).
-func startAlertmanager(t *testing.T) *am {
+// its log if t failed). Its gpuboot receiver posts to gb, or to the test hook when gb
+// is nil.
+func startAlertmanager(t *testing.T, gb *gpubootTarget) *am {
 	bin, amtool := tool(t, "alertmanager"), tool(t, "amtool")
 	hook := &webhook{fail: map[string]bool{}, failures: map[string]int{}}
 	srv := httptest.NewServer(hook)
@@ -251,7 +287,7 @@ func startAlertmanager(t *testing.T) *am {
 	sink := newSMTPSink(t)
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "alertmanager.yml")
-	if err := os.WriteFile(cfg, testConfig(t, srv.URL, sink.addr), 0o644); err != nil {
+	if err := os.WriteFile(cfg, testConfig(t, srv.URL, sink.addr, gb), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

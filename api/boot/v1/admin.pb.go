@@ -3102,8 +3102,14 @@ type RackReportData struct {
 	SimulatedGpuCount uint32 `protobuf:"varint,11,opt,name=simulated_gpu_count,json=simulatedGpuCount,proto3" json:"simulated_gpu_count,omitempty"`
 	// Of healthy_gpu_count, the simulated ones.
 	SimulatedHealthyGpuCount uint32 `protobuf:"varint,12,opt,name=simulated_healthy_gpu_count,json=simulatedHealthyGpuCount,proto3" json:"simulated_healthy_gpu_count,omitempty"`
-	unknownFields            protoimpl.UnknownFields
-	sizeCache                protoimpl.SizeCache
+	// The active alerts Alertmanager reported to gpuboot (POST /api/v1/alerts) that
+	// concern this rack: those whose Hostname or node label names one of its machines,
+	// and the cluster-wide ones, which name no machine gpuboot knows (those are in every
+	// rack's report). Ordered by severity (critical, warning, info, other), then since,
+	// then name. Empty when none fires or gpuboot keeps no alerts.
+	Alerts        []*RackReportAlert `protobuf:"bytes,13,rep,name=alerts,proto3" json:"alerts,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RackReportData) Reset() {
@@ -3220,6 +3226,162 @@ func (x *RackReportData) GetSimulatedHealthyGpuCount() uint32 {
 	return 0
 }
 
+func (x *RackReportData) GetAlerts() []*RackReportAlert {
+	if x != nil {
+		return x.Alerts
+	}
+	return nil
+}
+
+// RackReportAlert is one firing alert as Alertmanager last reported it. Its text comes
+// from the alert's labels and annotations: renderers must escape it.
+type RackReportAlert struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The alertname label.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The severity label (critical, warning, info), "" when it has none.
+	Severity string `protobuf:"bytes,2,opt,name=severity,proto3" json:"severity,omitempty"`
+	// The node the alert names (its Hostname label, else its node label); "" for a
+	// cluster-wide alert that names none.
+	NodeName string `protobuf:"bytes,3,opt,name=node_name,json=nodeName,proto3" json:"node_name,omitempty"`
+	// The machine whose node name is node_name; "" for a cluster-wide alert.
+	MachineId string `protobuf:"bytes,4,opt,name=machine_id,json=machineId,proto3" json:"machine_id,omitempty"`
+	// The GPU the alert names: its gpu label, else its gpu_index label; "" when none.
+	Gpu string `protobuf:"bytes,5,opt,name=gpu,proto3" json:"gpu,omitempty"`
+	// The GPU's UUID label; "" when none.
+	GpuUuid string `protobuf:"bytes,6,opt,name=gpu_uuid,json=gpuUuid,proto3" json:"gpu_uuid,omitempty"`
+	// The summary annotation.
+	Summary string `protobuf:"bytes,7,opt,name=summary,proto3" json:"summary,omitempty"`
+	// The runbook_url annotation: what to do about it.
+	RunbookUrl string `protobuf:"bytes,8,opt,name=runbook_url,json=runbookUrl,proto3" json:"runbook_url,omitempty"`
+	// When the alert started firing (startsAt).
+	Since *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=since,proto3" json:"since,omitempty"`
+	// True when the alert names no machine gpuboot knows: it concerns the cluster (or a
+	// node gpuboot does not manage), not one of this rack's machines.
+	ClusterWide bool `protobuf:"varint,10,opt,name=cluster_wide,json=clusterWide,proto3" json:"cluster_wide,omitempty"`
+	// Alertmanager's fingerprint of the alert's label set.
+	Fingerprint string `protobuf:"bytes,11,opt,name=fingerprint,proto3" json:"fingerprint,omitempty"`
+	// All the alert's labels, as kept (gpuboot keeps at most 32, each value up to 256
+	// bytes).
+	Labels        map[string]string `protobuf:"bytes,12,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RackReportAlert) Reset() {
+	*x = RackReportAlert{}
+	mi := &file_api_boot_v1_admin_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RackReportAlert) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RackReportAlert) ProtoMessage() {}
+
+func (x *RackReportAlert) ProtoReflect() protoreflect.Message {
+	mi := &file_api_boot_v1_admin_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RackReportAlert.ProtoReflect.Descriptor instead.
+func (*RackReportAlert) Descriptor() ([]byte, []int) {
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *RackReportAlert) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *RackReportAlert) GetSeverity() string {
+	if x != nil {
+		return x.Severity
+	}
+	return ""
+}
+
+func (x *RackReportAlert) GetNodeName() string {
+	if x != nil {
+		return x.NodeName
+	}
+	return ""
+}
+
+func (x *RackReportAlert) GetMachineId() string {
+	if x != nil {
+		return x.MachineId
+	}
+	return ""
+}
+
+func (x *RackReportAlert) GetGpu() string {
+	if x != nil {
+		return x.Gpu
+	}
+	return ""
+}
+
+func (x *RackReportAlert) GetGpuUuid() string {
+	if x != nil {
+		return x.GpuUuid
+	}
+	return ""
+}
+
+func (x *RackReportAlert) GetSummary() string {
+	if x != nil {
+		return x.Summary
+	}
+	return ""
+}
+
+func (x *RackReportAlert) GetRunbookUrl() string {
+	if x != nil {
+		return x.RunbookUrl
+	}
+	return ""
+}
+
+func (x *RackReportAlert) GetSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Since
+	}
+	return nil
+}
+
+func (x *RackReportAlert) GetClusterWide() bool {
+	if x != nil {
+		return x.ClusterWide
+	}
+	return false
+}
+
+func (x *RackReportAlert) GetFingerprint() string {
+	if x != nil {
+		return x.Fingerprint
+	}
+	return ""
+}
+
+func (x *RackReportAlert) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
 // RackReportTenant is one tenant's share of a rack's GPUs.
 type RackReportTenant struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -3243,7 +3405,7 @@ type RackReportTenant struct {
 
 func (x *RackReportTenant) Reset() {
 	*x = RackReportTenant{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[36]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3255,7 +3417,7 @@ func (x *RackReportTenant) String() string {
 func (*RackReportTenant) ProtoMessage() {}
 
 func (x *RackReportTenant) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[36]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3268,7 +3430,7 @@ func (x *RackReportTenant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RackReportTenant.ProtoReflect.Descriptor instead.
 func (*RackReportTenant) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{36}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *RackReportTenant) GetTenant() string {
@@ -3334,7 +3496,7 @@ type RackReportTotals struct {
 
 func (x *RackReportTotals) Reset() {
 	*x = RackReportTotals{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[37]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3346,7 +3508,7 @@ func (x *RackReportTotals) String() string {
 func (*RackReportTotals) ProtoMessage() {}
 
 func (x *RackReportTotals) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[37]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3359,7 +3521,7 @@ func (x *RackReportTotals) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RackReportTotals.ProtoReflect.Descriptor instead.
 func (*RackReportTotals) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{37}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *RackReportTotals) GetNodesReady() uint32 {
@@ -3440,7 +3602,7 @@ type RackReportMachine struct {
 
 func (x *RackReportMachine) Reset() {
 	*x = RackReportMachine{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[38]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3452,7 +3614,7 @@ func (x *RackReportMachine) String() string {
 func (*RackReportMachine) ProtoMessage() {}
 
 func (x *RackReportMachine) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[38]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3465,7 +3627,7 @@ func (x *RackReportMachine) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RackReportMachine.ProtoReflect.Descriptor instead.
 func (*RackReportMachine) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{38}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *RackReportMachine) GetMachineId() string {
@@ -3588,7 +3750,7 @@ type CheckTally struct {
 
 func (x *CheckTally) Reset() {
 	*x = CheckTally{}
-	mi := &file_api_boot_v1_admin_proto_msgTypes[39]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3600,7 +3762,7 @@ func (x *CheckTally) String() string {
 func (*CheckTally) ProtoMessage() {}
 
 func (x *CheckTally) ProtoReflect() protoreflect.Message {
-	mi := &file_api_boot_v1_admin_proto_msgTypes[39]
+	mi := &file_api_boot_v1_admin_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3613,7 +3775,7 @@ func (x *CheckTally) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckTally.ProtoReflect.Descriptor instead.
 func (*CheckTally) Descriptor() ([]byte, []int) {
-	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{39}
+	return file_api_boot_v1_admin_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *CheckTally) GetId() string {
@@ -3901,7 +4063,7 @@ const file_api_boot_v1_admin_proto_rawDesc = "" +
 	"\acontent\x18\x01 \x01(\fR\acontent\x12!\n" +
 	"\fcontent_type\x18\x02 \x01(\tR\vcontentType\x12\x1a\n" +
 	"\bfilename\x18\x03 \x01(\tR\bfilename\x123\n" +
-	"\x04data\x18\x04 \x01(\v2\x1f.gpurack.boot.v1.RackReportDataR\x04data\"\xcf\x05\n" +
+	"\x04data\x18\x04 \x01(\v2\x1f.gpurack.boot.v1.RackReportDataR\x04data\"\x89\x06\n" +
 	"\x0eRackReportData\x12\x12\n" +
 	"\x04rack\x18\x01 \x01(\tR\x04rack\x12=\n" +
 	"\fgenerated_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\vgeneratedAt\x12>\n" +
@@ -3916,10 +4078,30 @@ const file_api_boot_v1_admin_proto_rawDesc = "" +
 	" \x01(\tR\n" +
 	"quotaError\x12.\n" +
 	"\x13simulated_gpu_count\x18\v \x01(\rR\x11simulatedGpuCount\x12=\n" +
-	"\x1bsimulated_healthy_gpu_count\x18\f \x01(\rR\x18simulatedHealthyGpuCount\x1aB\n" +
+	"\x1bsimulated_healthy_gpu_count\x18\f \x01(\rR\x18simulatedHealthyGpuCount\x128\n" +
+	"\x06alerts\x18\r \x03(\v2 .gpurack.boot.v1.RackReportAlertR\x06alerts\x1aB\n" +
 	"\x14MachinesByStateEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"\xf3\x01\n" +
+	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"\xdd\x03\n" +
+	"\x0fRackReportAlert\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
+	"\bseverity\x18\x02 \x01(\tR\bseverity\x12\x1b\n" +
+	"\tnode_name\x18\x03 \x01(\tR\bnodeName\x12\x1d\n" +
+	"\n" +
+	"machine_id\x18\x04 \x01(\tR\tmachineId\x12\x10\n" +
+	"\x03gpu\x18\x05 \x01(\tR\x03gpu\x12\x19\n" +
+	"\bgpu_uuid\x18\x06 \x01(\tR\agpuUuid\x12\x18\n" +
+	"\asummary\x18\a \x01(\tR\asummary\x12\x1f\n" +
+	"\vrunbook_url\x18\b \x01(\tR\n" +
+	"runbookUrl\x120\n" +
+	"\x05since\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x12!\n" +
+	"\fcluster_wide\x18\n" +
+	" \x01(\bR\vclusterWide\x12 \n" +
+	"\vfingerprint\x18\v \x01(\tR\vfingerprint\x12D\n" +
+	"\x06labels\x18\f \x03(\v2,.gpurack.boot.v1.RackReportAlert.LabelsEntryR\x06labels\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf3\x01\n" +
 	"\x10RackReportTenant\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12%\n" +
 	"\x0egpus_allocated\x18\x02 \x01(\rR\rgpusAllocated\x12\x12\n" +
@@ -4036,7 +4218,7 @@ func file_api_boot_v1_admin_proto_rawDescGZIP() []byte {
 }
 
 var file_api_boot_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_api_boot_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
+var file_api_boot_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
 var file_api_boot_v1_admin_proto_goTypes = []any{
 	(PowerAction)(0),                  // 0: gpurack.boot.v1.PowerAction
 	(GossipRotationPhase)(0),          // 1: gpurack.boot.v1.GossipRotationPhase
@@ -4078,129 +4260,134 @@ var file_api_boot_v1_admin_proto_goTypes = []any{
 	(*RackReportRequest)(nil),         // 37: gpurack.boot.v1.RackReportRequest
 	(*RackReportResponse)(nil),        // 38: gpurack.boot.v1.RackReportResponse
 	(*RackReportData)(nil),            // 39: gpurack.boot.v1.RackReportData
-	(*RackReportTenant)(nil),          // 40: gpurack.boot.v1.RackReportTenant
-	(*RackReportTotals)(nil),          // 41: gpurack.boot.v1.RackReportTotals
-	(*RackReportMachine)(nil),         // 42: gpurack.boot.v1.RackReportMachine
-	(*CheckTally)(nil),                // 43: gpurack.boot.v1.CheckTally
-	nil,                               // 44: gpurack.boot.v1.StartRolloutRequest.MatchEntry
-	nil,                               // 45: gpurack.boot.v1.Rollout.MatchEntry
-	nil,                               // 46: gpurack.boot.v1.Machine.LabelsEntry
-	nil,                               // 47: gpurack.boot.v1.RackReportData.MachinesByStateEntry
-	(*durationpb.Duration)(nil),       // 48: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),     // 49: google.protobuf.Timestamp
-	(*v1.MachineIdentity)(nil),        // 50: gpurack.machine.v1.MachineIdentity
-	(*v1.MachineFacts)(nil),           // 51: gpurack.machine.v1.MachineFacts
-	(*v1.Checklist)(nil),              // 52: gpurack.machine.v1.Checklist
-	(*v1.HealthSummary)(nil),          // 53: gpurack.machine.v1.HealthSummary
-	(*v1.GPUAllocation)(nil),          // 54: gpurack.machine.v1.GPUAllocation
-	(*v1.DataDisks)(nil),              // 55: gpurack.machine.v1.DataDisks
-	(*v1.DataDiskWipe)(nil),           // 56: gpurack.machine.v1.DataDiskWipe
-	(*v1.DataDisk)(nil),               // 57: gpurack.machine.v1.DataDisk
+	(*RackReportAlert)(nil),           // 40: gpurack.boot.v1.RackReportAlert
+	(*RackReportTenant)(nil),          // 41: gpurack.boot.v1.RackReportTenant
+	(*RackReportTotals)(nil),          // 42: gpurack.boot.v1.RackReportTotals
+	(*RackReportMachine)(nil),         // 43: gpurack.boot.v1.RackReportMachine
+	(*CheckTally)(nil),                // 44: gpurack.boot.v1.CheckTally
+	nil,                               // 45: gpurack.boot.v1.StartRolloutRequest.MatchEntry
+	nil,                               // 46: gpurack.boot.v1.Rollout.MatchEntry
+	nil,                               // 47: gpurack.boot.v1.Machine.LabelsEntry
+	nil,                               // 48: gpurack.boot.v1.RackReportData.MachinesByStateEntry
+	nil,                               // 49: gpurack.boot.v1.RackReportAlert.LabelsEntry
+	(*durationpb.Duration)(nil),       // 50: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),     // 51: google.protobuf.Timestamp
+	(*v1.MachineIdentity)(nil),        // 52: gpurack.machine.v1.MachineIdentity
+	(*v1.MachineFacts)(nil),           // 53: gpurack.machine.v1.MachineFacts
+	(*v1.Checklist)(nil),              // 54: gpurack.machine.v1.Checklist
+	(*v1.HealthSummary)(nil),          // 55: gpurack.machine.v1.HealthSummary
+	(*v1.GPUAllocation)(nil),          // 56: gpurack.machine.v1.GPUAllocation
+	(*v1.DataDisks)(nil),              // 57: gpurack.machine.v1.DataDisks
+	(*v1.DataDiskWipe)(nil),           // 58: gpurack.machine.v1.DataDiskWipe
+	(*v1.DataDisk)(nil),               // 59: gpurack.machine.v1.DataDisk
 }
 var file_api_boot_v1_admin_proto_depIdxs = []int32{
 	6,  // 0: gpurack.boot.v1.ReleaseRolloutResponse.machines:type_name -> gpurack.boot.v1.PinRelease
-	44, // 1: gpurack.boot.v1.StartRolloutRequest.match:type_name -> gpurack.boot.v1.StartRolloutRequest.MatchEntry
-	48, // 2: gpurack.boot.v1.StartRolloutRequest.node_timeout:type_name -> google.protobuf.Duration
-	48, // 3: gpurack.boot.v1.StartRolloutRequest.drain_timeout:type_name -> google.protobuf.Duration
-	49, // 4: gpurack.boot.v1.Rollout.started_at:type_name -> google.protobuf.Timestamp
-	49, // 5: gpurack.boot.v1.Rollout.ended_at:type_name -> google.protobuf.Timestamp
-	48, // 6: gpurack.boot.v1.Rollout.node_timeout:type_name -> google.protobuf.Duration
-	48, // 7: gpurack.boot.v1.Rollout.drain_timeout:type_name -> google.protobuf.Duration
-	45, // 8: gpurack.boot.v1.Rollout.match:type_name -> gpurack.boot.v1.Rollout.MatchEntry
+	45, // 1: gpurack.boot.v1.StartRolloutRequest.match:type_name -> gpurack.boot.v1.StartRolloutRequest.MatchEntry
+	50, // 2: gpurack.boot.v1.StartRolloutRequest.node_timeout:type_name -> google.protobuf.Duration
+	50, // 3: gpurack.boot.v1.StartRolloutRequest.drain_timeout:type_name -> google.protobuf.Duration
+	51, // 4: gpurack.boot.v1.Rollout.started_at:type_name -> google.protobuf.Timestamp
+	51, // 5: gpurack.boot.v1.Rollout.ended_at:type_name -> google.protobuf.Timestamp
+	50, // 6: gpurack.boot.v1.Rollout.node_timeout:type_name -> google.protobuf.Duration
+	50, // 7: gpurack.boot.v1.Rollout.drain_timeout:type_name -> google.protobuf.Duration
+	46, // 8: gpurack.boot.v1.Rollout.match:type_name -> gpurack.boot.v1.Rollout.MatchEntry
 	11, // 9: gpurack.boot.v1.Rollout.machines:type_name -> gpurack.boot.v1.RolloutMachine
-	49, // 10: gpurack.boot.v1.RolloutMachine.started_at:type_name -> google.protobuf.Timestamp
-	49, // 11: gpurack.boot.v1.RolloutMachine.cycled_at:type_name -> google.protobuf.Timestamp
-	49, // 12: gpurack.boot.v1.RolloutMachine.ready_at:type_name -> google.protobuf.Timestamp
+	51, // 10: gpurack.boot.v1.RolloutMachine.started_at:type_name -> google.protobuf.Timestamp
+	51, // 11: gpurack.boot.v1.RolloutMachine.cycled_at:type_name -> google.protobuf.Timestamp
+	51, // 12: gpurack.boot.v1.RolloutMachine.ready_at:type_name -> google.protobuf.Timestamp
 	0,  // 13: gpurack.boot.v1.PowerMachineRequest.action:type_name -> gpurack.boot.v1.PowerAction
 	14, // 14: gpurack.boot.v1.PowerMachineResponse.resets:type_name -> gpurack.boot.v1.PowerReset
-	48, // 15: gpurack.boot.v1.PowerMachineResponse.elapsed:type_name -> google.protobuf.Duration
+	50, // 15: gpurack.boot.v1.PowerMachineResponse.elapsed:type_name -> google.protobuf.Duration
 	18, // 16: gpurack.boot.v1.ListOperatorAuditResponse.entries:type_name -> gpurack.boot.v1.OperatorAuditEntry
-	49, // 17: gpurack.boot.v1.OperatorAuditEntry.time:type_name -> google.protobuf.Timestamp
+	51, // 17: gpurack.boot.v1.OperatorAuditEntry.time:type_name -> google.protobuf.Timestamp
 	1,  // 18: gpurack.boot.v1.GossipKeyStatus.phase:type_name -> gpurack.boot.v1.GossipRotationPhase
-	49, // 19: gpurack.boot.v1.GossipKeyStatus.phase_since:type_name -> google.protobuf.Timestamp
-	50, // 20: gpurack.boot.v1.Machine.identity:type_name -> gpurack.machine.v1.MachineIdentity
+	51, // 19: gpurack.boot.v1.GossipKeyStatus.phase_since:type_name -> google.protobuf.Timestamp
+	52, // 20: gpurack.boot.v1.Machine.identity:type_name -> gpurack.machine.v1.MachineIdentity
 	2,  // 21: gpurack.boot.v1.Machine.state:type_name -> gpurack.boot.v1.MachineState
-	46, // 22: gpurack.boot.v1.Machine.labels:type_name -> gpurack.boot.v1.Machine.LabelsEntry
-	51, // 23: gpurack.boot.v1.Machine.facts:type_name -> gpurack.machine.v1.MachineFacts
-	52, // 24: gpurack.boot.v1.Machine.checklist:type_name -> gpurack.machine.v1.Checklist
+	47, // 22: gpurack.boot.v1.Machine.labels:type_name -> gpurack.boot.v1.Machine.LabelsEntry
+	53, // 23: gpurack.boot.v1.Machine.facts:type_name -> gpurack.machine.v1.MachineFacts
+	54, // 24: gpurack.boot.v1.Machine.checklist:type_name -> gpurack.machine.v1.Checklist
 	26, // 25: gpurack.boot.v1.Machine.keys:type_name -> gpurack.boot.v1.RegisteredKey
-	53, // 26: gpurack.boot.v1.Machine.health:type_name -> gpurack.machine.v1.HealthSummary
-	49, // 27: gpurack.boot.v1.Machine.last_heartbeat_at:type_name -> google.protobuf.Timestamp
-	49, // 28: gpurack.boot.v1.Machine.created_at:type_name -> google.protobuf.Timestamp
-	49, // 29: gpurack.boot.v1.Machine.updated_at:type_name -> google.protobuf.Timestamp
+	55, // 26: gpurack.boot.v1.Machine.health:type_name -> gpurack.machine.v1.HealthSummary
+	51, // 27: gpurack.boot.v1.Machine.last_heartbeat_at:type_name -> google.protobuf.Timestamp
+	51, // 28: gpurack.boot.v1.Machine.created_at:type_name -> google.protobuf.Timestamp
+	51, // 29: gpurack.boot.v1.Machine.updated_at:type_name -> google.protobuf.Timestamp
 	27, // 30: gpurack.boot.v1.Machine.history:type_name -> gpurack.boot.v1.Transition
-	54, // 31: gpurack.boot.v1.Machine.gpu_allocation:type_name -> gpurack.machine.v1.GPUAllocation
-	55, // 32: gpurack.boot.v1.Machine.data_disks:type_name -> gpurack.machine.v1.DataDisks
-	56, // 33: gpurack.boot.v1.Machine.pending_wipe:type_name -> gpurack.machine.v1.DataDiskWipe
+	56, // 31: gpurack.boot.v1.Machine.gpu_allocation:type_name -> gpurack.machine.v1.GPUAllocation
+	57, // 32: gpurack.boot.v1.Machine.data_disks:type_name -> gpurack.machine.v1.DataDisks
+	58, // 33: gpurack.boot.v1.Machine.pending_wipe:type_name -> gpurack.machine.v1.DataDiskWipe
 	25, // 34: gpurack.boot.v1.Machine.next_image:type_name -> gpurack.boot.v1.ImageChoice
-	49, // 35: gpurack.boot.v1.RegisteredKey.registered_at:type_name -> google.protobuf.Timestamp
-	49, // 36: gpurack.boot.v1.RegisteredKey.last_seen_at:type_name -> google.protobuf.Timestamp
+	51, // 35: gpurack.boot.v1.RegisteredKey.registered_at:type_name -> google.protobuf.Timestamp
+	51, // 36: gpurack.boot.v1.RegisteredKey.last_seen_at:type_name -> google.protobuf.Timestamp
 	2,  // 37: gpurack.boot.v1.Transition.from:type_name -> gpurack.boot.v1.MachineState
 	2,  // 38: gpurack.boot.v1.Transition.to:type_name -> gpurack.boot.v1.MachineState
-	49, // 39: gpurack.boot.v1.Transition.time:type_name -> google.protobuf.Timestamp
+	51, // 39: gpurack.boot.v1.Transition.time:type_name -> google.protobuf.Timestamp
 	2,  // 40: gpurack.boot.v1.ListMachinesRequest.states:type_name -> gpurack.boot.v1.MachineState
 	24, // 41: gpurack.boot.v1.ListMachinesResponse.machines:type_name -> gpurack.boot.v1.Machine
-	49, // 42: gpurack.boot.v1.HistoryRequest.since:type_name -> google.protobuf.Timestamp
+	51, // 42: gpurack.boot.v1.HistoryRequest.since:type_name -> google.protobuf.Timestamp
 	27, // 43: gpurack.boot.v1.HistoryResponse.transitions:type_name -> gpurack.boot.v1.Transition
 	3,  // 44: gpurack.boot.v1.RackReportRequest.format:type_name -> gpurack.boot.v1.ReportFormat
 	39, // 45: gpurack.boot.v1.RackReportResponse.data:type_name -> gpurack.boot.v1.RackReportData
-	49, // 46: gpurack.boot.v1.RackReportData.generated_at:type_name -> google.protobuf.Timestamp
-	42, // 47: gpurack.boot.v1.RackReportData.machines:type_name -> gpurack.boot.v1.RackReportMachine
-	43, // 48: gpurack.boot.v1.RackReportData.checks:type_name -> gpurack.boot.v1.CheckTally
-	47, // 49: gpurack.boot.v1.RackReportData.machines_by_state:type_name -> gpurack.boot.v1.RackReportData.MachinesByStateEntry
-	41, // 50: gpurack.boot.v1.RackReportData.totals:type_name -> gpurack.boot.v1.RackReportTotals
-	40, // 51: gpurack.boot.v1.RackReportData.tenants:type_name -> gpurack.boot.v1.RackReportTenant
-	50, // 52: gpurack.boot.v1.RackReportMachine.identity:type_name -> gpurack.machine.v1.MachineIdentity
-	2,  // 53: gpurack.boot.v1.RackReportMachine.state:type_name -> gpurack.boot.v1.MachineState
-	52, // 54: gpurack.boot.v1.RackReportMachine.checklist:type_name -> gpurack.machine.v1.Checklist
-	53, // 55: gpurack.boot.v1.RackReportMachine.health:type_name -> gpurack.machine.v1.HealthSummary
-	54, // 56: gpurack.boot.v1.RackReportMachine.gpu_allocation:type_name -> gpurack.machine.v1.GPUAllocation
-	57, // 57: gpurack.boot.v1.RackReportMachine.data_disk_problems:type_name -> gpurack.machine.v1.DataDisk
-	28, // 58: gpurack.boot.v1.AdminService.ListMachines:input_type -> gpurack.boot.v1.ListMachinesRequest
-	30, // 59: gpurack.boot.v1.AdminService.GetMachine:input_type -> gpurack.boot.v1.GetMachineRequest
-	31, // 60: gpurack.boot.v1.AdminService.Approve:input_type -> gpurack.boot.v1.ApproveRequest
-	32, // 61: gpurack.boot.v1.AdminService.Reject:input_type -> gpurack.boot.v1.RejectRequest
-	33, // 62: gpurack.boot.v1.AdminService.Decommission:input_type -> gpurack.boot.v1.DecommissionRequest
-	34, // 63: gpurack.boot.v1.AdminService.History:input_type -> gpurack.boot.v1.HistoryRequest
-	36, // 64: gpurack.boot.v1.AdminService.ResolveConflict:input_type -> gpurack.boot.v1.ResolveConflictRequest
-	37, // 65: gpurack.boot.v1.AdminService.RackReport:input_type -> gpurack.boot.v1.RackReportRequest
-	21, // 66: gpurack.boot.v1.AdminService.RotateGossipKey:input_type -> gpurack.boot.v1.RotateGossipKeyRequest
-	22, // 67: gpurack.boot.v1.AdminService.GetGossipKeyStatus:input_type -> gpurack.boot.v1.GetGossipKeyStatusRequest
-	19, // 68: gpurack.boot.v1.AdminService.RevokeOperator:input_type -> gpurack.boot.v1.RevokeOperatorRequest
-	16, // 69: gpurack.boot.v1.AdminService.ListOperatorAudit:input_type -> gpurack.boot.v1.ListOperatorAuditRequest
-	15, // 70: gpurack.boot.v1.AdminService.WipeDataDisk:input_type -> gpurack.boot.v1.WipeDataDiskRequest
-	12, // 71: gpurack.boot.v1.AdminService.PowerMachine:input_type -> gpurack.boot.v1.PowerMachineRequest
-	7,  // 72: gpurack.boot.v1.AdminService.StartRollout:input_type -> gpurack.boot.v1.StartRolloutRequest
-	8,  // 73: gpurack.boot.v1.AdminService.GetRollout:input_type -> gpurack.boot.v1.GetRolloutRequest
-	9,  // 74: gpurack.boot.v1.AdminService.PauseRollout:input_type -> gpurack.boot.v1.RolloutActionRequest
-	9,  // 75: gpurack.boot.v1.AdminService.ResumeRollout:input_type -> gpurack.boot.v1.RolloutActionRequest
-	9,  // 76: gpurack.boot.v1.AdminService.RollbackRollout:input_type -> gpurack.boot.v1.RolloutActionRequest
-	4,  // 77: gpurack.boot.v1.AdminService.ReleaseRollout:input_type -> gpurack.boot.v1.ReleaseRolloutRequest
-	29, // 78: gpurack.boot.v1.AdminService.ListMachines:output_type -> gpurack.boot.v1.ListMachinesResponse
-	24, // 79: gpurack.boot.v1.AdminService.GetMachine:output_type -> gpurack.boot.v1.Machine
-	24, // 80: gpurack.boot.v1.AdminService.Approve:output_type -> gpurack.boot.v1.Machine
-	24, // 81: gpurack.boot.v1.AdminService.Reject:output_type -> gpurack.boot.v1.Machine
-	24, // 82: gpurack.boot.v1.AdminService.Decommission:output_type -> gpurack.boot.v1.Machine
-	35, // 83: gpurack.boot.v1.AdminService.History:output_type -> gpurack.boot.v1.HistoryResponse
-	24, // 84: gpurack.boot.v1.AdminService.ResolveConflict:output_type -> gpurack.boot.v1.Machine
-	38, // 85: gpurack.boot.v1.AdminService.RackReport:output_type -> gpurack.boot.v1.RackReportResponse
-	23, // 86: gpurack.boot.v1.AdminService.RotateGossipKey:output_type -> gpurack.boot.v1.GossipKeyStatus
-	23, // 87: gpurack.boot.v1.AdminService.GetGossipKeyStatus:output_type -> gpurack.boot.v1.GossipKeyStatus
-	20, // 88: gpurack.boot.v1.AdminService.RevokeOperator:output_type -> gpurack.boot.v1.RevokeOperatorResponse
-	17, // 89: gpurack.boot.v1.AdminService.ListOperatorAudit:output_type -> gpurack.boot.v1.ListOperatorAuditResponse
-	24, // 90: gpurack.boot.v1.AdminService.WipeDataDisk:output_type -> gpurack.boot.v1.Machine
-	13, // 91: gpurack.boot.v1.AdminService.PowerMachine:output_type -> gpurack.boot.v1.PowerMachineResponse
-	10, // 92: gpurack.boot.v1.AdminService.StartRollout:output_type -> gpurack.boot.v1.Rollout
-	10, // 93: gpurack.boot.v1.AdminService.GetRollout:output_type -> gpurack.boot.v1.Rollout
-	10, // 94: gpurack.boot.v1.AdminService.PauseRollout:output_type -> gpurack.boot.v1.Rollout
-	10, // 95: gpurack.boot.v1.AdminService.ResumeRollout:output_type -> gpurack.boot.v1.Rollout
-	10, // 96: gpurack.boot.v1.AdminService.RollbackRollout:output_type -> gpurack.boot.v1.Rollout
-	5,  // 97: gpurack.boot.v1.AdminService.ReleaseRollout:output_type -> gpurack.boot.v1.ReleaseRolloutResponse
-	78, // [78:98] is the sub-list for method output_type
-	58, // [58:78] is the sub-list for method input_type
-	58, // [58:58] is the sub-list for extension type_name
-	58, // [58:58] is the sub-list for extension extendee
-	0,  // [0:58] is the sub-list for field type_name
+	51, // 46: gpurack.boot.v1.RackReportData.generated_at:type_name -> google.protobuf.Timestamp
+	43, // 47: gpurack.boot.v1.RackReportData.machines:type_name -> gpurack.boot.v1.RackReportMachine
+	44, // 48: gpurack.boot.v1.RackReportData.checks:type_name -> gpurack.boot.v1.CheckTally
+	48, // 49: gpurack.boot.v1.RackReportData.machines_by_state:type_name -> gpurack.boot.v1.RackReportData.MachinesByStateEntry
+	42, // 50: gpurack.boot.v1.RackReportData.totals:type_name -> gpurack.boot.v1.RackReportTotals
+	41, // 51: gpurack.boot.v1.RackReportData.tenants:type_name -> gpurack.boot.v1.RackReportTenant
+	40, // 52: gpurack.boot.v1.RackReportData.alerts:type_name -> gpurack.boot.v1.RackReportAlert
+	51, // 53: gpurack.boot.v1.RackReportAlert.since:type_name -> google.protobuf.Timestamp
+	49, // 54: gpurack.boot.v1.RackReportAlert.labels:type_name -> gpurack.boot.v1.RackReportAlert.LabelsEntry
+	52, // 55: gpurack.boot.v1.RackReportMachine.identity:type_name -> gpurack.machine.v1.MachineIdentity
+	2,  // 56: gpurack.boot.v1.RackReportMachine.state:type_name -> gpurack.boot.v1.MachineState
+	54, // 57: gpurack.boot.v1.RackReportMachine.checklist:type_name -> gpurack.machine.v1.Checklist
+	55, // 58: gpurack.boot.v1.RackReportMachine.health:type_name -> gpurack.machine.v1.HealthSummary
+	56, // 59: gpurack.boot.v1.RackReportMachine.gpu_allocation:type_name -> gpurack.machine.v1.GPUAllocation
+	59, // 60: gpurack.boot.v1.RackReportMachine.data_disk_problems:type_name -> gpurack.machine.v1.DataDisk
+	28, // 61: gpurack.boot.v1.AdminService.ListMachines:input_type -> gpurack.boot.v1.ListMachinesRequest
+	30, // 62: gpurack.boot.v1.AdminService.GetMachine:input_type -> gpurack.boot.v1.GetMachineRequest
+	31, // 63: gpurack.boot.v1.AdminService.Approve:input_type -> gpurack.boot.v1.ApproveRequest
+	32, // 64: gpurack.boot.v1.AdminService.Reject:input_type -> gpurack.boot.v1.RejectRequest
+	33, // 65: gpurack.boot.v1.AdminService.Decommission:input_type -> gpurack.boot.v1.DecommissionRequest
+	34, // 66: gpurack.boot.v1.AdminService.History:input_type -> gpurack.boot.v1.HistoryRequest
+	36, // 67: gpurack.boot.v1.AdminService.ResolveConflict:input_type -> gpurack.boot.v1.ResolveConflictRequest
+	37, // 68: gpurack.boot.v1.AdminService.RackReport:input_type -> gpurack.boot.v1.RackReportRequest
+	21, // 69: gpurack.boot.v1.AdminService.RotateGossipKey:input_type -> gpurack.boot.v1.RotateGossipKeyRequest
+	22, // 70: gpurack.boot.v1.AdminService.GetGossipKeyStatus:input_type -> gpurack.boot.v1.GetGossipKeyStatusRequest
+	19, // 71: gpurack.boot.v1.AdminService.RevokeOperator:input_type -> gpurack.boot.v1.RevokeOperatorRequest
+	16, // 72: gpurack.boot.v1.AdminService.ListOperatorAudit:input_type -> gpurack.boot.v1.ListOperatorAuditRequest
+	15, // 73: gpurack.boot.v1.AdminService.WipeDataDisk:input_type -> gpurack.boot.v1.WipeDataDiskRequest
+	12, // 74: gpurack.boot.v1.AdminService.PowerMachine:input_type -> gpurack.boot.v1.PowerMachineRequest
+	7,  // 75: gpurack.boot.v1.AdminService.StartRollout:input_type -> gpurack.boot.v1.StartRolloutRequest
+	8,  // 76: gpurack.boot.v1.AdminService.GetRollout:input_type -> gpurack.boot.v1.GetRolloutRequest
+	9,  // 77: gpurack.boot.v1.AdminService.PauseRollout:input_type -> gpurack.boot.v1.RolloutActionRequest
+	9,  // 78: gpurack.boot.v1.AdminService.ResumeRollout:input_type -> gpurack.boot.v1.RolloutActionRequest
+	9,  // 79: gpurack.boot.v1.AdminService.RollbackRollout:input_type -> gpurack.boot.v1.RolloutActionRequest
+	4,  // 80: gpurack.boot.v1.AdminService.ReleaseRollout:input_type -> gpurack.boot.v1.ReleaseRolloutRequest
+	29, // 81: gpurack.boot.v1.AdminService.ListMachines:output_type -> gpurack.boot.v1.ListMachinesResponse
+	24, // 82: gpurack.boot.v1.AdminService.GetMachine:output_type -> gpurack.boot.v1.Machine
+	24, // 83: gpurack.boot.v1.AdminService.Approve:output_type -> gpurack.boot.v1.Machine
+	24, // 84: gpurack.boot.v1.AdminService.Reject:output_type -> gpurack.boot.v1.Machine
+	24, // 85: gpurack.boot.v1.AdminService.Decommission:output_type -> gpurack.boot.v1.Machine
+	35, // 86: gpurack.boot.v1.AdminService.History:output_type -> gpurack.boot.v1.HistoryResponse
+	24, // 87: gpurack.boot.v1.AdminService.ResolveConflict:output_type -> gpurack.boot.v1.Machine
+	38, // 88: gpurack.boot.v1.AdminService.RackReport:output_type -> gpurack.boot.v1.RackReportResponse
+	23, // 89: gpurack.boot.v1.AdminService.RotateGossipKey:output_type -> gpurack.boot.v1.GossipKeyStatus
+	23, // 90: gpurack.boot.v1.AdminService.GetGossipKeyStatus:output_type -> gpurack.boot.v1.GossipKeyStatus
+	20, // 91: gpurack.boot.v1.AdminService.RevokeOperator:output_type -> gpurack.boot.v1.RevokeOperatorResponse
+	17, // 92: gpurack.boot.v1.AdminService.ListOperatorAudit:output_type -> gpurack.boot.v1.ListOperatorAuditResponse
+	24, // 93: gpurack.boot.v1.AdminService.WipeDataDisk:output_type -> gpurack.boot.v1.Machine
+	13, // 94: gpurack.boot.v1.AdminService.PowerMachine:output_type -> gpurack.boot.v1.PowerMachineResponse
+	10, // 95: gpurack.boot.v1.AdminService.StartRollout:output_type -> gpurack.boot.v1.Rollout
+	10, // 96: gpurack.boot.v1.AdminService.GetRollout:output_type -> gpurack.boot.v1.Rollout
+	10, // 97: gpurack.boot.v1.AdminService.PauseRollout:output_type -> gpurack.boot.v1.Rollout
+	10, // 98: gpurack.boot.v1.AdminService.ResumeRollout:output_type -> gpurack.boot.v1.Rollout
+	10, // 99: gpurack.boot.v1.AdminService.RollbackRollout:output_type -> gpurack.boot.v1.Rollout
+	5,  // 100: gpurack.boot.v1.AdminService.ReleaseRollout:output_type -> gpurack.boot.v1.ReleaseRolloutResponse
+	81, // [81:101] is the sub-list for method output_type
+	61, // [61:81] is the sub-list for method input_type
+	61, // [61:61] is the sub-list for extension type_name
+	61, // [61:61] is the sub-list for extension extendee
+	0,  // [0:61] is the sub-list for field type_name
 }
 
 func init() { file_api_boot_v1_admin_proto_init() }
@@ -4208,15 +4395,15 @@ func file_api_boot_v1_admin_proto_init() {
 	if File_api_boot_v1_admin_proto != nil {
 		return
 	}
-	file_api_boot_v1_admin_proto_msgTypes[36].OneofWrappers = []any{}
 	file_api_boot_v1_admin_proto_msgTypes[37].OneofWrappers = []any{}
+	file_api_boot_v1_admin_proto_msgTypes[38].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_boot_v1_admin_proto_rawDesc), len(file_api_boot_v1_admin_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   44,
+			NumMessages:   46,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

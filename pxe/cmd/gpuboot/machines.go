@@ -299,7 +299,8 @@ func newRackCommand() *cobra.Command {
 	rep := &cobra.Command{
 		Long: `Render a rack's commissioning checklist: per machine its state, the reason when it
 is not plainly ready, and every check; totals of nodes ready, nodes quarantined and GPUs
-allocatable. --format html is one self-contained page (inline CSS and an SVG rack
+allocatable; the active alerts Alertmanager reported for the rack's machines and the
+cluster (docs/monitoring.md, "Alert routing"). --format html is one self-contained page (inline CSS and an SVG rack
 diagram coloured by state, no scripts, nothing fetched) to open in a browser.`,
 		Use:   "report RACK [--format md|json|html] [-o FILE]",
 		Short: "Render a rack's commissioning report",
