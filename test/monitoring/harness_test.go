@@ -21,6 +21,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/retry"
 
 	"github.com/gpurack/gpurack/test/rigimage"
 )
@@ -221,13 +222,22 @@ func (a *simAgent) kill() {
 // and labelled simulated.
 func registerNode(t *testing.T, cs kubernetes.Interface, name, host string) {
 	ctx := context.Background()
-	n, err := cs.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{
-		Name: name, Labels: map[string]string{"gpurack.io/simulated": "true"}}}, metav1.CreateOptions{})
-	if err != nil {
+	if _, err := cs.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{
+		Name: name, Labels: map[string]string{"gpurack.io/simulated": "true"}}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: host}, {Type: corev1.NodeHostName, Address: name}}
-	if _, err := cs.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{}); err != nil {
+	// The node lifecycle controller changes a new Node too (its taints): read it again
+	// on a conflict.
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		n, err := cs.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: host}, {Type: corev1.NodeHostName, Address: name}}
+		_, err = cs.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
 		t.Fatal(err)
 	}
 }
