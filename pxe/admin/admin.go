@@ -1,6 +1,7 @@
 // Package admin is gpuboot's operator surface on its TLS listener (CONTRACTS §3, §4):
 // gpurack.boot.v1.AdminService (gRPC), a read-only REST API over the inventory, an
-// HTML rack view with no external assets, and the webhook Alertmanager posts the
+// HTML rack view with no external assets, the graphs page (package graphs: per-GPU
+// series from the metrics server), and the webhook Alertmanager posts the
 // active alerts to (for the rack report). Every request must come from an operator:
 // a client certificate of the gpurack CA with O=gpurack:operators (not revoked), or,
 // for the REST API and the rack view, an operator bearer token. Each call needs an
@@ -17,7 +18,9 @@ import (
 	"crypto/x509"
 	"encoding/base64"
 	"errors"
+	"fmt"
 	"math/big"
+	"net/http"
 	"sort"
 	"strconv"
 	"time"
@@ -33,6 +36,7 @@ import (
 	machinev1 "github.com/gpurack/gpurack/api/machine/v1"
 	"github.com/gpurack/gpurack/internal/pki"
 	"github.com/gpurack/gpurack/pxe/bmc"
+	"github.com/gpurack/gpurack/pxe/graphs"
 	"github.com/gpurack/gpurack/pxe/inventory"
 	"github.com/gpurack/gpurack/pxe/machineops"
 	"github.com/gpurack/gpurack/pxe/protoconv"
@@ -124,6 +128,9 @@ type Config struct {
 	// Alerts keeps the alerts Alertmanager posts (POST /api/v1/alerts) for the rack
 	// report; nil: the route answers 501 and reports list no alerts.
 	Alerts AlertStore
+	// PrometheusURL is the metrics server the graphs page (/graphs) draws from
+	// (gpuboot.yaml metrics.prometheusURL); empty: the page says it is not configured.
+	PrometheusURL string
 }
 
 // Server implements AdminService and the HTTP handlers.
@@ -141,6 +148,7 @@ type Server struct {
 	roll    Rollouts
 	next    func(*inventory.Machine) *bootv1.ImageChoice
 	alerts  AlertStore
+	graphs  *graphs.Graphs
 	now     func() time.Time
 }
 
@@ -156,9 +164,31 @@ func New(cfg Config) (*Server, error) {
 	case cfg.Revoked == nil:
 		return nil, errors.New("admin: no revocation check")
 	}
-	return &Server{life: cfg.Lifecycle, inv: cfg.Inventory, ca: cfg.CA, revoked: cfg.Revoked,
+	s := &Server{life: cfg.Lifecycle, inv: cfg.Inventory, ca: cfg.CA, revoked: cfg.Revoked,
 		known: append([]string(nil), cfg.Racks...), tokens: cfg.Tokens, gossip: cfg.Gossip, ops: cfg.Operators, quotas: cfg.Quotas,
-		roll: cfg.Rollouts, next: cfg.NextImage, alerts: cfg.Alerts, now: time.Now}, nil
+		roll: cfg.Rollouts, next: cfg.NextImage, alerts: cfg.Alerts, now: time.Now}
+	g, err := graphs.New(graphs.Config{PrometheusURL: cfg.PrometheusURL, KnownNode: s.knownNode,
+		Operator: func(r *http.Request) string { name, _ := r.Context().Value(operatorKey{}).(string); return name }})
+	if err != nil {
+		return nil, fmt.Errorf("admin: graphs: %w", err)
+	}
+	s.graphs = g
+	return s, nil
+}
+
+// knownNode says whether a machine in the inventory has node name name, for the
+// graphs page.
+func (s *Server) knownNode(ctx context.Context, name string) (bool, error) {
+	all, err := s.inv.List(ctx)
+	if err != nil {
+		return false, err
+	}
+	for _, m := range all {
+		if m.NodeName == name {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // OperatorFromCert returns the operator a verified client certificate chain's leaf

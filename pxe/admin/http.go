@@ -29,6 +29,8 @@ import (
 //	GET  /api/v1/racks/{rack}/report?format= the rack report (md, json, html)
 //	GET  /racks/{rack}                       rack view (HTML)
 //	GET  /                                   index of racks (HTML)
+//	GET  /graphs?node=N|tenant=T&range=R     per-GPU graphs (HTML; package graphs)
+//	GET  /api/v1/graphs?node=N|tenant=T&...  the graphs' data (JSON)
 //	POST /api/v1/alerts                      Alertmanager's webhook (alert-sender)
 //
 // Each request needs an operator client certificate or "Authorization: Bearer TOKEN"
@@ -46,6 +48,8 @@ func (s *Server) Handler() http.Handler {
 		routeRackView:       s.rackView,
 		routeIndex:          s.index,
 		routeAlerts:         s.apiAlerts,
+		routeGraphs:         s.graphs.Page,
+		routeGraphsData:     s.graphs.Data,
 	} {
 		mux.HandleFunc(route, s.auth(route, h))
 	}
@@ -255,7 +259,7 @@ var rackViewTemplate = template.Must(template.New("rack").Parse(`<!doctype html>
 {{end}}</table>
 <h2>Machines</h2>
 {{end}}<table><tr><th>slot</th><th>node</th><th>machine</th><th>MAC</th><th>state</th><th>last check</th><th>failing</th><th>health</th></tr>
-{{range .Rows}}<tr><td>{{.Slot}}</td><td>{{.Node}}</td><td><a href="/api/v1/machines/{{.ID}}"><code>{{.ID}}</code></a></td><td><code>{{.MAC}}</code></td><td class="{{.State}}">{{.State}}</td><td class="{{.Check}}">{{.Check}}</td><td>{{.Failing}}</td><td>{{.Health}}</td></tr>
+{{range .Rows}}<tr><td>{{.Slot}}</td><td>{{if .Node}}<a href="/graphs?node={{.Node}}" title="GPU graphs">{{.Node}}</a>{{end}}</td><td><a href="/api/v1/machines/{{.ID}}"><code>{{.ID}}</code></a></td><td><code>{{.MAC}}</code></td><td class="{{.State}}">{{.State}}</td><td class="{{.Check}}">{{.Check}}</td><td>{{.Failing}}</td><td>{{.Health}}</td></tr>
 {{end}}</table></body></html>
 `))
 

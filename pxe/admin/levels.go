@@ -8,6 +8,7 @@ import (
 
 	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
 	"github.com/gpurack/gpurack/internal/pki"
+	"github.com/gpurack/gpurack/pxe/graphs"
 )
 
 // levels is the one table of what each operator call needs (pki.OperatorLevel): every
@@ -29,6 +30,8 @@ var levels = map[string]pki.OperatorLevel{
 	routeReport:         pki.LevelViewer,
 	routeRackView:       pki.LevelViewer,
 	routeIndex:          pki.LevelViewer,
+	routeGraphs:         pki.LevelViewer,
+	routeGraphsData:     pki.LevelViewer,
 
 	// Decisions on machines and the racks' keys.
 	bootv1.AdminService_Approve_FullMethodName:         pki.LevelOperator,
@@ -62,6 +65,8 @@ const (
 	routeRackView       = "GET /racks/{rack}"
 	routeIndex          = "GET /{$}"
 	routeAlerts         = "POST /api/v1/alerts"
+	routeGraphs         = "GET /graphs"
+	routeGraphsData     = "GET " + graphs.DataPath
 )
 
 // tokenLevel is what a bearer token may do. Tokens reach only the REST API and the

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -47,6 +48,7 @@ type Config struct {
 	Selectors   []policy.Selector `yaml:"selectors"`
 	Cluster     Cluster           `yaml:"cluster"`
 	Admin       Admin             `yaml:"admin"`
+	Metrics     Metrics           `yaml:"metrics"`
 	// LogLevel: debug, info (default), warn, error.
 	LogLevel string `yaml:"logLevel"`
 
@@ -224,6 +226,15 @@ type Admin struct {
 	TokensFile string `yaml:"tokensFile"`
 }
 
+// Metrics names the metrics server gpuboot's graphs page (/graphs) draws from.
+type Metrics struct {
+	// PrometheusURL is the base URL of the metrics server's HTTP API (what comes before
+	// /api/v1/query_range), e.g. http://127.0.0.1:9090: controlplane-bootstrap's
+	// Prometheus (decision 0692). Empty: /graphs says the metrics server is not
+	// configured.
+	PrometheusURL string `yaml:"prometheusURL"`
+}
+
 // Paths inside StateDir.
 func (c *Config) InventoryPath() string   { return filepath.Join(c.StateDir, "inventory.db") }
 func (c *Config) PKIDir() string          { return filepath.Join(c.StateDir, "pki") }
@@ -343,6 +354,7 @@ func (c *Config) Validate() error {
 	c.validateEnrollment(bad)
 	c.validateRacks(bad)
 	c.validateCluster(bad)
+	c.validateMetrics(bad)
 	if len(errs) > 0 {
 		return errs.Sorted()
 	}
@@ -520,6 +532,28 @@ func (c *Config) validateCluster(bad badField) {
 	case "debug", "info", "warn", "error":
 	default:
 		bad("logLevel", "%q: use debug, info, warn or error", c.LogLevel)
+	}
+}
+
+// validateMetrics checks metrics.prometheusURL: an http or https base URL with a
+// host, and nothing gpuboot would have to keep secret or drop (no user or password,
+// query or fragment).
+func (c *Config) validateMetrics(bad badField) {
+	raw := c.Metrics.PrometheusURL
+	if raw == "" {
+		return
+	}
+	const want = "give the metrics server's base URL, such as http://127.0.0.1:9090 (no user, query or fragment)"
+	u, err := url.Parse(raw)
+	switch {
+	case err != nil:
+		bad("metrics.prometheusURL", "%q is not a URL: %s", raw, want)
+	case u.Scheme != "http" && u.Scheme != "https":
+		bad("metrics.prometheusURL", "%q: scheme must be http or https; %s", raw, want)
+	case u.Host == "" || u.Hostname() == "":
+		bad("metrics.prometheusURL", "%q has no host; %s", raw, want)
+	case u.User != nil || u.RawQuery != "" || u.ForceQuery || u.Fragment != "":
+		bad("metrics.prometheusURL", "%q: %s", raw, want)
 	}
 }
 

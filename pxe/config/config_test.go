@@ -12,6 +12,9 @@ func TestExampleParses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if c.Metrics.PrometheusURL != "http://127.0.0.1:9090" {
+		t.Errorf("example metrics.prometheusURL %q", c.Metrics.PrometheusURL)
+	}
 	if c.DHCP.Mode != "proxy" || len(c.Interfaces) != 1 || c.Interfaces[0].Name != "eth0" {
 		t.Fatalf("example: mode %q interfaces %v, want proxy on eth0", c.DHCP.Mode, c.Interfaces)
 	}
@@ -78,6 +81,12 @@ func TestErrors(t *testing.T) {
 		{"# nothing but a comment\n", "g.yaml:1: the file is empty"},
 		{"stateDir: [\n", "g.yaml:"},
 		{minimal + "---\nx: 1\n", "g.yaml:6: holds more than one YAML document"},
+		{minimal + "metrics:\n  prometheusURL: 127.0.0.1:9090\n", `g.yaml:7: metrics.prometheusURL: "127.0.0.1:9090"`},
+		{minimal + "metrics: {prometheusURL: 'ftp://prom:9090'}\n", "g.yaml:6: metrics.prometheusURL: \"ftp://prom:9090\": scheme must be http or https"},
+		{minimal + "metrics: {prometheusURL: 'http://u:secret@prom:9090'}\n", "g.yaml:6: metrics.prometheusURL"},
+		{minimal + "metrics: {prometheusURL: 'http://prom:9090/?x=1'}\n", "g.yaml:6: metrics.prometheusURL"},
+		{minimal + "metrics: {prometheusURL: 'http:///api'}\n", "g.yaml:6: metrics.prometheusURL: \"http:///api\" has no host"},
+		{minimal + "metrics: {prometheusUrl: 'http://prom:9090'}\n", `g.yaml:6: metrics.prometheusUrl: unknown field "prometheusUrl"`},
 	}
 	for _, c := range cases {
 		_, err := Parse("g.yaml", []byte(c.yaml))

@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -70,6 +71,7 @@ func Check(cfg *config.Config) []Finding {
 	c.racks()
 	c.bmc(pol)
 	c.tokens()
+	c.metricsServer()
 	c.network()
 	for _, w := range enroll.StartWarnings(enroll.Config{Policy: pol,
 		Identity: enroll.IdentityMode(cfg.Enrollment.Identity), Reenroll: enroll.Reenroll(cfg.Enrollment.Reenroll)}) {
@@ -361,6 +363,28 @@ func (c *checker) tokens() {
 	if t := mustTokens(c.cfg, c.log("tokens")); t != nil {
 		c.add(LevelOK, "tokens", "operator tokens file %s readable", c.cfg.Admin.TokensFile)
 	}
+}
+
+// metricsServer says whether the graphs page has a metrics server, and whether it
+// answers /-/ready from here (a warning when not: the page then says why).
+func (c *checker) metricsServer() {
+	u := c.cfg.Metrics.PrometheusURL
+	if u == "" {
+		c.add(LevelOK, "metrics", "metrics.prometheusURL is empty: the graphs page (/graphs) says the metrics server is not configured")
+		return
+	}
+	client := &http.Client{Timeout: 3 * time.Second}
+	resp, err := client.Get(strings.TrimSuffix(u, "/") + "/-/ready")
+	if err != nil {
+		c.add(LevelWarning, "metrics", "metrics server %s: %v: the graphs page will say it is unreachable", u, err)
+		return
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		c.add(LevelWarning, "metrics", "metrics server %s: /-/ready answered HTTP %d: is it a Prometheus, and ready?", u, resp.StatusCode)
+		return
+	}
+	c.add(LevelOK, "metrics", "metrics server %s ready: the graphs page (/graphs) draws from it", u)
 }
 
 // network checks the DHCP interfaces and the TFTP directory as serve does before it

@@ -340,7 +340,8 @@ func (g *gpuboot) startTLS(context.Context) (started, error) {
 	adm, err := admin.New(admin.Config{Lifecycle: g.enroll, Inventory: g.store, CA: g.ca.Cert, Revoked: g.enroll.Revoked,
 		Racks: rackNames, Tokens: mustTokens(cfg, g.log), Gossip: g.enroll,
 		Operators: &operatorCreds{stateDir: cfg.StateDir, tokensFile: cfg.Admin.TokensFile, svc: g.enroll, log: g.log},
-		Quotas:    tenantQuotas(g.cluster), Rollouts: g.rollouts, NextImage: g.nextImage, Alerts: active})
+		Quotas:    tenantQuotas(g.cluster), Rollouts: g.rollouts, NextImage: g.nextImage, Alerts: active,
+		PrometheusURL: cfg.Metrics.PrometheusURL})
 	if err != nil {
 		return started{}, err
 	}
