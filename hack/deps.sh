@@ -24,7 +24,7 @@ packages=(
   dnsmasq-base      # test/qemu: the site DHCP server and IPv6 RA beside gpuboot's proxy
   linux-image-amd64 # test/qemu: the guest kernel (/boot/vmlinuz-*)
   containerd runc containernetworking-plugins # controlplane-bootstrap: a real kubelet joins and runs a pod
-  chromium          # pxe/report: the HTML rack checklist is opened in headless Chromium
+  chromium          # pxe/report and test/graphs: the HTML rack checklist and the graphs page are opened in headless Chromium
   cmark-gfm         # pxe/report: the markdown rack report is rendered as GitHub would, to prove its escaping
   swtpm swtpm-tools # agent/attest, pxe/enroll: a software TPM 2.0 for the TPM-bound identity tests
   xfsprogs e2fsprogs lvm2 mdadm # agent/datadisk: XFS with project quotas on data disks; ext4, LVM and RAID disks it must refuse
