@@ -370,6 +370,8 @@ func (c *Config) validatePorts(p *problems) {
 		}{
 			{"monitoring.prometheus.port", c.Monitoring.Prometheus.Port},
 			{"monitoring.alertmanager.port", c.Monitoring.Alertmanager.Port},
+			{"monitoring.kubeStateMetrics.port", c.Monitoring.KubeStateMetrics.Port},
+			{"monitoring.kubeStateMetrics.telemetryPort", c.Monitoring.KubeStateMetrics.TelemetryPort},
 		}...)
 	}
 	seen := map[int]string{}

@@ -93,6 +93,8 @@ func TestParseErrorsNameTheField(t *testing.T) {
 		{"monitoring scrape interval", "monitoring:\n  enabled: true\n  prometheus:\n    scrapeInterval: 0s\n", []string{"monitoring.prometheus.scrapeInterval"}},
 		{"monitoring listen address", "monitoring:\n  enabled: true\n  listenAddress: localhost\n", []string{"x.yaml:3: monitoring.listenAddress", "not an IP address"}},
 		{"monitoring port clash", "monitoring:\n  enabled: true\n  alertmanager:\n    port: 6443\n", []string{"x.yaml:4: monitoring.alertmanager.port: 6443 is also apiServer.port"}},
+		{"kube-state-metrics port clash", "monitoring:\n  enabled: true\n  kubeStateMetrics:\n    telemetryPort: 8082\n", []string{"x.yaml:4: monitoring.kubeStateMetrics.telemetryPort: 8082 is also monitoring.kubeStateMetrics.port"}},
+		{"kube-state-metrics extra flag", "monitoring:\n  enabled: true\n  kubeStateMetrics:\n    extraArgs:\n      --resources: nodes\n", []string{"monitoring.kubeStateMetrics.extraArgs[--resources]", "without leading dashes"}},
 		{"monitoring gpuboot target", "monitoring:\n  enabled: true\n  gpuboot: [\"http://gpuboot:8080\"]\n", []string{"monitoring.gpuboot[0]", "HOST:PORT"}},
 		{"monitoring unknown field", "monitoring:\n  enabeld: true\n", []string{"x.yaml:2: monitoring.enabeld: unknown field"}},
 	} {
@@ -138,7 +140,8 @@ func TestMonitoringOffIsNotValidated(t *testing.T) {
 	}
 	m := cfg.Monitoring
 	if m.ListenAddress != "127.0.0.1" || m.Prometheus.Port != 9090 || m.Alertmanager.Port != 9093 || m.GPUAgentPort != 9410 ||
-		m.Prometheus.RetentionTime != "15d" || m.Prometheus.RetentionSize != "50GB" || m.NodeExporterPort != 0 {
+		m.Prometheus.RetentionTime != "15d" || m.Prometheus.RetentionSize != "50GB" || m.NodeExporterPort != 0 ||
+		m.KubeStateMetrics.Port != 8082 || m.KubeStateMetrics.TelemetryPort != 8083 {
 		t.Errorf("defaults: %+v", m)
 	}
 }

@@ -6,20 +6,23 @@ import (
 	"strconv"
 )
 
-// Monitoring configures the metrics server (Prometheus) and Alertmanager that init
-// starts beside the control-plane components when Enabled (docs/monitoring.md;
-// docs/decisions/0692-prometheus-as-the-metrics-server.md). Both read files init writes
-// under DIR/monitoring: the scrape configuration, the shipped alert and recording
-// rules, and the routing.
+// Monitoring configures the metrics server (Prometheus), Alertmanager and
+// kube-state-metrics that init starts beside the control-plane components when Enabled
+// (docs/monitoring.md; docs/decisions/0692-prometheus-as-the-metrics-server.md).
+// Prometheus and Alertmanager read files init writes under DIR/monitoring: the scrape
+// configuration, the shipped alert and recording rules, and the routing;
+// kube-state-metrics reads the API with DIR/kube-state-metrics.conf.
 type Monitoring struct {
-	// Enabled starts Prometheus and Alertmanager with the control plane. Off by default:
-	// they need `make k8s-bins`' prometheus and alertmanager binaries.
+	// Enabled starts Prometheus, Alertmanager and kube-state-metrics with the control
+	// plane. Off by default: they need `make k8s-bins`' prometheus, alertmanager and
+	// kube-state-metrics binaries.
 	Enabled bool `yaml:"enabled"`
-	// ListenAddress is the IP both listen on; default 127.0.0.1 (their HTTP APIs have
-	// no authentication: open them to other hosts through a proxy that has).
-	ListenAddress string       `yaml:"listenAddress"`
-	Prometheus    Prometheus   `yaml:"prometheus"`
-	Alertmanager  Alertmanager `yaml:"alertmanager"`
+	// ListenAddress is the IP all three listen on; default 127.0.0.1 (their HTTP APIs
+	// have no authentication: open them to other hosts through a proxy that has).
+	ListenAddress    string           `yaml:"listenAddress"`
+	Prometheus       Prometheus       `yaml:"prometheus"`
+	Alertmanager     Alertmanager     `yaml:"alertmanager"`
+	KubeStateMetrics KubeStateMetrics `yaml:"kubeStateMetrics"`
 	// GPUAgentPort is the port of every node's gpuagent /metrics (its --metrics-listen).
 	GPUAgentPort int `yaml:"gpuagentPort"`
 	// NodeExporterPort is the port of node_exporter on every node; 0 (the default): not
@@ -54,13 +57,25 @@ type Alertmanager struct {
 	ExtraArgs  map[string]string `yaml:"extraArgs"`
 }
 
+// KubeStateMetrics configures kube-state-metrics, which turns the Node, Pod, Namespace,
+// ResourceQuota and PersistentVolumeClaim objects into series (job kube-state-metrics).
+type KubeStateMetrics struct {
+	// Port serves the objects' series (/metrics, scraped) and /healthz; default 8082
+	// (8080 is gpuboot's HTTP port, which may run on the same host).
+	Port int `yaml:"port"`
+	// TelemetryPort serves kube-state-metrics' own metrics; default 8083.
+	TelemetryPort int               `yaml:"telemetryPort"`
+	ExtraArgs     map[string]string `yaml:"extraArgs"`
+}
+
 func defaultMonitoring() Monitoring {
 	return Monitoring{
 		ListenAddress: "127.0.0.1",
 		Prometheus: Prometheus{Port: 9090, ScrapeInterval: "30s", EvaluationInterval: "30s",
 			RetentionTime: "15d", RetentionSize: "50GB"},
-		Alertmanager: Alertmanager{Port: 9093},
-		GPUAgentPort: 9410,
+		Alertmanager:     Alertmanager{Port: 9093},
+		KubeStateMetrics: KubeStateMetrics{Port: 8082, TelemetryPort: 8083},
+		GPUAgentPort:     9410,
 	}
 }
 
@@ -86,6 +101,8 @@ func (m *Monitoring) applyDefaults() {
 	}{
 		{&m.Prometheus.Port, d.Prometheus.Port},
 		{&m.Alertmanager.Port, d.Alertmanager.Port},
+		{&m.KubeStateMetrics.Port, d.KubeStateMetrics.Port},
+		{&m.KubeStateMetrics.TelemetryPort, d.KubeStateMetrics.TelemetryPort},
 		{&m.GPUAgentPort, d.GPUAgentPort},
 	} {
 		if *f.p == 0 {
@@ -128,7 +145,11 @@ func (m *Monitoring) validate(p *problems) {
 	for _, ea := range []struct {
 		field string
 		m     map[string]string
-	}{{"monitoring.prometheus.extraArgs", m.Prometheus.ExtraArgs}, {"monitoring.alertmanager.extraArgs", m.Alertmanager.ExtraArgs}} {
+	}{
+		{"monitoring.prometheus.extraArgs", m.Prometheus.ExtraArgs},
+		{"monitoring.alertmanager.extraArgs", m.Alertmanager.ExtraArgs},
+		{"monitoring.kubeStateMetrics.extraArgs", m.KubeStateMetrics.ExtraArgs},
+	} {
 		for k := range ea.m {
 			if !flagName.MatchString(k) && !promFlagName.MatchString(k) {
 				p.add(ea.field+"["+k+"]", "%q is not a flag name: write it without leading dashes, for example storage.tsdb.wal-compression", k)

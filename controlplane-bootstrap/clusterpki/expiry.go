@@ -89,6 +89,7 @@ var Certificates = []Certificate{
 	{"etcd-peer", PKIPair, inPKI(EtcdPeerCert), inPKI(EtcdPeerKey), EtcdCAName},
 	{"etcd-server", PKIPair, inPKI(EtcdServerCert), inPKI(EtcdServerKey), EtcdCAName},
 	{"front-proxy-client", PKIPair, inPKI(FrontProxyClientCert), inPKI(FrontProxyClientKey), FrontProxyCAName},
+	{KubeStateMetricsKubeconfig, KubeconfigCert, KubeStateMetricsKubeconfig, "", ClusterCAName},
 	{"monitoring-client", PKIPair, inPKI(MonitoringClientCert), inPKI(MonitoringClientKey), ClusterCAName},
 	{SchedulerKubeconfig, KubeconfigCert, SchedulerKubeconfig, "", ClusterCAName},
 	{"scheduler-serving", SelfSigned, inPKI(SchedulerServingDir + "/kube-scheduler.crt"), inPKI(SchedulerServingDir + "/kube-scheduler.key"), ""},

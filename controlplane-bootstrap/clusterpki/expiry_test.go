@@ -14,7 +14,7 @@ import (
 )
 
 // clusterDir makes what init writes before it starts anything: the PKI with leaves
-// valid for validity, and the three kubeconfigs.
+// valid for validity, and the four kubeconfigs.
 func clusterDir(t *testing.T, validity time.Duration) (string, *Set) {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "cluster")
@@ -24,6 +24,7 @@ func clusterDir(t *testing.T, validity time.Duration) (string, *Set) {
 	}
 	for _, kc := range []struct{ file, user string }{
 		{AdminKubeconfig, AdminUser}, {ControllerManagerKubeconfig, ControllerManagerUser}, {SchedulerKubeconfig, SchedulerUser},
+		{KubeStateMetricsKubeconfig, KubeStateMetricsUser},
 	} {
 		if err := set.EnsureKubeconfig(filepath.Join(dir, kc.file), "test", "https://127.0.0.1:6443", kc.user); err != nil {
 			t.Fatal(err)
@@ -85,7 +86,7 @@ func TestCheckExpirationListsEveryCertificateAndCA(t *testing.T) {
 	wantCA := map[string]string{
 		"admin.conf": "ca", "apiserver": "ca", "apiserver-etcd-client": "etcd-ca", "apiserver-kubelet-client": "ca",
 		"controller-manager.conf": "ca", "controller-manager-serving": "self-signed", "etcd-healthcheck-client": "etcd-ca",
-		"etcd-peer": "etcd-ca", "etcd-server": "etcd-ca", "front-proxy-client": "front-proxy-ca", "monitoring-client": "ca", "scheduler.conf": "ca",
+		"etcd-peer": "etcd-ca", "etcd-server": "etcd-ca", "front-proxy-client": "front-proxy-ca", "kube-state-metrics.conf": "ca", "monitoring-client": "ca", "scheduler.conf": "ca",
 		"enroller.kubeconfig": "ca",
 	}
 	for _, e := range r.Certificates {

@@ -15,6 +15,9 @@ const (
 	AdminKubeconfig             = "admin.conf"
 	ControllerManagerKubeconfig = "controller-manager.conf"
 	SchedulerKubeconfig         = "scheduler.conf"
+	// KubeStateMetricsKubeconfig is kube-state-metrics' (user KubeStateMetricsUser), not
+	// a kubeadm name.
+	KubeStateMetricsKubeconfig = "kube-state-metrics.conf"
 )
 
 // KubeconfigBytes renders a kubeconfig for server that trusts caPEM and

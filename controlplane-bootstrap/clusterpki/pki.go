@@ -78,6 +78,10 @@ const (
 	// the apiserver, kubelets, the scheduler and the controller-manager as this user
 	// (RBAC: ClusterRole gpurack:monitoring).
 	MonitoringUser = "gpurack:monitoring"
+	// KubeStateMetricsUser is kube-state-metrics' identity (KubeStateMetricsKubeconfig):
+	// it lists and watches the objects it reports on (RBAC: ClusterRole
+	// gpurack:kube-state-metrics).
+	KubeStateMetricsUser = "gpurack:kube-state-metrics"
 )
 
 // leaf describes one leaf certificate and how to decide it is still right.

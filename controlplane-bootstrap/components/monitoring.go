@@ -6,6 +6,7 @@ import (
 	"net"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"text/template"
 
 	"github.com/gpurack/gpurack/controlplane-bootstrap/clusterconfig"
@@ -15,13 +16,21 @@ import (
 // The monitoring components (cluster.yaml's monitoring.enabled), also their pinned
 // binaries' names (`make k8s-bins`).
 const (
-	Alertmanager = "alertmanager"
-	Prometheus   = "prometheus"
+	Alertmanager     = "alertmanager"
+	KubeStateMetrics = "kube-state-metrics"
+	Prometheus       = "prometheus"
 )
 
-// MonitoringNames lists the monitoring components in start order: Alertmanager first,
-// so that the metrics server finds it.
-var MonitoringNames = []string{Alertmanager, Prometheus}
+// MonitoringNames lists the monitoring components in start order: Alertmanager and
+// kube-state-metrics first, so that the metrics server finds them.
+var MonitoringNames = []string{Alertmanager, KubeStateMetrics, Prometheus}
+
+// KubeStateMetricsResources are the kinds kube-state-metrics watches (its --resources),
+// which its ClusterRole lets it list and watch: Nodes for the node alerts
+// (kube_node_status_condition, kube_node_spec_taint), and the Pods, Namespaces,
+// ResourceQuotas and PersistentVolumeClaims of the tenants. Each kind left out is a
+// watch and its objects' memory saved.
+var KubeStateMetricsResources = []string{"namespaces", "nodes", "persistentvolumeclaims", "pods", "resourcequotas"}
 
 // AllNames is every component init may start, in start order.
 var AllNames = append(append([]string{}, Names...), MonitoringNames...)
@@ -42,7 +51,7 @@ func monitoringSpecs(cfg *clusterconfig.Config, l Layout) []Component {
 	if !cfg.Monitoring.Enabled {
 		return nil
 	}
-	return []Component{alertmanagerSpec(cfg, l), prometheusSpec(cfg, l)}
+	return []Component{alertmanagerSpec(cfg, l), kubeStateMetricsSpec(cfg, l), prometheusSpec(cfg, l)}
 }
 
 func alertmanagerSpec(cfg *clusterconfig.Config, l Layout) Component {
@@ -61,6 +70,32 @@ func alertmanagerSpec(cfg *clusterconfig.Config, l Layout) Component {
 		Args:       render(flags, m.Alertmanager.ExtraArgs),
 		Ports:      []Port{{m.ListenAddress, m.Alertmanager.Port, "monitoring.alertmanager.port"}},
 		HealthURL:  "http://" + listen + "/-/ready",
+		HealthText: "OK",
+	}
+}
+
+func kubeStateMetricsSpec(cfg *clusterconfig.Config, l Layout) Component {
+	m := cfg.Monitoring
+	k := m.KubeStateMetrics
+	flags := map[string]string{
+		// Its flag names the kubeconfig, so `certs renew kube-state-metrics.conf`
+		// restarts it (Using).
+		"kubeconfig":     l.Kubeconfig(clusterpki.KubeStateMetricsKubeconfig),
+		"host":           m.ListenAddress,
+		"port":           strconv.Itoa(k.Port),
+		"telemetry-host": m.ListenAddress,
+		"telemetry-port": strconv.Itoa(k.TelemetryPort),
+		"resources":      strings.Join(KubeStateMetricsResources, ","),
+	}
+	return Component{
+		Name: KubeStateMetrics,
+		Args: render(flags, k.ExtraArgs),
+		Ports: []Port{
+			{m.ListenAddress, k.Port, "monitoring.kubeStateMetrics.port"},
+			{m.ListenAddress, k.TelemetryPort, "monitoring.kubeStateMetrics.telemetryPort"},
+		},
+		// It answers "OK" once it serves; the series follow its first list of each kind.
+		HealthURL:  "http://" + hostPort(m.ListenAddress, k.Port) + "/healthz",
 		HealthText: "OK",
 	}
 }
@@ -118,6 +153,9 @@ scrape_configs:
   - job_name: alertmanager
     static_configs:
       - targets: ['{{.Alertmanager}}']
+  - job_name: kube-state-metrics
+    static_configs:
+      - targets: ['{{.KubeStateMetrics}}']
   - job_name: etcd
     static_configs:
       - targets: ['{{.Etcd}}']
@@ -199,17 +237,18 @@ func PrometheusConfig(cfg *clusterconfig.Config, l Layout) ([]byte, error) {
 		apiHost = "127.0.0.1"
 	}
 	data := map[string]any{
-		"M":            m,
-		"Cluster":      strconv.Quote(cfg.ClusterName),
-		"Rules":        l.RulesDir(),
-		"Alertmanager": hostPort(m.ListenAddress, m.Alertmanager.Port),
-		"Prometheus":   hostPort(m.ListenAddress, m.Prometheus.Port),
-		"Etcd":         hostPort("127.0.0.1", cfg.Etcd.MetricsPort),
-		"APIServer":    hostPort(apiHost, cfg.APIServer.Port),
-		"APIServerURL": "https://" + hostPort(apiHost, cfg.APIServer.Port),
-		"CA":           l.PKI(clusterpki.CACert),
-		"Cert":         l.PKI(clusterpki.MonitoringClientCert),
-		"Key":          l.PKI(clusterpki.MonitoringClientKey),
+		"M":                m,
+		"Cluster":          strconv.Quote(cfg.ClusterName),
+		"Rules":            l.RulesDir(),
+		"Alertmanager":     hostPort(m.ListenAddress, m.Alertmanager.Port),
+		"Prometheus":       hostPort(m.ListenAddress, m.Prometheus.Port),
+		"KubeStateMetrics": hostPort(m.ListenAddress, m.KubeStateMetrics.Port),
+		"Etcd":             hostPort("127.0.0.1", cfg.Etcd.MetricsPort),
+		"APIServer":        hostPort(apiHost, cfg.APIServer.Port),
+		"APIServerURL":     "https://" + hostPort(apiHost, cfg.APIServer.Port),
+		"CA":               l.PKI(clusterpki.CACert),
+		"Cert":             l.PKI(clusterpki.MonitoringClientCert),
+		"Key":              l.PKI(clusterpki.MonitoringClientKey),
 		"Loopback": []loopbackJob{
 			{"kube-scheduler", hostPort("127.0.0.1", cfg.Scheduler.Port)},
 			{"kube-controller-manager", hostPort("127.0.0.1", cfg.ControllerManager.Port)},

@@ -13,8 +13,8 @@ import (
 )
 
 // notConfigured are the jobs docs/monitoring.md names whose exporters gpurack does not
-// ship yet (node_exporter without monitoring.nodeExporterPort, kube-state-metrics).
-var notConfigured = []string{"node", "kube-state-metrics"}
+// ship yet (node_exporter without monitoring.nodeExporterPort).
+var notConfigured = []string{"node"}
 
 func scrapeJobs(t *testing.T, yamlText string) map[string]bool {
 	t.Helper()
@@ -48,11 +48,11 @@ func TestPrometheusConfigJobs(t *testing.T) {
 		t.Fatal(err)
 	}
 	jobs := scrapeJobs(t, string(data))
-	want := []string{"alertmanager", "apiserver", "cadvisor", "etcd", "gpuagent", "kube-controller-manager", "kube-scheduler", "kubelet", "prometheus"}
+	want := []string{"alertmanager", "apiserver", "cadvisor", "etcd", "gpuagent", "kube-controller-manager", "kube-scheduler", "kube-state-metrics", "kubelet", "prometheus"}
 	if got := slices.Sorted(maps.Keys(jobs)); !slices.Equal(got, want) {
 		t.Errorf("jobs %v, want %v", got, want)
 	}
-	for _, must := range []string{"/cluster/monitoring/rules/*.yaml", "/cluster/pki/monitoring-client.crt", "replacement: '${1}:9410'", "cluster: \"gpurack\""} {
+	for _, must := range []string{"/cluster/monitoring/rules/*.yaml", "/cluster/pki/monitoring-client.crt", "replacement: '${1}:9410'", "cluster: \"gpurack\"", "targets: ['127.0.0.1:8082']"} {
 		if !strings.Contains(string(data), must) {
 			t.Errorf("prometheus.yml lacks %q:\n%s", must, data)
 		}
@@ -84,8 +84,9 @@ func TestPrometheusConfigJobs(t *testing.T) {
 	}
 }
 
-// TestMonitoringSpecs: off, no monitoring component; on, Alertmanager then Prometheus
-// after the four, on the configured address, Prometheus' lifecycle switch last.
+// TestMonitoringSpecs: off, no monitoring component; on, Alertmanager, kube-state-metrics
+// then Prometheus after the four, on the configured address, Prometheus' lifecycle
+// switch last, kube-state-metrics on its kubeconfig with only the kinds its role lists.
 func TestMonitoringSpecs(t *testing.T) {
 	l := Layout{Dir: "/cluster"}
 	if specs := Specs(defaultConfig(t, ""), l); len(specs) != 4 {
@@ -99,12 +100,21 @@ func TestMonitoringSpecs(t *testing.T) {
 	if !slices.Equal(names, AllNames) {
 		t.Fatalf("components %v, want %v", names, AllNames)
 	}
-	prom := specs[5]
+	prom := specs[6]
 	if prom.HealthURL != "http://127.0.0.1:9090/-/ready" || prom.Args[len(prom.Args)-1] != "--web.enable-lifecycle" ||
 		!slices.Contains(prom.Args, "--storage.tsdb.retention.size=5GB") || !slices.Contains(prom.Args, "--storage.tsdb.path=/cluster/monitoring/prometheus") {
 		t.Errorf("prometheus: %+v", prom)
 	}
 	if am := specs[4]; !slices.Contains(am.Args, "--cluster.listen-address=") || am.HealthText != "OK" {
 		t.Errorf("alertmanager: %+v", am)
+	}
+	ksm := specs[5]
+	wantArgs := []string{"--host=127.0.0.1", "--kubeconfig=/cluster/kube-state-metrics.conf", "--port=8082",
+		"--resources=namespaces,nodes,persistentvolumeclaims,pods,resourcequotas", "--telemetry-host=127.0.0.1", "--telemetry-port=8083"}
+	if !slices.Equal(ksm.Args, wantArgs) || ksm.HealthURL != "http://127.0.0.1:8082/healthz" || ksm.HealthText != "OK" || len(ksm.Ports) != 2 {
+		t.Errorf("kube-state-metrics: %+v, want args %v", ksm, wantArgs)
+	}
+	if got := Using(specs, []string{"/cluster/kube-state-metrics.conf"}); !slices.Equal(got, []string{KubeStateMetrics}) {
+		t.Errorf("renewing kube-state-metrics.conf restarts %v, want kube-state-metrics", got)
 	}
 }

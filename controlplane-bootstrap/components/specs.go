@@ -47,7 +47,8 @@ type Component struct {
 }
 
 // Specs returns the components for cfg laid out in l, in start order: the four of the
-// control plane, then Alertmanager and Prometheus when monitoring is enabled.
+// control plane, then Alertmanager, kube-state-metrics and Prometheus when monitoring is
+// enabled.
 func Specs(cfg *clusterconfig.Config, l Layout) []Component {
 	core := []Component{etcdSpec(cfg, l), apiserverSpec(cfg, l), controllerManagerSpec(cfg, l), schedulerSpec(cfg, l)}
 	return append(core, monitoringSpecs(cfg, l)...)

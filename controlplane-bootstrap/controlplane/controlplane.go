@@ -264,6 +264,9 @@ func writeFiles(l components.Layout, cfg *clusterconfig.Config, cfgYAML []byte, 
 		{clusterpki.AdminKubeconfig, clusterpki.AdminUser, clusterpki.AdminGroup},
 		{clusterpki.ControllerManagerKubeconfig, clusterpki.ControllerManagerUser, ""},
 		{clusterpki.SchedulerKubeconfig, clusterpki.SchedulerUser, ""},
+		// Written with monitoring off too, as the monitoring client certificate is, so
+		// that `certs renew all` finds it either way.
+		{clusterpki.KubeStateMetricsKubeconfig, clusterpki.KubeStateMetricsUser, ""},
 	} {
 		var groups []string
 		if kc.group != "" {

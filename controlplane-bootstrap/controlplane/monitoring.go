@@ -21,6 +21,12 @@ import (
 // /metrics. Nothing else: it cannot read Secrets or change anything.
 const monitoringRole = "gpurack:monitoring"
 
+// kubeStateMetricsRole is kube-state-metrics' ClusterRole and ClusterRoleBinding (to
+// clusterpki.KubeStateMetricsUser): list and watch exactly the kinds of its --resources
+// (components.KubeStateMetricsResources), all of them in the core group. Not get: it
+// works from its watches' caches.
+const kubeStateMetricsRole = "gpurack:kube-state-metrics"
+
 func monitoringObjects(cfg *clusterconfig.Config) []joinconfig.Object {
 	if !cfg.Monitoring.Enabled {
 		return nil
@@ -30,9 +36,12 @@ func monitoringObjects(cfg *clusterconfig.Config) []joinconfig.Object {
 		{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: []string{"get", "list", "watch"}},
 		{NonResourceURLs: []string{"/metrics", "/metrics/cadvisor"}, Verbs: []string{"get"}},
 	}
+	ksm := rbacv1.PolicyRule{APIGroups: []string{""}, Resources: components.KubeStateMetricsResources, Verbs: []string{"list", "watch"}}
 	return []joinconfig.Object{
 		joinconfig.ClusterRole(monitoringRole, rules...),
 		joinconfig.ClusterRoleBinding(monitoringRole, monitoringRole, joinconfig.User(clusterpki.MonitoringUser)),
+		joinconfig.ClusterRole(kubeStateMetricsRole, ksm),
+		joinconfig.ClusterRoleBinding(kubeStateMetricsRole, kubeStateMetricsRole, joinconfig.User(clusterpki.KubeStateMetricsUser)),
 	}
 }
 

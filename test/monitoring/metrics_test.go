@@ -1,6 +1,7 @@
-// Package monitoring tests the metrics server and Alertmanager as
+// Package monitoring tests the metrics server, Alertmanager and kube-state-metrics as
 // `controlplane-bootstrap init` starts them (cluster.yaml's monitoring.enabled): a real
-// control plane, Prometheus and Alertmanager from `make k8s-bins`, gpuagents on the GPU
+// control plane, Prometheus, Alertmanager and kube-state-metrics from `make k8s-bins`,
+// gpuagents on the GPU
 // simulator (labelled simulated) whose Node objects the test registers in place of
 // kubelets, and an httptest webhook as the receiver. See docs/testing.md.
 package monitoring
@@ -59,21 +60,24 @@ receivers:
 // data: every scrape job of the control-plane host is up with its credential, the
 // shipped rules are loaded and healthy, two simulated nodes' agents are found through
 // the Node objects, a fatal XID injected on one reaches the webhook with the node, the
-// GPU and the runbook link, and a killed agent's target goes down and its alert pends.
+// GPU and the runbook link, a killed agent's target goes down and its alert pends, and
+// the simulated nodes' conditions and a quarantine taint reach the node alerts through
+// kube-state-metrics.
 func TestMetricsServer(t *testing.T) {
-	testcluster.Require(t, "prometheus", "alertmanager")
+	testcluster.Require(t, "prometheus", "alertmanager", "kube-state-metrics")
 	dir := t.TempDir()
 	hook := newWebhook(t)
 	amConfig := alertmanagerConfig(t, hook.srv.URL)
 	prefix, agentPort := loopbackPrefix(t, 2)
 	var promURL, amURL string
 	c := testcluster.NewWith(t, testcluster.Options{Configure: func(cfg *clusterconfig.Config) {
-		ports, err := testcluster.FreePorts(2)
+		ports, err := testcluster.FreePorts(4)
 		if err != nil {
 			t.Fatal(err)
 		}
 		cfg.Monitoring.Enabled = true
 		cfg.Monitoring.Prometheus.Port, cfg.Monitoring.Alertmanager.Port = ports[0], ports[1]
+		cfg.Monitoring.KubeStateMetrics.Port, cfg.Monitoring.KubeStateMetrics.TelemetryPort = ports[2], ports[3]
 		cfg.Monitoring.Prometheus.ScrapeInterval = "1s"
 		cfg.Monitoring.Prometheus.EvaluationInterval = "1s"
 		cfg.Monitoring.Alertmanager.ConfigFile = amConfig
@@ -96,12 +100,13 @@ func TestMetricsServer(t *testing.T) {
 	t.Run("fatal XID reaches the webhook", func(t *testing.T) { xidToWebhook(t, hook, a) })
 	t.Run("killed agent", func(t *testing.T) { killedAgent(t, promURL, b) })
 	t.Run("alertmanager holds the alert", func(t *testing.T) { alertmanagerHolds(t, amURL, a) })
+	t.Run("node state through kube-state-metrics", func(t *testing.T) { nodeState(t, promURL, cs, a.node, b.node) })
 }
 
 // controlPlaneJobsUp waits until the control-plane host's jobs answer: the apiserver,
 // the scheduler and the controller-manager only to the monitoring client certificate.
 func controlPlaneJobsUp(t *testing.T, promURL string) {
-	jobs := []string{"prometheus", "alertmanager", "etcd", "apiserver", "kube-scheduler", "kube-controller-manager"}
+	jobs := []string{"prometheus", "alertmanager", "kube-state-metrics", "etcd", "apiserver", "kube-scheduler", "kube-controller-manager"}
 	eventually(t, time.Minute, "control-plane scrape jobs up", func() error {
 		s, err := query(promURL, `up`)
 		if err != nil {

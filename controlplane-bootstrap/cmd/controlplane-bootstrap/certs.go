@@ -42,9 +42,10 @@ func newCertsCheckExpirationCommand() *cobra.Command {
 kubeadm certs check-expiration does: its name, when it expires, the time left, the CA
 that signed it and whether it is externally managed (that CA's key is not in DIR/pki,
 so certs renew cannot renew it); then its common name and file. The certificates
-embedded in admin.conf, controller-manager.conf and scheduler.conf are included, and
-the serving certificates kube-controller-manager and kube-scheduler make for themselves.
-A second table lists the CAs.
+embedded in admin.conf, controller-manager.conf, scheduler.conf and
+kube-state-metrics.conf are included, and the serving certificates
+kube-controller-manager and kube-scheduler make for themselves. A second table lists
+the CAs.
 
 A file that is missing is marked !MISSING!, one that cannot be read or whose key does
 not match it !INVALID!, with the reason below the tables.
@@ -145,9 +146,11 @@ and restart gpuboot.`,
 }
 
 // renewTable lists, for --help, each certificate's name, file and the components that
-// read it, as Using finds them for a default configuration.
+// read it, as Using finds them for a default configuration with monitoring enabled
+// (kube-state-metrics reads its kubeconfig).
 func renewTable() string {
 	cfg := clusterconfig.Default()
+	cfg.Monitoring.Enabled = true
 	l := components.Layout{Dir: "DIR"}
 	specs := components.Specs(&cfg, l)
 	var b strings.Builder

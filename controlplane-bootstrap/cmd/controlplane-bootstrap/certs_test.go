@@ -21,7 +21,7 @@ import (
 )
 
 // stoppedControlPlane writes what init writes before it starts anything (cluster.yaml,
-// the PKI, the three kubeconfigs), without the binaries: a stopped control plane.
+// the PKI, the four kubeconfigs), without the binaries: a stopped control plane.
 func stoppedControlPlane(t *testing.T) string {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "cluster")
@@ -32,7 +32,7 @@ func stoppedControlPlane(t *testing.T) string {
 	}
 	for _, kc := range []struct{ file, user string }{
 		{clusterpki.AdminKubeconfig, clusterpki.AdminUser}, {clusterpki.ControllerManagerKubeconfig, clusterpki.ControllerManagerUser},
-		{clusterpki.SchedulerKubeconfig, clusterpki.SchedulerUser},
+		{clusterpki.SchedulerKubeconfig, clusterpki.SchedulerUser}, {clusterpki.KubeStateMetricsKubeconfig, clusterpki.KubeStateMetricsUser},
 	} {
 		if err := set.EnsureKubeconfig(filepath.Join(dir, kc.file), cfg.ClusterName, cfg.APIServerURL(), kc.user); err != nil {
 			t.Fatal(err)
