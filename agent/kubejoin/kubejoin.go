@@ -26,9 +26,11 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -225,6 +227,36 @@ func AllocatableGPUs(gpus, replicas int, s health.Summary) int {
 		}
 	}
 	return max(n, 0) * replicas
+}
+
+// EnsureLabels sets every label of want whose value on the Node differs, with the
+// node's own credentials (NodeRestriction lets a node label itself outside the
+// restricted prefixes, which want never holds). A Node registered by an earlier boot
+// keeps the labels of that boot: kubelet applies --node-labels only when it creates
+// the Node, so after a re-image the agent brings the image and driver labels up to
+// date here. It returns the keys it changed.
+func (n *Node) EnsureLabels(ctx context.Context, want map[string]string) ([]string, error) {
+	cur, err := n.Client.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("read the labels of %s: %w", n.Name, err)
+	}
+	changed := map[string]string{}
+	for k, v := range want {
+		if have, ok := cur.Labels[k]; !ok || have != v {
+			changed[k] = v
+		}
+	}
+	if len(changed) == 0 {
+		return nil, nil
+	}
+	data, err := json.Marshal(map[string]any{"metadata": map[string]any{"labels": changed}})
+	if err != nil {
+		return nil, err
+	}
+	if _, err := n.Client.CoreV1().Nodes().Patch(ctx, n.Name, types.StrategicMergePatchType, data, metav1.PatchOptions{}); err != nil {
+		return nil, fmt.Errorf("label %s: %w", n.Name, err)
+	}
+	return slices.Sorted(maps.Keys(changed)), nil
 }
 
 // SetAllocatableGPUs patches the Node's allocatable nvidia.com/gpu (simulation mode:

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -371,5 +372,51 @@ func TestGPUHealthyKeepsTransitionTime(t *testing.T) {
 	}
 	if got := read(); !got.LastTransitionTime.After(first.LastTransitionTime.Time) || got.Status != corev1.ConditionFalse {
 		t.Errorf("False: lastTransitionTime %v status %s, want after %v and False", got.LastTransitionTime, got.Status, first.LastTransitionTime)
+	}
+}
+
+// TestEnsureLabelsAfterReimage: a node registered by an earlier boot on image A keeps
+// A's labels through Register (as kubelet keeps --node-labels of a Node that exists);
+// EnsureLabels, with the node's own credentials, brings the image and driver labels to
+// the new boot's, and changes nothing when they already are.
+func TestEnsureLabelsAfterReimage(t *testing.T) {
+	c := testcluster.Shared(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cfg, err := Bootstrap(ctx, c.Server, c.CAPEM, c.JoinToken(t), "gpu-reimaged")
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := AgentLabels("image-a", "535.183.01", "NVIDIA H100", 8, 1, true)
+	if _, err := Register(ctx, client, NodeSpec{Name: "gpu-reimaged", GPUs: 8, BootID: "boot-1", Labels: before}); err != nil {
+		t.Fatal(err)
+	}
+	after := AgentLabels("image-b", "550.90.07", "NVIDIA H100", 8, 1, true)
+	node, err := Register(ctx, client, NodeSpec{Name: "gpu-reimaged", GPUs: 8, BootID: "boot-2", Labels: after})
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin := c.Clientset(t)
+	n, err := admin.CoreV1().Nodes().Get(ctx, "gpu-reimaged", metav1.GetOptions{})
+	if err != nil || n.Labels["gpurack.io/image"] != "image-a" {
+		t.Fatalf("before EnsureLabels: %v %v; the test expects Register to keep the earlier boot's labels", n.Labels, err)
+	}
+	changed, err := node.EnsureLabels(ctx, after)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(changed, []string{"gpurack.io/driver-version", "gpurack.io/image"}) {
+		t.Errorf("changed %v, want the driver and the image", changed)
+	}
+	n, err = admin.CoreV1().Nodes().Get(ctx, "gpu-reimaged", metav1.GetOptions{})
+	if err != nil || n.Labels["gpurack.io/image"] != "image-b" || n.Labels["gpurack.io/driver-version"] != "550.90.07" {
+		t.Errorf("after EnsureLabels: %v %v", n.Labels, err)
+	}
+	if changed, err := node.EnsureLabels(ctx, after); err != nil || len(changed) != 0 {
+		t.Errorf("a second EnsureLabels changed %v (%v), want nothing", changed, err)
 	}
 }

@@ -299,6 +299,28 @@ func hostIPs() []string {
 	return out
 }
 
+// ensureLabels brings the Node's labels up to date (kubejoin.Node.EnsureLabels), in a
+// few tries.
+func (n *node) ensureLabels(ctx context.Context, node *kubejoin.Node, labels map[string]string) {
+	for try := 1; ctx.Err() == nil; try++ {
+		changed, err := node.EnsureLabels(ctx, labels)
+		if err == nil {
+			if len(changed) > 0 {
+				n.log.Info("node labels brought up to date (the Node was registered by an earlier boot)", "node", node.Name, "labels", changed)
+			}
+			return
+		}
+		if try == 3 {
+			n.log.Error("node labels not brought up to date: the Node keeps an earlier boot's image and driver labels", "node", node.Name, "error", err)
+			return
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(2 * time.Second):
+		}
+	}
+}
+
 // joinRetry is the backoff of the join's steps (the simulated join, starting kubelet
 // and kube-proxy) and of the commissioning report.
 var joinRetry = retry.Backoff{First: time.Second, Max: 30 * time.Second}
@@ -330,6 +352,9 @@ func (n *node) join(ctx context.Context, bundle *bootv1.JoinBundle, afterNode fu
 	if node == nil {
 		return
 	}
+	// A Node from an earlier boot (a reboot, a re-image) keeps that boot's labels. A
+	// refusal does not hold the join: the node works, with labels out of date.
+	n.ensureLabels(ctx, node, labels)
 	if afterNode != nil {
 		afterNode(ctx)
 	} else {
