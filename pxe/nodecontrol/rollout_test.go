@@ -361,13 +361,22 @@ func phases(ro *rollout.Rollout) string {
 
 // workload puts a pod on each Node that a drain must evict.
 func (r *rolloutRack) workload() {
+	// On a control plane that has just started, the service-account controller may not
+	// have made default/default yet, and admission refuses pods until it has.
+	deadline := time.Now().Add(60 * time.Second)
 	for _, m := range r.machines {
-		_, err := r.admin.CoreV1().Pods("default").Create(context.Background(), &corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Name: "job-" + m.node, Labels: map[string]string{"gpurack-test": "rollout"}},
-			Spec:       corev1.PodSpec{NodeName: m.node, Containers: []corev1.Container{{Name: "c", Image: "train:1"}}},
-		}, metav1.CreateOptions{})
-		if err != nil {
-			r.t.Fatal(err)
+		for {
+			_, err := r.admin.CoreV1().Pods("default").Create(context.Background(), &corev1.Pod{
+				ObjectMeta: metav1.ObjectMeta{Name: "job-" + m.node, Labels: map[string]string{"gpurack-test": "rollout"}},
+				Spec:       corev1.PodSpec{NodeName: m.node, Containers: []corev1.Container{{Name: "c", Image: "train:1"}}},
+			}, metav1.CreateOptions{})
+			if err == nil {
+				break
+			}
+			if !strings.Contains(err.Error(), `serviceaccount "default" not found`) || time.Now().After(deadline) {
+				r.t.Fatal(err)
+			}
+			time.Sleep(200 * time.Millisecond)
 		}
 	}
 }
@@ -409,6 +418,7 @@ func TestRolloutSimulatedRack(t *testing.T) {
 	if ro.State != rollout.Running || len(ro.Machines) != 5 || ro.Machines[0].Previous != r.imgA || ro.Machines[4].Batch != 2 {
 		t.Fatalf("started rollout: %s %s", ro.State, phases(ro))
 	}
+	pauseAndResume(t, r, ro.ID)
 	ro = r.wait(rollout.Done)
 	firstID := ro.ID
 	t.Logf("rollout of %d machines, canary 1 then batches of 2: %s (simulated reboots)", len(ro.Machines), time.Since(start).Round(time.Millisecond))
@@ -471,6 +481,56 @@ func TestRolloutSimulatedRack(t *testing.T) {
 		t.Errorf("the canary's history lacks the pin and the power cycle: %v", h)
 	}
 	checkRelease(t, r, firstID, ro.ID)
+}
+
+// pauseAndResume pauses the rollout id as soon as its canary has started: the canary
+// finishes its step and no other machine starts while it is paused, however long;
+// resumed, it goes on.
+func pauseAndResume(t *testing.T, r *rolloutRack, id string) {
+	t.Helper()
+	ro, err := r.ctl.Get(id)
+	for deadline := time.Now().Add(60 * time.Second); err == nil && ro.Machines[0].Phase == rollout.Pending; ro, err = r.ctl.Get(id) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the canary did not start: %s", phases(ro))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	ro, err = r.ctl.Pause(id, "operator:test", "maintenance window")
+	if err != nil || ro.State != rollout.Paused {
+		t.Fatalf("pause: %v, %+v", err, ro)
+	}
+	deadline := time.Now().Add(120 * time.Second)
+	for ro.Machines[0].Phase != rollout.Ready {
+		if time.Now().After(deadline) {
+			t.Fatalf("the canary did not finish its step while paused: %s", phases(ro))
+		}
+		time.Sleep(50 * time.Millisecond)
+		if ro, err = r.ctl.Get(id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Passes go on while paused; none may start a machine.
+	time.Sleep(2 * time.Second)
+	if ro, err = r.ctl.Get(id); err != nil {
+		t.Fatal(err)
+	}
+	for i, s := range ro.Machines[1:] {
+		if s.Phase != rollout.Pending || !s.StartedAt.IsZero() || len(r.machines[i+1].bmc.Resets()) != 0 {
+			t.Errorf("%s started while the rollout was paused: %s", s.Node, phases(ro))
+		}
+	}
+	if ro.State != rollout.Paused {
+		t.Errorf("state %s while paused", ro.State)
+	}
+	if _, err := r.ctl.Pause(id, "operator:test", "again"); err == nil {
+		t.Error("pausing a paused rollout was accepted")
+	}
+	if ro, err = r.ctl.Resume(id, "operator:test", "window over"); err != nil || ro.State != rollout.Running {
+		t.Fatalf("resume: %v, %+v", err, ro)
+	}
 }
 
 // checkRelease releases the pins the rollouts left. The first (done, machines 2 to 5
