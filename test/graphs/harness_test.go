@@ -39,6 +39,7 @@ import (
 	"github.com/gpurack/gpurack/pxe/identity"
 	"github.com/gpurack/gpurack/pxe/inventory"
 	"github.com/gpurack/gpurack/pxe/policy"
+	"github.com/gpurack/gpurack/test/promtest"
 	"github.com/gpurack/gpurack/test/rigimage"
 )
 
@@ -131,17 +132,7 @@ type simNode struct {
 	kubelet    *kubelet
 }
 
-func buildAgent(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "gpuagent")
-	cmd := exec.Command("go", "build", "-trimpath", "-o", bin, "./agent/cmd/gpuagent")
-	cmd.Dir = rigimage.RepoRoot(t)
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=1")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build gpuagent: %v\n%s", err, out)
-	}
-	return bin
-}
+func buildAgent(t *testing.T) string { return promtest.BuildAgent(t, t.TempDir()) }
 
 func startNode(t *testing.T, bin, dir, name string) *simNode {
 	t.Helper()
@@ -191,21 +182,8 @@ func (n *simNode) uuids(t *testing.T) map[string]string {
 	return out
 }
 
-// eventually polls cond every 250 ms until it returns nil or d passes.
-func eventually(t *testing.T, d time.Duration, what string, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s: %v", what, d, err)
-		}
-		time.Sleep(250 * time.Millisecond)
-	}
-}
+// eventually is promtest.Eventually.
+var eventually = promtest.Eventually
 
 // tenantsTarget serves what `controlplane-bootstrap tenants status --textfile` writes
 // (tenants.Registry, the same code) as a scrape target, standing in for node_exporter's

@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,65 +22,18 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
 
+	"github.com/gpurack/gpurack/test/promtest"
 	"github.com/gpurack/gpurack/test/rigimage"
 )
 
-// client bounds every request the test makes to Prometheus and Alertmanager.
-var client = &http.Client{Timeout: 10 * time.Second}
+// The shared helpers, under the names this package's tests use.
+var (
+	eventually = promtest.Eventually
+	getJSON    = promtest.GetJSON
+	query      = promtest.Query
+)
 
-// getJSON GETs rawURL and decodes the body into v.
-func getJSON(rawURL string, v any) error {
-	resp, err := client.Get(rawURL)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
-	if err != nil {
-		return err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("GET %s: HTTP %d: %s", rawURL, resp.StatusCode, body)
-	}
-	return json.Unmarshal(body, v)
-}
-
-// sample is one series of an instant query's answer.
-type sample struct {
-	Metric map[string]string `json:"metric"`
-	Value  [2]any            `json:"value"`
-}
-
-// query runs an instant PromQL query against Prometheus at base.
-func query(base, q string) ([]sample, error) {
-	var r struct {
-		Status string `json:"status"`
-		Data   struct {
-			Result []sample `json:"result"`
-		} `json:"data"`
-	}
-	if err := getJSON(base+"/api/v1/query?query="+url.QueryEscape(q), &r); err != nil {
-		return nil, err
-	}
-	return r.Data.Result, nil
-}
-
-// eventually polls cond every 250 ms until it returns nil or d passes, and fails t
-// with cond's last error.
-func eventually(t *testing.T, d time.Duration, what string, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s: %v", what, d, err)
-		}
-		time.Sleep(250 * time.Millisecond)
-	}
-}
+func buildAgent(t *testing.T, dir string) string { return promtest.BuildAgent(t, dir) }
 
 // webhook is an Alertmanager webhook receiver: it keeps every notification with the
 // time it arrived.
@@ -143,18 +95,6 @@ func (w *webhook) firing(name string) (received, int, bool) {
 type simAgent struct {
 	node, addr, socket string
 	cmd                *exec.Cmd
-}
-
-// buildAgent builds gpuagent from the tree into dir.
-func buildAgent(t *testing.T, dir string) string {
-	bin := filepath.Join(dir, "gpuagent")
-	cmd := exec.Command("go", "build", "-trimpath", "-o", bin, "./agent/cmd/gpuagent")
-	cmd.Dir = rigimage.RepoRoot(t)
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=1")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build gpuagent: %v\n%s", err, out)
-	}
-	return bin
 }
 
 // loopbackPrefix picks a 127.X.0.0/16 whose first n hosts (127.X.H/256.H%256+1) have a

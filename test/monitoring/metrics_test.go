@@ -173,20 +173,7 @@ func rulesLoaded(t *testing.T, promURL string) {
 
 // upByNode compares up{job=job} by node with want.
 func upByNode(promURL, job string, want map[string]string) error {
-	s, err := query(promURL, fmt.Sprintf(`up{job=%q}`, job))
-	if err != nil {
-		return err
-	}
-	got := map[string]string{}
-	for _, x := range s {
-		got[x.Metric["node"]] = fmt.Sprint(x.Value[1])
-	}
-	for n, v := range want {
-		if got[n] != v {
-			return fmt.Errorf("up{job=%q,node=%q} = %q, want %s (all: %v)", job, n, got[n], v, got)
-		}
-	}
-	return nil
+	return valuesByNode(promURL, fmt.Sprintf(`up{job=%q}`, job), want)
 }
 
 // inject injects a simulator fault through the agent's local gRPC socket.
