@@ -112,6 +112,8 @@ type parser struct {
 	runbooks []Runbook
 	byName   map[string]int
 	errs     []*ParseError
+	// shared are the tags above the current one that share its block.
+	shared []pendingTag
 }
 
 func (p *parser) fail(line int, format string, args ...any) {
@@ -150,14 +152,38 @@ func (p *parser) line() {
 		p.add(name, st)
 		return
 	}
+	// Several runbooks may share a block: their tags stand on the lines before it, one
+	// each, and each keeps its own keys.
+	if p.i+1 < len(p.lines) && markerRE.MatchString(p.lines[p.i+1]) {
+		if _, next, err := parseMarker(markerRE.FindStringSubmatch(p.lines[p.i+1])[1]); err == nil && next.Do == "" {
+			p.shared = append(p.shared, pendingTag{name, st})
+			return
+		}
+	}
 	if p.i+1 >= len(p.lines) || fenceRE.FindStringSubmatch(p.lines[p.i+1]) == nil {
 		p.fail(p.i+1, "runbook tag %q is not followed by a fenced block on the next line (or give do=STANDIN for a step in words)", m[1])
+		p.shared = nil
 		return
 	}
 	p.i++
 	p.block(&st)
 	p.annotations(&st)
+	for _, o := range p.shared {
+		if o.name == name {
+			p.fail(o.step.Line, "runbook %q is tagged twice on one block", name)
+		}
+		shared := st
+		shared.Fails, shared.Retry, shared.Append, shared.Instead = o.step.Fails, o.step.Retry, o.step.Append, o.step.Instead
+		p.add(o.name, shared)
+	}
+	p.shared = nil
 	p.add(name, st)
+}
+
+// pendingTag is a runbook tag waiting for the block it shares with the tags below it.
+type pendingTag struct {
+	name string
+	step Step
 }
 
 func (p *parser) add(name string, st Step) {

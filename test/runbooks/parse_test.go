@@ -56,6 +56,23 @@ func TestParse(t *testing.T) {
 	}
 }
 
+// TestParseSharedBlock: tags on consecutive lines share the block below them, each
+// with its own keys, and the annotations after it.
+func TestParseSharedBlock(t *testing.T) {
+	doc := "## S\n<!-- runbook: a retry=1m -->\n<!-- runbook: b instead=x -->\n```sh\nls\n```\n<!-- expect: ok -->\n"
+	got, err := Parse(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Runbook{
+		{Name: "a", Steps: []Step{{Line: 4, Section: "S", Lang: "sh", Text: "ls\n", Retry: time.Minute, Expect: []string{"ok"}}}},
+		{Name: "b", Steps: []Step{{Line: 4, Section: "S", Lang: "sh", Text: "ls\n", Instead: "x", Expect: []string{"ok"}}}},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("Parse:\n got %+v\nwant %+v", got, want)
+	}
+}
+
 // TestParseErrors: every problem with a tag names its line and what to write instead.
 func TestParseErrors(t *testing.T) {
 	for _, tc := range []struct{ doc, want string }{
@@ -72,6 +89,8 @@ func TestParseErrors(t *testing.T) {
 		{"<!-- runbook: a -->\n```sh\n```\n<!-- expect: ( -->\n", "line 4: expect: not a regular expression"},
 		{"<!-- runbook: a -->\n```sh\n```\n<!-- capture X: no group -->\n", "must have exactly one group, has 0"},
 		{"see <!-- runbook: a --> here\n", "must be alone on its line"},
+		{"<!-- runbook: a -->\n<!-- runbook: a retry=1m -->\n```sh\nls\n```\n", "line 1: runbook \"a\" is tagged twice on one block"},
+		{"<!-- runbook: a -->\n<!-- runbook: b -->\ntext\n", "line 2: runbook tag \"b\" is not followed by a fenced block"},
 	} {
 		_, err := Parse(tc.doc)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -294,9 +294,7 @@ grep -q '^  trustedKeys: \[/etc/gpurack/image-signing-2.pub\]$' /etc/gpuboot/gpu
 	{name: "rollout", parallel: true, gpuboot: &gpubootSite{cluster: true, machines: []int{3, 4}, reenroll: "auto"},
 		standIns: map[string]standIn{
 			// Step 1: the build host's checkout (the profiles and the agent's unit).
-			"checkout-on-the-build-host": func(s *site, _ string) {
-				s.must("mkdir -p agent && cp -a " + filepath.Join(s.w.root, "profiles") + " . && cp -a " + filepath.Join(s.w.root, "agent", "systemd") + " agent/")
-			},
+			"checkout-on-the-build-host": checkoutOnTheBuildHost,
 			// Step 1's lock and build: a signed image in the store, on which the
 			// canary's checklist fails (the branch step 4 covers).
 			"lock-and-build": func(s *site, _ string) {
@@ -304,6 +302,30 @@ grep -q '^  trustedKeys: \[/etc/gpurack/image-signing-2.pub\]$' /etc/gpuboot/gpu
 				s.rack.failOn(s.values["NEW-ID"])
 			},
 		}},
+	{name: "rollout-success", parallel: true, gpuboot: &gpubootSite{cluster: true, machines: []int{3, 4}, reenroll: "auto"},
+		standIns: map[string]standIn{
+			"checkout-on-the-build-host": checkoutOnTheBuildHost,
+			// Step 1's lock and build: a signed image in the store, on which the
+			// servers' checklist passes.
+			"lock-and-build": func(s *site, _ string) {
+				s.values["NEW-ID"] = s.standInImage("/var/lib/gpurack/images", "/etc/gpurack/keys/signing.pem", "driver-550")
+			},
+			// Step 6's edit: the rack's defaultImage in gpuboot.yaml becomes NEW-ID.
+			"point-the-rack-at-new-id": func(s *site, _ string) {
+				s.must(fmt.Sprintf(`sed -i 's,^    defaultImage: %s$,    defaultImage: %s,' /etc/gpuboot/gpuboot.yaml
+grep -q '^    defaultImage: %[2]s$' /etc/gpuboot/gpuboot.yaml`, s.values["IMAGE-ID"], s.values["NEW-ID"]))
+			},
+		}},
+	{name: "gpuboot-host", gpuboot: &gpubootSite{cluster: true, machines: []int{7}}, standIns: map[string]standIn{
+		// Step 2: the host is lost and a new one installed at its address: gpuboot
+		// stopped, its state and configuration gone; its user, the image store and the
+		// control plane stay, as the installation and the store's restore give them.
+		"lose-gpuboots-host": func(s *site, _ string) {
+			s.must(`systemctl stop gpuboot
+find /var/lib/gpuboot /etc/gpuboot -mindepth 1 -delete
+test -z "$(find /var/lib/gpuboot /etc/gpuboot -mindepth 1)"`)
+		},
+	}},
 	{name: "decommission", gpuboot: &gpubootSite{cluster: true, machines: []int{7}}, standIns: map[string]standIn{
 		// The server powered on again: off and on at its BMC, it network-boots.
 		"power-the-server-on-again": func(s *site, _ string) {
@@ -325,4 +347,10 @@ grep -q '^  trustedKeys: \[/etc/gpurack/image-signing-2.pub\]$' /etc/gpuboot/gpu
 			s.must("mkdir -p ~/.config/gpuboot && cp -a /var/lib/gpuboot/operators/alice ~/.config/gpuboot/alice")
 		},
 	}},
+}
+
+// checkoutOnTheBuildHost stands in for the rollout's step 1 checkout on the build host:
+// the profiles and the agent's unit of this tree.
+func checkoutOnTheBuildHost(s *site, _ string) {
+	s.must("mkdir -p agent && cp -a " + filepath.Join(s.w.root, "profiles") + " . && cp -a " + filepath.Join(s.w.root, "agent", "systemd") + " agent/")
 }
