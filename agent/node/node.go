@@ -312,7 +312,7 @@ func (n *node) metricsListener() (Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--metrics-listen: %w", err)
 	}
-	col := &server.Collector{Monitor: n.mon, Hostname: facts.Hostname(), Version: buildinfo.String(), Holders: n.pods.Holders,
+	col := &server.Collector{Monitor: n.mon, CurrentHostname: facts.Hostname, Version: buildinfo.String(), Holders: n.pods.Holders,
 		Rack: func() map[string]int {
 			if r := n.rack.Load(); r != nil {
 				return r.counts()

@@ -33,9 +33,13 @@ func nodeDesc(name, help string, labels ...string) *prometheus.Desc {
 // Collector exports the monitor's latest snapshot, results and health at scrape time.
 // It never calls NVML itself: a scrape costs no GPU reads.
 type Collector struct {
-	Monitor  StateReader
-	Hostname string
-	Version  string
+	Monitor StateReader
+	// Hostname is the Hostname label; CurrentHostname, when set, is read at every
+	// scrape instead: the agent sets the machine's hostname to the node name when it
+	// joins, after its metrics listener has started.
+	Hostname        string
+	CurrentHostname func() string
+	Version         string
 	// Rack returns gossip member counts by state; nil without gossip.
 	Rack func() map[string]int
 	// Holders says which containers hold each GPU (kubelet's pod-resources API,
@@ -96,6 +100,9 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 // Collect reads the monitor's state.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	h := c.Hostname
+	if c.CurrentHostname != nil {
+		h = c.CurrentHostname()
+	}
 	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}

@@ -66,3 +66,43 @@ gpurack_pod_resources_up{Hostname="gpu-r1-u07"} 0
 		t.Errorf("without kubelet: %d series (%v), want none", n, err)
 	}
 }
+
+// TestHostnameFollowsTheMachine: with CurrentHostname, every scrape reads the hostname
+// again, so the agent's series carry the node name once the join has set it (an agent's
+// metrics listener starts before that; the alerts' Hostname must be the node's).
+func TestHostnameFollowsTheMachine(t *testing.T) {
+	p, err := profile.Load("../../profiles/debian12-nvidia535.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := sim.New("dgxh100", sim.Options{DriverVersion: p.GPU.Driver.Version, Seed: "hostname"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mon := monitor.New(monitor.Config{Backend: s, Profile: p})
+	mon.RunChecks(monitor.PhaseCommissioning)
+	name := "localhost"
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(&Collector{Monitor: mon, Hostname: "ignored", CurrentHostname: func() string { return name }})
+	for _, want := range []string{"localhost", "gpu-r1-07"} {
+		name = want
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := ""
+		for _, mf := range mfs {
+			if mf.GetName() != "gpurack_node_gpus" {
+				continue
+			}
+			for _, l := range mf.GetMetric()[0].GetLabel() {
+				if l.GetName() == "Hostname" {
+					got = l.GetValue()
+				}
+			}
+		}
+		if got != want {
+			t.Errorf("gpurack_node_gpus Hostname=%q, want %q", got, want)
+		}
+	}
+}
