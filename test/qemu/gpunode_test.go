@@ -44,7 +44,7 @@ const gpuHold = 90 * time.Second
 //     reason, and once the fault is cleared and the hysteresis passes, 8 again;
 //   - after `systemctl restart kubelet` on the node the plugin registers again: a GPU
 //     pod runs with its GPU.
-func simGPUNodeChecks(t *testing.T, ctx context.Context, admin kubernetes.Interface, g *namespacedGpuboot, node *corev1.Node, ip string) {
+func simGPUNodeChecks(t *testing.T, ctx context.Context, admin kubernetes.Interface, g *namespacedGpuboot, node *corev1.Node, ip string, xidAt *time.Time) {
 	if node.Labels[nodecontract.LabelSimulated] != "true" {
 		t.Errorf("Node %s labels %v: no %s=true on a simulated GPU node", node.Name, node.Labels, nodecontract.LabelSimulated)
 	}
@@ -94,6 +94,7 @@ func simGPUNodeChecks(t *testing.T, ctx context.Context, admin kubernetes.Interf
 	// A fatal XID on GPU 3 costs that GPU alone, and it comes back.
 	agent := agentClient(t, g, ip, node.Name)
 	t0 = time.Now()
+	*xidAt = t0
 	if _, err := agent.InjectFault(ctx, &agentv1.InjectFaultRequest{Fault: &agentv1.FaultSpec{Spec: "xid:79@gpu3"}}); err != nil {
 		t.Fatalf("InjectFault xid:79@gpu3 on %s's agent: %v", node.Name, err)
 	}

@@ -45,6 +45,13 @@ var rackMachines = []MachineSpec{
 //     then wiped by an operator through gpuboot and prepared); after tenant isolation,
 //     A gets kubectl exec, kubectl logs and kubectl debug node with the debug image (a
 //     command, an interactive shell), the node's journal and the audit log checked;
+//   - then the metrics server that `init` started (monitoring.enabled, scraping every
+//     5 s, Alertmanager routing every alert to a webhook in the namespace): every
+//     node's gpuagent, kubelet and cAdvisor scraped through the Node objects with the
+//     monitoring certificate, the control plane's jobs, kube-state-metrics' and
+//     gpuboot's up; the XID 79 that B's GPU subtest injected at the webhook as
+//     GpurackXIDFatal with the node, the GPU, its Hostname (the node's name) and the
+//     runbook link;
 //   - then B's agent's memory: sampled every 5 s through its /metrics from Ready to
 //     here, then read by mapping (probe mem);
 //   - last, B is rolled out to another image (`gpuboot rollout start`: pinned, drained,
@@ -72,6 +79,7 @@ func TestRack(t *testing.T) {
 	// B's agent, every service on, sampled from Ready to the end of the checks.
 	memory := startAgentMemory(r.ctx, r.ns, b.IP, 5*time.Second)
 	var prepared map[string]*machinev1.DataDisk // B's data disks at the end of their subtest
+	var xidAt time.Time                         // when B's GPU subtest injected XID 79
 	localReady := false                         // keepClaim holds keepFile
 
 	t.Run("power-on milestones", func(t *testing.T) { checkMilestones(t, a) })
@@ -112,7 +120,7 @@ func TestRack(t *testing.T) {
 			if os.Getenv("GPURACK_JOIN_IMAGE") != "" {
 				testreq.NotApplicable(t, "GPURACK_JOIN_IMAGE: node B boots that image, not the simulated GPU image built from this tree; unset it to run these checks (make test refuses it)")
 			}
-			simGPUNodeChecks(t, r.ctx, r.admin, r.g, b.node, b.IP)
+			simGPUNodeChecks(t, r.ctx, r.admin, r.g, b.node, b.IP, &xidAt)
 		})
 		t.Run(b.Node+" data disks", func(t *testing.T) {
 			t.Parallel()
@@ -125,6 +133,9 @@ func TestRack(t *testing.T) {
 				t.Run("storage bench", func(t *testing.T) { benchLocalVolume(t, r.ctx, r.admin, b.node, figures) })
 			}
 		})
+	})
+	t.Run("metrics and alerts", func(t *testing.T) {
+		checkRackMetrics(t, r, r.alerts, []string{a.Node, b.Node}, b.Node, xidAt)
 	})
 	t.Run("gpuagent memory on "+b.Node, func(t *testing.T) {
 		summary, err := memory.finish(12)

@@ -148,6 +148,8 @@ type Rack struct {
 	bins   joinBinaries
 	images rackImages
 	cp     *namespacedControlPlane // nil with NoControlPlane
+	// alerts receives every alert of the control plane's Alertmanager (metrics_test.go).
+	alerts *alertHook
 	admin  kubernetes.Interface
 	g      *namespacedGpuboot
 	ctx    context.Context
@@ -222,7 +224,8 @@ func startRack(t *testing.T, opts RackOptions) *Rack {
 	enroller := ""
 	if !opts.NoControlPlane {
 		t0 := time.Now()
-		r.cp = startNamespacedControlPlane(t, r.env, r.ns, r.bins.controlplane)
+		r.alerts = startAlertHook(t, r.ns)
+		r.cp = startNamespacedControlPlane(t, r.env, r.ns, r.bins.controlplane, monitoringConfig(t, r.alerts))
 		r.admin = r.cp.clientset(t, r.ns)
 		enroller = r.cp.enroller
 		t.Logf("control plane up in the namespace in %s (endpoint https://%s)", time.Since(t0).Round(time.Millisecond), joinAPI)
@@ -636,7 +639,8 @@ type namespacedControlPlane struct {
 	dir string
 }
 
-func startNamespacedControlPlane(t *testing.T, env *netnstest.Env, ns, bin string) *namespacedControlPlane {
+// extra is more of cluster.yaml (monitoringConfig's section), or "".
+func startNamespacedControlPlane(t *testing.T, env *netnstest.Env, ns, bin, extra string) *namespacedControlPlane {
 	t.Helper()
 	dir := t.TempDir()
 	cfgPath := filepath.Join(dir, "cluster.yaml")
@@ -655,7 +659,7 @@ apiServer:
   endpoint: ` + joinAPI + `
 etcd:
   extraArgs: {unsafe-no-fsync: "true"}
-`
+` + extra
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
