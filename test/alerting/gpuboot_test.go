@@ -1,31 +1,19 @@
 package alerting
 
 import (
-	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"io"
 	"net/http"
-	"net/http/httptest"
-	"net/netip"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/peer"
-
-	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
 	"github.com/gpurack/gpurack/internal/pki"
 	"github.com/gpurack/gpurack/pxe/admin"
+	"github.com/gpurack/gpurack/pxe/admin/admintest"
 	"github.com/gpurack/gpurack/pxe/alerts"
-	"github.com/gpurack/gpurack/pxe/enroll"
-	"github.com/gpurack/gpurack/pxe/identity"
-	"github.com/gpurack/gpurack/pxe/inventory"
-	"github.com/gpurack/gpurack/pxe/policy"
 )
 
 // gpuboot is a real gpuboot operator surface (pxe/admin over the enrollment service
@@ -40,71 +28,18 @@ type gpuboot struct {
 
 func startGpuboot(t *testing.T) *gpuboot {
 	t.Helper()
-	dir := t.TempDir()
-	ca, err := pki.NewCA(pki.CARequest{CommonName: "gpurack test CA"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	store, err := inventory.OpenBolt(filepath.Join(dir, "inventory.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { store.Close() })
-	revoked := pki.NewRevocationList()
-	svc, err := enroll.New(context.Background(), enroll.Config{Store: store, CA: ca, Revocations: revoked, Policy: policy.Policy{Mode: policy.Manual},
-		Racks: map[string]enroll.Rack{"r1": {Name: "r1", DefaultImage: strings.Repeat("a", 40)}}, DefaultRack: "r1"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := admin.New(admin.Config{Lifecycle: svc, Inventory: store, CA: ca.Cert, Revoked: svc.Revoked, Racks: []string{"r1"},
-		Alerts: alerts.Open(filepath.Join(dir, "alerts.json"), 0, nil)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	approve(t, ca, svc, srv)
-	serving, err := pki.IssueServer(ca, []string{"127.0.0.1"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := httptest.NewUnstartedServer(srv.Handler())
-	hs.TLS = &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{serving.TLSCertificate()},
-		ClientAuth: tls.VerifyClientCertIfGiven, ClientCAs: pool(ca.Cert)}
-	hs.StartTLS()
-	t.Cleanup(hs.Close)
-	g := &gpuboot{url: hs.URL, target: &gpubootTarget{url: hs.URL + "/api/v1/alerts"}}
-	g.target.caFile, g.target.certFile, g.target.keyFile = credential(t, ca, "alertmanager", pki.LevelAlertSender)
-	viewer, err := pki.IssueOperatorLevel(ca, "val", pki.LevelViewer)
+	a := admintest.Start(t, func(dir string, c *admin.Config) {
+		c.Alerts = alerts.Open(filepath.Join(dir, "alerts.json"), 0, nil)
+	}, "gpu-0001")
+	g := &gpuboot{url: a.URL, target: &gpubootTarget{url: a.URL + "/api/v1/alerts"}}
+	g.target.caFile, g.target.certFile, g.target.keyFile = credential(t, a.CA, "alertmanager", pki.LevelAlertSender)
+	viewer, err := pki.IssueOperatorLevel(a.CA, "val", pki.LevelViewer)
 	if err != nil {
 		t.Fatal(err)
 	}
 	g.viewer = &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{
-		RootCAs: pool(ca.Cert), Certificates: []tls.Certificate{viewer.TLSCertificate()}}}}
+		RootCAs: admintest.Pool(a.CA.Cert), Certificates: []tls.Certificate{viewer.TLSCertificate()}}}}
 	return g
-}
-
-func pool(certs ...*x509.Certificate) *x509.CertPool {
-	p := x509.NewCertPool()
-	for _, c := range certs {
-		p.AddCert(c)
-	}
-	return p
-}
-
-// approve registers a machine and approves it as gpu-0001, as an operator would.
-func approve(t *testing.T, ca *pki.CA, svc *enroll.Service, srv *admin.Server) {
-	t.Helper()
-	id, _ := identity.New("52:54:00:00:00:71", "", "SN71")
-	if _, err := svc.DecideBoot(context.Background(), id, netip.MustParseAddr("192.0.2.71")); err != nil {
-		t.Fatal(err)
-	}
-	op, err := pki.IssueOperatorLevel(ca, "olga", pki.LevelOperator)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := peer.NewContext(context.Background(), &peer.Peer{AuthInfo: credentials.TLSInfo{State: tls.ConnectionState{PeerCertificates: []*x509.Certificate{op.Cert}}}})
-	if _, err := srv.Approve(ctx, &bootv1.ApproveRequest{Machine: id.MAC, NodeName: "gpu-0001", Reason: "test"}); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // credential writes an operator credential at level as `gpuboot certs operator`

@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
-	"net/netip"
 	"net/url"
 	"os"
 	"os/exec"
@@ -24,21 +23,15 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/peer"
 	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
 
-	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
 	"github.com/gpurack/gpurack/controlplane-bootstrap/components"
 	"github.com/gpurack/gpurack/controlplane-bootstrap/tenants"
 	"github.com/gpurack/gpurack/controlplane-bootstrap/testcluster"
 	"github.com/gpurack/gpurack/internal/pki"
 	"github.com/gpurack/gpurack/internal/testreq"
 	"github.com/gpurack/gpurack/pxe/admin"
-	"github.com/gpurack/gpurack/pxe/enroll"
-	"github.com/gpurack/gpurack/pxe/identity"
-	"github.com/gpurack/gpurack/pxe/inventory"
-	"github.com/gpurack/gpurack/pxe/policy"
+	"github.com/gpurack/gpurack/pxe/admin/admintest"
 	"github.com/gpurack/gpurack/test/promtest"
 	"github.com/gpurack/gpurack/test/rigimage"
 )
@@ -268,82 +261,31 @@ type gpuboot struct {
 
 func startGpuboot(t *testing.T, promURL string, nodes ...string) *gpuboot {
 	t.Helper()
-	dir := t.TempDir()
-	ca, err := pki.NewCA(pki.CARequest{CommonName: "gpurack test CA"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	store, err := inventory.OpenBolt(filepath.Join(dir, "inventory.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { store.Close() })
-	svc, err := enroll.New(context.Background(), enroll.Config{Store: store, CA: ca, Revocations: pki.NewRevocationList(), Policy: policy.Policy{Mode: policy.Manual},
-		Racks: map[string]enroll.Rack{"r1": {Name: "r1", DefaultImage: strings.Repeat("a", 40)}}, DefaultRack: "r1"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	token, line, err := admin.NewToken("val", time.Now().Add(time.Hour))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tokensPath := filepath.Join(dir, "operator-tokens")
-	if err := os.WriteFile(tokensPath, []byte(line), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	tokens, err := admin.LoadTokens(tokensPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := admin.New(admin.Config{Lifecycle: svc, Inventory: store, CA: ca.Cert, Revoked: svc.Revoked, Racks: []string{"r1"},
-		Tokens: tokens, PrometheusURL: promURL})
-	if err != nil {
-		t.Fatal(err)
-	}
-	approve(t, ca, svc, srv, nodes)
-	serving, err := pki.IssueServer(ca, []string{"127.0.0.1"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := httptest.NewUnstartedServer(srv.Handler())
-	hs.TLS = &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{serving.TLSCertificate()},
-		ClientAuth: tls.VerifyClientCertIfGiven, ClientCAs: pool(ca.Cert)}
-	hs.StartTLS()
-	t.Cleanup(hs.Close)
-	viewer, err := pki.IssueOperatorLevel(ca, "vera", pki.LevelViewer)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &gpuboot{url: hs.URL, ca: ca.Cert, token: token, viewer: viewer.TLSCertificate()}
-}
-
-func pool(certs ...*x509.Certificate) *x509.CertPool {
-	p := x509.NewCertPool()
-	for _, c := range certs {
-		p.AddCert(c)
-	}
-	return p
-}
-
-// approve registers a machine per node and approves it with that node name, as an
-// operator would.
-func approve(t *testing.T, ca *pki.CA, svc *enroll.Service, srv *admin.Server, nodes []string) {
-	t.Helper()
-	op, err := pki.IssueOperatorLevel(ca, "olga", pki.LevelOperator)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := peer.NewContext(context.Background(), &peer.Peer{AuthInfo: credentials.TLSInfo{State: tls.ConnectionState{PeerCertificates: []*x509.Certificate{op.Cert}}}})
-	for i, node := range nodes {
-		id, _ := identity.New(fmt.Sprintf("52:54:00:00:01:%02x", i+1), "", fmt.Sprintf("SN%d", i+1))
-		if _, err := svc.DecideBoot(context.Background(), id, netip.MustParseAddr(fmt.Sprintf("192.0.2.%d", i+1))); err != nil {
+	var token string
+	a := admintest.Start(t, func(dir string, c *admin.Config) {
+		var line string
+		var err error
+		if token, line, err = admin.NewToken("val", time.Now().Add(time.Hour)); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := srv.Approve(ctx, &bootv1.ApproveRequest{Machine: id.MAC, NodeName: node, Reason: "test"}); err != nil {
+		tokensPath := filepath.Join(dir, "operator-tokens")
+		if err := os.WriteFile(tokensPath, []byte(line), 0o600); err != nil {
 			t.Fatal(err)
 		}
+		if c.Tokens, err = admin.LoadTokens(tokensPath); err != nil {
+			t.Fatal(err)
+		}
+		c.PrometheusURL = promURL
+	}, nodes...)
+	viewer, err := pki.IssueOperatorLevel(a.CA, "vera", pki.LevelViewer)
+	if err != nil {
+		t.Fatal(err)
 	}
+	return &gpuboot{url: a.URL, ca: a.CA.Cert, token: token, viewer: viewer.TLSCertificate()}
 }
+
+// pool is admintest.Pool.
+var pool = admintest.Pool
 
 // tokenProxy is a plain-HTTP loopback front for gpuboot's TLS port that adds the
 // viewer's "Authorization: Bearer TOKEN" to each request: Chromium's command line can
