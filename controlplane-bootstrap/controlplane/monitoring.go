@@ -74,11 +74,12 @@ func writeMonitoringFiles(l components.Layout, cfg *clusterconfig.Config, amConf
 	if err != nil {
 		return err
 	}
-	files := []struct {
+	type file struct {
 		path string
 		data []byte
 		mode os.FileMode
-	}{
+	}
+	files := []file{
 		{l.PrometheusConfig(), prom, 0o644},
 		// It may hold an SMTP password or a webhook's token.
 		{l.AlertmanagerConfig(), amConfig, 0o600},
@@ -88,11 +89,7 @@ func writeMonitoringFiles(l components.Layout, cfg *clusterconfig.Config, amConf
 		if err != nil {
 			return err
 		}
-		files = append(files, struct {
-			path string
-			data []byte
-			mode os.FileMode
-		}{filepath.Join(l.RulesDir(), name), data, 0o644})
+		files = append(files, file{filepath.Join(l.RulesDir(), name), data, 0o644})
 	}
 	for _, f := range files {
 		if err := atomicfile.WriteMkdirAll(f.path, f.data, f.mode, 0o755); err != nil {

@@ -265,22 +265,6 @@ func killedAgent(t *testing.T, promURL string, b *simAgent) {
 		return upByNode(promURL, "gpuagent", map[string]string{b.node: "0"})
 	})
 	eventually(t, 30*time.Second, "GpurackAgentMissing pending for the killed agent", func() error {
-		var r struct {
-			Data struct {
-				Alerts []struct {
-					Labels map[string]string `json:"labels"`
-					State  string            `json:"state"`
-				} `json:"alerts"`
-			} `json:"data"`
-		}
-		if err := getJSON(promURL+"/api/v1/alerts", &r); err != nil {
-			return err
-		}
-		for _, a := range r.Data.Alerts {
-			if a.Labels["alertname"] == "GpurackAgentMissing" && a.Labels["node"] == b.node {
-				return nil
-			}
-		}
-		return fmt.Errorf("no GpurackAgentMissing for %s among %d alerts", b.node, len(r.Data.Alerts))
+		return pending(promURL, "GpurackAgentMissing", map[string]string{"node": b.node})
 	})
 }

@@ -129,10 +129,14 @@ receivers:
 `, rackScrape, rackScrape, am, joinHTTP)
 }
 
-// promQuery runs an instant query against the rack's Prometheus, from inside ns, and
-// returns each series' labels with its value.
-func promQuery(ctx context.Context, ns, q string) (map[string]string, []map[string]string, error) {
-	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DialContext: nsDial(ns)}}
+// promClient is an HTTP client whose connections are made inside ns.
+func promClient(ns string) *http.Client {
+	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DialContext: nsDial(ns)}}
+}
+
+// promQuery runs an instant query against the rack's Prometheus with client, and
+// returns each series' value by job/node, and each series' labels.
+func promQuery(ctx context.Context, client *http.Client, q string) (map[string]string, []map[string]string, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+rackPrometheus+"/api/v1/query?query="+url.QueryEscape(q), nil)
 	if err != nil {
 		return nil, nil, err
@@ -178,10 +182,12 @@ func checkRackMetrics(t *testing.T, r *Rack, hook *alertHook, nodes []string, xi
 	for _, job := range []string{"apiserver", "etcd", "kube-scheduler", "kube-controller-manager", "prometheus", "alertmanager", "kube-state-metrics", "gpuboot"} {
 		want = append(want, job+"/")
 	}
+	prom := promClient(r.ns)
+	defer prom.CloseIdleConnections()
 	var up map[string]string
 	waitFor(t, r.ctx, 2*time.Minute, "every scrape job up", func() bool {
 		var err error
-		up, _, err = promQuery(r.ctx, r.ns, "up")
+		up, _, err = promQuery(r.ctx, prom, "up")
 		if err != nil {
 			return false
 		}
@@ -193,7 +199,7 @@ func checkRackMetrics(t *testing.T, r *Rack, hook *alertHook, nodes []string, xi
 		return true
 	}, func() string { return fmt.Sprintf("up by job/node: %v; want 1 for %v", up, want) })
 	// cAdvisor's series name the node's pods: the scrape reached the real kubelet.
-	_, series, err := promQuery(r.ctx, r.ns, `count by (node) (container_cpu_usage_seconds_total{job="cadvisor"})`)
+	_, series, err := promQuery(r.ctx, prom, `count by (node) (container_cpu_usage_seconds_total{job="cadvisor"})`)
 	if err != nil || len(series) < len(nodes) {
 		t.Errorf("cAdvisor's container series by node: %v (%v), want one per node", series, err)
 	}
@@ -206,7 +212,7 @@ func checkRackMetrics(t *testing.T, r *Rack, hook *alertHook, nodes []string, xi
 		got, ok = hook.first("GpurackXIDFatal", "firing", map[string]string{"node": xidNode, "gpu_index": "3"})
 		return ok
 	}, func() string {
-		_, fails, err := promQuery(r.ctx, r.ns, `max_over_time(gpurack_check_status{check="gpu.xid.fatal",status="fail"}[30m])`)
+		_, fails, err := promQuery(r.ctx, prom, `max_over_time(gpurack_check_status{check="gpu.xid.fatal",status="fail"}[30m])`)
 		return fmt.Sprintf("the webhook got %s; gpu.xid.fatal failing in the last 30 minutes, as scraped: %v (%v)", hook.summary(), fails, err)
 	})
 	// The agent sets the machine's hostname to the node name when it joins; its series'
