@@ -7,7 +7,8 @@
 #   GPURACK_K8S_DIR this version's folder (default: $GPURACK_CACHE/k8s/v1.34.2)
 #
 # Layout:  $GPURACK_K8S_DIR/bin/{kube-apiserver,...,etcd,etcdctl,grpcurl,promtool,
-#          prometheus,alertmanager,amtool,kube-state-metrics,staticcheck}
+#          prometheus,alertmanager,amtool,kube-state-metrics,node_exporter,
+#          staticcheck}
 #          $GPURACK_K8S_DIR/images/pause.tar  (docker archive, tag $PAUSE_IMAGE)
 #
 # Why a throwaway module: k8s.io/kubernetes and etcd's server carry replace directives,
@@ -15,8 +16,8 @@
 # each k8s.io staging module to the matching v0.x release builds them unchanged.
 #
 # Only what the tests and `make lint` run is built (the protobuf plugins of `make
-# generate` are hack/generate.sh's to install). The five groups (Kubernetes, etcd, the
-# test tools, kube-state-metrics, the pause image) build at once, each in its own
+# generate` are hack/generate.sh's to install). The six groups (Kubernetes, etcd, the
+# test tools, kube-state-metrics, node_exporter, the pause image) build at once, each in its own
 # module: on a cold machine one group's module downloads overlap another's compiling.
 # Each group's lines carry its name; a group that fails fails the script, after the
 # others finish.
@@ -28,6 +29,7 @@ GRPCURL_VERSION=v1.9.4
 PROMETHEUS_VERSION=v0.316.0
 ALERTMANAGER_VERSION=v0.35.0 # docs/decisions/0691: its UI is not built
 KSM_VERSION=v2.20.0 # kube-state-metrics
+NODE_EXPORTER_VERSION=v1.12.1 # shipped in every node image (imagebuilder reads it from bin/)
 STATICCHECK_VERSION=v0.8.2
 PAUSE_IMAGE=registry.k8s.io/pause:3.10.1
 
@@ -173,6 +175,21 @@ if need kube-state-metrics; then
 fi
 }
 
+# --- node_exporter ----------------------------------------------------------------
+# A group of its own (nodeexporter), like ksm: its module has no replace directive, so
+# `go install pkg@version` builds it with its own go.mod (exporter-toolkit, whose
+# --web.config.file gpuagent writes). The version flags are its .promu.yml's; static
+# (CGO off), as its release tarballs for linux are. imagebuilder copies it into every
+# node image as /usr/bin/node_exporter (docs/decisions/0693).
+nodeexporter() {
+if need node_exporter; then
+  pv=github.com/prometheus/common/version
+  install_tool node_exporter "github.com/prometheus/node_exporter@$NODE_EXPORTER_VERSION" \
+    "-X $pv.Version=${NODE_EXPORTER_VERSION#v} -X $pv.Branch=release -X $pv.Revision=module-source"
+  log "built node_exporter"
+fi
+}
+
 # --- pause image ------------------------------------------------------------------
 pause() {
 if [ ! -s "$dir/images/pause.tar" ]; then
@@ -187,7 +204,7 @@ fi
 
 # Each group runs in the background with its lines prefixed; wait collects each one's
 # status (pipefail: the group's, not sed's).
-pids=() groups=(kubernetes etcd tools ksm pause)
+pids=() groups=(kubernetes etcd tools ksm nodeexporter pause)
 for g in "${groups[@]}"; do
   (set -euo pipefail; "$g") 2>&1 | sed -u "s/^k8s-bins: /k8s-bins [$g]: /; t; s/^/k8s-bins [$g]: /" &
   pids+=($!)
