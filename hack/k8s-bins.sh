@@ -8,7 +8,7 @@
 #
 # Layout:  $GPURACK_K8S_DIR/bin/{kube-apiserver,...,etcd,etcdctl,grpcurl,promtool,
 #          prometheus,alertmanager,amtool,kube-state-metrics,node_exporter,
-#          staticcheck}
+#          victoria-logs,staticcheck}
 #          $GPURACK_K8S_DIR/images/pause.tar  (docker archive, tag $PAUSE_IMAGE)
 #
 # Why a throwaway module: k8s.io/kubernetes and etcd's server carry replace directives,
@@ -16,11 +16,11 @@
 # each k8s.io staging module to the matching v0.x release builds them unchanged.
 #
 # Only what the tests and `make lint` run is built (the protobuf plugins of `make
-# generate` are hack/generate.sh's to install). The six groups (Kubernetes, etcd, the
-# test tools, kube-state-metrics, node_exporter, the pause image) build at once, each in its own
-# module: on a cold machine one group's module downloads overlap another's compiling.
-# Each group's lines carry its name; a group that fails fails the script, after the
-# others finish.
+# generate` are hack/generate.sh's to install). The seven groups (Kubernetes, etcd, the
+# test tools, kube-state-metrics, node_exporter, VictoriaLogs, the pause image) build at
+# once, each in its own module: on a cold machine one group's module downloads overlap
+# another's compiling. Each group's lines carry its name; a group that fails fails the
+# script, after the others finish.
 set -euo pipefail
 
 K8S_VERSION=v1.34.2
@@ -30,6 +30,7 @@ PROMETHEUS_VERSION=v0.316.0
 ALERTMANAGER_VERSION=v0.35.0 # docs/decisions/0691: its UI is not built
 KSM_VERSION=v2.20.0 # kube-state-metrics
 NODE_EXPORTER_VERSION=v1.12.1 # shipped in every node image (imagebuilder reads it from bin/)
+VICTORIALOGS_VERSION=v1.52.1 # the log store (docs/decisions/0694)
 STATICCHECK_VERSION=v0.8.2
 PAUSE_IMAGE=registry.k8s.io/pause:3.10.1
 
@@ -190,6 +191,22 @@ if need node_exporter; then
 fi
 }
 
+# --- VictoriaLogs -----------------------------------------------------------------
+# A group of its own (vlogs): its module has no replace directive, so `go install
+# pkg@version` builds the victoria-logs command (app/victoria-logs) with its own go.mod
+# (which asks for Go 1.26.5 or newer). Its web UI's compiled assets are in the module
+# (app/vlselect/vmui), so nothing outside the Go proxy is needed.
+# The version string is its Makefile's shape (APP-DATE-TIME-tags-VERSION-…), from which
+# /metrics' vm_app_version takes short_version; CGO off, as its "-pure" build.
+vlogs() {
+if need victoria-logs; then
+  log "building VictoriaLogs $VICTORIALOGS_VERSION: victoria-logs (under a minute cold)"
+  install_tool victoria-logs "github.com/VictoriaMetrics/VictoriaLogs/app/victoria-logs@$VICTORIALOGS_VERSION" \
+    "-X github.com/VictoriaMetrics/VictoriaMetrics/lib/buildinfo.Version=victoria-logs-19700101-000000-tags-$VICTORIALOGS_VERSION-module-source"
+  log "built victoria-logs"
+fi
+}
+
 # --- pause image ------------------------------------------------------------------
 pause() {
 if [ ! -s "$dir/images/pause.tar" ]; then
@@ -204,7 +221,7 @@ fi
 
 # Each group runs in the background with its lines prefixed; wait collects each one's
 # status (pipefail: the group's, not sed's).
-pids=() groups=(kubernetes etcd tools ksm nodeexporter pause)
+pids=() groups=(kubernetes etcd tools ksm nodeexporter vlogs pause)
 for g in "${groups[@]}"; do
   (set -euo pipefail; "$g") 2>&1 | sed -u "s/^k8s-bins: /k8s-bins [$g]: /; t; s/^/k8s-bins [$g]: /" &
   pids+=($!)
