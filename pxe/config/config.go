@@ -11,11 +11,13 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -208,6 +210,12 @@ type Cluster struct {
 	// --clear-after is the only hysteresis (decision 0205). It is still accepted, so
 	// that older files load; gpuboot warns when it is set.
 	ClearAfter time.Duration `yaml:"clearAfter"`
+	// LogsEndpoint is where nodes ship their journal and container logs, as HOST:PORT
+	// (no scheme): the log store's authenticating gateway that controlplane-bootstrap
+	// runs (docs/monitoring.md, Logs). It goes to every node in its JoinBundle
+	// (logs_endpoint); the agent speaks HTTPS to it with kubelet's client certificate.
+	// Empty: nodes ship no logs, and a diskless node's logs end with its boot.
+	LogsEndpoint string `yaml:"logsEndpoint"`
 }
 
 // PodNetwork is the cluster's pod network as nodes are told it; an empty field
@@ -528,6 +536,11 @@ func (c *Config) validateCluster(bad badField) {
 	if b := c.Cluster.PodNetwork.Backend; !profile.ValidPodNetworkBackend(b) {
 		bad("cluster.podNetwork.backend", "%q is not a pod network backend; use vxlan or host-gw", b)
 	}
+	if e := c.Cluster.LogsEndpoint; e != "" {
+		if err := ValidLogsEndpoint(e); err != nil {
+			bad("cluster.logsEndpoint", "%v", err)
+		}
+	}
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":
 	default:
@@ -555,6 +568,23 @@ func (c *Config) validateMetrics(bad badField) {
 	case u.User != nil || u.RawQuery != "" || u.ForceQuery || u.Fragment != "":
 		bad("metrics.prometheusURL", "%q: %s", raw, want)
 	}
+}
+
+// ValidLogsEndpoint checks a logs endpoint: HOST:PORT with a host and a port number,
+// no scheme or path (the agent adds https:// and /insert/jsonline).
+func ValidLogsEndpoint(e string) error {
+	const want = "give the log gateway as HOST:PORT, such as 10.0.0.2:9428 or logs.example:9428 (no scheme or path)"
+	if strings.Contains(e, "/") {
+		return fmt.Errorf("%q: %s", e, want)
+	}
+	host, port, err := net.SplitHostPort(e)
+	if err != nil {
+		return fmt.Errorf("%q: %v; %s", e, err, want)
+	}
+	if p, err := strconv.Atoi(port); host == "" || err != nil || p < 1 || p > 65535 {
+		return fmt.Errorf("%q: %s", e, want)
+	}
+	return nil
 }
 
 var imageID = regexp.MustCompile(`^[0-9a-f]{40}$`)

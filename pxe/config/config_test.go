@@ -12,6 +12,9 @@ func TestExampleParses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if c.Cluster.LogsEndpoint != "10.0.0.2:9428" {
+		t.Errorf("example cluster.logsEndpoint %q, want 10.0.0.2:9428", c.Cluster.LogsEndpoint)
+	}
 	if c.Metrics.PrometheusURL != "http://127.0.0.1:9090" {
 		t.Errorf("example metrics.prometheusURL %q", c.Metrics.PrometheusURL)
 	}
@@ -87,6 +90,10 @@ func TestErrors(t *testing.T) {
 		{minimal + "metrics: {prometheusURL: 'http://prom:9090/?x=1'}\n", "g.yaml:6: metrics.prometheusURL"},
 		{minimal + "metrics: {prometheusURL: 'http:///api'}\n", "g.yaml:6: metrics.prometheusURL: \"http:///api\" has no host"},
 		{minimal + "metrics: {prometheusUrl: 'http://prom:9090'}\n", `g.yaml:6: metrics.prometheusUrl: unknown field "prometheusUrl"`},
+		{minimal + "cluster: {logsEndpoint: 'https://10.0.0.2:9428'}\n", `g.yaml:6: cluster.logsEndpoint: "https://10.0.0.2:9428": give the log gateway as HOST:PORT`},
+		{minimal + "cluster: {logsEndpoint: '10.0.0.2'}\n", `g.yaml:6: cluster.logsEndpoint: "10.0.0.2": address 10.0.0.2: missing port in address`},
+		{minimal + "cluster: {logsEndpoint: ':9428'}\n", `g.yaml:6: cluster.logsEndpoint: ":9428": give the log gateway`},
+		{minimal + "cluster: {logsEndpoint: 'logs:99999'}\n", `g.yaml:6: cluster.logsEndpoint: "logs:99999"`},
 	}
 	for _, c := range cases {
 		_, err := Parse("g.yaml", []byte(c.yaml))

@@ -214,6 +214,7 @@ func (s *Service) bundle(ctx context.Context, m *inventory.Machine, cert *x509.C
 		b.ApiServerEndpoint = s.cfg.Cluster.Endpoint()
 		b.ClusterCaPem = s.cfg.Cluster.CAPEM()
 	}
+	b.LogsEndpoint = s.cfg.LogsEndpoint
 	seeds, err := s.gossipSeeds(ctx, m)
 	if err != nil {
 		return nil, err

@@ -432,6 +432,7 @@ func TestAllowlistAndHoldMode(t *testing.T) {
 			Image: "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb", NodeLabels: map[string]string{"gpurack.io/pool": "train"},
 			NodeTaints: []string{"nvidia.com/gpu=present:NoSchedule"}, DataDisks: []disksel.RuleSpec{{Transport: "nvme", MinSize: "1.92T"}}}}
 		c.PodNetwork = &bootv1.PodNetwork{Backend: "host-gw"}
+		c.LogsEndpoint = "10.0.0.2:9428"
 	})
 	// Listed machine: approved at discovery, boots its image although hold mode.
 	id, _ := identity.New("52:54:00:00:00:0c", "", "SN12")
@@ -460,6 +461,10 @@ func TestAllowlistAndHoldMode(t *testing.T) {
 	// cluster.podNetwork goes along as set: the backend, and no subnet.
 	if pn := b.GetPodNetwork(); pn.GetBackend() != "host-gw" || pn.GetSubnet() != "" {
 		t.Errorf("bundle pod network %v, want backend host-gw and no subnet", pn)
+	}
+	// cluster.logsEndpoint goes along as set.
+	if got := b.GetLogsEndpoint(); got != "10.0.0.2:9428" {
+		t.Errorf("bundle logs endpoint %q, want 10.0.0.2:9428 (cluster.logsEndpoint)", got)
 	}
 	// Unlisted machine: held, then pending.
 	id2, _ := identity.New("52:54:00:00:00:0d", "", "SN13")

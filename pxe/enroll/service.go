@@ -130,6 +130,9 @@ type Config struct {
 	// PodNetwork, when a field is set, goes to nodes in their bundle (gpuboot's
 	// cluster.podNetwork).
 	PodNetwork *bootv1.PodNetwork
+	// LogsEndpoint, when set, goes to nodes in their bundle (logs_endpoint, gpuboot's
+	// cluster.logsEndpoint): HOST:PORT of the log store's gateway.
+	LogsEndpoint string
 
 	// NodeNamePrefix starts generated node names; default "gpu".
 	NodeNamePrefix string

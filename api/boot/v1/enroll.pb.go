@@ -818,7 +818,14 @@ type JoinBundle struct {
 	// that matches the machine (selectors[].dataDisks in gpuboot.yaml, docs/storage.md);
 	// absent when that selector sets none, and the image profile's storage.dataDisks
 	// apply. Present, these rules replace the profile's.
-	DataDisks     *DataDiskRules `protobuf:"bytes,18,opt,name=data_disks,json=dataDisks,proto3" json:"data_disks,omitempty"`
+	DataDisks *DataDiskRules `protobuf:"bytes,18,opt,name=data_disks,json=dataDisks,proto3" json:"data_disks,omitempty"`
+	// Where the node ships its journal and its pods' container logs, as HOST:PORT: the
+	// log store's authenticating gateway on the control-plane side (gpuboot's
+	// cluster.logsEndpoint; docs/monitoring.md, Logs). The agent POSTs JSON lines to
+	// https://HOST:PORT/insert/jsonline with kubelet's client certificate and trusts the
+	// server with cluster_ca_pem. Empty: the node ships no logs, and the agent says so
+	// once in its log.
+	LogsEndpoint  string `protobuf:"bytes,19,opt,name=logs_endpoint,json=logsEndpoint,proto3" json:"logs_endpoint,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -977,6 +984,13 @@ func (x *JoinBundle) GetDataDisks() *DataDiskRules {
 		return x.DataDisks
 	}
 	return nil
+}
+
+func (x *JoinBundle) GetLogsEndpoint() string {
+	if x != nil {
+		return x.LogsEndpoint
+	}
+	return ""
 }
 
 // PodNetwork is how a node's pod network is laid out (agent/podnet, decision 0601).
@@ -1897,7 +1911,7 @@ const file_api_boot_v1_enroll_proto_rawDesc = "" +
 	"\tsignature\x18\x02 \x01(\fR\tsignature\x120\n" +
 	"\x04auth\x18\x0f \x01(\v2\x1c.gpurack.boot.v1.RequestAuthR\x04auth\"L\n" +
 	"\x15GetJoinBundleResponse\x123\n" +
-	"\x06bundle\x18\x01 \x01(\v2\x1b.gpurack.boot.v1.JoinBundleR\x06bundle\"\xb8\a\n" +
+	"\x06bundle\x18\x01 \x01(\v2\x1b.gpurack.boot.v1.JoinBundleR\x06bundle\"\xdd\a\n" +
 	"\n" +
 	"JoinBundle\x12.\n" +
 	"\x13api_server_endpoint\x18\x01 \x01(\tR\x11apiServerEndpoint\x12$\n" +
@@ -1924,7 +1938,8 @@ const file_api_boot_v1_enroll_proto_rawDesc = "" +
 	"\vpod_network\x18\x11 \x01(\v2\x1b.gpurack.boot.v1.PodNetworkR\n" +
 	"podNetwork\x12=\n" +
 	"\n" +
-	"data_disks\x18\x12 \x01(\v2\x1e.gpurack.boot.v1.DataDiskRulesR\tdataDisks\x1a=\n" +
+	"data_disks\x18\x12 \x01(\v2\x1e.gpurack.boot.v1.DataDiskRulesR\tdataDisks\x12#\n" +
+	"\rlogs_endpoint\x18\x13 \x01(\tR\flogsEndpoint\x1a=\n" +
 	"\x0fNodeLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\">\n" +
