@@ -8,6 +8,7 @@ packages=(
   curl              # tests and bench scripts fetch over loopback
   systemd           # systemd-analyze verifies the image's units
   systemd-container # test/systemdhost: systemd-nspawn boots the node image with systemd as PID 1
+  systemd-journal-remote # agent/logship: writes the real journal files journalctl reads in its tests
   cpio              # initramfs inspection in the image tests
   iproute2          # network namespaces in tests
   openssl           # cross-checks of signatures and pins
