@@ -44,3 +44,27 @@ func (SystemdHost) StartUnit(ctx context.Context, unit string) error {
 		return nil
 	}
 }
+
+// RestartUnit restarts unit (starts it when it is not running; mode "replace") and
+// waits for the job to finish: a unit that reads its files at start (node-exporter's
+// credentials) takes new ones.
+func (SystemdHost) RestartUnit(ctx context.Context, unit string) error {
+	conn, err := sddbus.NewSystemConnectionContext(ctx)
+	if err != nil {
+		return fmt.Errorf("systemd over D-Bus: %w", err)
+	}
+	defer conn.Close()
+	done := make(chan string, 1)
+	if _, err := conn.RestartUnitContext(ctx, unit, "replace", done); err != nil {
+		return err
+	}
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case r := <-done:
+		if r != "done" {
+			return fmt.Errorf("job for %s ended %q (journalctl -u %s)", unit, r, unit)
+		}
+		return nil
+	}
+}

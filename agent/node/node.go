@@ -19,7 +19,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"sync/atomic"
 	"time"
 
@@ -33,6 +32,7 @@ import (
 	"github.com/gpurack/gpurack/agent/gpu/sim"
 	"github.com/gpurack/gpurack/agent/joinbundle"
 	"github.com/gpurack/gpurack/agent/kubejoin"
+	"github.com/gpurack/gpurack/agent/metricsauth"
 	"github.com/gpurack/gpurack/agent/monitor"
 	"github.com/gpurack/gpurack/agent/podres"
 	"github.com/gpurack/gpurack/agent/server"
@@ -101,6 +101,18 @@ type Config struct {
 	// CNIBinDir and CNIConfDir are containerd's CNI plugin and configuration
 	// directories, for the pod network; empty: the image's (agent/podnet).
 	CNIBinDir, CNIConfDir string
+	// MetricsClientCA is a PEM file of the CA a scraper's client certificate must chain
+	// to (--metrics-client-ca); empty: the JoinBundle's cluster CA, and until the agent
+	// has one every scrape is refused. MetricsClientCNs are the CommonNames that may
+	// scrape; empty: gpurack:monitoring. MetricsPlaintext serves /metrics over plain
+	// HTTP with no authentication instead (labs; decision 0693).
+	MetricsClientCA  string
+	MetricsClientCNs []string
+	MetricsPlaintext bool
+	// NodeExporterListen is node_exporter's address, which the agent starts once
+	// kubelet has joined; empty: nodeexporter.DefaultListen (:9100); "off": not
+	// started. NodeExporterDir is where its files go; empty: nodeexporter.DefaultDir.
+	NodeExporterListen, NodeExporterDir string
 	// Console, when set, also gets enrollment progress (the machine's console).
 	Console string
 	Gossip  GossipConfig
@@ -165,6 +177,9 @@ type node struct {
 	// creds are the agent certificate and key once a JoinBundle brought them (renewal
 	// replaces the certificate inside), for the metrics.
 	creds atomic.Pointer[joinbundle.Credentials]
+	// metricsGate decides who may scrape /metrics (agent/metricsauth); the join arms it
+	// with the cluster CA unless --metrics-client-ca did at start.
+	metricsGate *metricsauth.Gate
 }
 
 // newNode builds the monitor and the API and starts the services the configuration
@@ -176,6 +191,7 @@ func newNode(ctx context.Context, cfg Config) (*node, error) {
 	log := cfg.Log
 	n := &node{cfg: cfg, log: log, services: NewServices(ctx, log), started: time.Now(),
 		identity: cfg.FactsRoot.ReadIdentity(), imageID: cfg.FactsRoot.ImageID(), disks: newDiskReport()}
+	n.metricsGate = &metricsauth.Gate{CNs: cfg.MetricsClientCNs}
 	n.revoked = loadRevocations(cfg.KeyDir, log)
 	n.guard = server.NewGuard(n.revoked)
 	n.pods = &podres.Cache{Socket: podres.Socket(cfg.KubeletDir)}
@@ -303,32 +319,6 @@ func (n *node) tcpListener() (Service, error) {
 	return nil, nil
 }
 
-// metricsListener serves /metrics on Config.MetricsListen; nil: none.
-func (n *node) metricsListener() (Service, error) {
-	if n.cfg.MetricsListen == "" {
-		return nil, nil
-	}
-	l, err := net.Listen("tcp", n.cfg.MetricsListen)
-	if err != nil {
-		return nil, fmt.Errorf("--metrics-listen: %w", err)
-	}
-	col := &server.Collector{Monitor: n.mon, CurrentHostname: facts.Hostname, Version: buildinfo.String(), Holders: n.pods.Holders,
-		Rack: func() map[string]int {
-			if r := n.rack.Load(); r != nil {
-				return r.counts()
-			}
-			return nil
-		},
-		CertificateNotAfter: func() time.Time {
-			if c := n.creds.Load(); c != nil {
-				return c.Current().NotAfter
-			}
-			return time.Time{}
-		}}
-	return &metricsService{l: l, log: n.log,
-		srv: &http.Server{Handler: server.MetricsHandler(col), ReadHeaderTimeout: 10 * time.Second}}, nil
-}
-
 // insecureAddressAllowed refuses plaintext gRPC (--insecure) on an address other
 // machines can reach (all addresses, a routable IP, a host name other than localhost)
 // unless remote says the operator accepts it.
@@ -351,6 +341,7 @@ func (n *node) bundleServices(bundle *bootv1.JoinBundle, creds *joinbundle.Crede
 	if creds != nil {
 		n.creds.Store(creds)
 	}
+	n.armMetricsGate(bundle)
 	var out []Service
 	g, err := startGossip(n.cfg.Gossip, bundle, bundle.GetNodeName(), n.imageID, n.mon, n.log)
 	if err != nil {

@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -76,6 +77,8 @@ type gated struct {
 //	device-plugin   after kubelet joined (unless it runs since the start); not restarted
 //	data-disks      after kubelet joined; restarted 5 s doubling to 1 min (datadisks.go)
 //	local-volumes   after kubelet joined; restarted 5 s doubling to 1 min (localvolumes.go)
+//	node-exporter   after kubelet joined; restarted 5 s doubling to 1 min (metrics.go);
+//	                not with --node-exporter-listen off; no cluster CA in the bundle: failed
 //
 // Pod network settings the bundle gets wrong leave a failed pod-network, and no
 // kube-proxy (it needs the pod subnet): the Node stays NotReady and says why.
@@ -105,6 +108,14 @@ func (n *node) postJoinServices(bundle *bootv1.JoinBundle) []postJoinService {
 		list = append(list, postJoinService{svc: dd, what: "data disks", startAfter: kubeletJoined, restart: serviceRestart})
 	}
 	list = append(list, postJoinService{svc: n.localVolumes(kubeconfig, name), what: "local volumes", startAfter: kubeletJoined, restart: serviceRestart})
+	switch {
+	case n.cfg.NodeExporterListen == "off":
+	case bundle.GetClusterCaPem() == "":
+		list = append(list, postJoinService{svc: &failedService{name: "node-exporter", what: "node_exporter", console: n.cfg.Console,
+			err: errors.New("the JoinBundle carries no cluster CA, which node_exporter's clients must chain to: not started")}, startAfter: kubeletJoined})
+	default:
+		list = append(list, postJoinService{svc: n.nodeExporter(bundle), what: "node_exporter", startAfter: kubeletJoined, restart: serviceRestart})
+	}
 	return list
 }
 

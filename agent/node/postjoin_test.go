@@ -190,27 +190,34 @@ func TestPostJoinServices(t *testing.T) {
 		{"device-plugin", kubeletJoined, "", "", false},
 		{"data-disks", kubeletJoined, "", "", true},
 		{"local-volumes", kubeletJoined, "", "", true},
+		{"node-exporter", kubeletJoined, "", "", true},
 	}
 	ca, err := pki.NewCA(pki.CARequest{CommonName: "gpurack test CA"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	caPEM := string(pki.EncodeCertPEM(ca.Cert))
+	noExporter := row{"node-exporter", kubeletJoined, "", "", false}
 	for _, tc := range []struct {
 		name         string
 		bundle       *bootv1.JoinBundle
 		devicePlugin bool
+		exporter     string // --node-exporter-listen
 		want         []row
 	}{
-		{"kubelet node", &bootv1.JoinBundle{NodeName: "gpu-1", GpurackCaPem: caPEM}, false, all},
-		{"device plugin since the start", &bootv1.JoinBundle{NodeName: "gpu-1", GpurackCaPem: caPEM}, true, append(all[:3:3], all[4], all[5])},
-		{"bad pod subnet: no kube-proxy", &bootv1.JoinBundle{NodeName: "gpu-1", GpurackCaPem: caPEM, PodNetwork: &bootv1.PodNetwork{Subnet: "10.244.0.0"}}, false,
-			[]row{{"pod-network", kubeletJoined, "", "", false}, all[2], all[3], all[4], all[5]}},
-		{"no gpurack CA: data disks fail and say so", &bootv1.JoinBundle{NodeName: "gpu-1"}, false,
-			append(all[:4:4], row{"data-disks", kubeletJoined, "", "", false}, all[5])},
+		{"kubelet node", &bootv1.JoinBundle{NodeName: "gpu-1", GpurackCaPem: caPEM, ClusterCaPem: caPEM}, false, "", all},
+		{"device plugin since the start", &bootv1.JoinBundle{NodeName: "gpu-1", GpurackCaPem: caPEM, ClusterCaPem: caPEM}, true, "", append(all[:3:3], all[4], all[5], all[6])},
+		{"bad pod subnet: no kube-proxy", &bootv1.JoinBundle{NodeName: "gpu-1", GpurackCaPem: caPEM, ClusterCaPem: caPEM, PodNetwork: &bootv1.PodNetwork{Subnet: "10.244.0.0"}}, false, "",
+			[]row{{"pod-network", kubeletJoined, "", "", false}, all[2], all[3], all[4], all[5], all[6]}},
+		{"no gpurack CA: data disks fail and say so", &bootv1.JoinBundle{NodeName: "gpu-1", ClusterCaPem: caPEM}, false, "",
+			append(all[:4:4], row{"data-disks", kubeletJoined, "", "", false}, all[5], all[6])},
+		{"no cluster CA: node_exporter fails and says so", &bootv1.JoinBundle{NodeName: "gpu-1", GpurackCaPem: caPEM}, false, "",
+			append(all[:6:6], noExporter)},
+		{"node_exporter off", &bootv1.JoinBundle{NodeName: "gpu-1", GpurackCaPem: caPEM, ClusterCaPem: caPEM}, false, "off", all[:6]},
 	} {
 		cfg := simConfig(t)
 		cfg.DevicePlugin = tc.devicePlugin
+		cfg.NodeExporterListen = tc.exporter
 		n := &node{cfg: cfg, log: cfg.Log}
 		var got []row
 		for _, d := range n.postJoinServices(tc.bundle) {

@@ -92,6 +92,8 @@ type metricsService struct {
 	l   net.Listener
 	srv *http.Server
 	log *slog.Logger
+	// tls: the listener is TLS with a client certificate required (decision 0693).
+	tls bool
 }
 
 func (s *metricsService) Name() string { return "metrics" }
@@ -99,8 +101,12 @@ func (s *metricsService) Name() string { return "metrics" }
 func (s *metricsService) close() { s.l.Close() }
 
 func (s *metricsService) Run(ctx context.Context) error {
-	s.log.Info("serving metrics", "address", s.l.Addr().String())
-	s.set(Running, "serving /metrics on "+s.l.Addr().String())
+	how := "plain HTTP, no authentication"
+	if s.tls {
+		how = "TLS, client certificate required"
+	}
+	s.log.Info("serving metrics", "address", s.l.Addr().String(), "transport", how)
+	s.set(Running, "serving /metrics on "+s.l.Addr().String()+" ("+how+")")
 	served := make(chan error, 1)
 	go func() { served <- s.srv.Serve(s.l) }()
 	select {

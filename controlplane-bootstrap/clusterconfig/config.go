@@ -222,6 +222,8 @@ func (c *Config) applyDefaults() {
 	str(&c.Networking.DNSDomain, d.Networking.DNSDomain)
 	str(&c.BootstrapTokens.TTL, d.BootstrapTokens.TTL)
 	c.Monitoring.applyDefaults()
+	// The log gateway serves nodes where the API server does.
+	str(&c.Monitoring.Logs.Gateway.ListenAddress, c.APIServer.BindAddress)
 	if c.APIServer.OIDC.IssuerURL != "" {
 		str(&c.APIServer.OIDC.UsernameClaim, "sub")
 		str(&c.APIServer.OIDC.UsernamePrefix, "oidc:")
@@ -372,6 +374,15 @@ func (c *Config) validatePorts(p *problems) {
 			{"monitoring.alertmanager.port", c.Monitoring.Alertmanager.Port},
 			{"monitoring.kubeStateMetrics.port", c.Monitoring.KubeStateMetrics.Port},
 			{"monitoring.kubeStateMetrics.telemetryPort", c.Monitoring.KubeStateMetrics.TelemetryPort},
+		}...)
+	}
+	if c.Monitoring.LogsEnabled() {
+		ports = append(ports, []struct {
+			field string
+			v     int
+		}{
+			{"monitoring.logs.port", c.Monitoring.Logs.Port},
+			{"monitoring.logs.gateway.port", c.Monitoring.Logs.Gateway.Port},
 		}...)
 	}
 	seen := map[int]string{}

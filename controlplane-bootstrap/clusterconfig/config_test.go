@@ -97,6 +97,13 @@ func TestParseErrorsNameTheField(t *testing.T) {
 		{"kube-state-metrics extra flag", "monitoring:\n  enabled: true\n  kubeStateMetrics:\n    extraArgs:\n      --resources: nodes\n", []string{"monitoring.kubeStateMetrics.extraArgs[--resources]", "without leading dashes"}},
 		{"monitoring gpuboot target", "monitoring:\n  enabled: true\n  gpuboot: [\"http://gpuboot:8080\"]\n", []string{"monitoring.gpuboot[0]", "HOST:PORT"}},
 		{"monitoring unknown field", "monitoring:\n  enabeld: true\n", []string{"x.yaml:2: monitoring.enabeld: unknown field"}},
+		{"logs retention unit", "monitoring:\n  enabled: true\n  logs:\n    retentionPeriod: \"30\"\n", []string{"x.yaml:4: monitoring.logs.retentionPeriod", "a number and one of h, d"}},
+		{"logs retention under a day", "monitoring:\n  enabled: true\n  logs:\n    retentionPeriod: 12h\n", []string{"monitoring.logs.retentionPeriod", "under a day"}},
+		{"logs disk size", "monitoring:\n  enabled: true\n  logs:\n    maxDiskSpaceUsage: 50G\n", []string{"x.yaml:4: monitoring.logs.maxDiskSpaceUsage", "not a size"}},
+		{"logs port clash", "monitoring:\n  enabled: true\n  logs:\n    port: 9090\n", []string{"monitoring.logs.port: 9090 is also monitoring.prometheus.port"}},
+		{"logs gateway address", "monitoring:\n  enabled: true\n  logs:\n    gateway:\n      listenAddress: nodes\n", []string{"x.yaml:5: monitoring.logs.gateway.listenAddress", "not an IP address"}},
+		{"logs gateway body bound", "monitoring:\n  enabled: true\n  logs:\n    gateway:\n      maxRequestBytes: 1024\n", []string{"monitoring.logs.gateway.maxRequestBytes"}},
+		{"logs per node over all", "monitoring:\n  enabled: true\n  logs:\n    gateway:\n      maxConcurrentRequests: 2\n      maxRequestsPerNode: 3\n", []string{"monitoring.logs.gateway.maxRequestsPerNode", "maxConcurrentRequests (2)"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Parse("x.yaml", []byte(tc.yaml))

@@ -30,6 +30,53 @@ type Monitoring struct {
 	NodeExporterPort int `yaml:"nodeExporterPort"`
 	// Gpuboot lists gpuboot's HTTP addresses (HOST:PORT) whose /metrics are scraped.
 	Gpuboot []string `yaml:"gpuboot"`
+	// Logs is the log store and its ingestion gateway (docs/monitoring.md "Logs").
+	Logs Logs `yaml:"logs"`
+}
+
+// Logs configures the log store, VictoriaLogs, and the gateway nodes write to it
+// through (docs/contracts.md §15; decision 0694).
+type Logs struct {
+	// Enabled starts VictoriaLogs and the gateway with the monitoring components; unset
+	// (the default): on when monitoring.enabled is. They need `make k8s-bins`'
+	// victoria-logs binary.
+	Enabled *bool `yaml:"enabled"`
+	// Port is VictoriaLogs' HTTP port on 127.0.0.1 only (its query API has no
+	// authentication); default 9429.
+	Port int `yaml:"port"`
+	// RetentionPeriod deletes lines older than it, a day at a time (-retentionPeriod): a
+	// number and one of h, d, w, M (months), y; at least 1d; default 30d.
+	RetentionPeriod string `yaml:"retentionPeriod"`
+	// MaxDiskSpaceUsage drops the oldest days once DIR/monitoring/logs is larger
+	// (-retention.maxDiskSpaceUsageBytes): a number and one of KB, MB, GB, TB, KiB,
+	// MiB, GiB, TiB; default 50GiB.
+	MaxDiskSpaceUsage string `yaml:"maxDiskSpaceUsage"`
+	// ExtraArgs are VictoriaLogs flags, without leading dashes (memory.allowedPercent).
+	ExtraArgs map[string]string `yaml:"extraArgs"`
+	Gateway   LogsGateway       `yaml:"gateway"`
+}
+
+// LogsGateway configures the ingestion gateway, `controlplane-bootstrap logs-gateway`.
+type LogsGateway struct {
+	// ListenAddress is the IP nodes reach it on; default apiServer.bindAddress (it
+	// serves with the API server's names).
+	ListenAddress string `yaml:"listenAddress"`
+	// Port is its TLS port; default 9428.
+	Port int `yaml:"port"`
+	// MaxRequestBytes bounds one request's body as sent; larger is 413 and nothing of
+	// it is stored. Default 16777216 (16 MiB).
+	MaxRequestBytes int64 `yaml:"maxRequestBytes"`
+	// MaxConcurrentRequests bounds the requests held at once (each up to
+	// MaxRequestBytes in memory), MaxRequestsPerNode those of one node; more are told
+	// to retry (429). Default 8 and 2.
+	MaxConcurrentRequests int `yaml:"maxConcurrentRequests"`
+	MaxRequestsPerNode    int `yaml:"maxRequestsPerNode"`
+}
+
+// LogsEnabled reports whether init starts the log store: monitoring on, and
+// monitoring.logs.enabled not false.
+func (m *Monitoring) LogsEnabled() bool {
+	return m.Enabled && (m.Logs.Enabled == nil || *m.Logs.Enabled)
 }
 
 // Prometheus configures the metrics server.
@@ -76,6 +123,8 @@ func defaultMonitoring() Monitoring {
 		Alertmanager:     Alertmanager{Port: 9093},
 		KubeStateMetrics: KubeStateMetrics{Port: 8082, TelemetryPort: 8083},
 		GPUAgentPort:     9410,
+		Logs: Logs{Port: 9429, RetentionPeriod: "30d", MaxDiskSpaceUsage: "50GiB",
+			Gateway: LogsGateway{Port: 9428, MaxRequestBytes: 16 << 20, MaxConcurrentRequests: 8, MaxRequestsPerNode: 2}},
 	}
 }
 
@@ -90,6 +139,8 @@ func (m *Monitoring) applyDefaults() {
 		{&m.Prometheus.EvaluationInterval, d.Prometheus.EvaluationInterval},
 		{&m.Prometheus.RetentionTime, d.Prometheus.RetentionTime},
 		{&m.Prometheus.RetentionSize, d.Prometheus.RetentionSize},
+		{&m.Logs.RetentionPeriod, d.Logs.RetentionPeriod},
+		{&m.Logs.MaxDiskSpaceUsage, d.Logs.MaxDiskSpaceUsage},
 	} {
 		if *f.p == "" {
 			*f.p = f.v
@@ -104,10 +155,17 @@ func (m *Monitoring) applyDefaults() {
 		{&m.KubeStateMetrics.Port, d.KubeStateMetrics.Port},
 		{&m.KubeStateMetrics.TelemetryPort, d.KubeStateMetrics.TelemetryPort},
 		{&m.GPUAgentPort, d.GPUAgentPort},
+		{&m.Logs.Port, d.Logs.Port},
+		{&m.Logs.Gateway.Port, d.Logs.Gateway.Port},
+		{&m.Logs.Gateway.MaxConcurrentRequests, d.Logs.Gateway.MaxConcurrentRequests},
+		{&m.Logs.Gateway.MaxRequestsPerNode, d.Logs.Gateway.MaxRequestsPerNode},
 	} {
 		if *f.p == 0 {
 			*f.p = f.v
 		}
+	}
+	if m.Logs.Gateway.MaxRequestBytes == 0 {
+		m.Logs.Gateway.MaxRequestBytes = d.Logs.Gateway.MaxRequestBytes
 	}
 }
 
@@ -137,6 +195,7 @@ func (m *Monitoring) validate(p *problems) {
 	if !promSize.MatchString(m.Prometheus.RetentionSize) {
 		p.add("monitoring.prometheus.retentionSize", "%q is not a size (a number and one of B, KB, MB, GB, TB, PB, EB: 50GB)", m.Prometheus.RetentionSize)
 	}
+	m.validateLogs(p)
 	for i, g := range m.Gpuboot {
 		if _, err := netip.ParseAddrPort(g); err != nil && !hostPortName.MatchString(g) {
 			p.add("monitoring.gpuboot["+strconv.Itoa(i)+"]", "%q is not HOST:PORT (gpuboot's HTTP address, for example gpuboot.example:8080)", g)
@@ -149,6 +208,7 @@ func (m *Monitoring) validate(p *problems) {
 		{"monitoring.prometheus.extraArgs", m.Prometheus.ExtraArgs},
 		{"monitoring.alertmanager.extraArgs", m.Alertmanager.ExtraArgs},
 		{"monitoring.kubeStateMetrics.extraArgs", m.KubeStateMetrics.ExtraArgs},
+		{"monitoring.logs.extraArgs", m.Logs.ExtraArgs},
 	} {
 		for k := range ea.m {
 			if !flagName.MatchString(k) && !promFlagName.MatchString(k) {
@@ -158,7 +218,44 @@ func (m *Monitoring) validate(p *problems) {
 	}
 }
 
-// promFlagName is a Prometheus or Alertmanager flag: dotted words.
-var promFlagName = regexp.MustCompile(`^[a-z0-9][a-z0-9.-]*$`)
+// promFlagName is a Prometheus or Alertmanager flag: dotted words; VictoriaLogs'
+// words are camelCase.
+var promFlagName = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9.-]*$`)
+
+// vlDuration is VictoriaLogs' retention syntax with its unit required (a bare number
+// would be months); vlSize its byte sizes.
+var (
+	vlDuration = regexp.MustCompile(`^([0-9]{1,6})(h|d|w|M|y)$`)
+	vlSize     = regexp.MustCompile(`^[1-9][0-9]{0,15}(KB|MB|GB|TB|KiB|MiB|GiB|TiB)?$`)
+)
+
+// validateLogs checks monitoring.logs when the log store runs.
+func (m *Monitoring) validateLogs(p *problems) {
+	if !m.LogsEnabled() {
+		return
+	}
+	l := m.Logs
+	if v := vlDuration.FindStringSubmatch(l.RetentionPeriod); v == nil {
+		p.add("monitoring.logs.retentionPeriod", "%q is not a retention period: a number and one of h, d, w, M (months), y, such as 30d", l.RetentionPeriod)
+	} else if n, _ := strconv.Atoi(v[1]); n == 0 || v[2] == "h" && n < 24 {
+		p.add("monitoring.logs.retentionPeriod", "%q is under a day, the least VictoriaLogs keeps: write 1d or more", l.RetentionPeriod)
+	}
+	if !vlSize.MatchString(l.MaxDiskSpaceUsage) {
+		p.add("monitoring.logs.maxDiskSpaceUsage", "%q is not a size: a positive number and one of KB, MB, GB, TB, KiB, MiB, GiB, TiB, such as 50GiB", l.MaxDiskSpaceUsage)
+	}
+	if a, err := netip.ParseAddr(l.Gateway.ListenAddress); err != nil || !a.Is4() && !a.Is6() {
+		p.add("monitoring.logs.gateway.listenAddress", "%q is not an IP address (the address nodes reach; 0.0.0.0 listens on all)", l.Gateway.ListenAddress)
+	}
+	if b := l.Gateway.MaxRequestBytes; b < 64<<10 || b > 256<<20 {
+		p.add("monitoring.logs.gateway.maxRequestBytes", "%d is not between 65536 (64 KiB, a line's most) and 268435456 (256 MiB)", b)
+	}
+	g := l.Gateway
+	if g.MaxConcurrentRequests < 1 || g.MaxConcurrentRequests > 256 {
+		p.add("monitoring.logs.gateway.maxConcurrentRequests", "%d is not between 1 and 256", g.MaxConcurrentRequests)
+	}
+	if g.MaxRequestsPerNode < 1 || g.MaxRequestsPerNode > g.MaxConcurrentRequests {
+		p.add("monitoring.logs.gateway.maxRequestsPerNode", "%d is not between 1 and maxConcurrentRequests (%d)", g.MaxRequestsPerNode, g.MaxConcurrentRequests)
+	}
+}
 
 var hostPortName = regexp.MustCompile(`^[a-z0-9]([-a-z0-9.]*[a-z0-9])?:[0-9]{1,5}$`)

@@ -90,6 +90,7 @@ var Certificates = []Certificate{
 	{"etcd-server", PKIPair, inPKI(EtcdServerCert), inPKI(EtcdServerKey), EtcdCAName},
 	{"front-proxy-client", PKIPair, inPKI(FrontProxyClientCert), inPKI(FrontProxyClientKey), FrontProxyCAName},
 	{KubeStateMetricsKubeconfig, KubeconfigCert, KubeStateMetricsKubeconfig, "", ClusterCAName},
+	{"logs-gateway", PKIPair, inPKI(LogsGatewayCert), inPKI(LogsGatewayKey), ClusterCAName},
 	{"monitoring-client", PKIPair, inPKI(MonitoringClientCert), inPKI(MonitoringClientKey), ClusterCAName},
 	{SchedulerKubeconfig, KubeconfigCert, SchedulerKubeconfig, "", ClusterCAName},
 	{"scheduler-serving", SelfSigned, inPKI(SchedulerServingDir + "/kube-scheduler.crt"), inPKI(SchedulerServingDir + "/kube-scheduler.key"), ""},

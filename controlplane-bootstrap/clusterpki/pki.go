@@ -64,6 +64,11 @@ const (
 	EtcdHealthcheckKey   = "etcd/healthcheck-client.key"
 	MonitoringClientCert = "monitoring-client.crt"
 	MonitoringClientKey  = "monitoring-client.key"
+	// LogsGatewayCert is the log gateway's serving certificate (docs/contracts.md §15):
+	// the API server's names, since nodes reach it where they reach the API server.
+	LogsGatewayCert = "logs-gateway.crt"
+	LogsGatewayKey  = "logs-gateway.key"
+	LogsGatewayCN   = "gpurack:logs-gateway"
 	// Identities of the kubeconfigs and client certificates.
 	ControllerManagerUser  = "system:kube-controller-manager"
 	SchedulerUser          = "system:kube-scheduler"
@@ -311,7 +316,18 @@ func (s *Set) leaves(cfg *clusterconfig.Config) []leaf {
 		{EtcdPeerCert, EtcdPeerKey, "etcd", pki.CertRequest{CommonName: cfg.NodeName, DNSNames: etcdDNS, IPs: etcdIPs, Usages: both}},
 		{EtcdHealthcheckCert, EtcdHealthcheckKey, "etcd", pki.CertRequest{CommonName: EtcdHealthcheckClientC, Usages: client}},
 		{MonitoringClientCert, MonitoringClientKey, "ca", pki.CertRequest{CommonName: MonitoringUser, Usages: client}},
+		{LogsGatewayCert, LogsGatewayKey, "ca", pki.CertRequest{CommonName: LogsGatewayCN, DNSNames: dns, IPs: logsGatewayIPs(cfg, ips), Usages: []pki.Usage{pki.ServerAuth}}},
 	}
+}
+
+// logsGatewayIPs are the API server's addresses and the gateway's own listen address
+// when it is a specific one (monitoring.logs.gateway.listenAddress).
+func logsGatewayIPs(cfg *clusterconfig.Config, apiIPs []net.IP) []net.IP {
+	ip := net.ParseIP(cfg.Monitoring.Logs.Gateway.ListenAddress)
+	if ip == nil || ip.IsUnspecified() {
+		return apiIPs
+	}
+	return dedupIPs(append(slices.Clone(apiIPs), ip))
 }
 
 func (s *Set) caFor(name string) *pki.CA {

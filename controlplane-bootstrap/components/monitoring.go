@@ -21,9 +21,10 @@ const (
 	Prometheus       = "prometheus"
 )
 
-// MonitoringNames lists the monitoring components in start order: Alertmanager and
-// kube-state-metrics first, so that the metrics server finds them.
-var MonitoringNames = []string{Alertmanager, KubeStateMetrics, Prometheus}
+// MonitoringNames lists the monitoring components in start order: Alertmanager,
+// kube-state-metrics and the log store (VictoriaLogs, then its gateway) first, so that
+// the metrics server finds them.
+var MonitoringNames = []string{Alertmanager, KubeStateMetrics, VictoriaLogs, LogsGateway, Prometheus}
 
 // KubeStateMetricsResources are the kinds kube-state-metrics watches (its --resources),
 // which its ClusterRole lets it list and watch: Nodes for the node alerts
@@ -51,7 +52,9 @@ func monitoringSpecs(cfg *clusterconfig.Config, l Layout) []Component {
 	if !cfg.Monitoring.Enabled {
 		return nil
 	}
-	return []Component{alertmanagerSpec(cfg, l), kubeStateMetricsSpec(cfg, l), prometheusSpec(cfg, l)}
+	specs := []Component{alertmanagerSpec(cfg, l), kubeStateMetricsSpec(cfg, l)}
+	specs = append(specs, logsSpecs(cfg, l)...)
+	return append(specs, prometheusSpec(cfg, l))
 }
 
 func alertmanagerSpec(cfg *clusterconfig.Config, l Layout) Component {
@@ -159,6 +162,11 @@ scrape_configs:
   - job_name: etcd
     static_configs:
       - targets: ['{{.Etcd}}']
+{{- if .Logs}}
+  - job_name: victorialogs
+    static_configs:
+      - targets: ['{{.VictoriaLogs}}']
+{{- end}}
   - job_name: apiserver
     scheme: https
     tls_config: &client
@@ -167,6 +175,13 @@ scrape_configs:
       key_file: {{.Key}}
     static_configs:
       - targets: ['{{.APIServer}}']
+{{- if .Logs}}
+  - job_name: logs-gateway
+    scheme: https
+    tls_config: *client
+    static_configs:
+      - targets: ['{{.LogsGateway}}']
+{{- end}}
 {{- range .Loopback}}
   - job_name: {{.Job}}
     scheme: https
@@ -254,6 +269,15 @@ func PrometheusConfig(cfg *clusterconfig.Config, l Layout) ([]byte, error) {
 			{"kube-controller-manager", hostPort("127.0.0.1", cfg.ControllerManager.Port)},
 		},
 		"NodeJobs": nodeJobs,
+		"Logs":     m.LogsEnabled(),
+	}
+	if m.LogsEnabled() {
+		gw := m.Logs.Gateway.ListenAddress
+		if ip := net.ParseIP(gw); ip == nil || ip.IsUnspecified() {
+			gw = "127.0.0.1"
+		}
+		data["VictoriaLogs"] = hostPort("127.0.0.1", m.Logs.Port)
+		data["LogsGateway"] = hostPort(gw, m.Logs.Gateway.Port)
 	}
 	var b bytes.Buffer
 	if err := promConfig.Execute(&b, data); err != nil {

@@ -48,7 +48,7 @@ func TestPrometheusConfigJobs(t *testing.T) {
 		t.Fatal(err)
 	}
 	jobs := scrapeJobs(t, string(data))
-	want := []string{"alertmanager", "apiserver", "cadvisor", "etcd", "gpuagent", "kube-controller-manager", "kube-scheduler", "kube-state-metrics", "kubelet", "prometheus"}
+	want := []string{"alertmanager", "apiserver", "cadvisor", "etcd", "gpuagent", "kube-controller-manager", "kube-scheduler", "kube-state-metrics", "kubelet", "logs-gateway", "prometheus", "victorialogs"}
 	if got := slices.Sorted(maps.Keys(jobs)); !slices.Equal(got, want) {
 		t.Errorf("jobs %v, want %v", got, want)
 	}
@@ -84,8 +84,8 @@ func TestPrometheusConfigJobs(t *testing.T) {
 	}
 }
 
-// TestMonitoringSpecs: off, no monitoring component; on, Alertmanager, kube-state-metrics
-// then Prometheus after the four, on the configured address, Prometheus' lifecycle
+// TestMonitoringSpecs: off, no monitoring component; on, Alertmanager, kube-state-metrics,
+// the log store then Prometheus after the four, on the configured address, Prometheus' lifecycle
 // switch last, kube-state-metrics on its kubeconfig with only the kinds its role lists.
 func TestMonitoringSpecs(t *testing.T) {
 	l := Layout{Dir: "/cluster"}
@@ -100,7 +100,7 @@ func TestMonitoringSpecs(t *testing.T) {
 	if !slices.Equal(names, AllNames) {
 		t.Fatalf("components %v, want %v", names, AllNames)
 	}
-	prom := specs[6]
+	prom := specs[len(specs)-1]
 	if prom.HealthURL != "http://127.0.0.1:9090/-/ready" || prom.Args[len(prom.Args)-1] != "--web.enable-lifecycle" ||
 		!slices.Contains(prom.Args, "--storage.tsdb.retention.size=5GB") || !slices.Contains(prom.Args, "--storage.tsdb.path=/cluster/monitoring/prometheus") {
 		t.Errorf("prometheus: %+v", prom)

@@ -44,6 +44,9 @@ type Component struct {
 	HealthURL string
 	// HealthText, when set, is what HealthURL's body holds when healthy instead of "ok".
 	HealthText string
+	// Self is set for a component that is this program (controlplane-bootstrap) run
+	// with a subcommand, Args[0], rather than a pinned binary: the log gateway.
+	Self bool
 }
 
 // Specs returns the components for cfg laid out in l, in start order: the four of the

@@ -71,6 +71,11 @@ type Options struct {
 	WritePIDFile bool
 	// UnitDir is where systemd units go; default /etc/systemd/system.
 	UnitDir string
+	// Executable is the controlplane-bootstrap program, which runs the log gateway
+	// (`controlplane-bootstrap logs-gateway`, monitoring.logs); empty: this process's
+	// own executable. A test binary that starts a control plane with logs answers
+	// that subcommand itself (testcluster.Main) and is given here.
+	Executable string
 	// LeafValidity is how long the leaf certificates and kubeconfig credentials that
 	// init issues are valid; zero means a year (pki.DefaultLeafValidity). Tests set
 	// minutes to see certificates expire; `certs renew --validity` sets it for renewals.
@@ -175,7 +180,7 @@ func Init(ctx context.Context, opts Options) (*ControlPlane, error) {
 		return cp, nil
 	}
 
-	bins, err := checkInputs(cfg, specs, opts.Mode)
+	bins, err := checkInputs(cfg, specs, opts.Mode, opts.Executable)
 	if err != nil {
 		return nil, err
 	}
@@ -225,12 +230,21 @@ func initConfig(opts Options, l components.Layout) (*clusterconfig.Config, []byt
 }
 
 // checkInputs checks every input before anything is written or started: the
-// components' binaries (returned by name), systemd when mode needs it, and that the
-// components' ports are free.
-func checkInputs(cfg *clusterconfig.Config, specs []components.Component, mode Mode) (map[string]string, error) {
+// components' binaries (returned by name; self, or else this process's executable,
+// for a component that is controlplane-bootstrap itself), systemd when mode needs it,
+// and that the components' ports are free.
+func checkInputs(cfg *clusterconfig.Config, specs []components.Component, mode Mode, self string) (map[string]string, error) {
 	binDir := components.BinDir(cfg.BinDir)
 	bins := map[string]string{}
 	for _, c := range specs {
+		if c.Self {
+			p, err := selfExecutable(self)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", c.Name, err)
+			}
+			bins[c.Name] = p
+			continue
+		}
 		p, err := components.FindBinary(binDir, c.Name)
 		if err != nil {
 			return nil, err
@@ -244,6 +258,26 @@ func checkInputs(cfg *clusterconfig.Config, specs []components.Component, mode M
 		return nil, err
 	}
 	return bins, nil
+}
+
+// selfExecutable is self, or this process's executable; the path must be absolute, as
+// a systemd unit's ExecStart needs.
+func selfExecutable(self string) (string, error) {
+	if self == "" {
+		p, err := os.Executable()
+		if err != nil {
+			return "", fmt.Errorf("find this program's executable, which runs it: %w", err)
+		}
+		self = p
+	}
+	abs, err := filepath.Abs(self)
+	if err != nil {
+		return "", err
+	}
+	if st, err := os.Stat(abs); err != nil || st.IsDir() || st.Mode()&0o111 == 0 {
+		return "", fmt.Errorf("%s is not an executable file (it runs as `controlplane-bootstrap %s`)", abs, components.LogsGatewayCommand)
+	}
+	return abs, nil
 }
 
 // writeFiles writes the cluster directory: the PKI (kept when it exists), the

@@ -64,7 +64,8 @@ func readAlertmanagerConfig(cfg *clusterconfig.Config) ([]byte, error) {
 }
 
 // writeMonitoringFiles writes DIR/monitoring: Prometheus' configuration, the shipped
-// rules, Alertmanager's routing, and the two data directories. Each file is written
+// rules, Alertmanager's routing, and the data directories (the log store's too, when
+// it runs). Each file is written
 // whole; the data directories are kept.
 func writeMonitoringFiles(l components.Layout, cfg *clusterconfig.Config, amConfig []byte) error {
 	if !cfg.Monitoring.Enabled {
@@ -96,7 +97,11 @@ func writeMonitoringFiles(l components.Layout, cfg *clusterconfig.Config, amConf
 			return err
 		}
 	}
-	for _, d := range []string{l.PrometheusData(), l.AlertmanagerData()} {
+	dirs := []string{l.PrometheusData(), l.AlertmanagerData()}
+	if cfg.Monitoring.LogsEnabled() {
+		dirs = append(dirs, l.LogsDir())
+	}
+	for _, d := range dirs {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return err
 		}

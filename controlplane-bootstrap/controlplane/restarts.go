@@ -41,15 +41,15 @@ func parseRestartRequest(line string) ([]string, error) {
 		return nil, fmt.Errorf("want %q followed by component names", restartVerb)
 	}
 	for i, name := range f[1:] {
-		if !slices.Contains(components.Names, name) {
-			return nil, fmt.Errorf("unknown component %q; the components are %s", name, strings.Join(components.Names, ", "))
+		if !slices.Contains(components.AllNames, name) {
+			return nil, fmt.Errorf("unknown component %q; the components are %s", name, strings.Join(components.AllNames, ", "))
 		}
 		if slices.Contains(f[1:i+1], name) {
 			return nil, fmt.Errorf("component %q named twice", name)
 		}
 	}
 	var names []string
-	for _, n := range components.Names {
+	for _, n := range components.AllNames {
 		if slices.Contains(f[1:], n) {
 			names = append(names, n)
 		}

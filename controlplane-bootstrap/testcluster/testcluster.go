@@ -28,9 +28,11 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -43,6 +45,7 @@ import (
 	"github.com/gpurack/gpurack/controlplane-bootstrap/controlplane"
 	"github.com/gpurack/gpurack/controlplane-bootstrap/joinconfig"
 	"github.com/gpurack/gpurack/controlplane-bootstrap/localvolumes"
+	"github.com/gpurack/gpurack/controlplane-bootstrap/logsgateway"
 	"github.com/gpurack/gpurack/internal/testreq"
 )
 
@@ -113,7 +116,10 @@ func NewWith(t testing.TB, o Options) *Cluster {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := start(dir, o)
+	shared.Lock()
+	hooked := shared.main
+	shared.Unlock()
+	c, err := start(dir, o, hooked)
 	if err != nil {
 		os.RemoveAll(dir)
 		t.Fatalf("testcluster: %v", err)
@@ -131,7 +137,20 @@ var shared struct {
 
 // Main runs the tests of a package that uses Shared and then stops the
 // shared control plane. Call it from TestMain: os.Exit(testcluster.Main(m)).
+//
+// A test binary started as `BINARY logs-gateway …` runs the log gateway instead of the
+// tests: a control plane with monitoring.logs runs its gateway as this program
+// (controlplane.Options.Executable), which in a test is the test binary.
 func Main(m *testing.M) int {
+	if len(os.Args) > 1 && os.Args[1] == logsgateway.Command {
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+		defer stop()
+		if err := logsgateway.Main(ctx, os.Args[2:], os.Stderr); err != nil {
+			fmt.Fprintln(os.Stderr, "logs-gateway:", err)
+			return 1
+		}
+		return 0
+	}
 	shared.Lock()
 	shared.main = true
 	shared.Unlock()
@@ -160,7 +179,7 @@ func Shared(t testing.TB) *Cluster {
 		if err != nil {
 			t.Fatal(err)
 		}
-		shared.cluster, shared.err = start(dir, Options{})
+		shared.cluster, shared.err = start(dir, Options{}, true)
 		if shared.err != nil {
 			os.RemoveAll(dir)
 		}
@@ -173,7 +192,7 @@ func Shared(t testing.TB) *Cluster {
 
 // Config returns a cluster.yaml configuration on free loopback ports.
 func Config() (*clusterconfig.Config, error) {
-	ports, err := FreePorts(6)
+	ports, err := FreePorts(8)
 	if err != nil {
 		return nil, err
 	}
@@ -183,6 +202,8 @@ func Config() (*clusterconfig.Config, error) {
 	cfg.APIServer.Endpoint = fmt.Sprintf("127.0.0.1:%d", ports[0])
 	cfg.Etcd.ClientPort, cfg.Etcd.PeerPort, cfg.Etcd.MetricsPort = ports[1], ports[2], ports[3]
 	cfg.ControllerManager.Port, cfg.Scheduler.Port = ports[4], ports[5]
+	// The log store's, used only with monitoring on.
+	cfg.Monitoring.Logs.Port, cfg.Monitoring.Logs.Gateway.Port = ports[6], ports[7]
 	// Tests do not need durability against power loss, and fsync is the
 	// slowest part of etcd on a shared disk.
 	cfg.Etcd.ExtraArgs = map[string]string{"unsafe-no-fsync": "true"}
@@ -212,8 +233,9 @@ func FreePorts(n int) ([]int, error) {
 
 // start brings a control plane up in dir. Free ports can be taken by
 // another test between choosing and binding them, so a port clash is
-// retried with new ports.
-func start(dir string, o Options) (*Cluster, error) {
+// retried with new ports. hooked says the package's TestMain calls Main, which
+// answers the log gateway's subcommand, so the test binary can run the gateway.
+func start(dir string, o Options, hooked bool) (*Cluster, error) {
 	var lastErr error
 	for attempt := range 3 {
 		if attempt > 0 {
@@ -226,9 +248,17 @@ func start(dir string, o Options) (*Cluster, error) {
 		if o.Configure != nil {
 			o.Configure(cfg)
 		}
+		self, err := os.Executable()
+		if err != nil {
+			return nil, err
+		}
+		if cfg.Monitoring.LogsEnabled() && !hooked {
+			return nil, errors.New("monitoring.logs runs the log gateway as this test binary: the package's TestMain must call testcluster.Main(m) (or set monitoring.logs.enabled to false)")
+		}
 		cp, err := controlplane.Init(context.Background(), controlplane.Options{
 			Dir: dir, Config: cfg, Mode: controlplane.Foreground, WritePIDFile: o.Supervised,
-			Logf: fileLogger(filepath.Join(dir, "logs", "supervisor.log")),
+			Logf:       fileLogger(filepath.Join(dir, "logs", "supervisor.log")),
+			Executable: self,
 		})
 		if err != nil {
 			lastErr = err

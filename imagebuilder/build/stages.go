@@ -39,17 +39,19 @@ type imageBuild struct {
 	key       ed25519.PrivateKey
 	kubelet   string
 	kubeProxy string
-	pause     string // pause image archive
-	pauseTag  string
-	builder   string // gpuimage's own version
-	agent     string // gpuagent binary
-	initBin   string // gpurack-init binary
-	gpuRT     rootfs.GPURuntime
-	cdiHook   string // nvidia-cdi-hook binary, GPU images only
-	nvRuntime string // nvidia-container-runtime binary, containerd 1.6 GPU images only
-	bins      map[string]manifest.FileDigest
-	archives  []*ociarchive.File // the profile's image archives, checked
-	imageID   string
+	// nodeExporter is node_exporter (make k8s-bins), shipped in every node image.
+	nodeExporter string
+	pause        string // pause image archive
+	pauseTag     string
+	builder      string // gpuimage's own version
+	agent        string // gpuagent binary
+	initBin      string // gpurack-init binary
+	gpuRT        rootfs.GPURuntime
+	cdiHook      string // nvidia-cdi-hook binary, GPU images only
+	nvRuntime    string // nvidia-container-runtime binary, containerd 1.6 GPU images only
+	bins         map[string]manifest.FileDigest
+	archives     []*ociarchive.File // the profile's image archives, checked
+	imageID      string
 
 	// fetch
 	debs      map[string]profile.LockedPackage // cached .deb path → package, kernel excluded
@@ -181,8 +183,9 @@ func (b *imageBuild) hostInputs() error {
 	o := &b.o
 	b.kubelet = filepath.Join(o.K8sDir, "bin", "kubelet")
 	b.kubeProxy = filepath.Join(o.K8sDir, "bin", "kube-proxy")
+	b.nodeExporter = filepath.Join(o.K8sDir, "bin", "node_exporter")
 	b.pause = filepath.Join(o.K8sDir, "images", "pause.tar")
-	for _, f := range []string{b.kubelet, b.kubeProxy, b.pause} {
+	for _, f := range []string{b.kubelet, b.kubeProxy, b.nodeExporter, b.pause} {
 		if _, err := os.Stat(f); err != nil {
 			return fmt.Errorf("%s is missing: run make k8s-bins (or set GPURACK_K8S_DIR to where it put the pinned Kubernetes binaries)", f)
 		}
@@ -245,7 +248,8 @@ func (b *imageBuild) binaries(ctx context.Context) error {
 			return err
 		}
 	}
-	bundled := map[string]string{manifest.BinaryAgent: b.agent, manifest.BinaryKubelet: b.kubelet, manifest.BinaryKubeProxy: b.kubeProxy, "gpurack-init": b.initBin}
+	bundled := map[string]string{manifest.BinaryAgent: b.agent, manifest.BinaryKubelet: b.kubelet, manifest.BinaryKubeProxy: b.kubeProxy,
+		manifest.BinaryNodeExporter: b.nodeExporter, "gpurack-init": b.initBin}
 	if err := b.gpuRuntimeBinaries(ctx, bundled); err != nil {
 		return err
 	}
@@ -448,7 +452,7 @@ func (b *imageBuild) rootfs(ctx context.Context) error {
 // last of them writes dpkg's installed list to installed.
 func (b *imageBuild) customize(overlay, installed string) ([]string, error) {
 	node := &rootfs.Node{
-		ImageID: b.imageID, ProfileJSON: b.p.Canonical(), Kubelet: b.kubelet, KubeProxy: b.kubeProxy, PauseImage: b.pause, PauseTag: b.pauseTag,
+		ImageID: b.imageID, ProfileJSON: b.p.Canonical(), Kubelet: b.kubelet, KubeProxy: b.kubeProxy, NodeExporter: b.nodeExporter, PauseImage: b.pause, PauseTag: b.pauseTag,
 		Agent: b.agent, AgentUnit: b.o.AgentUnit, KernelVersion: b.kver, KernelModules: b.modDir, Modules: b.nodeMods,
 		InstalledList: installed, ExtraModules: b.extraMods, Images: nodeArchives(b.archives),
 		GPURuntime: b.gpuRT, CDIHook: b.cdiHook, NvidiaRuntime: b.nvRuntime,

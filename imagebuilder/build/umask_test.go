@@ -85,7 +85,7 @@ func writeStages(t *testing.T, umask int) map[string]map[string]string {
 	src := filepath.Join(dir, "src")
 	modDir := filepath.Join(src, "kernel", "lib", "modules", kver)
 	inputs := map[string]string{
-		"k8s/bin/kubelet": "kubelet", "k8s/bin/kube-proxy": "kube-proxy", "k8s/images/pause.tar": "pause", "gpuagent": "gpuagent", "gpuagent.service": "[Unit]\n", "gpurack-init": "init",
+		"k8s/bin/kubelet": "kubelet", "k8s/bin/kube-proxy": "kube-proxy", "k8s/bin/node_exporter": "node_exporter", "k8s/images/pause.tar": "pause", "gpuagent": "gpuagent", "gpuagent.service": "[Unit]\n", "gpurack-init": "init",
 		"kernel/boot/vmlinuz-" + kver:                                    "vmlinuz",
 		"kernel/lib/modules/" + kver + "/kernel/fs/overlayfs/overlay.ko": "overlay.ko",
 		"kernel/lib/modules/" + kver + "/kernel/drivers/block/loop.ko":   "loop.ko",

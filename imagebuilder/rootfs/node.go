@@ -10,10 +10,13 @@ import (
 
 // Node is what gpuimage adds to the Debian system to make a gpurack node (CONTRACTS §6).
 type Node struct {
-	ImageID       string
-	ProfileJSON   []byte // the canonical profile, /etc/gpurack/profile.json
-	Kubelet       string // path of the kubelet binary
-	KubeProxy     string // path of the kube-proxy binary; empty: none shipped
+	ImageID     string
+	ProfileJSON []byte // the canonical profile, /etc/gpurack/profile.json
+	Kubelet     string // path of the kubelet binary
+	KubeProxy   string // path of the kube-proxy binary; empty: none shipped
+	// NodeExporter is the path of the node_exporter binary, shipped with
+	// node-exporter.service (decision 0693); empty: none shipped.
+	NodeExporter  string
 	PauseImage    string // path of the pause image archive (docker archive)
 	PauseTag      string // its tag, containerd's sandbox_image
 	Agent         string // path of the gpuagent binary
@@ -112,6 +115,7 @@ func (n *Node) files() map[string]string {
 		"etc/modules-load.d/gpurack-kubernetes.conf":  "overlay\nbr_netfilter\nnf_conntrack\nnfnetlink_queue\n",
 		"etc/systemd/system/kubelet.service":          kubeletUnit,
 		"etc/systemd/system/kube-proxy.service":       kubeProxyUnit,
+		"etc/systemd/system/node-exporter.service":    nodeExporterUnit,
 		"etc/systemd/system/var-lib-containerd.mount": containerdStateMount,
 		"etc/systemd/system/containerd.service.d/gpurack-state.conf": "# gpurack: containerd's state on its own tmpfs (var-lib-containerd.mount).\n" +
 			"[Unit]\nRequiresMountsFor=/var/lib/containerd\n",
@@ -142,6 +146,9 @@ func (n *Node) copies() (map[string]copied, error) {
 	}
 	if n.KubeProxy != "" {
 		copies["usr/bin/kube-proxy"] = copied{n.KubeProxy, 0o755}
+	}
+	if n.NodeExporter != "" {
+		copies["usr/bin/node_exporter"] = copied{n.NodeExporter, 0o755}
 	}
 	for _, im := range n.Images {
 		dst := strings.TrimPrefix(im.Dst, "/")
@@ -297,6 +304,61 @@ After=kubelet.service network-online.target
 ExecStart=/usr/bin/kube-proxy --config=/var/lib/kube-proxy/config.yaml
 Restart=always
 RestartSec=5
+
+[Install]
+WantedBy=multi-user.target
+`
+
+// nodeExporterUnit runs node_exporter with the scrape credential (decision 0693). Not
+// enabled: after the join gpuagent writes its web configuration, serving certificate
+// and key, the cluster CA and LISTEN under /run/gpurack/node-exporter (agent/nodeexporter;
+// that directory is the agent's, 0700) and restarts it. node_exporter runs as a
+// dynamic user with no capabilities: systemd reads the files as root and hands them
+// to it (LoadCredential), and the web configuration names them relative to itself.
+// Unprivileged, it reads /proc, /sys and statfs of every mount it can reach (the data
+// disks under /var/lib/gpurack/datadisks, mode 0755); mounts made after its start
+// propagate into its namespace. kubelet's and containerd's per-pod mounts are left
+// out: a dynamic user cannot reach them, and they are the pods', not the node's.
+const nodeExporterUnit = `# gpurack: node_exporter, the node's metrics (decision 0693). Not enabled: after the
+# join gpuagent writes its TLS web configuration under /run/gpurack/node-exporter and
+# restarts it; only the metrics server's client certificate may scrape.
+[Unit]
+Description=node_exporter: the node's hardware and OS metrics
+Documentation=https://github.com/prometheus/node_exporter
+After=network-online.target
+
+[Service]
+EnvironmentFile=/run/gpurack/node-exporter/env
+LoadCredential=web.yml:/run/gpurack/node-exporter/web.yml
+LoadCredential=tls.crt:/run/gpurack/node-exporter/tls.crt
+LoadCredential=tls.key:/run/gpurack/node-exporter/tls.key
+LoadCredential=client-ca.crt:/run/gpurack/node-exporter/client-ca.crt
+ExecStart=/usr/bin/node_exporter --web.listen-address=${LISTEN} --web.config.file=%d/web.yml   --collector.filesystem.mount-points-exclude=^/(dev|proc|sys|run/credentials/.+|run/containerd/.+|run/netns/.+|var/lib/kubelet/.+|var/lib/containerd/.+)($$|/)
+Restart=always
+RestartSec=5
+DynamicUser=yes
+CapabilityBoundingSet=
+AmbientCapabilities=
+NoNewPrivileges=yes
+ProtectSystem=strict
+ProtectHome=yes
+PrivateTmp=yes
+PrivateDevices=yes
+ProtectKernelTunables=yes
+ProtectKernelModules=yes
+ProtectKernelLogs=yes
+ProtectControlGroups=yes
+ProtectClock=yes
+ProtectHostname=yes
+RestrictNamespaces=yes
+RestrictRealtime=yes
+RestrictSUIDSGID=yes
+LockPersonality=yes
+MemoryDenyWriteExecute=yes
+RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 AF_NETLINK
+SystemCallArchitectures=native
+SystemCallFilter=@system-service
+MemoryMax=256M
 
 [Install]
 WantedBy=multi-user.target

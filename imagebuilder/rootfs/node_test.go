@@ -5,16 +5,19 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/gpurack/gpurack/agent/nodeexporter"
 )
 
 func TestNodeWrite(t *testing.T) {
 	src := t.TempDir()
-	for _, f := range []string{"kubelet", "pause.tar", "gpuagent", "gpuagent.service", "mods/kernel/fs/overlayfs/overlay.ko", "mods/modules.builtin", "nvidia.ko"} {
+	for _, f := range []string{"kubelet", "node_exporter", "pause.tar", "gpuagent", "gpuagent.service", "mods/kernel/fs/overlayfs/overlay.ko", "mods/modules.builtin", "nvidia.ko"} {
 		os.MkdirAll(filepath.Dir(filepath.Join(src, f)), 0o755)
 		os.WriteFile(filepath.Join(src, f), []byte(f), 0o644)
 	}
 	n := &Node{ImageID: "abc", ProfileJSON: []byte(`{"name":"tiny"}`), Kubelet: filepath.Join(src, "kubelet"), PauseImage: filepath.Join(src, "pause.tar"),
-		PauseTag: "registry.k8s.io/pause:3.10.1", Agent: filepath.Join(src, "gpuagent"), AgentUnit: filepath.Join(src, "gpuagent.service"),
+		NodeExporter: filepath.Join(src, "node_exporter"),
+		PauseTag:     "registry.k8s.io/pause:3.10.1", Agent: filepath.Join(src, "gpuagent"), AgentUnit: filepath.Join(src, "gpuagent.service"),
 		KernelVersion: "6.1.0-57-amd64", KernelModules: filepath.Join(src, "mods"), Modules: []string{"kernel/fs/overlayfs/overlay.ko"},
 		InstalledList: "/tmp/x", ExtraModules: map[string]string{"updates/dkms/nvidia-current.ko": filepath.Join(src, "nvidia.ko")}}
 	ov := t.TempDir()
@@ -31,9 +34,11 @@ func TestNodeWrite(t *testing.T) {
 		"etc/systemd/network/10-gpurack-pod-network.network": "Name=cni0 flannel.* veth*\n\n[Link]\nUnmanaged=yes",
 		"etc/systemd/networkd.conf.d/gpurack.conf":           "ManageForeignRoutes=no",
 		"etc/modules-load.d/gpurack-kubernetes.conf":         "br_netfilter",
-		"usr/bin/kubelet":                     "kubelet",
-		"usr/bin/gpuagent":                    "gpuagent",
-		"etc/systemd/system/gpuagent.service": "gpuagent.service",
+		"usr/bin/kubelet":                                               "kubelet",
+		"usr/bin/node_exporter":                                         "node_exporter",
+		"etc/systemd/system/node-exporter.service":                      "ExecStart=/usr/bin/node_exporter --web.listen-address=${LISTEN} --web.config.file=%d/web.yml",
+		"usr/bin/gpuagent":                                              "gpuagent",
+		"etc/systemd/system/gpuagent.service":                           "gpuagent.service",
 		"usr/lib/modules/6.1.0-57-amd64/kernel/fs/overlayfs/overlay.ko": "overlay.ko",
 		"usr/lib/modules/6.1.0-57-amd64/modules.builtin":                "modules.builtin",
 		"usr/lib/modules/6.1.0-57-amd64/updates/dkms/nvidia-current.ko": "nvidia.ko",
@@ -55,6 +60,12 @@ func TestNodeWrite(t *testing.T) {
 	}
 	if strings.Contains(all, "kubelet.service") {
 		t.Error("kubelet.service must not be enabled: gpuagent starts it")
+	}
+	if strings.Contains(all, "node-exporter.service") {
+		t.Error("node-exporter.service must not be enabled: gpuagent starts it with its credential")
+	}
+	if st, err := os.Stat(filepath.Join(ov, "usr/bin/node_exporter")); err != nil || st.Mode().Perm() != 0o755 {
+		t.Errorf("usr/bin/node_exporter: %v, %v", st, err)
 	}
 	n.AgentUnit = ""
 	if _, err := n.Write(t.TempDir()); err == nil || !strings.Contains(err.Error(), "no gpuagent unit given") {
@@ -99,5 +110,25 @@ func TestNodeImageArchives(t *testing.T) {
 		if _, err := n.Write(t.TempDir()); err == nil {
 			t.Errorf("archive destination %s accepted", dst)
 		}
+	}
+}
+
+// The unit loads, as credentials, the very files agent/nodeexporter writes, from the
+// directory it writes them in, and runs sandboxed.
+func TestNodeExporterUnitLoadsTheAgentsFiles(t *testing.T) {
+	for _, f := range []string{nodeexporter.WebConfigFile, nodeexporter.CertFile, nodeexporter.KeyFile, nodeexporter.ClientCAFile} {
+		want := "\nLoadCredential=" + f + ":" + nodeexporter.DefaultDir + "/" + f + "\n"
+		if !strings.Contains(nodeExporterUnit, want) {
+			t.Errorf("node-exporter.service lacks %q", strings.TrimSpace(want))
+		}
+	}
+	for _, want := range []string{"\nEnvironmentFile=" + nodeexporter.DefaultDir + "/" + nodeexporter.EnvFile + "\n",
+		"--web.config.file=%d/" + nodeexporter.WebConfigFile, "\nDynamicUser=yes\n", "\nProtectSystem=strict\n", "\nCapabilityBoundingSet=\n", "($$|/)"} {
+		if !strings.Contains(nodeExporterUnit, want) {
+			t.Errorf("node-exporter.service lacks %q", strings.TrimSpace(want))
+		}
+	}
+	if nodeexporter.Unit != "node-exporter.service" {
+		t.Errorf("the image ships node-exporter.service, the agent restarts %s", nodeexporter.Unit)
 	}
 }

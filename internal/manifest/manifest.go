@@ -36,6 +36,8 @@ const (
 	BinaryKubelet = "kubelet"
 	// BinaryKubeProxy is kube-proxy (decision 0602).
 	BinaryKubeProxy = "kube-proxy"
+	// BinaryNodeExporter is node_exporter, the node's metrics (decision 0693).
+	BinaryNodeExporter = "node_exporter"
 )
 
 // Driver flavors (the NVIDIA kernel module variants).

@@ -38,7 +38,7 @@ func BenchmarkRunCost(b *testing.B) {
 	for b.Loop() {
 		dir := b.TempDir()
 		cmd := agentCmd(context.Background(), "run", "--gpu-backend", "sim:dgxh100", "--profile", h100Profile, "--interval", "1s",
-			"--listen", "", "--metrics-listen", "127.0.0.1:0", "--socket", filepath.Join(dir, "agent.sock"), "--log-level", "warn")
+			"--listen", "", "--metrics-listen", "127.0.0.1:0", "--metrics-plaintext", "--socket", filepath.Join(dir, "agent.sock"), "--log-level", "warn")
 		if err := cmd.Start(); err != nil {
 			b.Fatal(err)
 		}

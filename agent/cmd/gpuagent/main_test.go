@@ -435,7 +435,7 @@ func TestRunServesMTLS(t *testing.T) {
 	listen, metrics, gossipAddr := freePort(t), freePort(t), freePort(t)
 	fx := newPKI(t, "node-a", nil)
 	d := startDaemon(t, nil, "--gpu-backend", "sim:dgxh100", "--profile", h100Profile, "--join-bundle", fx.bundle,
-		"--listen", listen, "--metrics-listen", metrics, "--socket", filepath.Join(fx.dir, "agent.sock"),
+		"--listen", listen, "--metrics-listen", metrics, "--metrics-plaintext", "--socket", filepath.Join(fx.dir, "agent.sock"),
 		"--gossip-bind", gossipAddr, "--gossip-local", "--interval", "1s", "--clear-after", "1s", "--log-format", "json")
 	conn := fx.client(t, listen, true)
 	c := agentv1.NewAgentServiceClient(conn)

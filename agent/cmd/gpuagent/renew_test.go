@@ -31,7 +31,7 @@ func TestAgentRenewsWithGpuboot(t *testing.T) {
 	const mac = "52:54:00:00:0c:01"
 	agent := startDaemon(t, nil, "--gpu-backend", "sim:dgxh100", "--profile", h100Profile,
 		"--enroll", tlsAddr, "--enroll-ca", g.pin, "--key-dir", keyDir,
-		"--facts-root", e2eFactsRoot(t, mac, "SN-renew"), "--listen", listen, "--metrics-listen", metrics,
+		"--facts-root", e2eFactsRoot(t, mac, "SN-renew"), "--listen", listen, "--metrics-listen", metrics, "--metrics-plaintext",
 		"--socket", filepath.Join(dir, "agent.sock"), "--interval", "1s")
 
 	expiry := func() time.Time {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"os/signal"
 	"path/filepath"
@@ -15,7 +16,9 @@ import (
 	"github.com/gpurack/gpurack/agent/enroll"
 	"github.com/gpurack/gpurack/agent/facts"
 	"github.com/gpurack/gpurack/agent/joinbundle"
+	"github.com/gpurack/gpurack/agent/metricsauth"
 	"github.com/gpurack/gpurack/agent/node"
+	"github.com/gpurack/gpurack/agent/nodeexporter"
 	"github.com/gpurack/gpurack/agent/xid"
 	"github.com/gpurack/gpurack/internal/memtrim"
 )
@@ -26,24 +29,30 @@ type runFlags struct {
 	backendFlags
 	listen        string
 	metricsListen string
-	socket        string
-	insecure      bool
-	joinBundle    string
-	keyDir        string
-	interval      time.Duration
-	clearAfter    time.Duration
-	kmsg          string
-	nodeName      string
-	enroll        string
-	enrollCA      string
-	gossip        node.GossipConfig
-	factsRoot     string
-	kubeletDir    string
-	devicePlugin  bool
-	cdiDir        string
-	cgroupRoot    string
-	console       string
-	trimAfter     time.Duration
+	// metricsClientCA, metricsClientCN and metricsPlaintext are the scrape credential
+	// (decision 0693); nodeExporterListen is node_exporter's address ("off": none).
+	metricsClientCA    string
+	metricsClientCN    string
+	metricsPlaintext   bool
+	nodeExporterListen string
+	socket             string
+	insecure           bool
+	joinBundle         string
+	keyDir             string
+	interval           time.Duration
+	clearAfter         time.Duration
+	kmsg               string
+	nodeName           string
+	enroll             string
+	enrollCA           string
+	gossip             node.GossipConfig
+	factsRoot          string
+	kubeletDir         string
+	devicePlugin       bool
+	cdiDir             string
+	cgroupRoot         string
+	console            string
+	trimAfter          time.Duration
 
 	// insecureRemote lets --insecure listen beyond loopback.
 	insecureRemote bool
@@ -57,14 +66,18 @@ func newRunCommand() *cobra.Command {
 		Long: `run is the daemon systemd starts (agent/systemd/gpuagent.service, Type=notify). It checks
 the GPUs every --interval and at once on every XID, serves gpurack.agent.v1.AgentService
 (with grpc.health.v1 and reflection) on the local socket and, with a certificate from
---join-bundle (or plaintext with --insecure), on --listen; /metrics on --metrics-listen;
-and gossips health with its rack when the JoinBundle carries gossip settings.
+--join-bundle (or plaintext with --insecure), on --listen; /metrics on --metrics-listen
+(TLS: only a client certificate of the cluster CA with CN gpurack:monitoring may scrape,
+so every scrape is refused until the join brings the CA, or --metrics-client-ca names
+it); and gossips health with its rack when the JoinBundle carries gossip settings.
 
 With gpurack.enroll=HOST:PORT and gpurack.enroll.ca=sha256:HEX on /proc/cmdline (or
 --enroll and --enroll-ca) it enrolls with gpuboot: Register with its key from --key-dir,
 "waiting for approval" until an operator approves, GetJoinBundle, then the Kubernetes
 join (kubelet files and kubelet.service over D-Bus; the agent itself on the simulator),
-the commissioning report and heartbeats.`,
+the commissioning report and heartbeats. Once kubelet has joined, it also writes
+node_exporter's TLS web configuration under /run/gpurack/node-exporter and starts
+node-exporter.service (--node-exporter-listen).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return run(cmd.Context(), &f) },
 	}
@@ -72,6 +85,10 @@ the commissioning report and heartbeats.`,
 	f.register(fs)
 	fs.StringVar(&f.listen, "listen", ":50051", "gRPC TCP address (mutual TLS with the JoinBundle's certificate; plaintext only with --insecure); empty: none")
 	fs.StringVar(&f.metricsListen, "metrics-listen", ":9410", "Prometheus /metrics address; empty: none")
+	fs.StringVar(&f.metricsClientCA, "metrics-client-ca", "", "PEM file of the CA a scraper's client certificate must chain to (the cluster CA, pki/ca.crt); default: the JoinBundle's cluster CA, and /metrics refuses every scrape until the agent has one")
+	fs.StringVar(&f.metricsClientCN, "metrics-client-cn", metricsauth.MonitoringCN, "comma-separated CommonNames whose client certificates may scrape /metrics")
+	fs.BoolVar(&f.metricsPlaintext, "metrics-plaintext", false, "serve /metrics over plain HTTP with no authentication: whoever reaches --metrics-listen reads it (labs only)")
+	fs.StringVar(&f.nodeExporterListen, "node-exporter-listen", nodeexporter.DefaultListen, "node_exporter's address (HOST:PORT or :PORT), started with the scrape credential once kubelet has joined; off: not started")
 	fs.StringVar(&f.socket, "socket", "/run/gpurack/agent.sock", "local gRPC unix socket (root only); empty: none")
 	fs.BoolVar(&f.insecure, "insecure", false, "serve gRPC on --listen without TLS or authentication (labs only; a loopback --listen unless --insecure-unauthenticated-remote)")
 	fs.BoolVar(&f.insecureRemote, "insecure-unauthenticated-remote", false, "let --insecure listen on an address other machines reach: whoever reaches it may inject faults and run checks, with no credentials")
@@ -117,7 +134,14 @@ func run(ctx context.Context, f *runFlags) error {
 		Interval: f.interval, ClearAfter: f.clearAfter, NodeName: f.nodeName, FactsRoot: facts.Root(f.factsRoot),
 		KubeletDir: f.kubeletDir, CgroupRoot: f.cgroupRoot, Console: f.console, Gossip: f.gossip,
 		DevicePluginDir: filepath.Join(f.kubeletDir, "device-plugins"), DevicePlugin: f.devicePlugin, CDIDir: f.cdiDir,
-		StartupXIDs: injectedXIDs(f.faults)}
+		StartupXIDs: injectedXIDs(f.faults), MetricsClientCA: f.metricsClientCA, MetricsClientCNs: metricsauth.ParseCNs(f.metricsClientCN),
+		MetricsPlaintext: f.metricsPlaintext, NodeExporterListen: f.nodeExporterListen}
+	if f.metricsPlaintext && f.metricsClientCA != "" {
+		return &exitError{2, errors.New("--metrics-plaintext and --metrics-client-ca both given: plain HTTP checks no client certificate; drop one")}
+	}
+	if len(cfg.MetricsClientCNs) == 0 && !f.metricsPlaintext {
+		return &exitError{2, errors.New("--metrics-client-cn is empty: no one could scrape /metrics; give at least one CommonName (default gpurack:monitoring)")}
+	}
 	if f.joinBundle != "" {
 		if cfg.Bundle, err = joinbundle.Load(f.joinBundle, time.Now()); err != nil {
 			return &exitError{2, err}

@@ -36,6 +36,7 @@ See docs/controlplane.md.`,
 		SilenceErrors: true,
 	}
 	root.AddCommand(newInitCommand(), newStatusCommand(), newStopCommand(), newResetCommand(),
-		newTokenCommand(), newJoinConfigCommand(), newTenantsCommand(), newUsersCommand(), newCertsCommand(), newAuditCommand())
+		newTokenCommand(), newJoinConfigCommand(), newTenantsCommand(), newUsersCommand(), newCertsCommand(), newAuditCommand(),
+		newLogsCommand(), newLogsGatewayCommand())
 	return root
 }
