@@ -1,6 +1,7 @@
 package logship
 
 import (
+	"os"
 	"sync"
 	"sync/atomic"
 
@@ -26,8 +27,9 @@ const (
 // Metrics counts what the shipper did. It is a prometheus.Collector: the agent
 // registers it beside its own collector, so the series appear on gpuagent's /metrics.
 type Metrics struct {
-	// Hostname labels every series, as the agent's other node series are labelled;
-	// nil: empty.
+	// Hostname labels every series, as the agent's other node series are labelled,
+	// read at every scrape (the join renames the machine); nil: os.Hostname. The zero
+	// Metrics is ready to use.
 	Hostname func() string
 
 	shipped, shippedBytes, sendErrors sync.Map // source -> *atomic.Int64 (sendErrors: one key)
@@ -81,7 +83,7 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 // Collect implements prometheus.Collector. The sources and the queue_full reason are
 // always there (at 0), so an alert's rate() has a series from the start.
 func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
-	host := ""
+	host, _ := os.Hostname()
 	if m.Hostname != nil {
 		host = m.Hostname()
 	}

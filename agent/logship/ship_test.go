@@ -151,7 +151,13 @@ func TestShipsContainerLogsToVictoriaLogs(t *testing.T) {
 	for i := range lines {
 		lines[i] = fmt.Sprintf("stdout F flood line %06d %s", i, strings.Repeat("y", 80))
 	}
-	pods.write(pods.path("shop", "spam-1", "loud"), lines...)
+	// Written aside and renamed into place, so that one poll reads it all (a poll in
+	// the middle of a 2 MB write would see part of it, and the sender would make room).
+	spam := pods.path("shop", "spam-1", "loud")
+	pods.write(spam+".tmp", lines...)
+	if err := os.Rename(spam+".tmp", spam); err != nil {
+		t.Fatal(err)
+	}
 	waitFor(t, "the flood read and shipped", func() bool {
 		n, _ := m.q.Load().length()
 		return m.Shipped("container")+m.Dropped(DropQueueFull) == 4+2+flood && n == 0
