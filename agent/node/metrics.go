@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/gpurack/gpurack/agent/facts"
 	"github.com/gpurack/gpurack/agent/kubejoin"
 	"github.com/gpurack/gpurack/agent/metricsauth"
@@ -74,7 +76,8 @@ func (n *node) metricsCollector() *server.Collector {
 				return c.Current().NotAfter
 			}
 			return time.Time{}
-		}}
+		},
+		Also: []prometheus.Collector{&n.logs}}
 }
 
 // armMetricsGate lets the bundle's cluster CA's scrapers in, unless --metrics-client-ca

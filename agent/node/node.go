@@ -32,6 +32,7 @@ import (
 	"github.com/gpurack/gpurack/agent/gpu/sim"
 	"github.com/gpurack/gpurack/agent/joinbundle"
 	"github.com/gpurack/gpurack/agent/kubejoin"
+	"github.com/gpurack/gpurack/agent/logship"
 	"github.com/gpurack/gpurack/agent/metricsauth"
 	"github.com/gpurack/gpurack/agent/monitor"
 	"github.com/gpurack/gpurack/agent/podres"
@@ -118,6 +119,9 @@ type Config struct {
 	Gossip  GossipConfig
 	// Host starts kubelet on real nodes; nil: systemd over D-Bus.
 	Host kubejoin.Host
+	// Logs is how the node ships its journal and container logs once it has joined
+	// (logs.go); where to comes in the JoinBundle.
+	Logs LogShipping
 }
 
 // Run runs the node until ctx ends, then stops every service and returns nil. An error
@@ -161,6 +165,8 @@ type node struct {
 	identity   facts.Identity
 	imageID    string
 	started    time.Time
+	// logs counts what log shipping did, for /metrics (its zero value is ready).
+	logs logship.Metrics
 	// revoked is gpuboot's certificate revocation list as the last heartbeat answer
 	// brought it, kept in the key directory; the mutual-TLS API refuses what is on it.
 	revoked *pki.RevocationList

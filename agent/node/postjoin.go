@@ -79,6 +79,8 @@ type gated struct {
 //	local-volumes   after kubelet joined; restarted 5 s doubling to 1 min (localvolumes.go)
 //	node-exporter   after kubelet joined; restarted 5 s doubling to 1 min (metrics.go);
 //	                not with --node-exporter-listen off; no cluster CA in the bundle: failed
+//	log-shipping    after kubelet joined; restarted 5 s doubling to 1 min (logs.go); only
+//	                when the bundle names a logs endpoint
 //
 // Pod network settings the bundle gets wrong leave a failed pod-network, and no
 // kube-proxy (it needs the pod subnet): the Node stays NotReady and says why.
@@ -115,6 +117,9 @@ func (n *node) postJoinServices(bundle *bootv1.JoinBundle) []postJoinService {
 			err: errors.New("the JoinBundle carries no cluster CA, which node_exporter's clients must chain to: not started")}, startAfter: kubeletJoined})
 	default:
 		list = append(list, postJoinService{svc: n.nodeExporter(bundle), what: "node_exporter", startAfter: kubeletJoined, restart: serviceRestart})
+	}
+	if ls := n.logShipping(bundle); ls != nil {
+		list = append(list, postJoinService{svc: ls, what: "log shipping", startAfter: kubeletJoined, restart: serviceRestart})
 	}
 	return list
 }

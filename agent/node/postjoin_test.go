@@ -214,6 +214,8 @@ func TestPostJoinServices(t *testing.T) {
 		{"no cluster CA: node_exporter fails and says so", &bootv1.JoinBundle{NodeName: "gpu-1", GpurackCaPem: caPEM}, false, "",
 			append(all[:6:6], noExporter)},
 		{"node_exporter off", &bootv1.JoinBundle{NodeName: "gpu-1", GpurackCaPem: caPEM, ClusterCaPem: caPEM}, false, "off", all[:6]},
+		{"logs endpoint: log shipping", &bootv1.JoinBundle{NodeName: "gpu-1", GpurackCaPem: caPEM, ClusterCaPem: caPEM, LogsEndpoint: "10.0.0.2:9428"}, false, "",
+			append(all[:7:7], row{"log-shipping", kubeletJoined, "", "", true})},
 	} {
 		cfg := simConfig(t)
 		cfg.DevicePlugin = tc.devicePlugin

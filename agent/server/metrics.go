@@ -48,6 +48,9 @@ type Collector struct {
 	// CertificateNotAfter is when the agent certificate in use expires (it changes
 	// with each renewal); nil, or a zero time, while the agent has none.
 	CertificateNotAfter func() time.Time
+	// Also are the collectors of other node parts served beside this one (log
+	// shipping's counters, agent/logship).
+	Also []prometheus.Collector
 }
 
 var (
@@ -260,6 +263,7 @@ func b2f(b bool) float64 {
 func MetricsHandler(c *Collector) http.Handler {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(c, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(c.Also...)
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })

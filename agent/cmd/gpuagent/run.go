@@ -56,6 +56,8 @@ type runFlags struct {
 
 	// insecureRemote lets --insecure listen beyond loopback.
 	insecureRemote bool
+	// logs configure log shipping (logs.go).
+	logs logFlags
 }
 
 func newRunCommand() *cobra.Command {
@@ -109,6 +111,7 @@ node-exporter.service (--node-exporter-listen).`,
 	fs.DurationVar(&f.trimAfter, "trim-after", time.Minute, "this long after the start, give back the pages of the agent's own binary that starting touched (madvise MADV_PAGEOUT; those still used come back as they are used); 0: never")
 	_ = fs.MarkHidden("facts-root")
 	registerGossipFlags(fs, &f.gossip)
+	registerLogFlags(fs, &f.logs)
 	return cmd
 }
 
@@ -136,6 +139,9 @@ func run(ctx context.Context, f *runFlags) error {
 		DevicePluginDir: filepath.Join(f.kubeletDir, "device-plugins"), DevicePlugin: f.devicePlugin, CDIDir: f.cdiDir,
 		StartupXIDs: injectedXIDs(f.faults), MetricsClientCA: f.metricsClientCA, MetricsClientCNs: metricsauth.ParseCNs(f.metricsClientCN),
 		MetricsPlaintext: f.metricsPlaintext, NodeExporterListen: f.nodeExporterListen}
+	if cfg.Logs, err = f.logs.config(); err != nil {
+		return &exitError{2, err}
+	}
 	if f.metricsPlaintext && f.metricsClientCA != "" {
 		return &exitError{2, errors.New("--metrics-plaintext and --metrics-client-ca both given: plain HTTP checks no client certificate; drop one")}
 	}
