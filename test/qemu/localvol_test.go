@@ -62,12 +62,15 @@ func runVolumePod(t *testing.T, ctx context.Context, admin kubernetes.Interface,
 }
 
 // checkLocalVolumes is TestRack's gpurack-local subtest on B. It leaves keepClaim
-// bound with keepFile on it, for the power cycle.
-func checkLocalVolumes(t *testing.T, ctx context.Context, admin kubernetes.Interface, b *corev1.Node) {
+// bound with keepFile on it, for the power cycle, and fullClaim filled and mounted,
+// for the disk alert (*full, set as soon as it is).
+func checkLocalVolumes(t *testing.T, ctx context.Context, admin kubernetes.Interface, b *corev1.Node, full **volumeFault) {
 	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: localNS}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	requireCapacity(t, ctx, admin, b.Name)
+	// First, as its alert holds for 5 minutes: checked in TestRack's "metrics and alerts".
+	*full = fillLocalVolume(t, ctx, admin)
 	pv := bindKeep(t, ctx, admin, b.Name)
 	p, err := runVolumePod(t, ctx, admin, volumePod("vol-overfill", keepClaim, "write", "/data/fill.bin", "200"))
 	if err == nil || !strings.Contains(terminationMessage(p), "no space left on device") {

@@ -81,6 +81,7 @@ func TestRack(t *testing.T) {
 	var prepared map[string]*machinev1.DataDisk // B's data disks at the end of their subtest
 	var xidAt time.Time                         // when B's GPU subtest injected XID 79
 	localReady := false                         // keepClaim holds keepFile
+	var full *volumeFault                       // fullClaim, filled for the disk alert
 
 	t.Run("power-on milestones", func(t *testing.T) { checkMilestones(t, a) })
 	t.Run("first pod", func(t *testing.T) { runFirstPod(t, r.ctx, r.admin, a.ms, a.Node) })
@@ -126,7 +127,7 @@ func TestRack(t *testing.T) {
 			t.Parallel()
 			prepared = checkDataDisks(t, r.ctx, r.g, r.admin, b, disks)
 			t.Run("gpurack-local volumes", func(t *testing.T) {
-				checkLocalVolumes(t, r.ctx, r.admin, b.node)
+				checkLocalVolumes(t, r.ctx, r.admin, b.node, &full)
 				localReady = !t.Failed()
 			})
 			if figures := os.Getenv("GPURACK_STORAGE_FIGURES"); figures != "" {
@@ -136,6 +137,7 @@ func TestRack(t *testing.T) {
 	})
 	t.Run("metrics and alerts", func(t *testing.T) {
 		checkRackMetrics(t, r, r.alerts, []string{a.Node, b.Node}, b.Node, xidAt)
+		t.Run("a filled volume", func(t *testing.T) { checkVolumeAlert(t, r.ctx, r.admin, r.alerts, full) })
 	})
 	t.Run("gpuagent memory on "+b.Node, func(t *testing.T) {
 		summary, err := memory.finish(12)
@@ -148,11 +150,21 @@ func TestRack(t *testing.T) {
 	// Last, as it takes B down: a rollout moves B to another image (drain, a power
 	// cycle through its Redfish BMC, commissioning), and its data disks and their data
 	// survive it (powerCycleDataDisks).
+	// A's agent is killed and kept down while B rolls out: its alert holds for 5
+	// minutes, about the rollout's time; it is checked last.
+	var agentKilled time.Time
+	t.Run("kill gpuagent on "+a.Node, func(t *testing.T) { agentKilled = killAgent(t, r.ctx, r.admin, a.node) })
 	t.Run(b.Node+" data disks after a rollout to another image", func(t *testing.T) {
 		if prepared == nil {
 			t.Fatal("the data-disk subtest did not get to the end; nothing to check after a power cycle")
 		}
 		powerCycleDataDisks(t, r, b, prepared, localReady)
+	})
+	t.Run("a killed gpuagent on "+a.Node, func(t *testing.T) {
+		if agentKilled.IsZero() {
+			t.Fatal("the agent was not killed")
+		}
+		checkAgentAlert(t, r.ctx, r.alerts, a.Node, agentKilled)
 	})
 }
 
