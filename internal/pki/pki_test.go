@@ -588,7 +588,7 @@ func TestOperatorLevels(t *testing.T) {
 	if l, err := ParseOperatorLevel("operator"); err != nil || l != LevelOperator {
 		t.Errorf("ParseOperatorLevel(operator) = %q, %v", l, err)
 	}
-	if _, err := ParseOperatorLevel("root"); err == nil || !strings.Contains(err.Error(), "viewer, operator, admin or alert-sender") {
+	if _, err := ParseOperatorLevel("root"); err == nil || !strings.Contains(err.Error(), "viewer, operator, admin, alert-sender or metrics-reader") {
 		t.Errorf("ParseOperatorLevel(root) = %v", err)
 	}
 }

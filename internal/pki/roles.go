@@ -171,6 +171,10 @@ const (
 	// stolen one can neither read machines nor change them. It is not in Levels'
 	// order: no viewer, operator or admin call allows it, and it allows none of them.
 	LevelAlertSender OperatorLevel = "gpurack:level:alert-sender"
+	// LevelMetricsReader reads gpuboot's /metrics on its operator port (GET /metrics)
+	// and does nothing else: it is the metrics server's scrape credential (decision
+	// 0693), apart from the nested levels as LevelAlertSender is.
+	LevelMetricsReader OperatorLevel = "gpurack:level:metrics-reader"
 )
 
 // Levels lists the nested operator levels from least to most allowed.
@@ -178,13 +182,13 @@ var Levels = []OperatorLevel{LevelViewer, LevelOperator, LevelAdmin}
 
 // SeparateLevels lists the levels outside Levels' order: each allows only the calls
 // that need exactly it.
-var SeparateLevels = []OperatorLevel{LevelAlertSender}
+var SeparateLevels = []OperatorLevel{LevelAlertSender, LevelMetricsReader}
 
 // levelWords is what ParseOperatorLevel and the refusals offer.
-const levelWords = "viewer, operator, admin or alert-sender"
+const levelWords = "viewer, operator, admin, alert-sender or metrics-reader"
 
 // ParseOperatorLevel reads a level as a person writes it: "viewer", "operator",
-// "admin" or "alert-sender" (or the full OU value).
+// "admin", "alert-sender" or "metrics-reader" (or the full OU value).
 func ParseOperatorLevel(s string) (OperatorLevel, error) {
 	for _, l := range append(append([]OperatorLevel(nil), Levels...), SeparateLevels...) {
 		if s == string(l) || s == l.Name() {
@@ -194,7 +198,8 @@ func ParseOperatorLevel(s string) (OperatorLevel, error) {
 	return "", fmt.Errorf("operator level %q: use %s", s, levelWords)
 }
 
-// Name is the level as a person writes it: viewer, operator, admin or alert-sender.
+// Name is the level as a person writes it: viewer, operator, admin, alert-sender or
+// metrics-reader.
 func (l OperatorLevel) Name() string { return strings.TrimPrefix(string(l), "gpurack:level:") }
 
 // Allows reports whether level l may do what need requires: a nested level what

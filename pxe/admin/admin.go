@@ -2,11 +2,12 @@
 // gpurack.boot.v1.AdminService (gRPC), a read-only REST API over the inventory, an
 // HTML rack view with no external assets, the graphs page (package graphs: per-GPU
 // series from the metrics server), and the webhook Alertmanager posts the
-// active alerts to (for the rack report). Every request must come from an operator:
+// active alerts to (for the rack report), and gpuboot's own /metrics for the metrics
+// server (decision 0693). Every request must come from an operator:
 // a client certificate of the gpurack CA with O=gpurack:operators (not revoked), or,
 // for the REST API and the rack view, an operator bearer token. Each call needs an
-// operator level (viewer, operator, admin, or alert-sender for the webhook alone;
-// pki.OperatorLevel), given by one table (levels.go) that refuses what it does not list.
+// operator level (viewer, operator, admin, or alert-sender for the webhook alone and
+// metrics-reader for /metrics alone; pki.OperatorLevel), given by one table (levels.go) that refuses what it does not list.
 //
 // It decides nothing about machines itself: lifecycle actions go to pxe/enroll, reads
 // to the inventory (through Lifecycle and Inventory, the two small interfaces declared
@@ -131,6 +132,9 @@ type Config struct {
 	// PrometheusURL is the metrics server the graphs page (/graphs) draws from
 	// (gpuboot.yaml metrics.prometheusURL); empty: the page says it is not configured.
 	PrometheusURL string
+	// Metrics serves gpuboot's Prometheus metrics at GET /metrics, to the
+	// metrics-reader level alone (decision 0693); nil: the route answers 404.
+	Metrics http.Handler
 }
 
 // Server implements AdminService and the HTTP handlers.
@@ -148,6 +152,7 @@ type Server struct {
 	roll    Rollouts
 	next    func(*inventory.Machine) *bootv1.ImageChoice
 	alerts  AlertStore
+	metrics http.Handler
 	graphs  *graphs.Graphs
 	now     func() time.Time
 }
@@ -166,7 +171,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	s := &Server{life: cfg.Lifecycle, inv: cfg.Inventory, ca: cfg.CA, revoked: cfg.Revoked,
 		known: append([]string(nil), cfg.Racks...), tokens: cfg.Tokens, gossip: cfg.Gossip, ops: cfg.Operators, quotas: cfg.Quotas,
-		roll: cfg.Rollouts, next: cfg.NextImage, alerts: cfg.Alerts, now: time.Now}
+		roll: cfg.Rollouts, next: cfg.NextImage, alerts: cfg.Alerts, metrics: cfg.Metrics, now: time.Now}
 	g, err := graphs.New(graphs.Config{PrometheusURL: cfg.PrometheusURL, KnownNode: s.knownNode,
 		Operator: func(r *http.Request) string { name, _ := r.Context().Value(operatorKey{}).(string); return name }})
 	if err != nil {

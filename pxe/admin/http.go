@@ -32,11 +32,12 @@ import (
 //	GET  /graphs?node=N|tenant=T&range=R     per-GPU graphs (HTML; package graphs)
 //	GET  /api/v1/graphs?node=N|tenant=T&...  the graphs' data (JSON)
 //	POST /api/v1/alerts                      Alertmanager's webhook (alert-sender)
+//	GET  /metrics                            gpuboot's metrics (metrics-reader)
 //
 // Each request needs an operator client certificate or "Authorization: Bearer TOKEN"
 // with an operator token, and the level levels gives its route (the reads viewer, and
-// a token acts as a viewer; the webhook alert-sender, a level that reaches nothing
-// else).
+// a token acts as a viewer; the webhook alert-sender and /metrics metrics-reader,
+// levels that reach nothing else).
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	for route, h := range map[string]http.HandlerFunc{
@@ -50,10 +51,21 @@ func (s *Server) Handler() http.Handler {
 		routeAlerts:         s.apiAlerts,
 		routeGraphs:         s.graphs.Page,
 		routeGraphsData:     s.graphs.Data,
+		routeMetrics:        s.serveMetrics,
 	} {
 		mux.HandleFunc(route, s.auth(route, h))
 	}
 	return mux
+}
+
+// serveMetrics is GET /metrics: gpuboot's registry, for the metrics server's
+// metrics-reader certificate.
+func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) {
+	if s.metrics == nil {
+		http.Error(w, "gpuboot serves no metrics on this handler", http.StatusNotFound)
+		return
+	}
+	s.metrics.ServeHTTP(w, r)
 }
 
 type operatorKey struct{}

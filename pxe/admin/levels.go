@@ -50,6 +50,9 @@ var levels = map[string]pki.OperatorLevel{
 	// Alertmanager's notifications: its own level, which reaches nothing else.
 	routeAlerts: pki.LevelAlertSender,
 
+	// The metrics server's scrape of gpuboot: its own level, which reaches nothing else.
+	routeMetrics: pki.LevelMetricsReader,
+
 	// Operators' credentials.
 	bootv1.AdminService_RevokeOperator_FullMethodName:    pki.LevelAdmin,
 	bootv1.AdminService_ListOperatorAudit_FullMethodName: pki.LevelAdmin,
@@ -65,6 +68,7 @@ const (
 	routeRackView       = "GET /racks/{rack}"
 	routeIndex          = "GET /{$}"
 	routeAlerts         = "POST /api/v1/alerts"
+	routeMetrics        = "GET /metrics"
 	routeGraphs         = "GET /graphs"
 	routeGraphsData     = "GET " + graphs.DataPath
 )
@@ -73,7 +77,7 @@ const (
 // rack view (AdminService takes client certificates only), so they read: a token is a
 // viewer's credential whatever the level of its operator's certificate, and a route
 // that changes something (POST /api/v1/alerts, alert-sender) is closed to tokens by
-// its level.
+// its level, and so is GET /metrics (metrics-reader).
 const tokenLevel = pki.LevelViewer
 
 // Caller is an authenticated operator: its name (the certificate's CN, or the token

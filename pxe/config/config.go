@@ -62,7 +62,8 @@ type Config struct {
 
 // Listen are the listener addresses (CONTRACTS §3).
 type Listen struct {
-	// HTTP serves /boot.ipxe, /images and /metrics in plain HTTP; default ":8080".
+	// HTTP serves /boot.ipxe and /images in plain HTTP (and /metrics with
+	// metrics.plainHTTP); default ":8080".
 	HTTP string `yaml:"http"`
 	// TLS serves EnrollmentService, AdminService, the REST API and the rack view;
 	// default ":8443".
@@ -234,13 +235,19 @@ type Admin struct {
 	TokensFile string `yaml:"tokensFile"`
 }
 
-// Metrics names the metrics server gpuboot's graphs page (/graphs) draws from.
+// Metrics names the metrics server gpuboot's graphs page (/graphs) draws from, and
+// where gpuboot serves its own /metrics.
 type Metrics struct {
 	// PrometheusURL is the base URL of the metrics server's HTTP API (what comes before
 	// /api/v1/query_range), e.g. http://127.0.0.1:9090: controlplane-bootstrap's
 	// Prometheus (decision 0692). Empty: /graphs says the metrics server is not
 	// configured.
 	PrometheusURL string `yaml:"prometheusURL"`
+	// PlainHTTP also serves /metrics on the plain HTTP port (listen.http), to anyone
+	// who reaches it. Default false: /metrics is on the operator TLS port (listen.tls)
+	// only, for a metrics-reader certificate (`gpuboot certs operator NAME --level
+	// metrics-reader`; decision 0693).
+	PlainHTTP bool `yaml:"plainHTTP"`
 }
 
 // Paths inside StateDir.

@@ -120,6 +120,9 @@ type Config struct {
 	// means a new registry. Pass gpuboot's shared registry so /metrics also
 	// shows DHCP, TFTP and inventory metrics.
 	Registry *prometheus.Registry
+	// NoMetrics leaves /metrics out (404): gpuboot serves it on its operator TLS port
+	// to a metrics-reader certificate instead, unless metrics.plainHTTP (decision 0693).
+	NoMetrics bool
 	// Log receives one line per script and per refused request; nil means
 	// slog.Default().
 	Log *slog.Logger
@@ -183,7 +186,9 @@ func NewHandler(cfg Config, b Booter) (*Handler, error) {
 	h.mux.HandleFunc("GET /boot.ipxe", h.serveScript)
 	h.mux.HandleFunc("GET /images/{id}/{file}", h.serveImageFile)
 	h.mux.HandleFunc("GET /ipxe/{file}", h.serveIPXE)
-	h.mux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{}))
+	if !cfg.NoMetrics {
+		h.mux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{}))
+	}
 	return h, nil
 }
 

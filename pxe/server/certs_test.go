@@ -5,8 +5,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
-	"io"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -37,12 +35,7 @@ func (in *instance) served() *x509.Certificate {
 // name=name} from gpuboot's /metrics; the zero time when there is none.
 func (in *instance) certMetric(name string) time.Time {
 	in.t.Helper()
-	resp, err := http.Get("http://" + in.httpAddr + "/metrics")
-	if err != nil {
-		in.t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
+	body := []byte(in.scrapeMetrics())
 	re := regexp.MustCompile(`(?m)^gpurack_certificate_expiry_timestamp_seconds\{component="gpuboot",name="` + regexp.QuoteMeta(name) + `"\} (\S+)$`)
 	m := re.FindSubmatch(body)
 	if m == nil {

@@ -79,6 +79,8 @@ type instance struct {
 	creds, pin        string
 	cmd               *exec.Cmd
 	log               *bytes.Buffer
+	// metrics is a client with a metrics-reader certificate (metricsClient).
+	metrics *http.Client
 }
 
 func newInstance(t *testing.T, extra string) *instance {
@@ -362,13 +364,9 @@ func TestServeAcceptance(t *testing.T) {
 	io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
 
-	// /metrics (plain HTTP) shows the inventory by state and the enrollment counters.
-	resp, err = http.Get("http://" + in.httpAddr + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	metrics, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	// /metrics (the TLS port, a metrics-reader certificate) shows the inventory by state
+	// and the enrollment counters.
+	metrics := in.scrapeMetrics()
 	for _, want := range []string{`gpuboot_machines{simulated="false",state="registered"} 1`, `gpuboot_machines{simulated="false",state="discovered"} 1`, `gpuboot_enroll_registrations_total{answer="pending"} 1`} {
 		if !strings.Contains(string(metrics), want) {
 			t.Errorf("/metrics lacks %s", want)

@@ -7,7 +7,6 @@ import (
 	"crypto/tls"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"sort"
 	"strconv"
@@ -77,6 +76,7 @@ func TestLoadRandomRegistrations(t *testing.T) {
 	var next, scrapes, failed atomic.Int64
 	next.Store(1)
 	done := make(chan struct{})
+	metricsClient := in.metricsClient()
 	var scrapeWG sync.WaitGroup
 	for range scrapers {
 		scrapeWG.Add(1)
@@ -88,7 +88,7 @@ func TestLoadRandomRegistrations(t *testing.T) {
 					return
 				default:
 				}
-				resp, err := http.Get("http://" + in.httpAddr + "/metrics")
+				resp, err := metricsClient.Get("https://" + in.tlsAddr + "/metrics")
 				if err != nil {
 					failed.Add(1)
 					continue

@@ -16,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/reflection"
 
@@ -281,7 +282,8 @@ func (g *gpuboot) startMetrics(context.Context) (started, error) {
 	return started{}, nil
 }
 
-// startHTTP serves plain HTTP: /boot.ipxe, /images, /metrics (and /ipxe with TFTP on).
+// startHTTP serves plain HTTP: /boot.ipxe, /images (and /ipxe with TFTP on; /metrics
+// with metrics.plainHTTP).
 func (g *gpuboot) startHTTP(context.Context) (started, error) {
 	cfg := g.cfg
 	_, tlsPort, _ := net.SplitHostPort(cfg.Listen.TLS)
@@ -300,7 +302,7 @@ func (g *gpuboot) startHTTP(context.Context) (started, error) {
 		VerifiedCopies: filepath.Join(cfg.StateDir, "verified-images"),
 		BaseURL:        "http://" + net.JoinHostPort(cfg.Advertise, httpPort),
 		EnrollAddr:     net.JoinHostPort(cfg.Advertise, tlsPort), EnrollCAPin: g.ca.Pin(),
-		IPXEDir: g.ipxeDir, Registry: g.metrics, Log: g.log,
+		IPXEDir: g.ipxeDir, Registry: g.metrics, NoMetrics: !cfg.Metrics.PlainHTTP, Log: g.log,
 	}, httpboot.BooterFunc(g.decideBoot))
 	if err != nil {
 		return started{}, err
@@ -342,7 +344,7 @@ func (g *gpuboot) startTLS(context.Context) (started, error) {
 		Racks: rackNames, Tokens: mustTokens(cfg, g.log), Gossip: g.enroll,
 		Operators: &operatorCreds{stateDir: cfg.StateDir, tokensFile: cfg.Admin.TokensFile, svc: g.enroll, log: g.log},
 		Quotas:    tenantQuotas(g.cluster), Rollouts: g.rollouts, NextImage: g.nextImage, Alerts: active,
-		PrometheusURL: cfg.Metrics.PrometheusURL})
+		PrometheusURL: cfg.Metrics.PrometheusURL, Metrics: promhttp.HandlerFor(g.metrics, promhttp.HandlerOpts{})})
 	if err != nil {
 		return started{}, err
 	}

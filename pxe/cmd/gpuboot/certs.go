@@ -49,7 +49,7 @@ func newCertsOperatorCommand() *cobra.Command {
 	var tokenTTL time.Duration
 	var levelName string
 	op := &cobra.Command{
-		Use:   "operator NAME [--level viewer|operator|admin|alert-sender]",
+		Use:   "operator NAME [--level viewer|operator|admin|alert-sender|metrics-reader]",
 		Short: "Issue an operator certificate (O=gpurack:operators) for AdminService, the REST API and the rack view",
 		Long: `Issue an operator certificate at a level (in the certificate; the levels nest):
   viewer    reads: machines, history, rack reports, gossip key status, the REST API
@@ -64,6 +64,9 @@ and apart from them:
             else (no read, no decision; no viewer, operator or admin may post
             alerts). Give its operator.crt, operator.key and ca.crt to
             Alertmanager's gpuboot receiver (docs/monitoring.md, "Alert routing").
+  metrics-reader  the metrics server's credential: reads gpuboot's GET /metrics on
+            this port, and nothing else. Give its files to controlplane-bootstrap
+            (cluster.yaml monitoring.gpubootTLS; docs/monitoring.md, "Scrape credentials").
 The first operator gpuboot init makes is an admin. A certificate issued before levels
 carries none and counts as an admin's: revoke it and issue one at the level needed.
 To change an operator's level, revoke NAME (gpuboot operators revoke NAME, which
@@ -79,6 +82,9 @@ API and rack view.`,
 			}
 			if token && level == pki.LevelAlertSender {
 				return fmt.Errorf("--token with --level %s: a token acts as a viewer, which an alert sender is not; Alertmanager uses the certificate", level.Name())
+			}
+			if token && level == pki.LevelMetricsReader {
+				return fmt.Errorf("--token with --level %s: a token acts as a viewer, which cannot read /metrics; the metrics server uses the certificate", level.Name())
 			}
 			if out == "" {
 				out = filepath.Join(stateDir, "operators", name)
@@ -111,7 +117,7 @@ API and rack view.`,
 	}
 	op.Flags().StringVar(&stateDir, "state-dir", defaultStateDir, "gpuboot's state directory holding pki/ca.key")
 	op.Flags().StringVar(&out, "out", "", "directory for the credentials (default STATEDIR/operators/NAME)")
-	op.Flags().StringVar(&levelName, "level", pki.LevelViewer.Name(), "what the certificate may do: viewer, operator, admin or alert-sender (Alertmanager's)")
+	op.Flags().StringVar(&levelName, "level", pki.LevelViewer.Name(), "what the certificate may do: viewer, operator, admin, alert-sender (Alertmanager's) or metrics-reader (the metrics server's)")
 	op.Flags().BoolVar(&token, "token", false, "also create a bearer token for the REST API and rack view (it acts as a viewer)")
 	op.Flags().DurationVar(&tokenTTL, "token-ttl", admin.DefaultTokenTTL, "how long the token is valid")
 	return op
