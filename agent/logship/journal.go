@@ -19,7 +19,7 @@ const journalLineMax = 256 << 10
 
 // journalFields are the fields asked of journalctl (--output-fields): besides them it
 // always prints __CURSOR, __REALTIME_TIMESTAMP, __MONOTONIC_TIMESTAMP and _BOOT_ID.
-const journalFields = "MESSAGE,PRIORITY,SYSLOG_IDENTIFIER,_SYSTEMD_UNIT"
+const journalFields = "MESSAGE,PRIORITY,SYSLOG_IDENTIFIER,_SYSTEMD_UNIT,_TRANSPORT"
 
 // journalArgs are journalctl's arguments: JSON from the start of the current boot (or
 // after cursor), following, with no line limit; extra come last (tests: --file=PATH).
@@ -85,7 +85,7 @@ func (j *journalReader) read(out io.Reader) {
 		}
 		j.cursor = e.Cursor
 		msg, truncated := cutMessage(e.Msg, j.maxLine)
-		j.emit(Entry{Time: e.Time, Msg: msg, Source: "journal", Unit: e.Unit, Priority: e.Priority,
+		j.emit(Entry{Time: e.Time, Msg: msg, Source: "journal", Unit: e.Unit, Priority: e.Priority, BootID: e.BootID,
 			Truncated: truncated || e.Omitted, cursor: e.Cursor})
 	}
 }

@@ -53,6 +53,9 @@ func parseJournalEntry(line []byte) (journalEntry, error) {
 	if e.Unit == "" {
 		e.Unit, _ = journalField(raw["SYSLOG_IDENTIFIER"])
 	}
+	if t, _ := journalField(raw["_TRANSPORT"]); e.Unit == "" && t == "kernel" {
+		e.Unit = "kernel"
+	}
 	e.Priority, _ = journalField(raw["PRIORITY"])
 	var present bool
 	e.Msg, present = journalField(raw["MESSAGE"])

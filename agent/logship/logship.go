@@ -280,11 +280,17 @@ func (s *shipper) flush() {
 	s.saveState()
 }
 
-// BootID reads this boot's id (/proc/sys/kernel/random/boot_id).
+// BootID reads this boot's id (/proc/sys/kernel/random/boot_id) in the journal's form:
+// 32 lowercase hex digits, no dashes (docs/contracts.md §15, boot_id).
 func BootID() string {
 	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
 	if err != nil {
 		return ""
 	}
-	return strings.TrimSpace(string(b))
+	return JournalBootID(string(b))
+}
+
+// JournalBootID is a boot id in the journal's form (no dashes, lower case).
+func JournalBootID(id string) string {
+	return strings.ToLower(strings.ReplaceAll(strings.TrimSpace(id), "-", ""))
 }

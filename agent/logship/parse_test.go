@@ -116,6 +116,7 @@ func TestParseJournalEntry(t *testing.T) {
 		{`{"__CURSOR":"c","__REALTIME_TIMESTAMP":"1","MESSAGE":[98,97,100,32,255]}`, "bad \ufffd", "", false, ""},
 		{`{"__CURSOR":"c","__REALTIME_TIMESTAMP":"1","MESSAGE":["one",[116,119,111]],"_SYSTEMD_UNIT":["a.service","b.service"]}`, "one\ntwo", "a.service\nb.service", false, ""},
 		{`{"__CURSOR":"c","__REALTIME_TIMESTAMP":"1","MESSAGE":[300]}`, "", "", false, ""},
+		{`{"__CURSOR":"c","__REALTIME_TIMESTAMP":"1","MESSAGE":"NVRM: Xid 79","_TRANSPORT":"kernel"}`, "NVRM: Xid 79", "kernel", false, ""},
 		{`{"__REALTIME_TIMESTAMP":"1","MESSAGE":"x"}`, "", "", false, "without __CURSOR"},
 		{`{"__CURSOR":"c","__REALTIME_TIMESTAMP":"soon","MESSAGE":"x"}`, "", "", false, "__REALTIME_TIMESTAMP"},
 		{`[1,2]`, "", "", false, "not a JSON object"},

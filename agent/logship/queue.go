@@ -11,8 +11,10 @@ type Entry struct {
 	Msg  string
 	// Source is "journal" or "container".
 	Source string
-	// Journal: the unit (_SYSTEMD_UNIT, else SYSLOG_IDENTIFIER) and the priority (0-7).
-	Unit, Priority string
+	// Journal: the unit (_SYSTEMD_UNIT, else SYSLOG_IDENTIFIER, else kernel for
+	// _TRANSPORT=kernel), the priority (0-7) and the entry's boot (_BOOT_ID; empty: the
+	// shipper's own, Config.BootID).
+	Unit, Priority, BootID string
 	// Containers: who wrote it (from the file's path) and the stream (stdout|stderr).
 	Namespace, Pod, Container, Stream string
 	// Truncated: the shipper cut the line (MaxLine), or journalctl left its message out.

@@ -2,6 +2,7 @@ package logship
 
 import (
 	"bytes"
+	"cmp"
 	"compress/gzip"
 	"context"
 	"crypto/tls"
@@ -31,7 +32,7 @@ type record struct {
 	Pod       string `json:"pod,omitempty"`
 	Container string `json:"container,omitempty"`
 	Stream    string `json:"stream,omitempty"`
-	Truncated bool   `json:"truncated,omitempty"`
+	Truncated string `json:"truncated,omitempty"`
 }
 
 // sender POSTs batches to the store.
@@ -61,9 +62,13 @@ func (s *sender) encode(batch []Entry) ([]byte, error) {
 	enc.SetEscapeHTML(false)
 	for i := range batch {
 		e := &batch[i]
-		if err := enc.Encode(record{Time: e.Time.UTC().Format(time.RFC3339Nano), Msg: e.Msg, Node: s.node, Source: e.Source,
-			BootID: s.bootID, Unit: e.Unit, Priority: e.Priority, Namespace: e.Namespace, Pod: e.Pod,
-			Container: e.Container, Stream: e.Stream, Truncated: e.Truncated}); err != nil {
+		r := record{Time: e.Time.UTC().Format(time.RFC3339Nano), Msg: e.Msg, Node: s.node, Source: e.Source,
+			BootID: cmp.Or(e.BootID, s.bootID), Unit: e.Unit, Priority: e.Priority, Namespace: e.Namespace, Pod: e.Pod,
+			Container: e.Container, Stream: e.Stream}
+		if e.Truncated {
+			r.Truncated = "true" // every value a JSON string (docs/contracts.md §15)
+		}
+		if err := enc.Encode(r); err != nil {
 			return nil, err
 		}
 	}

@@ -48,7 +48,7 @@ func (n *node) logShipping(bundle *bootv1.JoinBundle) *logShippingService {
 		return nil
 	}
 	lc := n.cfg.Logs
-	cfg := logship.Config{URL: "https://" + endpoint, Node: bundle.GetNodeName(), BootID: n.cfg.FactsRoot.BootID(),
+	cfg := logship.Config{URL: "https://" + endpoint, Node: bundle.GetNodeName(), BootID: logship.JournalBootID(n.cfg.FactsRoot.BootID()),
 		PodsDir: orDefault(lc.PodsDir, "/var/log/pods"), Journalctl: orDefault(lc.Journalctl, "journalctl"),
 		StateFile: orDefault(lc.StateFile, DefaultLogStateFile), MaxLine: lc.MaxLine, QueueLines: lc.QueueLines,
 		QueueBytes: lc.QueueBytes, Metrics: &n.logs, Log: n.log.With("service", "log-shipping")}
