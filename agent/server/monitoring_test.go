@@ -11,15 +11,18 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/gpurack/gpurack/agent/logship"
 	"github.com/gpurack/gpurack/internal/testreq"
 )
 
 const monitoringDir = "../../docs/monitoring"
 
-// exportedNames lists the metric names the collector can export.
+// exportedNames lists the metric names the collector can export, with those of the
+// collectors the agent serves beside it (log shipping's).
 func exportedNames(t *testing.T) map[string]bool {
 	ch := make(chan *prometheus.Desc, 100)
 	(&Collector{}).Describe(ch)
+	(&logship.Metrics{}).Describe(ch)
 	close(ch)
 	names := map[string]bool{}
 	re := regexp.MustCompile(`fqName: "([^"]+)"`)
