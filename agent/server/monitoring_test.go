@@ -39,7 +39,8 @@ func exportedNames(t *testing.T) map[string]bool {
 // TestMonitoringAssetsUseExportedMetrics: every gpurack_* name in the rule files under
 // docs/monitoring and the dashboard is one the agent exports, so a renamed metric
 // breaks this test, not a dashboard in production. gpurack_tenant_* series come from
-// controlplane-bootstrap (tenants.Registry), whose tests check them. Other names (up,
+// controlplane-bootstrap (tenants.Registry), gpurack_logs_gateway_* from its log
+// gateway (logsgateway), whose tests check them. Other names (up,
 // kube_*, kubelet_*, node_*, etcd_*, apiserver_*, prometheus_*, alertmanager_*) are
 // other exporters' and pass: docs/monitoring.md lists their jobs.
 func TestMonitoringAssetsUseExportedMetrics(t *testing.T) {
@@ -59,7 +60,7 @@ func TestMonitoringAssetsUseExportedMetrics(t *testing.T) {
 			t.Errorf("%s uses no gpurack metric", f)
 		}
 		for _, n := range used {
-			if !names[n] && !strings.HasPrefix(n, "gpurack_io") && !strings.HasPrefix(n, "gpurack_tenant_") {
+			if !names[n] && !strings.HasPrefix(n, "gpurack_io") && !strings.HasPrefix(n, "gpurack_tenant_") && !strings.HasPrefix(n, "gpurack_logs_gateway_") {
 				t.Errorf("%s uses %s, which the agent does not export", f, n)
 			}
 		}

@@ -6,11 +6,11 @@ package monitoring
 
 import "embed"
 
-// Rules are the rule files Prometheus loads, by file name: the alerts and the
-// tenants' recording rules (not their promtool tests).
+// Rules are the rule files Prometheus loads, by file name: the alerts, the tenants'
+// recording rules and the log store's alerts (not their promtool tests).
 //
-//go:embed gpurack-alerts.yaml gpurack-tenants.yaml
+//go:embed gpurack-alerts.yaml gpurack-tenants.yaml gpurack-logs.yaml
 var Rules embed.FS
 
 // RuleFiles names the files in Rules.
-var RuleFiles = []string{"gpurack-alerts.yaml", "gpurack-tenants.yaml"}
+var RuleFiles = []string{"gpurack-alerts.yaml", "gpurack-tenants.yaml", "gpurack-logs.yaml"}
