@@ -96,6 +96,11 @@ func TestParseErrorsNameTheField(t *testing.T) {
 		{"kube-state-metrics port clash", "monitoring:\n  enabled: true\n  kubeStateMetrics:\n    telemetryPort: 8082\n", []string{"x.yaml:4: monitoring.kubeStateMetrics.telemetryPort: 8082 is also monitoring.kubeStateMetrics.port"}},
 		{"kube-state-metrics extra flag", "monitoring:\n  enabled: true\n  kubeStateMetrics:\n    extraArgs:\n      --resources: nodes\n", []string{"monitoring.kubeStateMetrics.extraArgs[--resources]", "without leading dashes"}},
 		{"monitoring gpuboot target", "monitoring:\n  enabled: true\n  gpuboot: [\"http://gpuboot:8080\"]\n", []string{"monitoring.gpuboot[0]", "HOST:PORT"}},
+		{"monitoring gpuboot without its credential", "monitoring:\n  enabled: true\n  gpuboot: [gpuboot:8080]\n",
+			[]string{"monitoring.gpubootTLS.caFile: is empty", "monitoring.gpubootTLS.certFile: is empty", "monitoring.gpubootTLS.keyFile: is empty", "--level metrics-reader", "plainHTTP: true"}},
+		{"monitoring gpuboot relative key", "monitoring:\n  enabled: true\n  gpuboot: [gpuboot:8443]\n  gpubootTLS: {caFile: /p/ca.crt, certFile: /p/operator.crt, keyFile: operator.key}\n",
+			[]string{"monitoring.gpubootTLS.keyFile", "not an absolute path"}},
+		{"monitoring node exporter port", "monitoring:\n  enabled: true\n  nodeExporterPort: -2\n", []string{"x.yaml:3: monitoring.nodeExporterPort", "-1 for no node job"}},
 		{"monitoring unknown field", "monitoring:\n  enabeld: true\n", []string{"x.yaml:2: monitoring.enabeld: unknown field"}},
 		{"logs retention unit", "monitoring:\n  enabled: true\n  logs:\n    retentionPeriod: \"30\"\n", []string{"x.yaml:4: monitoring.logs.retentionPeriod", "a number and one of h, d"}},
 		{"logs retention under a day", "monitoring:\n  enabled: true\n  logs:\n    retentionPeriod: 12h\n", []string{"monitoring.logs.retentionPeriod", "under a day"}},
@@ -124,6 +129,20 @@ func TestParseErrorsNameTheField(t *testing.T) {
 	}
 }
 
+// TestMonitoringGpubootCredential: gpuboot's targets with the three files, or with
+// plainHTTP alone, validate; -1 turns the node job off.
+func TestMonitoringGpubootCredential(t *testing.T) {
+	for _, y := range []string{
+		"monitoring:\n  enabled: true\n  gpuboot: [gpuboot.example:8443]\n  gpubootTLS: {caFile: /p/ca.crt, certFile: /p/operator.crt, keyFile: /p/operator.key}\n",
+		"monitoring:\n  enabled: true\n  gpuboot: [gpuboot.example:8080]\n  gpubootTLS: {plainHTTP: true}\n",
+		"monitoring:\n  enabled: true\n  nodeExporterPort: -1\n",
+	} {
+		if _, err := Parse("x.yaml", []byte(y)); err != nil {
+			t.Errorf("%s: %v", y, err)
+		}
+	}
+}
+
 func FuzzParse(f *testing.F) {
 	f.Add([]byte("apiServer:\n  port: 6443\n"))
 	f.Add([]byte("networking: {podSubnet: 10.0.0.0/8}\n"))
@@ -147,7 +166,7 @@ func TestMonitoringOffIsNotValidated(t *testing.T) {
 	}
 	m := cfg.Monitoring
 	if m.ListenAddress != "127.0.0.1" || m.Prometheus.Port != 9090 || m.Alertmanager.Port != 9093 || m.GPUAgentPort != 9410 ||
-		m.Prometheus.RetentionTime != "15d" || m.Prometheus.RetentionSize != "50GB" || m.NodeExporterPort != 0 ||
+		m.Prometheus.RetentionTime != "15d" || m.Prometheus.RetentionSize != "50GB" || m.NodeExporterPort != 9100 ||
 		m.KubeStateMetrics.Port != 8082 || m.KubeStateMetrics.TelemetryPort != 8083 {
 		t.Errorf("defaults: %+v", m)
 	}

@@ -2,6 +2,7 @@ package clusterconfig
 
 import (
 	"net/netip"
+	"path/filepath"
 	"regexp"
 	"strconv"
 )
@@ -23,13 +24,18 @@ type Monitoring struct {
 	Prometheus       Prometheus       `yaml:"prometheus"`
 	Alertmanager     Alertmanager     `yaml:"alertmanager"`
 	KubeStateMetrics KubeStateMetrics `yaml:"kubeStateMetrics"`
-	// GPUAgentPort is the port of every node's gpuagent /metrics (its --metrics-listen).
+	// GPUAgentPort is the port of every node's gpuagent /metrics (its --metrics-listen),
+	// scraped over TLS with pki/monitoring-client.crt (decision 0693).
 	GPUAgentPort int `yaml:"gpuagentPort"`
-	// NodeExporterPort is the port of node_exporter on every node; 0 (the default): not
-	// scraped, since the node images do not ship node_exporter yet.
+	// NodeExporterPort is the port of node_exporter on every node (gpuagent
+	// --node-exporter-listen), scraped over TLS with pki/monitoring-client.crt; 0 or
+	// unset: 9100, which every node image ships; -1: the node job is not configured.
 	NodeExporterPort int `yaml:"nodeExporterPort"`
-	// Gpuboot lists gpuboot's HTTP addresses (HOST:PORT) whose /metrics are scraped.
-	Gpuboot []string `yaml:"gpuboot"`
+	// Gpuboot lists gpuboot's addresses (HOST:PORT) whose /metrics are scraped: its
+	// operator TLS port (listen.tls, 8443), with GpubootTLS's metrics-reader
+	// credential (decision 0693); with GpubootTLS.PlainHTTP, its HTTP port.
+	Gpuboot    []string   `yaml:"gpuboot"`
+	GpubootTLS GpubootTLS `yaml:"gpubootTLS"`
 	// Logs is the log store and its ingestion gateway (docs/monitoring.md "Logs").
 	Logs Logs `yaml:"logs"`
 }
@@ -79,6 +85,23 @@ func (m *Monitoring) LogsEnabled() bool {
 	return m.Enabled && (m.Logs.Enabled == nil || *m.Logs.Enabled)
 }
 
+// GpubootTLS is the metrics server's credential for gpuboot's /metrics: the files
+// `gpuboot certs operator NAME --level metrics-reader` writes on gpuboot's host,
+// copied to this host (docs/monitoring.md, "Scrape credentials").
+type GpubootTLS struct {
+	// CAFile is gpuboot's CA certificate (its ca.crt), which gpuboot's serving
+	// certificate chains to: each monitoring.gpuboot target must be a name or address
+	// in that certificate (`gpuboot certs server --advertise`).
+	CAFile string `yaml:"caFile"`
+	// CertFile and KeyFile are the metrics-reader certificate and key (operator.crt,
+	// operator.key); the key readable by the user init runs as, and by no one else.
+	CertFile string `yaml:"certFile"`
+	KeyFile  string `yaml:"keyFile"`
+	// PlainHTTP scrapes gpuboot's plain HTTP port (listen.http) with no credential
+	// instead, for a gpuboot whose gpuboot.yaml has metrics.plainHTTP: true (labs).
+	PlainHTTP bool `yaml:"plainHTTP"`
+}
+
 // Prometheus configures the metrics server.
 type Prometheus struct {
 	Port int `yaml:"port"`
@@ -123,6 +146,7 @@ func defaultMonitoring() Monitoring {
 		Alertmanager:     Alertmanager{Port: 9093},
 		KubeStateMetrics: KubeStateMetrics{Port: 8082, TelemetryPort: 8083},
 		GPUAgentPort:     9410,
+		NodeExporterPort: 9100,
 		Logs: Logs{Port: 9429, RetentionPeriod: "30d", MaxDiskSpaceUsage: "50GiB",
 			Gateway: LogsGateway{Port: 9428, MaxRequestBytes: 16 << 20, MaxConcurrentRequests: 8, MaxRequestsPerNode: 2}},
 	}
@@ -155,6 +179,7 @@ func (m *Monitoring) applyDefaults() {
 		{&m.KubeStateMetrics.Port, d.KubeStateMetrics.Port},
 		{&m.KubeStateMetrics.TelemetryPort, d.KubeStateMetrics.TelemetryPort},
 		{&m.GPUAgentPort, d.GPUAgentPort},
+		{&m.NodeExporterPort, d.NodeExporterPort},
 		{&m.Logs.Port, d.Logs.Port},
 		{&m.Logs.Gateway.Port, d.Logs.Gateway.Port},
 		{&m.Logs.Gateway.MaxConcurrentRequests, d.Logs.Gateway.MaxConcurrentRequests},
@@ -196,11 +221,7 @@ func (m *Monitoring) validate(p *problems) {
 		p.add("monitoring.prometheus.retentionSize", "%q is not a size (a number and one of B, KB, MB, GB, TB, PB, EB: 50GB)", m.Prometheus.RetentionSize)
 	}
 	m.validateLogs(p)
-	for i, g := range m.Gpuboot {
-		if _, err := netip.ParseAddrPort(g); err != nil && !hostPortName.MatchString(g) {
-			p.add("monitoring.gpuboot["+strconv.Itoa(i)+"]", "%q is not HOST:PORT (gpuboot's HTTP address, for example gpuboot.example:8080)", g)
-		}
-	}
+	m.validateScrapeTargets(p)
 	for _, ea := range []struct {
 		field string
 		m     map[string]string
@@ -214,6 +235,43 @@ func (m *Monitoring) validate(p *problems) {
 			if !flagName.MatchString(k) && !promFlagName.MatchString(k) {
 				p.add(ea.field+"["+k+"]", "%q is not a flag name: write it without leading dashes, for example storage.tsdb.wal-compression", k)
 			}
+		}
+	}
+}
+
+// validateScrapeTargets checks the node ports and gpuboot's targets and credential.
+func (m *Monitoring) validateScrapeTargets(p *problems) {
+	if n := m.NodeExporterPort; n != -1 && (n < 1 || n > 65535) {
+		p.add("monitoring.nodeExporterPort", "%d is not a port: give node_exporter's port on the nodes (9100), or -1 for no node job", n)
+	}
+	if n := m.GPUAgentPort; n < 1 || n > 65535 {
+		p.add("monitoring.gpuagentPort", "%d is not a port: give gpuagent's --metrics-listen port (9410)", n)
+	}
+	example := "gpuboot's operator TLS address, for example gpuboot.example:8443"
+	if m.GpubootTLS.PlainHTTP {
+		example = "gpuboot's HTTP address, for example gpuboot.example:8080"
+	}
+	for i, g := range m.Gpuboot {
+		if _, err := netip.ParseAddrPort(g); err != nil && !hostPortName.MatchString(g) {
+			p.add("monitoring.gpuboot["+strconv.Itoa(i)+"]", "%q is not HOST:PORT (%s)", g, example)
+		}
+	}
+	if len(m.Gpuboot) == 0 || m.GpubootTLS.PlainHTTP {
+		return
+	}
+	const how = "gpuboot serves /metrics on its operator TLS port to a metrics-reader certificate (decision 0693): " +
+		"issue one on gpuboot's host with `gpuboot certs operator prometheus --level metrics-reader`, copy its ca.crt, operator.crt and operator.key here, " +
+		"name them in monitoring.gpubootTLS (caFile, certFile, keyFile) and point monitoring.gpuboot at gpuboot's TLS port (8443); " +
+		"for a gpuboot with metrics.plainHTTP: true, monitoring.gpubootTLS.plainHTTP: true scrapes its HTTP port with no credential"
+	for _, f := range []struct{ field, v string }{
+		{"monitoring.gpubootTLS.caFile", m.GpubootTLS.CAFile},
+		{"monitoring.gpubootTLS.certFile", m.GpubootTLS.CertFile},
+		{"monitoring.gpubootTLS.keyFile", m.GpubootTLS.KeyFile},
+	} {
+		if f.v == "" {
+			p.add(f.field, "is empty: %s", how)
+		} else if !filepath.IsAbs(f.v) {
+			p.add(f.field, "%q is not an absolute path (the metrics server reads it from its own directory)", f.v)
 		}
 	}
 }

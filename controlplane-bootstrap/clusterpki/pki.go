@@ -83,6 +83,10 @@ const (
 	// the apiserver, kubelets, the scheduler and the controller-manager as this user
 	// (RBAC: ClusterRole gpurack:monitoring).
 	MonitoringUser = "gpurack:monitoring"
+	// MonitoringSAN is the DNS name in the same certificate: node_exporter's web
+	// configuration admits a client by SAN only (client_allowed_sans), and gpuagent
+	// writes it there (agent/metricsauth.MonitoringSAN; decision 0693).
+	MonitoringSAN = "gpurack-monitoring"
 	// KubeStateMetricsUser is kube-state-metrics' identity (KubeStateMetricsKubeconfig):
 	// it lists and watches the objects it reports on (RBAC: ClusterRole
 	// gpurack:kube-state-metrics).
@@ -315,7 +319,7 @@ func (s *Set) leaves(cfg *clusterconfig.Config) []leaf {
 		{EtcdServerCert, EtcdServerKey, "etcd", pki.CertRequest{CommonName: cfg.NodeName, DNSNames: etcdDNS, IPs: etcdIPs, Usages: both}},
 		{EtcdPeerCert, EtcdPeerKey, "etcd", pki.CertRequest{CommonName: cfg.NodeName, DNSNames: etcdDNS, IPs: etcdIPs, Usages: both}},
 		{EtcdHealthcheckCert, EtcdHealthcheckKey, "etcd", pki.CertRequest{CommonName: EtcdHealthcheckClientC, Usages: client}},
-		{MonitoringClientCert, MonitoringClientKey, "ca", pki.CertRequest{CommonName: MonitoringUser, Usages: client}},
+		{MonitoringClientCert, MonitoringClientKey, "ca", pki.CertRequest{CommonName: MonitoringUser, DNSNames: []string{MonitoringSAN}, Usages: client}},
 		{LogsGatewayCert, LogsGatewayKey, "ca", pki.CertRequest{CommonName: LogsGatewayCN, DNSNames: dns, IPs: logsGatewayIPs(cfg, ips), Usages: []pki.Usage{pki.ServerAuth}}},
 	}
 }

@@ -195,15 +195,15 @@ scrape_configs:
 {{- end}}
 {{- range .NodeJobs}}
   - job_name: {{.Job}}
-    {{- if .HTTPS}}
     scheme: https
     metrics_path: {{.Path}}
     tls_config:
-      # kubelet's serving certificate is its own self-signed one.
+      # The node's serving certificate is its own self-signed one (kubelet's, and
+      # gpuagent's and node_exporter's, decision 0693); the client certificate is
+      # what they check.
       cert_file: {{$.Cert}}
       key_file: {{$.Key}}
       insecure_skip_verify: true
-    {{- end}}
     kubernetes_sd_configs:
       - role: node
         api_server: {{$.APIServerURL}}
@@ -220,6 +220,14 @@ scrape_configs:
 {{- end}}
 {{- if .M.Gpuboot}}
   - job_name: gpuboot
+    {{- if not .M.GpubootTLS.PlainHTTP}}
+    # gpuboot's operator TLS port, to its metrics-reader certificate (decision 0693).
+    scheme: https
+    tls_config:
+      ca_file: {{.M.GpubootTLS.CAFile}}
+      cert_file: {{.M.GpubootTLS.CertFile}}
+      key_file: {{.M.GpubootTLS.KeyFile}}
+    {{- end}}
     static_configs:
       - targets:
         {{- range .M.Gpuboot}}
@@ -230,9 +238,9 @@ scrape_configs:
 
 type loopbackJob struct{ Job, Addr string }
 
+// nodeJob is a job over every Node, scraped over TLS with the monitoring certificate.
 type nodeJob struct {
 	Job, Path string
-	HTTPS     bool
 	Port      int // 0: kubelet's own port, as discovered
 }
 
@@ -240,12 +248,12 @@ type nodeJob struct {
 func PrometheusConfig(cfg *clusterconfig.Config, l Layout) ([]byte, error) {
 	m := cfg.Monitoring
 	nodeJobs := []nodeJob{
-		{Job: "gpuagent", Port: m.GPUAgentPort},
-		{Job: "kubelet", Path: "/metrics", HTTPS: true},
-		{Job: "cadvisor", Path: "/metrics/cadvisor", HTTPS: true},
+		{Job: "gpuagent", Path: "/metrics", Port: m.GPUAgentPort},
+		{Job: "kubelet", Path: "/metrics"},
+		{Job: "cadvisor", Path: "/metrics/cadvisor"},
 	}
-	if m.NodeExporterPort != 0 {
-		nodeJobs = append(nodeJobs, nodeJob{Job: "node", Port: m.NodeExporterPort})
+	if m.NodeExporterPort > 0 {
+		nodeJobs = append(nodeJobs, nodeJob{Job: "node", Path: "/metrics", Port: m.NodeExporterPort})
 	}
 	apiHost := cfg.APIServer.BindAddress
 	if ip := net.ParseIP(apiHost); ip == nil || ip.IsUnspecified() {

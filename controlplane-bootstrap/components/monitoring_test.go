@@ -12,9 +12,39 @@ import (
 	"github.com/gpurack/gpurack/docs/monitoring"
 )
 
-// notConfigured are the jobs docs/monitoring.md names whose exporters gpurack does not
-// ship yet (node_exporter without monitoring.nodeExporterPort).
-var notConfigured = []string{"node"}
+// notConfigured are the jobs docs/monitoring.md names that the default configuration
+// leaves out (none: node_exporter is in every node image, decision 0693).
+var notConfigured = []string{}
+
+// promScrape is one scrape_config, as much as the tests read.
+type promScrape struct {
+	JobName string `yaml:"job_name"`
+	Scheme  string `yaml:"scheme"`
+	TLS     struct {
+		CAFile             string `yaml:"ca_file"`
+		CertFile           string `yaml:"cert_file"`
+		KeyFile            string `yaml:"key_file"`
+		InsecureSkipVerify bool   `yaml:"insecure_skip_verify"`
+	} `yaml:"tls_config"`
+}
+
+// scrapeConfig is job's scrape_config in the rendered prometheus.yml.
+func scrapeConfig(t *testing.T, yamlText, job string) promScrape {
+	t.Helper()
+	var cfg struct {
+		ScrapeConfigs []promScrape `yaml:"scrape_configs"`
+	}
+	if err := yaml.Unmarshal([]byte(yamlText), &cfg); err != nil {
+		t.Fatalf("the rendered prometheus.yml is not YAML: %v\n%s", err, yamlText)
+	}
+	for _, sc := range cfg.ScrapeConfigs {
+		if sc.JobName == job {
+			return sc
+		}
+	}
+	t.Fatalf("no job %s in prometheus.yml:\n%s", job, yamlText)
+	return promScrape{}
+}
 
 func scrapeJobs(t *testing.T, yamlText string) map[string]bool {
 	t.Helper()
@@ -38,8 +68,9 @@ func scrapeJobs(t *testing.T, yamlText string) map[string]bool {
 }
 
 // TestPrometheusConfigJobs: the rendered configuration has the jobs the rules select
-// on, under the names docs/monitoring.md gives; node_exporter's only when its port is
-// set, gpuboot's only with targets.
+// on, under the names docs/monitoring.md gives; node_exporter's unless its port is -1,
+// gpuboot's only with targets, over TLS with its metrics-reader credential unless
+// plainHTTP.
 func TestPrometheusConfigJobs(t *testing.T) {
 	cfg := defaultConfig(t, "monitoring:\n  enabled: true\n")
 	l := Layout{Dir: "/cluster"}
@@ -48,25 +79,46 @@ func TestPrometheusConfigJobs(t *testing.T) {
 		t.Fatal(err)
 	}
 	jobs := scrapeJobs(t, string(data))
-	want := []string{"alertmanager", "apiserver", "cadvisor", "etcd", "gpuagent", "kube-controller-manager", "kube-scheduler", "kube-state-metrics", "kubelet", "logs-gateway", "prometheus", "victorialogs"}
+	want := []string{"alertmanager", "apiserver", "cadvisor", "etcd", "gpuagent", "kube-controller-manager", "kube-scheduler", "kube-state-metrics", "kubelet", "logs-gateway", "node", "prometheus", "victorialogs"}
 	if got := slices.Sorted(maps.Keys(jobs)); !slices.Equal(got, want) {
 		t.Errorf("jobs %v, want %v", got, want)
 	}
-	for _, must := range []string{"/cluster/monitoring/rules/*.yaml", "/cluster/pki/monitoring-client.crt", "replacement: '${1}:9410'", "cluster: \"gpurack\"", "targets: ['127.0.0.1:8082']"} {
+	for _, must := range []string{"/cluster/monitoring/rules/*.yaml", "/cluster/pki/monitoring-client.crt", "replacement: '${1}:9410'", "replacement: '${1}:9100'", "cluster: \"gpurack\"", "targets: ['127.0.0.1:8082']"} {
 		if !strings.Contains(string(data), must) {
 			t.Errorf("prometheus.yml lacks %q:\n%s", must, data)
 		}
 	}
+	// Every node job is HTTPS with the monitoring certificate (decision 0693).
+	for _, job := range []string{"gpuagent", "node", "kubelet", "cadvisor"} {
+		sc := scrapeConfig(t, string(data), job)
+		if sc.Scheme != "https" || sc.TLS.CertFile != "/cluster/pki/monitoring-client.crt" || sc.TLS.KeyFile != "/cluster/pki/monitoring-client.key" || !sc.TLS.InsecureSkipVerify {
+			t.Errorf("job %s: %+v, want https with the monitoring certificate", job, sc)
+		}
+	}
 
-	cfg = defaultConfig(t, "monitoring:\n  enabled: true\n  nodeExporterPort: 9100\n  gpuboot: [gpuboot.example:8080]\n")
+	cfg = defaultConfig(t, "monitoring:\n  enabled: true\n  nodeExporterPort: -1\n  gpuboot: [gpuboot.example:8443]\n"+
+		"  gpubootTLS: {caFile: /etc/gpurack/prometheus/gpuboot/ca.crt, certFile: /etc/gpurack/prometheus/gpuboot/operator.crt, keyFile: /etc/gpurack/prometheus/gpuboot/operator.key}\n")
 	data, err = PrometheusConfig(cfg, l)
 	if err != nil {
 		t.Fatal(err)
 	}
 	jobs = scrapeJobs(t, string(data))
-	if !jobs["node"] || !jobs["gpuboot"] || !strings.Contains(string(data), "'gpuboot.example:8080'") {
-		t.Errorf("with node_exporter and gpuboot: %v", slices.Sorted(maps.Keys(jobs)))
+	if jobs["node"] || !jobs["gpuboot"] || !strings.Contains(string(data), "'gpuboot.example:8443'") {
+		t.Errorf("without node_exporter, with gpuboot: %v", slices.Sorted(maps.Keys(jobs)))
 	}
+	if sc := scrapeConfig(t, string(data), "gpuboot"); sc.Scheme != "https" || sc.TLS.CAFile != "/etc/gpurack/prometheus/gpuboot/ca.crt" ||
+		sc.TLS.CertFile != "/etc/gpurack/prometheus/gpuboot/operator.crt" || sc.TLS.KeyFile != "/etc/gpurack/prometheus/gpuboot/operator.key" || sc.TLS.InsecureSkipVerify {
+		t.Errorf("gpuboot job %+v, want https verifying gpuboot with its CA, with the metrics-reader certificate", sc)
+	}
+	cfg = defaultConfig(t, "monitoring:\n  enabled: true\n  gpuboot: [gpuboot.example:8080]\n  gpubootTLS: {plainHTTP: true}\n")
+	if data, err = PrometheusConfig(cfg, l); err != nil {
+		t.Fatal(err)
+	}
+	if sc := scrapeConfig(t, string(data), "gpuboot"); sc.Scheme != "" || sc.TLS.CertFile != "" {
+		t.Errorf("gpuboot job with plainHTTP: %+v", sc)
+	}
+	// The rules' jobs, against the default node job and a gpuboot target.
+	jobs = scrapeJobs(t, string(data))
 	// Every job an alert selects is configured, or one of those not built yet.
 	jobRef := regexp.MustCompile(`job=~?"([^"]+)"`)
 	for _, f := range monitoring.RuleFiles {

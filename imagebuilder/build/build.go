@@ -38,7 +38,7 @@ type Options struct {
 	// nvidia-container-runtime instead of building them from the toolkit module that
 	// Src's go.mod pins (GPU profiles only; the runtime for containerd 1.6 only).
 	CDIHookBin, NvidiaRuntimeBin string
-	K8sDir                       string // make k8s-bins output: bin/kubelet, images/pause.tar, images/pause.tag
+	K8sDir                       string // make k8s-bins output: bin/kubelet, bin/kube-proxy, bin/node_exporter, images/pause.tar, images/pause.tag
 	// Epoch is SOURCE_DATE_EPOCH; 0 means the newest Release date in the lock, so the
 	// same lock gives the same bytes without anyone choosing a time.
 	Epoch    int64

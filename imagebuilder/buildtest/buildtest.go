@@ -57,7 +57,7 @@ func imageTools(extraTools []string) (k8s, missing string) {
 		d, _ := os.UserCacheDir()
 		k8s = filepath.Join(d, "gpurack", "k8s", "v1.34.2")
 	}
-	for _, f := range []string{"bin/kubelet", "bin/kube-proxy", "images/pause.tar"} {
+	for _, f := range []string{"bin/kubelet", "bin/kube-proxy", "bin/node_exporter", "images/pause.tar"} {
 		if _, err := os.Stat(filepath.Join(k8s, f)); err != nil {
 			return "", fmt.Sprintf("%s is missing (run make k8s-bins)", filepath.Join(k8s, f))
 		}

@@ -119,7 +119,9 @@ func (k *kubelet) allocate(namespace, pod string, uuids ...string) {
 }
 
 // simNode is a gpuagent on the GPU simulator (8 simulated H100s) with its /metrics on
-// addr, and the stand-in kubelet it reads allocations from.
+// addr, and the stand-in kubelet it reads allocations from. Its /metrics is plain HTTP
+// (--metrics-plaintext): this test is about the graphs, and test/monitoring scrapes
+// the agents with the scrape credential.
 type simNode struct {
 	name, addr string
 	kubelet    *kubelet
@@ -136,7 +138,7 @@ func startNode(t *testing.T, bin, dir, name string) *simNode {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(bin, "run", "--gpu-backend", "sim:dgxh100", "--profile", filepath.Join(rigimage.RepoRoot(t), "profiles", "debian12-nvidia535.yaml"),
-		"--listen", "", "--metrics-listen", n.addr, "--socket", filepath.Join(state, "agent.sock"), "--node-name", name,
+		"--listen", "", "--metrics-listen", n.addr, "--metrics-plaintext", "--socket", filepath.Join(state, "agent.sock"), "--node-name", name,
 		"--key-dir", filepath.Join(state, "key"), "--kubelet-dir", filepath.Join(state, "kubelet"),
 		"--cdi-dir", filepath.Join(state, "cdi"), "--gossip-bind", "127.0.0.1:0",
 		"--kmsg", "off", "--interval", "1s", "--sim-seed", name)

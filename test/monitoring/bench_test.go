@@ -69,11 +69,13 @@ func scrapeFigures(t *testing.T, bin string, n int, window time.Duration) string
 		cfg.Monitoring.Prometheus.Port, cfg.Monitoring.Alertmanager.Port = ports[0], ports[1]
 		cfg.Monitoring.KubeStateMetrics.Port, cfg.Monitoring.KubeStateMetrics.TelemetryPort = ports[2], ports[3]
 		cfg.Monitoring.GPUAgentPort = agentPort
+		cfg.Monitoring.NodeExporterPort = -1 // the figures are gpuagent's
 		promURL = fmt.Sprintf("http://127.0.0.1:%d", ports[0])
 	}})
 	cs := c.Clientset(t)
+	caFile := writeCA(t, dir, c.CAPEM)
 	for i := range n {
-		startAgent(t, bin, dir, fmt.Sprintf("sim-node-%03d", i), host(prefix, i), agentPort, 10*time.Second, cs)
+		startAgent(t, bin, dir, fmt.Sprintf("sim-node-%03d", i), host(prefix, i), agentPort, 10*time.Second, cs, caFile)
 	}
 	want := map[string]string{}
 	for i := range n {

@@ -22,6 +22,9 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
 
+	"github.com/gpurack/gpurack/agent/metricsauth"
+	"github.com/gpurack/gpurack/agent/nodeexporter"
+	"github.com/gpurack/gpurack/controlplane-bootstrap/components"
 	"github.com/gpurack/gpurack/test/promtest"
 	"github.com/gpurack/gpurack/test/rigimage"
 )
@@ -103,6 +106,17 @@ type simAgent struct {
 func loopbackPrefix(t *testing.T, n int) (string, int) {
 	for range 50 {
 		prefix := fmt.Sprintf("127.%d.", 100+rand.IntN(100))
+		if port, ok := portFreeOn(prefix, n); ok {
+			return prefix, port
+		}
+	}
+	t.Fatal("no free loopback addresses for the simulated nodes' agents")
+	return "", 0
+}
+
+// portFreeOn picks a port free on the first n hosts under prefix.
+func portFreeOn(prefix string, n int) (int, bool) {
+	for range 20 {
 		port := 20000 + rand.IntN(20000)
 		ok := true
 		for i := range n {
@@ -114,18 +128,60 @@ func loopbackPrefix(t *testing.T, n int) (string, int) {
 			l.Close()
 		}
 		if ok {
-			return prefix, port
+			return port, true
 		}
 	}
-	t.Fatal("no free loopback addresses for the simulated nodes' agents")
-	return "", 0
+	return 0, false
+}
+
+// writeCA writes the cluster CA for the agents' --metrics-client-ca (they do not join,
+// so no JoinBundle brings it) and returns its path.
+func writeCA(t *testing.T, dir string, caPEM []byte) string {
+	path := filepath.Join(dir, "cluster-ca.crt")
+	if err := os.WriteFile(path, caPEM, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// startNodeExporter runs the real node_exporter (make k8s-bins) on ip:port as a node's
+// gpuagent would start it after the join: with the web configuration
+// agent/nodeexporter writes (TLS; a client certificate of the cluster CA with the
+// metrics server's SAN required). Two collectors keep it light beside the rest.
+func startNodeExporter(t *testing.T, dir, node, ip string, port int, caPEM []byte) {
+	bin, err := components.FindBinary(components.BinDir(""), "node_exporter")
+	if err != nil {
+		t.Fatal(err)
+	}
+	serving, err := metricsauth.ServingCert(node, []string{node}, []net.IP{net.ParseIP(ip)}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := filepath.Join(dir, node, "node-exporter")
+	addr := net.JoinHostPort(ip, strconv.Itoa(port))
+	if err := nodeexporter.Write(files, nodeexporter.Files{ClusterCAPEM: caPEM, Serving: serving,
+		AllowedSANs: []string{metricsauth.MonitoringSAN}, Listen: addr}); err != nil {
+		t.Fatal(err)
+	}
+	log, err := os.Create(filepath.Join(dir, node+"-node_exporter.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "--web.config.file="+filepath.Join(files, nodeexporter.WebConfigFile), "--web.listen-address="+addr,
+		"--collector.disable-defaults", "--collector.filesystem", "--collector.meminfo")
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait(); log.Close() })
 }
 
 // host is the i-th simulated node's address under prefix.
 func host(prefix string, i int) string { return fmt.Sprintf("%s%d.%d", prefix, i/250, i%250+1) }
 
-// startAgent starts a simulated node's gpuagent and registers its Node.
-func startAgent(t *testing.T, bin, dir, node, ip string, port int, interval time.Duration, cs kubernetes.Interface) *simAgent {
+// startAgent starts a simulated node's gpuagent and registers its Node. Its /metrics
+// answers the cluster CA's monitoring certificate (caFile, --metrics-client-ca).
+func startAgent(t *testing.T, bin, dir, node, ip string, port int, interval time.Duration, cs kubernetes.Interface, caFile string) *simAgent {
 	a := &simAgent{node: node, addr: net.JoinHostPort(ip, strconv.Itoa(port))}
 	state := filepath.Join(dir, node)
 	if err := os.MkdirAll(state, 0o700); err != nil {
@@ -138,7 +194,7 @@ func startAgent(t *testing.T, bin, dir, node, ip string, port int, interval time
 		t.Fatal(err)
 	}
 	a.cmd = exec.Command(bin, "run", "--gpu-backend", "sim:dgxh100", "--profile", profile,
-		"--listen", "", "--metrics-listen", a.addr, "--socket", a.socket, "--node-name", node,
+		"--listen", "", "--metrics-listen", a.addr, "--metrics-client-ca", caFile, "--socket", a.socket, "--node-name", node,
 		"--key-dir", filepath.Join(state, "key"), "--kubelet-dir", filepath.Join(state, "kubelet"),
 		"--cdi-dir", filepath.Join(state, "cdi"), "--gossip-bind", net.JoinHostPort(ip, "0"),
 		"--kmsg", "off", "--interval", interval.String(), "--sim-seed", node)

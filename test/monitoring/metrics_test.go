@@ -8,11 +8,15 @@ package monitoring
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
+	"net"
+	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -69,6 +73,10 @@ func TestMetricsServer(t *testing.T) {
 	hook := newWebhook(t)
 	amConfig := alertmanagerConfig(t, hook.srv.URL)
 	prefix, agentPort := loopbackPrefix(t, 2)
+	exporterPort, ok := portFreeOn(prefix, 2)
+	if !ok {
+		t.Fatal("no port free for node_exporter on the simulated nodes' addresses")
+	}
 	var promURL, amURL string
 	c := testcluster.NewWith(t, testcluster.Options{Configure: func(cfg *clusterconfig.Config) {
 		ports, err := testcluster.FreePorts(4)
@@ -82,13 +90,17 @@ func TestMetricsServer(t *testing.T) {
 		cfg.Monitoring.Prometheus.EvaluationInterval = "1s"
 		cfg.Monitoring.Alertmanager.ConfigFile = amConfig
 		cfg.Monitoring.GPUAgentPort = agentPort
+		cfg.Monitoring.NodeExporterPort = exporterPort
 		promURL = fmt.Sprintf("http://127.0.0.1:%d", ports[0])
 		amURL = fmt.Sprintf("http://127.0.0.1:%d", ports[1])
 	}})
 	cs := c.Clientset(t)
 	bin := buildAgent(t, dir)
-	a := startAgent(t, bin, dir, "sim-node-a", host(prefix, 0), agentPort, agentInterval, cs)
-	b := startAgent(t, bin, dir, "sim-node-b", host(prefix, 1), agentPort, agentInterval, cs)
+	caFile := writeCA(t, dir, c.CAPEM)
+	a := startAgent(t, bin, dir, "sim-node-a", host(prefix, 0), agentPort, agentInterval, cs, caFile)
+	b := startAgent(t, bin, dir, "sim-node-b", host(prefix, 1), agentPort, agentInterval, cs, caFile)
+	startNodeExporter(t, dir, a.node, host(prefix, 0), exporterPort, c.CAPEM)
+	startNodeExporter(t, dir, b.node, host(prefix, 1), exporterPort, c.CAPEM)
 
 	t.Run("control plane jobs up", func(t *testing.T) { controlPlaneJobsUp(t, promURL) })
 	t.Run("rules loaded", func(t *testing.T) { rulesLoaded(t, promURL) })
@@ -97,10 +109,34 @@ func TestMetricsServer(t *testing.T) {
 			return upByNode(promURL, "gpuagent", map[string]string{a.node: "1", b.node: "1"})
 		})
 	})
+	t.Run("node_exporter scraped with the credential", func(t *testing.T) {
+		eventually(t, time.Minute, "both nodes' node_exporter scraped through node discovery", func() error {
+			return upByNode(promURL, "node", map[string]string{a.node: "1", b.node: "1"})
+		})
+		anonymousRefused(t, a.addr, net.JoinHostPort(host(prefix, 0), strconv.Itoa(exporterPort)))
+	})
 	t.Run("fatal XID reaches the webhook", func(t *testing.T) { xidToWebhook(t, hook, a) })
 	t.Run("killed agent", func(t *testing.T) { killedAgent(t, promURL, b) })
 	t.Run("alertmanager holds the alert", func(t *testing.T) { alertmanagerHolds(t, amURL, a) })
 	t.Run("node state through kube-state-metrics", func(t *testing.T) { nodeState(t, promURL, cs, a.node, b.node) })
+}
+
+// anonymousRefused checks that the endpoints the metrics server reads with its
+// certificate answer no one without one: no TLS client certificate, and plain HTTP.
+func anonymousRefused(t *testing.T, addrs ...string) {
+	noCert := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	for _, addr := range addrs {
+		if resp, err := noCert.Get("https://" + addr + "/metrics"); err == nil {
+			resp.Body.Close()
+			t.Errorf("%s answered %s without a client certificate", addr, resp.Status)
+		}
+		if resp, err := http.Get("http://" + addr + "/metrics"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				t.Errorf("%s answered plain HTTP", addr)
+			}
+		}
+	}
 }
 
 // controlPlaneJobsUp waits until the control-plane host's jobs answer: the apiserver,

@@ -126,6 +126,11 @@ receivers:
   prometheus: {scrapeInterval: %s, evaluationInterval: %s}
   alertmanager: {configFile: %s}
   gpuboot: ["%s"]
+  # The control plane starts before gpuboot exists, so there is no metrics-reader
+  # certificate to name yet: the rig's gpuboot serves /metrics on its HTTP port too
+  # (metrics.plainHTTP), scraped with no credential. gpuboot's credentialed /metrics is
+  # pxe/server's TestMetricsReaderOnGpuboot's.
+  gpubootTLS: {plainHTTP: true}
 `, rackScrape, rackScrape, am, joinHTTP)
 }
 
@@ -167,14 +172,15 @@ func promQuery(ctx context.Context, client *http.Client, q string) (map[string]s
 }
 
 // checkRackMetrics checks what the rack's metrics server sees once both nodes have
-// run their checks: every node's gpuagent, kubelet and cAdvisor scraped through the
-// Node objects (kubelet's only to the monitoring certificate, through RBAC's
-// nodes/metrics), the control plane's and gpuboot's jobs up; and the XID 79 that
+// run their checks: every node's gpuagent, node_exporter, kubelet and cAdvisor scraped
+// through the Node objects, each only with the monitoring certificate (kubelet's
+// through RBAC's nodes/metrics; gpuagent's and node_exporter's TLS gates, decision
+// 0693), the control plane's and gpuboot's jobs up; and the XID 79 that
 // simGPUNodeChecks injected on B's GPU 3 at xidAt at the webhook as GpurackXIDFatal,
 // with the node, the GPU and the runbook link.
 func checkRackMetrics(t *testing.T, r *Rack, hook *alertHook, nodes []string, xidNode string, xidAt time.Time) {
 	var want []string
-	for _, job := range []string{"gpuagent", "kubelet", "cadvisor"} {
+	for _, job := range []string{"gpuagent", "node", "kubelet", "cadvisor"} {
 		for _, n := range nodes {
 			want = append(want, job+"/"+n)
 		}

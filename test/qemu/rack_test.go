@@ -77,7 +77,10 @@ func TestRack(t *testing.T) {
 	t.Logf("timings: power-on -> waiting for approval %s (A, PXE) and %s (B); approve -> Ready %s and %s",
 		a.bootToWait.Round(time.Second), b.bootToWait.Round(time.Second), a.toReady.Round(time.Second), b.toReady.Round(time.Second))
 	// B's agent, every service on, sampled from Ready to the end of the checks.
-	memory := startAgentMemory(r.ctx, r.ns, b.IP, 5*time.Second)
+	memory, err := startAgentMemory(r.ctx, r.ns, b.IP, r.cp.dir, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var prepared map[string]*machinev1.DataDisk // B's data disks at the end of their subtest
 	var xidAt time.Time                         // when B's GPU subtest injected XID 79
 	localReady := false                         // keepClaim holds keepFile

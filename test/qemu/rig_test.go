@@ -796,6 +796,9 @@ policy: %s
 selectors: %s
 logLevel: info
 cluster: {kubeconfig: %s, podNetwork: %s}
+# /metrics on the HTTP port too: the rack's metrics server starts before this gpuboot
+# and its metrics-reader certificate exist (monitoringConfig).
+metrics: {plainHTTP: true}
 `, joinHost, store, strings.Join(pubKeys, ", "), imageID, cmp.Or(set.bootNet, "dhcp: {enabled: false}\ntftp: {enabled: false}"),
 		cmp.Or(set.enrollment, "{unknownMachines: discover}"), cmp.Or(set.policy, "{approval: manual}"), cmp.Or(set.selectors, "[]"),
 		enroller, cmp.Or(set.podNetwork, "{}"))

@@ -39,7 +39,8 @@ type gpubootSite struct {
 }
 
 // setUpGpuboot makes the site's gpuboot as g says, starts it with the systemctl
-// stand-in, and sets the placeholders IMAGE-ID (the rack's image) and OLD-ID (an image
+// stand-in, issues the metrics server's metrics-reader credential into
+// /etc/gpurack/prometheus/gpuboot (docs/monitoring.md, "Scrape credentials"), and sets the placeholders IMAGE-ID (the rack's image) and OLD-ID (an image
 // in the store that nothing uses).
 func (s *site) setUpGpuboot(g gpubootSite) *rack {
 	// docs/pxe.md, "Running gpuboot under systemd": the user, the directories, init as
@@ -50,7 +51,11 @@ install -d -o root -g gpuboot -m 0750 /etc/gpuboot
 runuser -u gpuboot -- gpuboot init --state-dir /var/lib/gpuboot --advertise ` + gpubootAddr + `,` + gpubootName + ` --rack r1
 install -d -m 0700 /etc/gpurack/keys
 gpuimage keygen /etc/gpurack/keys/signing.pem /etc/gpurack/keys/signing.pub.pem
-install -m 0644 /etc/gpurack/keys/signing.pub.pem /etc/gpurack/image-signing.pub`)
+install -m 0644 /etc/gpurack/keys/signing.pub.pem /etc/gpurack/image-signing.pub
+runuser -u gpuboot -- gpuboot certs operator prometheus --state-dir /var/lib/gpuboot --level metrics-reader
+install -d -m 0700 /etc/gpurack/prometheus/gpuboot
+install -m 0600 /var/lib/gpuboot/operators/prometheus/ca.crt /var/lib/gpuboot/operators/prometheus/operator.crt /var/lib/gpuboot/operators/prometheus/operator.key /etc/gpurack/prometheus/gpuboot/
+rm /var/lib/gpuboot/operators/prometheus/operator.key`)
 	for line := range strings.SplitSeq(out, "\n") {
 		if p, ok := strings.CutPrefix(line, "CA pin (gpurack.enroll.ca): "); ok {
 			s.values["PIN"] = p

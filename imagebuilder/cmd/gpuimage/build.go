@@ -66,7 +66,7 @@ squashfs-tools, the Go toolchain and the pinned Kubernetes binaries (make k8s-bi
 	f.StringVar(&o.InitBin, "init-bin", "", "use this gpurack-init binary instead of building it")
 	f.StringVar(&o.CDIHookBin, "cdi-hook-bin", "", "use this nvidia-cdi-hook binary (GPU profiles) instead of building it from the pinned nvidia-container-toolkit")
 	f.StringVar(&o.NvidiaRuntimeBin, "nvidia-runtime-bin", "", "use this nvidia-container-runtime binary (GPU profiles on containerd 1.6) instead of building it from the pinned nvidia-container-toolkit")
-	f.StringVar(&o.K8sDir, "k8s-dir", k8s, "output of make k8s-bins (bin/kubelet, images/pause.tar)")
+	f.StringVar(&o.K8sDir, "k8s-dir", k8s, "output of make k8s-bins (bin/kubelet, bin/kube-proxy, bin/node_exporter, images/pause.tar)")
 	return cmd
 }
 
