@@ -47,6 +47,9 @@ func victoriaLogsSpec(cfg *clusterconfig.Config, l Layout) Component {
 		"storageDataPath":                  l.LogsDir(),
 		"retentionPeriod":                  lg.RetentionPeriod,
 		"retention.maxDiskSpaceUsageBytes": lg.MaxDiskSpaceUsage,
+		// Its caches take 60% of the host's memory by default; this host also runs
+		// etcd, the API server and Prometheus (monitoring.logs.extraArgs overrides).
+		"memory.allowedPercent": "25",
 	}
 	return Component{
 		Name:       VictoriaLogs,

@@ -47,6 +47,9 @@ func TestLogsSpecs(t *testing.T) {
 		}
 	}
 
+	if def, _ := Spec(defaultConfig(t, "monitoring:\n  enabled: true\n"), l, VictoriaLogs); !slices.Contains(def.Args, "--memory.allowedPercent=25") {
+		t.Errorf("victoria-logs' caches are not bounded to a quarter of the host's memory by default: %v", def.Args)
+	}
 	off := defaultConfig(t, "monitoring:\n  enabled: true\n  logs:\n    enabled: false\n")
 	for _, c := range Specs(off, l) {
 		if c.Name == VictoriaLogs || c.Name == LogsGateway {
