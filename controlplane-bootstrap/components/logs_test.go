@@ -33,6 +33,11 @@ func TestLogsSpecs(t *testing.T) {
 	if !slices.Equal(gw.Args, wantGW) || !gw.Self || gw.HealthURL != "https://127.0.0.1:9428/healthz" {
 		t.Errorf("logs-gateway: %+v, want args %v", gw, wantGW)
 	}
+	unit := string(RenderUnit(gw, "/usr/local/bin/controlplane-bootstrap", VictoriaLogs, "/cluster"))
+	if !strings.Contains(unit, "ExecStart=/usr/local/bin/controlplane-bootstrap \\\n\tlogs-gateway \\\n\t--cert-file=") ||
+		!strings.Contains(unit, "After=network-online.target gpurack-victoria-logs.service") || !strings.Contains(unit, "CapabilityBoundingSet=\n") {
+		t.Errorf("the gateway's unit:\n%s", unit)
+	}
 	specs := Specs(cfg, l)
 	if got := Using(specs, []string{"/cluster/pki/logs-gateway.crt", "/cluster/pki/logs-gateway.key"}); !slices.Equal(got, []string{LogsGateway}) {
 		t.Errorf("renewing logs-gateway restarts %v, want logs-gateway", got)
