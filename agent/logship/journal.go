@@ -55,7 +55,7 @@ func (j *journalReader) run(ctx context.Context) error {
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start %s: %w", j.command, err)
 	}
-	j.read(out)
+	j.read(ctx, out)
 	err = cmd.Wait()
 	if ctx.Err() != nil {
 		return nil
@@ -67,7 +67,7 @@ func (j *journalReader) run(ctx context.Context) error {
 }
 
 // read reads journalctl's output to its end.
-func (j *journalReader) read(out io.Reader) {
+func (j *journalReader) read(ctx context.Context, out io.Reader) {
 	lr := newLineReader(out, journalLineMax)
 	for {
 		line, cut, _, err := lr.next()
@@ -84,6 +84,11 @@ func (j *journalReader) read(out io.Reader) {
 			continue
 		}
 		j.cursor = e.Cursor
+		if e.Omitted {
+			if long, cut, ok := j.longMessage(ctx, e.Cursor); ok {
+				e.Msg, e.Omitted = long, cut
+			}
+		}
 		msg, truncated := cutMessage(e.Msg, j.maxLine)
 		j.emit(Entry{Time: e.Time, Msg: msg, Source: "journal", Unit: e.Unit, Priority: e.Priority, BootID: e.BootID,
 			Truncated: truncated || e.Omitted, cursor: e.Cursor})

@@ -60,8 +60,8 @@ func (j *journalFile) add(entries ...map[string]string) {
 }
 
 // TestShipsJournalToVictoriaLogs runs the real journalctl on a real journal file and
-// ships it into a real victoria-logs: units, priorities, a message journalctl leaves
-// out as too long, a binary one; then an agent restart resumes after the saved
+// ships it into a real victoria-logs: units, priorities, messages journalctl leaves out
+// as too long (read again, whole or cut at 64 KiB), a binary one; then an agent restart resumes after the saved
 // cursor, and entries added while it runs are followed.
 func TestShipsJournalToVictoriaLogs(t *testing.T) {
 	jf := newJournalFile(t)
@@ -69,28 +69,35 @@ func TestShipsJournalToVictoriaLogs(t *testing.T) {
 	jf.add(map[string]string{"MESSAGE": "Started kubelet", "_SYSTEMD_UNIT": "kubelet.service", "SYSLOG_IDENTIFIER": "kubelet", "PRIORITY": "6"},
 		map[string]string{"MESSAGE": "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus", "SYSLOG_IDENTIFIER": "kernel", "PRIORITY": "3"},
 		map[string]string{"MESSAGE": strings.Repeat("z", 10000), "_SYSTEMD_UNIT": "chatty.service", "PRIORITY": "6"},
+		map[string]string{"MESSAGE": "long \"quoted\" \u00e9 " + strings.Repeat("w", 100<<10), "_SYSTEMD_UNIT": "huge.service", "PRIORITY": "4"},
 		map[string]string{"MESSAGE": "bad \xff\xfe utf8\nsecond line", "SYSLOG_IDENTIFIER": "bin"})
 	m := &Metrics{}
 	state := filepath.Join(t.TempDir(), "logship.json")
 	cfg := Config{URL: vl.URL, Node: "gpu-r1-07", BootID: BootID(), Journalctl: "journalctl", JournalArgs: []string{"--file=" + jf.path},
 		StateFile: state, FlushEvery: 100 * time.Millisecond, Metrics: m, Backoff: retry.Backoff{First: 100 * time.Millisecond, Max: time.Second}}
 	stop := runShipper(t, cfg)
-	vl.waitCount(t, "source:journal", 4)
+	vl.waitCount(t, "source:journal", 5)
 	rows, err := vl.query(`source:journal AND unit:"kubelet.service"`)
 	if err != nil || len(rows) != 1 || rows[0]["_msg"] != "Started kubelet" || rows[0]["priority"] != "6" || rows[0]["node"] != "gpu-r1-07" || rows[0]["boot_id"] != BootID() {
 		t.Errorf("kubelet's line: %v, %v", rows, err)
 	}
 	vl.waitCount(t, `source:journal AND unit:kernel AND priority:3 AND "fallen off the bus"`, 1)
+	// journalctl leaves messages of 4096 bytes or more out of its JSON; the agent reads
+	// them again, bounded: whole up to 64 KiB, cut beyond.
 	rows, err = vl.query(`source:journal AND unit:"chatty.service"`)
-	if err != nil || len(rows) != 1 || rows[0]["truncated"] != "true" || rows[0]["_msg"] != omittedMessage {
-		t.Errorf("the 10000-byte message: %v, %v; want the left-out marker, truncated", rows, err)
+	if err != nil || len(rows) != 1 || rows[0]["truncated"] != "" || rows[0]["_msg"] != strings.Repeat("z", 10000) {
+		t.Errorf("the 10000-byte message: %d rows, %v; want it whole, not truncated", len(rows), err)
+	}
+	rows, err = vl.query(`source:journal AND unit:"huge.service"`)
+	if want := ("long \"quoted\" \u00e9 " + strings.Repeat("w", 100<<10))[:DefaultMaxLine]; err != nil || len(rows) != 1 || rows[0]["truncated"] != "true" || rows[0]["_msg"] != want {
+		t.Errorf("the 100 KiB message: %d rows, %v; want its first 64 KiB, truncated", len(rows), err)
 	}
 	rows, err = vl.query(`source:journal AND unit:bin`)
 	if want := "bad \ufffd utf8\nsecond line"; err != nil || len(rows) != 1 || rows[0]["_msg"] != want {
 		t.Errorf("the binary message: %v, %v; want %q", rows, err, want)
 	}
-	if m.Truncated("journal") != 1 || m.Shipped("journal") != 4 {
-		t.Errorf("journal: %d shipped, %d truncated; want 4 and 1", m.Shipped("journal"), m.Truncated("journal"))
+	if m.Truncated("journal") != 1 || m.Shipped("journal") != 5 {
+		t.Errorf("journal: %d shipped, %d truncated; want 5 and 1", m.Shipped("journal"), m.Truncated("journal"))
 	}
 
 	// Followed while running.
@@ -110,7 +117,7 @@ func TestShipsJournalToVictoriaLogs(t *testing.T) {
 	if n := m2.Shipped("journal"); n != 1 {
 		t.Errorf("the restarted shipper shipped %d journal lines, want 1 (only what came after the saved cursor)", n)
 	}
-	vl.waitCount(t, "source:journal", 6)
+	vl.waitCount(t, "source:journal", 7)
 	if data, err := os.ReadFile(state); err != nil || !strings.Contains(string(data), `"journal_cursor":"s=`) {
 		t.Errorf("state file: %s, %v; want a journal cursor", data, err)
 	}

@@ -2,6 +2,7 @@ package logship
 
 import (
 	"bytes"
+	"encoding/json"
 	"io"
 	"strings"
 	"testing"
@@ -239,4 +240,51 @@ func (e *eofReader) Read(p []byte) (int, error) {
 		return 0, io.EOF
 	}
 	return e.r.Read(p)
+}
+
+func TestDecodeJSONStringPrefix(t *testing.T) {
+	cases := []struct {
+		in, want string
+		complete bool
+	}{
+		{`abc"rest`, "abc", true},
+		{`a\"b\\c\n\u00e9\ud83d\ude00"`, "a\"b\\c\né😀", true},
+		{`abc`, "abc", false},
+		{`abc\`, "abc", false},
+		{`abc\u00`, "abc", false},
+		{`abc\x"`, "abc", false},
+		{`\ud83d"`, "\uFFFD", true},
+	}
+	for _, c := range cases {
+		got, complete := decodeJSONStringPrefix([]byte(c.in))
+		if got != c.want || complete != c.complete {
+			t.Errorf("%q: %q %v, want %q %v", c.in, got, complete, c.want, c.complete)
+		}
+	}
+}
+
+// A complete string decodes as encoding/json decodes it; any prefix of it decodes to a
+// prefix of that, and is valid UTF-8.
+func FuzzDecodeJSONStringPrefix(f *testing.F) {
+	for _, s := range []string{"plain", "quote \" and \\ slash", "é😀\n\t", "\x00\x1f"} {
+		f.Add(s, 3)
+	}
+	f.Fuzz(func(t *testing.T, s string, cut int) {
+		if !utf8.ValidString(s) {
+			return
+		}
+		enc, _ := json.Marshal(s)
+		body := enc[1:]
+		got, complete := decodeJSONStringPrefix(body)
+		if !complete || got != s {
+			t.Fatalf("%s: %q %v, want %q", enc, got, complete, s)
+		}
+		if cut < 0 || cut > len(body) {
+			return
+		}
+		part, complete := decodeJSONStringPrefix(body[:cut])
+		if !utf8.ValidString(part) || (!complete && !strings.HasPrefix(s, strings.TrimSuffix(part, "\uFFFD"))) {
+			t.Fatalf("prefix %q of %s: %q", body[:cut], enc, part)
+		}
+	})
 }
