@@ -50,6 +50,32 @@ func TestLogStore(t *testing.T) {
 	t.Run("clients refused", func(t *testing.T) { clientsRefused(t, c) })
 	t.Run("oversized body stores nothing", func(t *testing.T) { oversized(t, c, run) })
 	t.Run("scraped", func(t *testing.T) { scraped(t, c) })
+	t.Run("certs renew logs-gateway", func(t *testing.T) { renewed(t, c) })
+}
+
+// renewed: `certs renew logs-gateway` asks the supervisor to restart the gateway, which
+// then serves the new certificate, and nodes still ship through it.
+func renewed(t *testing.T, c *controlPlane) {
+	serial := func() string {
+		conn, err := tls.Dial("tcp", strings.TrimPrefix(c.gw, "https://"), &tls.Config{RootCAs: c.set.CA.CertPool()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		return conn.ConnectionState().PeerCertificates[0].SerialNumber.String()
+	}
+	before := serial()
+	out, err := c.cli(t, "certs", "renew", "logs-gateway", "--dir", c.dir)
+	if err != nil || !strings.Contains(out, "logs-gateway restarted") {
+		t.Fatalf("certs renew logs-gateway: %v", err)
+	}
+	if after := serial(); after == before {
+		t.Errorf("the gateway still serves serial %s after the renewal", before)
+	}
+	a := c.client(t, nil, "system:node:gpu-a", "system:nodes")
+	if code, msg := c.post(t, a, contractQuery, line(time.Now(), map[string]string{"_msg": "after renewal", "source": "journal", "unit": "x.service"}), false); code != http.StatusNoContent {
+		t.Errorf("POST after the renewal: %d %s", code, msg)
+	}
 }
 
 // componentsUp: status lists both healthy, and victoria-logs runs with the
