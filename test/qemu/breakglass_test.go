@@ -55,6 +55,8 @@ func checkLogsExecAndBreakGlass(t *testing.T, r *Rack, node *corev1.Node) {
 	if out, err := kc("", "logs", pod); err != nil || !strings.Contains(out, node.Name) || strings.Count(out, "active") != 2 {
 		t.Errorf("kubectl logs of the debug pod (want the node's name %s from uname -n and two active units): %v\n%s", node.Name, err, out)
 	}
+	// The same output, shipped by the node's agent, from the central log store.
+	checkCentralPodLogs(t, r, node.Name, "default", pod, []string{node.Name, "active"})
 
 	// An interactive shell: kubectl gets a terminal from script(1); the typed line runs
 	// on the node as root, and the next prompt sends it to the node's journal. (What
@@ -82,6 +84,9 @@ func checkLogsExecAndBreakGlass(t *testing.T, r *Rack, node *corev1.Node) {
 		}
 	}
 	checkBreakGlassAudit(t, r, start, []string{pod, shellPod, journal})
+	// The node's journal lines too, by node and syslog identifier.
+	waitCentralLogs(t, r, "the break-glass journal lines of "+node.Name, []string{"break-glass command started", "break-glass shell started"},
+		"--node", node.Name, "--unit", "gpurack-break-glass", "--since", "30m")
 }
 
 // debugNode starts kubectl debug node/NAME with the debug image and the sysadmin

@@ -157,12 +157,14 @@ func TestRack(t *testing.T) {
 	// minutes, about the rollout's time; it is checked last.
 	var agentKilled time.Time
 	t.Run("kill gpuagent on "+a.Node, func(t *testing.T) { agentKilled = killAgent(t, r.ctx, r.admin, a.node) })
+	rollout := time.Now()
 	t.Run(b.Node+" data disks after a rollout to another image", func(t *testing.T) {
 		if prepared == nil {
 			t.Fatal("the data-disk subtest did not get to the end; nothing to check after a power cycle")
 		}
 		powerCycleDataDisks(t, r, b, prepared, localReady)
 	})
+	t.Run(b.Node+"'s logs from before the rollout", func(t *testing.T) { checkPreviousBoot(t, r, b.Node, rollout) })
 	t.Run("a killed gpuagent on "+a.Node, func(t *testing.T) {
 		if agentKilled.IsZero() {
 			t.Fatal("the agent was not killed")

@@ -228,6 +228,7 @@ func startRack(t *testing.T, opts RackOptions) *Rack {
 		r.cp = startNamespacedControlPlane(t, r.env, r.ns, r.bins.controlplane, monitoringConfig(t, r.alerts))
 		r.admin = r.cp.clientset(t, r.ns)
 		enroller = r.cp.enroller
+		set.logsEndpoint = joinHost + ":9428" // monitoring.logs' gateway, on by default with monitoring
 		t.Logf("control plane up in the namespace in %s (endpoint https://%s)", time.Since(t0).Round(time.Millisecond), joinAPI)
 		// Registered before QEMU starts, so it runs after QEMU is killed (a live kubelet
 		// would register the Node again) and before the control plane stops.
@@ -756,6 +757,18 @@ type gpubootSettings struct {
 	// stateFiles are written into the state directory after init (mode 0600).
 	manifest   string
 	stateFiles map[string]string
+	// logsEndpoint is cluster.logsEndpoint: the control plane's logs-gateway, where
+	// the nodes ship their logs; empty: they ship none.
+	logsEndpoint string
+}
+
+// logsEndpointYAML is gpuboot's cluster.logsEndpoint setting (after a comma in a flow
+// map) for endpoint, or nothing.
+func logsEndpointYAML(endpoint string) string {
+	if endpoint == "" {
+		return ""
+	}
+	return ", logsEndpoint: '" + endpoint + "'"
 }
 
 // startNamespacedGpuboot starts gpuboot with DHCP and TFTP off, or on a boot network
@@ -795,13 +808,13 @@ enrollment: %s
 policy: %s
 selectors: %s
 logLevel: info
-cluster: {kubeconfig: %s, podNetwork: %s}
+cluster: {kubeconfig: %s, podNetwork: %s%s}
 # /metrics on the HTTP port too: the rack's metrics server starts before this gpuboot
 # and its metrics-reader certificate exist (monitoringConfig).
 metrics: {plainHTTP: true}
 `, joinHost, store, strings.Join(pubKeys, ", "), imageID, cmp.Or(set.bootNet, "dhcp: {enabled: false}\ntftp: {enabled: false}"),
 		cmp.Or(set.enrollment, "{unknownMachines: discover}"), cmp.Or(set.policy, "{approval: manual}"), cmp.Or(set.selectors, "[]"),
-		enroller, cmp.Or(set.podNetwork, "{}"))
+		enroller, cmp.Or(set.podNetwork, "{}"), logsEndpointYAML(set.logsEndpoint))
 	cfgPath := filepath.Join(dir, "gpuboot.yaml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
