@@ -90,7 +90,7 @@ func (j *journalReader) read(ctx context.Context, out io.Reader) {
 			}
 		}
 		msg, truncated := cutMessage(e.Msg, j.maxLine)
-		j.emit(Entry{Time: e.Time, Msg: msg, Source: "journal", Unit: e.Unit, Priority: e.Priority, BootID: e.BootID,
+		j.emit(Entry{Time: e.Time, Msg: msg, Source: "journal", Unit: e.Unit, Identifier: e.Identifier, Priority: e.Priority, BootID: e.BootID,
 			Truncated: truncated || e.Omitted, cursor: e.Cursor})
 	}
 }

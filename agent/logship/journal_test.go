@@ -78,7 +78,7 @@ func TestShipsJournalToVictoriaLogs(t *testing.T) {
 	stop := runShipper(t, cfg)
 	vl.waitCount(t, "source:journal", 5)
 	rows, err := vl.query(`source:journal AND unit:"kubelet.service"`)
-	if err != nil || len(rows) != 1 || rows[0]["_msg"] != "Started kubelet" || rows[0]["priority"] != "6" || rows[0]["node"] != "gpu-r1-07" || rows[0]["boot_id"] != BootID() {
+	if err != nil || len(rows) != 1 || rows[0]["_msg"] != "Started kubelet" || rows[0]["identifier"] != "kubelet" || rows[0]["priority"] != "6" || rows[0]["node"] != "gpu-r1-07" || rows[0]["boot_id"] != BootID() {
 		t.Errorf("kubelet's line: %v, %v", rows, err)
 	}
 	vl.waitCount(t, `source:journal AND unit:kernel AND priority:3 AND "fallen off the bus"`, 1)

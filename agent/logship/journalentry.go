@@ -16,12 +16,15 @@ import (
 // its values, and a field of 4096 bytes or more is null unless journalctl runs with
 // --all (it does not: see decision 0695).
 type journalEntry struct {
-	Cursor   string
-	Time     time.Time
-	BootID   string
-	Unit     string
-	Priority string
-	Msg      string
+	Cursor string
+	Time   time.Time
+	BootID string
+	Unit   string
+	// Identifier is SYSLOG_IDENTIFIER (journalctl -t): a pod's or a script's logger
+	// lines have the container's scope as their unit, and only this says who wrote them.
+	Identifier string
+	Priority   string
+	Msg        string
 	// Omitted: journalctl printed null for the message (4096 bytes or more).
 	Omitted bool
 }
@@ -50,8 +53,9 @@ func parseJournalEntry(line []byte) (journalEntry, error) {
 	e.Time = time.UnixMicro(usec).UTC()
 	e.BootID, _ = journalField(raw["_BOOT_ID"])
 	e.Unit, _ = journalField(raw["_SYSTEMD_UNIT"])
+	e.Identifier, _ = journalField(raw["SYSLOG_IDENTIFIER"])
 	if e.Unit == "" {
-		e.Unit, _ = journalField(raw["SYSLOG_IDENTIFIER"])
+		e.Unit = e.Identifier
 	}
 	if t, _ := journalField(raw["_TRANSPORT"]); e.Unit == "" && t == "kernel" {
 		e.Unit = "kernel"

@@ -104,7 +104,7 @@ func TestParseJournalEntry(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if e.Unit != "kubelet.service" || e.Priority != "6" || e.Msg != "hello one" || e.BootID != "297701e8a7c243dd807608e0e333d7a5" ||
+	if e.Unit != "kubelet.service" || e.Identifier != "kubelet" || e.Priority != "6" || e.Msg != "hello one" || e.BootID != "297701e8a7c243dd807608e0e333d7a5" ||
 		!e.Time.Equal(time.UnixMicro(1796422825840346)) || !strings.HasPrefix(e.Cursor, "s=901ea8") || e.Omitted {
 		t.Errorf("%+v", e)
 	}

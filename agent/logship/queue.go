@@ -15,6 +15,8 @@ type Entry struct {
 	// _TRANSPORT=kernel), the priority (0-7) and the entry's boot (_BOOT_ID; empty: the
 	// shipper's own, Config.BootID).
 	Unit, Priority, BootID string
+	// Identifier is the journal's SYSLOG_IDENTIFIER (journalctl -t).
+	Identifier string
 	// Containers: who wrote it (from the file's path) and the stream (stdout|stderr).
 	Namespace, Pod, Container, Stream string
 	// Truncated: the shipper cut the line (MaxLine), or journalctl left its message out.
@@ -32,7 +34,7 @@ type Entry struct {
 const entryOverhead = 256
 
 func (e *Entry) size() int {
-	return len(e.Msg) + len(e.Unit) + len(e.Namespace) + len(e.Pod) + len(e.Container) + entryOverhead
+	return len(e.Msg) + len(e.Unit) + len(e.Identifier) + len(e.Namespace) + len(e.Pod) + len(e.Container) + entryOverhead
 }
 
 // queue is the bounded queue between the readers and the sender. Push never blocks:

@@ -27,6 +27,7 @@ type record struct {
 	Source    string `json:"source"`
 	BootID    string `json:"boot_id,omitempty"`
 	Unit      string `json:"unit,omitempty"`
+	Ident     string `json:"identifier,omitempty"`
 	Priority  string `json:"priority,omitempty"`
 	Namespace string `json:"namespace,omitempty"`
 	Pod       string `json:"pod,omitempty"`
@@ -63,7 +64,7 @@ func (s *sender) encode(batch []Entry) ([]byte, error) {
 	for i := range batch {
 		e := &batch[i]
 		r := record{Time: e.Time.UTC().Format(time.RFC3339Nano), Msg: e.Msg, Node: s.node, Source: e.Source,
-			BootID: cmp.Or(e.BootID, s.bootID), Unit: e.Unit, Priority: e.Priority, Namespace: e.Namespace, Pod: e.Pod,
+			BootID: cmp.Or(e.BootID, s.bootID), Unit: e.Unit, Ident: e.Identifier, Priority: e.Priority, Namespace: e.Namespace, Pod: e.Pod,
 			Container: e.Container, Stream: e.Stream}
 		if e.Truncated {
 			r.Truncated = "true" // every value a JSON string (docs/contracts.md §15)

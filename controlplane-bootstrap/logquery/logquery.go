@@ -19,6 +19,9 @@ import (
 // Filter is what the flags select; an empty field selects any value.
 type Filter struct {
 	Node, Unit, Namespace, Pod, Container string
+	// Identifier is a journal line's SYSLOG_IDENTIFIER (journalctl -t), which names who
+	// wrote lines whose unit is a pod's scope (logger in a container, kubectl debug).
+	Identifier string
 	// Boot is a boot_id: 32 hex digits, with or without the dashes of
 	// /proc/sys/kernel/random/boot_id.
 	Boot string
@@ -47,6 +50,7 @@ func (f *Filter) Validate() error {
 	}
 	check("node", f.Node, dnsSubdomain, 253, "a node name (a DNS subdomain: lowercase letters, digits, '-' and '.')")
 	check("unit", f.Unit, unitName, 256, "a unit name or syslog identifier (letters, digits and :_.@\\-), such as kubelet.service")
+	check("identifier", f.Identifier, unitName, 256, "a syslog identifier (letters, digits and :_.@\\-), such as gpurack-break-glass")
 	check("namespace", f.Namespace, dnsLabel, 63, "a namespace (a DNS label)")
 	check("pod", f.Pod, dnsSubdomain, 253, "a pod name (a DNS subdomain)")
 	check("container", f.Container, dnsLabel, 63, "a container name (a DNS label)")
@@ -75,7 +79,7 @@ func Quote(v string) string { return strconv.Quote(v) }
 func (f Filter) LogsQL() string {
 	var parts []string
 	for _, fv := range []struct{ field, v string }{
-		{"node", f.Node}, {"source", f.Source}, {"unit", f.Unit}, {"namespace", f.Namespace},
+		{"node", f.Node}, {"source", f.Source}, {"unit", f.Unit}, {"identifier", f.Identifier}, {"namespace", f.Namespace},
 		{"pod", f.Pod}, {"container", f.Container}, {"boot_id", f.Boot},
 	} {
 		if fv.v != "" {

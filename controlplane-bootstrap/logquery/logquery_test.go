@@ -8,11 +8,11 @@ import (
 )
 
 func TestLogsQL(t *testing.T) {
-	f := Filter{Node: "gpu-1", Unit: "kubelet.service", Boot: "01234567-89AB-cdef-0123-456789abcdef", Extra: "error OR xid"}
+	f := Filter{Node: "gpu-1", Unit: "kubelet.service", Identifier: "gpurack-break-glass", Boot: "01234567-89AB-cdef-0123-456789abcdef", Extra: "error OR xid"}
 	if err := f.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	want := `node:="gpu-1" AND unit:="kubelet.service" AND boot_id:="0123456789abcdef0123456789abcdef" AND (error OR xid)`
+	want := `node:="gpu-1" AND unit:="kubelet.service" AND identifier:="gpurack-break-glass" AND boot_id:="0123456789abcdef0123456789abcdef" AND (error OR xid)`
 	if got := f.LogsQL(); got != want {
 		t.Errorf("LogsQL = %s, want %s", got, want)
 	}
@@ -31,6 +31,7 @@ func TestValidateNamesTheFlag(t *testing.T) {
 	}{
 		{Filter{Node: "GPU 1"}, "--node"},
 		{Filter{Unit: `a" OR *`}, "--unit"},
+		{Filter{Identifier: "a b"}, "--identifier"},
 		{Filter{Namespace: "a.b"}, "--namespace"},
 		{Filter{Pod: "-x"}, "--pod"},
 		{Filter{Container: "A"}, "--container"},

@@ -86,7 +86,7 @@ func checkLogsExecAndBreakGlass(t *testing.T, r *Rack, node *corev1.Node) {
 	checkBreakGlassAudit(t, r, start, []string{pod, shellPod, journal})
 	// The node's journal lines too, by node and syslog identifier.
 	waitCentralLogs(t, r, "the break-glass journal lines of "+node.Name, []string{"break-glass command started", "break-glass shell started"},
-		"--node", node.Name, "--unit", "gpurack-break-glass", "--since", "30m")
+		"--node", node.Name, "--identifier", "gpurack-break-glass", "--since", "30m")
 }
 
 // debugNode starts kubectl debug node/NAME with the debug image and the sysadmin

@@ -43,7 +43,7 @@ type logsFlags struct {
 func newLogsCommand() *cobra.Command {
 	var lf logsFlags
 	cmd := &cobra.Command{
-		Use:   "logs --dir DIR [--node N] [--unit U] [--namespace NS] [--pod P] [--container C] [--boot ID] [--since DUR | --from T] [--until T] [--limit N] [--query LOGSQL] [--output text|json] [--boots]",
+		Use:   "logs --dir DIR [--node N] [--unit U] [--identifier ID] [--namespace NS] [--pod P] [--container C] [--boot ID] [--since DUR | --from T] [--until T] [--limit N] [--query LOGSQL] [--output text|json] [--boots]",
 		Short: "Print the nodes' journal and container lines from the log store",
 		Long: `logs asks the log store on this control-plane host (VictoriaLogs, monitoring.logs in
 cluster.yaml; docs/monitoring.md "Logs") for the lines the nodes shipped, and prints them
@@ -64,6 +64,7 @@ a node rebooted.
 
 Examples:
   controlplane-bootstrap logs --dir DIR --node gpu-r1-u01 --unit kubelet.service --since 30m
+  controlplane-bootstrap logs --dir DIR --node gpu-r1-u01 --identifier gpurack-break-glass --since 1d
   controlplane-bootstrap logs --dir DIR --namespace vision --pod train-0 --container main
   controlplane-bootstrap logs --dir DIR --node gpu-r1-u01 --boots --since 7d
   controlplane-bootstrap logs --dir DIR --node gpu-r1-u01 --boot 3f0c5a3e9d8b4c7aa1b2c3d4e5f60718 --since 7d
@@ -74,7 +75,8 @@ Examples:
 	dirFlag(cmd, &lf.dir)
 	fl := cmd.Flags()
 	fl.StringVar(&lf.f.Node, "node", "", "node name")
-	fl.StringVar(&lf.f.Unit, "unit", "", "systemd unit or syslog identifier of journal lines (kubelet.service)")
+	fl.StringVar(&lf.f.Unit, "unit", "", "systemd unit of journal lines (kubelet.service); a line without one has its syslog identifier here")
+	fl.StringVar(&lf.f.Identifier, "identifier", "", "syslog identifier of journal lines, as journalctl -t (gpurack-break-glass)")
 	fl.StringVar(&lf.f.Namespace, "namespace", "", "namespace of container lines")
 	fl.StringVar(&lf.f.Pod, "pod", "", "pod of container lines")
 	fl.StringVar(&lf.f.Container, "container", "", "container of container lines")
