@@ -107,7 +107,9 @@ func checkPreviousBoot(t *testing.T, r *Rack, node string, rollout time.Time) {
 			}
 		}
 		return err == nil && before != nil && after != nil
-	}, func() string { return fmt.Sprintf("boots of %s (rollout at %s): %v", node, rollout.UTC().Format(time.RFC3339), boots) })
+	}, func() string {
+		return fmt.Sprintf("boots of %s (rollout at %s): %v", node, rollout.UTC().Format(time.RFC3339), boots)
+	})
 	es, out, err := centralLogs(r, "--node", node, "--boot", before["boot_id"], "--unit", "gpuagent.service", "--since", "3h", "--limit", "0")
 	if err != nil || len(es) == 0 {
 		t.Fatalf("gpuagent's lines of %s's boot %s (before the reboot): %v\n%s", node, before["boot_id"], err, lastLines(out, 20))
