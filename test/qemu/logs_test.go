@@ -4,12 +4,22 @@ package qemu
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
 )
+
+// rackLogStore is VictoriaLogs in the rack's namespace (monitoring.logs.port).
+const rackLogStore = "127.0.0.1:9429"
 
 // The central log store (docs/monitoring.md, "Logs"): every node's gpuagent ships its
 // journal and its pods' container logs through the control plane's logs-gateway
@@ -121,4 +131,106 @@ func checkPreviousBoot(t *testing.T, r *Rack, node string, rollout time.Time) {
 	}
 	t.Logf("%s's boots in the central store: %d; the one before the reboot (%s, %s to %s, %s lines): %d gpuagent lines, the last: %s",
 		node, len(boots), before["boot_id"], before["first"], before["last"], before["lines"], len(es), es[len(es)-1]["_msg"])
+}
+
+// storeCount counts the lines of the rack's VictoriaLogs (on the namespace's loopback,
+// monitoring.logs.port) that the LogsQL filter selects.
+func storeCount(ctx context.Context, client *http.Client, filter string) (int, error) {
+	q := url.Values{"query": {filter + " | count() as n"}}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+rackLogStore+"/select/logsql/query", strings.NewReader(q.Encode()))
+	if err != nil {
+		return 0, err
+	}
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	var row struct {
+		N string `json:"n"`
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&row); err != nil {
+		return 0, fmt.Errorf("count %s: HTTP %d: %w", filter, resp.StatusCode, err)
+	}
+	return strconv.Atoi(row.N)
+}
+
+// journaldScript writes n lines tagged tag into the node's journal through
+// systemd-cat, waits until journalctl has them all, and prints how long that took
+// (the node's clock): "journald N MILLISECONDS".
+const journaldScript = `tag=TAG; n=N
+t0=$(date +%s%N)
+seq -f "logbench line %g" 1 $n | systemd-cat -t $tag
+while [ "$(journalctl -q -t $tag -o cat --no-pager | wc -l)" -lt $n ]; do sleep 0.05; done
+t1=$(date +%s%N)
+echo "journald $n $(( (t1 - t0) / 1000000 ))"`
+
+// benchLogShipping runs journaldScript on node three times, each with its own tag,
+// while polling the store every 200 ms for that tag's lines: journald's rate (N lines
+// over the time journalctl took to show them all, the node's clock) against the
+// shipper's (N lines over the time from the first of them in the store to the last,
+// the host's clock). The shipper batches every second, so a burst shorter than that
+// shows as one batch. Figures only: nothing is asserted of them.
+func benchLogShipping(t *testing.T, r *Rack, node *corev1.Node) {
+	const n = 9000 // under journald's per-unit burst of 10,000 lines in 30 s
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DialContext: nsDial(r.ns)}}
+	defer client.CloseIdleConnections()
+	for run := 1; run <= 3; run++ {
+		tag := fmt.Sprintf("gpurack-logbench-%d-%d", time.Now().Unix(), run)
+		filter := `identifier:="` + tag + `"`
+		var first, full time.Time
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for deadline := time.Now().Add(4 * time.Minute); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+				c, err := storeCount(r.ctx, client, filter)
+				if err == nil && c > 0 && first.IsZero() {
+					first = time.Now()
+				}
+				if err == nil && c >= n {
+					full = time.Now()
+					return
+				}
+			}
+		}()
+		script := strings.NewReplacer("TAG", tag, "N", strconv.Itoa(n)).Replace(journaldScript)
+		p, err := runPodToEnd(r.ctx, r.admin, hostRootPod(node, fmt.Sprintf("logbench-%d", run), script), 3*time.Minute)
+		if err != nil {
+			t.Fatalf("run %d: %v\n%s", run, err, terminationMessage(p))
+		}
+		out := podLog(r.ctx, r.admin, p)
+		deletePodsIn(t, r.ctx, r.admin, p.Namespace, p.Name)
+		<-done
+		var lines, ms int
+		if _, err := fmt.Sscanf(out, "journald %d %d", &lines, &ms); err != nil || full.IsZero() {
+			t.Fatalf("run %d: journald %q (%v); all %d lines in the store: %v", run, out, err, n, !full.IsZero())
+		}
+		span := full.Sub(first)
+		t.Logf("run %d on %s (QEMU TCG guest): journald took %d lines in %d ms (%.0f lines/s); the shipper delivered them to the store over %s (%.0f lines/s, first to last seen, polled every 200 ms, batches every 1 s); ratio shipper/journald %.2f",
+			run, node.Name, lines, ms, float64(lines)/(float64(ms)/1000), span.Round(10*time.Millisecond), float64(n)/span.Seconds(),
+			(float64(n)/span.Seconds())/(float64(lines)/(float64(ms)/1000)))
+	}
+}
+
+// checkLongLine: a container's 1 MiB line (containerd writes it as 16 KiB partial
+// records) arrives in the store cut at the agent's 64 KiB bound and marked truncated.
+func checkLongLine(t *testing.T, r *Rack, node *corev1.Node) {
+	p := hostRootPod(node, "one-mib-line", "head -c 1048576 /dev/zero | tr '\\0' x; echo; echo after-the-long-line")
+	got, err := runPodToEnd(r.ctx, r.admin, p, 3*time.Minute)
+	if err != nil {
+		t.Fatalf("the 1 MiB line pod: %v\n%s", err, terminationMessage(got))
+	}
+	defer deletePodsIn(t, r.ctx, r.admin, p.Namespace, p.Name)
+	es := waitCentralLogs(t, r, "the pod's lines after its 1 MiB line", []string{"after-the-long-line"}, "--namespace", p.Namespace, "--pod", p.Name, "--since", "30m")
+	var long logEntry
+	for _, e := range es {
+		if strings.HasPrefix(e["_msg"], "xxxx") {
+			long = e
+		}
+	}
+	if long == nil || long["truncated"] != "true" || len(long["_msg"]) != 64<<10 || strings.Trim(long["_msg"], "x") != "" {
+		t.Fatalf("the 1 MiB line in the store: truncated %q, %d bytes; want truncated, 65536 x's (%d lines)", long["truncated"], len(long["_msg"]), len(es))
+	}
+	t.Logf("a 1 MiB container line: stored cut to %d bytes, truncated=%s, and the next line after it", len(long["_msg"]), long["truncated"])
 }

@@ -133,6 +133,9 @@ func TestRack(t *testing.T) {
 				checkLocalVolumes(t, r.ctx, r.admin, b.node, &full)
 				localReady = !t.Failed()
 			})
+			// B's branch ends well before A's: the log shipper's checks on a node run here.
+			t.Run("a 1 MiB container line in the log store", func(t *testing.T) { checkLongLine(t, r, b.node) })
+			t.Run("log shipping against journald", func(t *testing.T) { benchLogShipping(t, r, b.node) })
 			if figures := os.Getenv("GPURACK_STORAGE_FIGURES"); figures != "" {
 				t.Run("storage bench", func(t *testing.T) { benchLocalVolume(t, r.ctx, r.admin, b.node, figures) })
 			}
