@@ -89,6 +89,8 @@ func TestParseErrorsNameTheField(t *testing.T) {
 		{"oidc fields without issuer", "apiServer:\n  oidc:\n    clientID: k\n", []string{"x.yaml:2: apiServer.oidc.issuerURL: is required"}},
 		{"every invalid value at once", "clusterName: A\nnetworking:\n  podSubnet: x\n", []string{"x.yaml:1: clusterName", "x.yaml:3: networking.podSubnet"}},
 		{"monitoring retention size", "monitoring:\n  enabled: true\n  prometheus:\n    retentionSize: 50G\n", []string{"x.yaml:4: monitoring.prometheus.retentionSize: \"50G\" is not a size"}},
+		{"monitoring rule file relative", "monitoring:\n  enabled: true\n  prometheus:\n    ruleFiles: [rules/site.yaml]\n", []string{"monitoring.prometheus.ruleFiles[0]", "not an absolute path"}},
+		{"monitoring rule files same name", "monitoring:\n  enabled: true\n  prometheus:\n    ruleFiles: [/a/gpu.yaml, /b/gpu.yml]\n", []string{"monitoring.prometheus.ruleFiles[1]", "same base name as /a/gpu.yaml", "rules/site-gpu.yaml"}},
 		{"monitoring retention time", "monitoring:\n  enabled: true\n  prometheus:\n    retentionTime: 2 weeks\n", []string{"x.yaml:4: monitoring.prometheus.retentionTime", "not a Prometheus duration"}},
 		{"monitoring scrape interval", "monitoring:\n  enabled: true\n  prometheus:\n    scrapeInterval: 0s\n", []string{"monitoring.prometheus.scrapeInterval"}},
 		{"monitoring listen address", "monitoring:\n  enabled: true\n  listenAddress: localhost\n", []string{"x.yaml:3: monitoring.listenAddress", "not an IP address"}},

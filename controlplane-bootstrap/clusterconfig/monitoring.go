@@ -1,10 +1,12 @@
 package clusterconfig
 
 import (
+	"fmt"
 	"net/netip"
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
 )
 
 // Monitoring configures the metrics server (Prometheus), Alertmanager and
@@ -114,6 +116,12 @@ type Prometheus struct {
 	RetentionTime string            `yaml:"retentionTime"`
 	RetentionSize string            `yaml:"retentionSize"`
 	ExtraArgs     map[string]string `yaml:"extraArgs"`
+	// RuleFiles are the site's own alerting and recording rule files on this host
+	// (Prometheus' rule file format), loaded beside the shipped ones: init checks them
+	// with promtool before it writes anything, so a file with a mistake stops it with
+	// the file and line, and copies them into DIR/monitoring/rules as site-NAME.yaml.
+	// Their base names must differ.
+	RuleFiles []string `yaml:"ruleFiles"`
 }
 
 // Alertmanager configures the alert router.
@@ -220,6 +228,18 @@ func (m *Monitoring) validate(p *problems) {
 	if !promSize.MatchString(m.Prometheus.RetentionSize) {
 		p.add("monitoring.prometheus.retentionSize", "%q is not a size (a number and one of B, KB, MB, GB, TB, PB, EB: 50GB)", m.Prometheus.RetentionSize)
 	}
+	seen := map[string]string{}
+	for i, f := range m.Prometheus.RuleFiles {
+		field := fmt.Sprintf("monitoring.prometheus.ruleFiles[%d]", i)
+		base := SiteRuleName(f)
+		switch {
+		case f == "" || !filepath.IsAbs(f):
+			p.add(field, "%q is not an absolute path of a rule file on this host", f)
+		case seen[base] != "":
+			p.add(field, "%s has the same base name as %s: both would be copied to rules/%s", f, seen[base], base)
+		}
+		seen[base] = f
+	}
 	m.validateLogs(p)
 	m.validateScrapeTargets(p)
 	for _, ea := range []struct {
@@ -317,3 +337,12 @@ func (m *Monitoring) validateLogs(p *problems) {
 }
 
 var hostPortName = regexp.MustCompile(`^[a-z0-9]([-a-z0-9.]*[a-z0-9])?:[0-9]{1,5}$`)
+
+// SiteRuleName is the name a site rule file (monitoring.prometheus.ruleFiles) gets in
+// DIR/monitoring/rules: site-BASE.yaml, BASE its name without .yaml or .yml, so that
+// the rule_files glob (*.yaml) loads it and no shipped file is overwritten.
+func SiteRuleName(path string) string {
+	base := filepath.Base(path)
+	base = strings.TrimSuffix(strings.TrimSuffix(base, ".yaml"), ".yml")
+	return "site-" + base + ".yaml"
+}

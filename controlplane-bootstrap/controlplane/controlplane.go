@@ -188,11 +188,15 @@ func Init(ctx context.Context, opts Options) (*ControlPlane, error) {
 	if err != nil {
 		return nil, err
 	}
+	siteRules, err := readSiteRules(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
 	set, err := writeFiles(l, cfg, cfgYAML, opts.LeafValidity)
 	if err != nil {
 		return nil, err
 	}
-	if err := writeMonitoringFiles(l, cfg, amConfig); err != nil {
+	if err := writeMonitoringFiles(l, cfg, amConfig, siteRules); err != nil {
 		return nil, err
 	}
 	cp := &ControlPlane{Layout: l, Config: cfg, PKI: set, readyTimeout: opts.ReadyTimeout}

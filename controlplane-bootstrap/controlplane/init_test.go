@@ -203,3 +203,41 @@ func TestPartialFailureLeavesNothingHalfWritten(t *testing.T) {
 		t.Errorf("cluster-info after the second init: %v", err)
 	}
 }
+
+// A site rule file (monitoring.prometheus.ruleFiles) that promtool refuses stops init
+// before anything is written, with the file and the line of the mistake; so does a
+// missing one.
+func TestInitRefusesABadSiteRuleFile(t *testing.T) {
+	testcluster.Require(t, "prometheus", "alertmanager", "kube-state-metrics", "victoria-logs", "promtool")
+	cfg, err := testcluster.Config()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := filepath.Join(t.TempDir(), "site-gpus.yaml")
+	// Line 5: a PromQL expression that does not parse.
+	rule := "groups:\n  - name: site\n    rules:\n      - alert: SiteGPUsLow\n        expr: sum(gpurack_gpu_count > \n"
+	if err := os.WriteFile(bad, []byte(rule), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Monitoring.Enabled = true
+	for _, tc := range []struct {
+		file string
+		want []string
+	}{
+		{bad, []string{"monitoring.prometheus.ruleFiles", "promtool check rules", bad, "5:"}},
+		{filepath.Join(t.TempDir(), "absent.yaml"), []string{"monitoring.prometheus.ruleFiles[0]", "no such file"}},
+	} {
+		cfg.Monitoring.Prometheus.RuleFiles = []string{tc.file}
+		dir := filepath.Join(t.TempDir(), "cluster")
+		_, err = controlplane.Init(ctxFor(t, time.Minute), controlplane.Options{Dir: dir, Config: cfg})
+		t.Logf("init with rule file %s: %v", filepath.Base(tc.file), err)
+		for _, want := range tc.want {
+			if err == nil || !strings.Contains(err.Error(), want) {
+				t.Errorf("init with rule file %s: %v; want an error naming %q", tc.file, err, want)
+			}
+		}
+		if _, err := os.Stat(dir); err == nil {
+			t.Errorf("init created the cluster directory although rule file %s is refused", tc.file)
+		}
+	}
+}

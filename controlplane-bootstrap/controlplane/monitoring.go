@@ -1,9 +1,13 @@
 package controlplane
 
 import (
+	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
+	"time"
 
 	rbacv1 "k8s.io/api/rbac/v1"
 
@@ -67,7 +71,7 @@ func readAlertmanagerConfig(cfg *clusterconfig.Config) ([]byte, error) {
 // rules, Alertmanager's routing, and the data directories (the log store's too, when
 // it runs). Each file is written
 // whole; the data directories are kept.
-func writeMonitoringFiles(l components.Layout, cfg *clusterconfig.Config, amConfig []byte) error {
+func writeMonitoringFiles(l components.Layout, cfg *clusterconfig.Config, amConfig []byte, siteRules map[string][]byte) error {
 	if !cfg.Monitoring.Enabled {
 		return nil
 	}
@@ -92,6 +96,12 @@ func writeMonitoringFiles(l components.Layout, cfg *clusterconfig.Config, amConf
 		}
 		files = append(files, file{filepath.Join(l.RulesDir(), name), data, 0o644})
 	}
+	for name, data := range siteRules {
+		files = append(files, file{filepath.Join(l.RulesDir(), name), data, 0o644})
+	}
+	if err := removeStaleSiteRules(l, siteRules); err != nil {
+		return err
+	}
 	for _, f := range files {
 		if err := atomicfile.WriteMkdirAll(f.path, f.data, f.mode, 0o755); err != nil {
 			return err
@@ -104,6 +114,53 @@ func writeMonitoringFiles(l components.Layout, cfg *clusterconfig.Config, amConf
 	for _, d := range dirs {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return err
+		}
+	}
+	return nil
+}
+
+// readSiteRules reads the site's rule files (monitoring.prometheus.ruleFiles) and checks
+// them with the pinned promtool, before anything is written: a missing file, or one
+// promtool refuses (its answer names the file and the line), stops init with nothing
+// changed. It returns their contents by their name in the rules directory.
+func readSiteRules(ctx context.Context, cfg *clusterconfig.Config) (map[string][]byte, error) {
+	files := cfg.Monitoring.Prometheus.RuleFiles
+	if !cfg.Monitoring.Enabled || len(files) == 0 {
+		return nil, nil
+	}
+	out := map[string][]byte{}
+	for i, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			return nil, fmt.Errorf("monitoring.prometheus.ruleFiles[%d]: %w", i, err)
+		}
+		out[clusterconfig.SiteRuleName(f)] = data
+	}
+	promtool, err := components.FindBinary(components.BinDir(cfg.BinDir), "promtool")
+	if err != nil {
+		return nil, fmt.Errorf("monitoring.prometheus.ruleFiles are checked with promtool: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	check, err := exec.CommandContext(ctx, promtool, append([]string{"check", "rules", "--lint=none"}, files...)...).CombinedOutput()
+	if err != nil {
+		return nil, fmt.Errorf("monitoring.prometheus.ruleFiles: promtool check rules refused them (%v); fix the file and line it names and run init again:\n%s", err, strings.TrimSpace(string(check)))
+	}
+	return out, nil
+}
+
+// removeStaleSiteRules removes the site rule files an earlier init copied that are no
+// longer in monitoring.prometheus.ruleFiles.
+func removeStaleSiteRules(l components.Layout, keep map[string][]byte) error {
+	old, err := filepath.Glob(filepath.Join(l.RulesDir(), "site-*.yaml"))
+	if err != nil {
+		return err
+	}
+	for _, f := range old {
+		if _, ok := keep[filepath.Base(f)]; !ok {
+			if err := os.Remove(f); err != nil {
+				return err
+			}
 		}
 	}
 	return nil

@@ -77,6 +77,12 @@ func TestMetricsServer(t *testing.T) {
 	if !ok {
 		t.Fatal("no port free for node_exporter on the simulated nodes' addresses")
 	}
+	// A site's own rule file (monitoring.prometheus.ruleFiles), loaded beside the
+	// shipped ones.
+	siteRules := filepath.Join(dir, "site.yml")
+	if err := os.WriteFile(siteRules, []byte(siteRuleFile), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	var promURL, amURL string
 	c := testcluster.NewWith(t, testcluster.Options{Configure: func(cfg *clusterconfig.Config) {
 		ports, err := testcluster.FreePorts(4)
@@ -91,6 +97,7 @@ func TestMetricsServer(t *testing.T) {
 		cfg.Monitoring.Alertmanager.ConfigFile = amConfig
 		cfg.Monitoring.GPUAgentPort = agentPort
 		cfg.Monitoring.NodeExporterPort = exporterPort
+		cfg.Monitoring.Prometheus.RuleFiles = []string{siteRules}
 		promURL = fmt.Sprintf("http://127.0.0.1:%d", ports[0])
 		amURL = fmt.Sprintf("http://127.0.0.1:%d", ports[1])
 	}})
@@ -166,10 +173,19 @@ func controlPlaneJobsUp(t *testing.T, promURL string) {
 	}
 }
 
-// rulesLoaded checks that Prometheus loaded every rule of the shipped files, and that
-// each evaluates without error.
+// siteRuleFile is the site's rule file TestMetricsServer gives init: one recording
+// rule, which rulesLoaded finds beside the shipped ones.
+const siteRuleFile = `groups:
+  - name: site
+    rules:
+      - record: site:gpuagent_up:sum
+        expr: sum(up{job="gpuagent"})
+`
+
+// rulesLoaded checks that Prometheus loaded every rule of the shipped files and the
+// site's one (siteRuleFile), and that each evaluates without error.
 func rulesLoaded(t *testing.T, promURL string) {
-	want := 0
+	want := 1 // siteRuleFile's
 	for _, f := range monitoring.RuleFiles {
 		data, err := monitoring.Rules.ReadFile(f)
 		if err != nil {
@@ -201,7 +217,7 @@ func rulesLoaded(t *testing.T, promURL string) {
 			}
 		}
 		if got != want || want == 0 {
-			return fmt.Errorf("%d rules loaded, the shipped files have %d", got, want)
+			return fmt.Errorf("%d rules loaded, the shipped files and the site's have %d", got, want)
 		}
 		return nil
 	})
