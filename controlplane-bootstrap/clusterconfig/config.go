@@ -46,6 +46,8 @@ type Config struct {
 	Networking        Networking        `yaml:"networking"`
 	BootstrapTokens   BootstrapTokens   `yaml:"bootstrapTokens"`
 	Monitoring        Monitoring        `yaml:"monitoring"`
+	// Queues is Kueue, the tenants' job queues (queues.go).
+	Queues Queues `yaml:"queues"`
 	// BinDir overrides where the pinned binaries are looked up.
 	BinDir string `yaml:"binDir"`
 }
@@ -222,6 +224,7 @@ func (c *Config) applyDefaults() {
 	str(&c.Networking.DNSDomain, d.Networking.DNSDomain)
 	str(&c.BootstrapTokens.TTL, d.BootstrapTokens.TTL)
 	c.Monitoring.applyDefaults()
+	c.Queues.applyDefaults()
 	// The log gateway serves nodes where the API server does.
 	str(&c.Monitoring.Logs.Gateway.ListenAddress, c.APIServer.BindAddress)
 	if c.APIServer.OIDC.IssuerURL != "" {
@@ -273,6 +276,7 @@ func (c *Config) Validate() []FieldError {
 	c.validatePorts(&p)
 	c.Networking.validate(&p)
 	c.Monitoring.validate(&p)
+	c.Queues.validate(&p)
 	if d, err := time.ParseDuration(c.BootstrapTokens.TTL); err != nil || d <= 0 {
 		p.add("bootstrapTokens.ttl", "%q is not a positive duration (for example 24h or 15m)", c.BootstrapTokens.TTL)
 	}
@@ -374,6 +378,16 @@ func (c *Config) validatePorts(p *problems) {
 			{"monitoring.alertmanager.port", c.Monitoring.Alertmanager.Port},
 			{"monitoring.kubeStateMetrics.port", c.Monitoring.KubeStateMetrics.Port},
 			{"monitoring.kubeStateMetrics.telemetryPort", c.Monitoring.KubeStateMetrics.TelemetryPort},
+		}...)
+	}
+	if c.Queues.Enabled {
+		ports = append(ports, []struct {
+			field string
+			v     int
+		}{
+			{"queues.webhookPort", c.Queues.WebhookPort},
+			{"queues.healthPort", c.Queues.HealthPort},
+			{"queues.metricsPort", c.Queues.MetricsPort},
 		}...)
 	}
 	if c.Monitoring.LogsEnabled() {

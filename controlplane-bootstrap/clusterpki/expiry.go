@@ -90,6 +90,8 @@ var Certificates = []Certificate{
 	{"etcd-server", PKIPair, inPKI(EtcdServerCert), inPKI(EtcdServerKey), EtcdCAName},
 	{"front-proxy-client", PKIPair, inPKI(FrontProxyClientCert), inPKI(FrontProxyClientKey), FrontProxyCAName},
 	{KubeStateMetricsKubeconfig, KubeconfigCert, KubeStateMetricsKubeconfig, "", ClusterCAName},
+	{KueueKubeconfig, KubeconfigCert, KueueKubeconfig, "", ClusterCAName},
+	{"kueue-serving", PKIPair, inPKI(KueueServingCert), inPKI(KueueServingKey), ClusterCAName},
 	{"logs-gateway", PKIPair, inPKI(LogsGatewayCert), inPKI(LogsGatewayKey), ClusterCAName},
 	{"monitoring-client", PKIPair, inPKI(MonitoringClientCert), inPKI(MonitoringClientKey), ClusterCAName},
 	{SchedulerKubeconfig, KubeconfigCert, SchedulerKubeconfig, "", ClusterCAName},

@@ -18,6 +18,8 @@ const (
 	// KubeStateMetricsKubeconfig is kube-state-metrics' (user KubeStateMetricsUser), not
 	// a kubeadm name.
 	KubeStateMetricsKubeconfig = "kube-state-metrics.conf"
+	// KueueKubeconfig is Kueue's (user KueueUser; cluster.yaml's queues).
+	KueueKubeconfig = "kueue.conf"
 )
 
 // KubeconfigBytes renders a kubeconfig for server that trusts caPEM and

@@ -69,6 +69,13 @@ const (
 	LogsGatewayCert = "logs-gateway.crt"
 	LogsGatewayKey  = "logs-gateway.key"
 	LogsGatewayCN   = "gpurack:logs-gateway"
+	// KueueServingDir holds Kueue's serving certificate for its admission webhooks and
+	// its metrics (tls.crt, tls.key, the file names its certificate watcher reads): for
+	// 127.0.0.1, where the API server calls it (docs/decisions/0696).
+	KueueServingDir  = "kueue"
+	KueueServingCert = KueueServingDir + "/tls.crt"
+	KueueServingKey  = KueueServingDir + "/tls.key"
+	KueueServingCN   = "gpurack:kueue-webhook"
 	// Identities of the kubeconfigs and client certificates.
 	ControllerManagerUser  = "system:kube-controller-manager"
 	SchedulerUser          = "system:kube-scheduler"
@@ -91,6 +98,9 @@ const (
 	// it lists and watches the objects it reports on (RBAC: ClusterRole
 	// gpurack:kube-state-metrics).
 	KubeStateMetricsUser = "gpurack:kube-state-metrics"
+	// KueueUser is Kueue's identity (KueueKubeconfig): its ClusterRole gpurack:kueue is
+	// the manager role of Kueue's own config/components/rbac.
+	KueueUser = "gpurack:kueue"
 )
 
 // leaf describes one leaf certificate and how to decide it is still right.
@@ -321,6 +331,7 @@ func (s *Set) leaves(cfg *clusterconfig.Config) []leaf {
 		{EtcdHealthcheckCert, EtcdHealthcheckKey, "etcd", pki.CertRequest{CommonName: EtcdHealthcheckClientC, Usages: client}},
 		{MonitoringClientCert, MonitoringClientKey, "ca", pki.CertRequest{CommonName: MonitoringUser, DNSNames: []string{MonitoringSAN}, Usages: client}},
 		{LogsGatewayCert, LogsGatewayKey, "ca", pki.CertRequest{CommonName: LogsGatewayCN, DNSNames: dns, IPs: logsGatewayIPs(cfg, ips), Usages: []pki.Usage{pki.ServerAuth}}},
+		{KueueServingCert, KueueServingKey, "ca", pki.CertRequest{CommonName: KueueServingCN, DNSNames: []string{"localhost"}, IPs: []net.IP{net.IPv4(127, 0, 0, 1)}, Usages: []pki.Usage{pki.ServerAuth}}},
 	}
 }
 
@@ -357,6 +368,9 @@ func (s *Set) ensureLeaf(l leaf) error {
 	kp, err := ca.Issue(req)
 	if err != nil {
 		return fmt.Errorf("cluster PKI: %s: %w", l.cert, err)
+	}
+	if err := os.MkdirAll(filepath.Dir(certPath), 0o700); err != nil {
+		return fmt.Errorf("cluster PKI: %w", err)
 	}
 	if err := pki.SaveKeyPair(certPath, keyPath, kp); err != nil {
 		return fmt.Errorf("cluster PKI: %w", err)

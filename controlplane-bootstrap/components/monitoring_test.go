@@ -149,8 +149,8 @@ func TestMonitoringSpecs(t *testing.T) {
 	for _, s := range specs {
 		names = append(names, s.Name)
 	}
-	if !slices.Equal(names, AllNames) {
-		t.Fatalf("components %v, want %v", names, AllNames)
+	if want := AllNames[:len(AllNames)-1]; !slices.Equal(names, want) {
+		t.Fatalf("components %v, want %v (all but %s, which queues.enabled adds)", names, want, Kueue)
 	}
 	prom := specs[len(specs)-1]
 	if prom.HealthURL != "http://127.0.0.1:9090/-/ready" || prom.Args[len(prom.Args)-1] != "--web.enable-lifecycle" ||
@@ -168,5 +168,34 @@ func TestMonitoringSpecs(t *testing.T) {
 	}
 	if got := Using(specs, []string{"/cluster/kube-state-metrics.conf"}); !slices.Equal(got, []string{KubeStateMetrics}) {
 		t.Errorf("renewing kube-state-metrics.conf restarts %v, want kube-state-metrics", got)
+	}
+}
+
+// TestKueueSpec: queues on adds Kueue last, on loopback, its kubeconfig and certificate
+// folder named in its flags (so renewing either restarts it), and a configuration with
+// its certificate management, leader election and the visibility server off.
+func TestKueueSpec(t *testing.T) {
+	l := Layout{Dir: "/cluster"}
+	cfg := defaultConfig(t, "queues:\n  enabled: true\n  webhookPort: 9543\n")
+	specs := Specs(cfg, l)
+	k := specs[len(specs)-1]
+	if k.Name != Kueue || k.HealthURL != "http://127.0.0.1:9444/readyz" || len(k.Ports) != 3 {
+		t.Fatalf("kueue spec: %+v", k)
+	}
+	if got := Using(specs, []string{"/cluster/kueue.conf"}); !slices.Equal(got, []string{Kueue}) {
+		t.Errorf("renewing kueue.conf restarts %v", got)
+	}
+	if got := Using(specs, []string{"/cluster/pki/kueue/tls.crt"}); !slices.Equal(got, []string{Kueue}) {
+		t.Errorf("renewing kueue's serving certificate restarts %v", got)
+	}
+	data, err := KueueConfig(cfg, l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"port: 9543", `certDir: "/cluster/pki/kueue"`, "leaderElect: false", "enable: false",
+		"manageJobsWithoutQueueName: false", "VisibilityOnDemand: false", `bindAddress: "127.0.0.1:9445"`, "- batch/job"} {
+		if !strings.Contains(string(data), want) {
+			t.Errorf("kueue-config.yaml lacks %q:\n%s", want, data)
+		}
 	}
 }

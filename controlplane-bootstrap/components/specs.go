@@ -54,7 +54,7 @@ type Component struct {
 // enabled.
 func Specs(cfg *clusterconfig.Config, l Layout) []Component {
 	core := []Component{etcdSpec(cfg, l), apiserverSpec(cfg, l), controllerManagerSpec(cfg, l), schedulerSpec(cfg, l)}
-	return append(core, monitoringSpecs(cfg, l)...)
+	return append(append(core, monitoringSpecs(cfg, l)...), queueSpecs(cfg, l)...)
 }
 
 // Spec returns the component called name.

@@ -173,6 +173,9 @@ func Init(ctx context.Context, opts Options) (*ControlPlane, error) {
 			return nil, err
 		}
 		cp.AlreadyRunning = true
+		if err := cp.applyKueue(ctx); err != nil {
+			return nil, err
+		}
 		if err := cp.applyJoinMaterial(ctx); err != nil {
 			return nil, err
 		}
@@ -192,11 +195,17 @@ func Init(ctx context.Context, opts Options) (*ControlPlane, error) {
 	if err != nil {
 		return nil, err
 	}
+	if _, err := readKueueManifests(cfg); err != nil {
+		return nil, err
+	}
 	set, err := writeFiles(l, cfg, cfgYAML, opts.LeafValidity)
 	if err != nil {
 		return nil, err
 	}
 	if err := writeMonitoringFiles(l, cfg, amConfig, siteRules); err != nil {
+		return nil, err
+	}
+	if err := writeQueueFiles(l, cfg); err != nil {
 		return nil, err
 	}
 	cp := &ControlPlane{Layout: l, Config: cfg, PKI: set, readyTimeout: opts.ReadyTimeout}
@@ -305,6 +314,7 @@ func writeFiles(l components.Layout, cfg *clusterconfig.Config, cfgYAML []byte, 
 		// Written with monitoring off too, as the monitoring client certificate is, so
 		// that `certs renew all` finds it either way.
 		{clusterpki.KubeStateMetricsKubeconfig, clusterpki.KubeStateMetricsUser, ""},
+		{clusterpki.KueueKubeconfig, clusterpki.KueueUser, ""},
 	} {
 		var groups []string
 		if kc.group != "" {
@@ -398,6 +408,9 @@ func Open(dir string) (*ControlPlane, error) {
 
 func (cp *ControlPlane) startForeground(ctx context.Context, specs []components.Component, bins map[string]string, out io.Writer, timeout time.Duration) error {
 	for _, c := range specs {
+		if err := cp.beforeStart(ctx, c); err != nil {
+			return err
+		}
 		err := cp.Supervisor.Start(components.Process{
 			Name: c.Name, Path: bins[c.Name], Args: c.Args,
 			LogFile: cp.Layout.LogFile(c.Name), PIDFile: cp.Layout.PIDFile(c.Name),
@@ -437,6 +450,9 @@ func (cp *ControlPlane) startSystemd(ctx context.Context, specs []components.Com
 		return err
 	}
 	for _, c := range specs {
+		if err := cp.beforeStart(ctx, c); err != nil {
+			return err
+		}
 		if err := cp.waitHealthy(ctx, c, timeout, nil); err != nil {
 			return err
 		}

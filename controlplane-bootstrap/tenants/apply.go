@@ -102,6 +102,9 @@ func ComputePlan(ctx context.Context, client dynamic.Interface, want []Object) (
 	goneNS := map[string]bool{}
 	for _, gvr := range managedResources {
 		list, err := client.Resource(gvr).List(ctx, selector)
+		if apierrors.IsNotFound(err) && gvr.Group == kueueGV.Group {
+			continue // Kueue's CRDs are not installed: no queues to prune
+		}
 		if err != nil {
 			return nil, fmt.Errorf("list %s: %w", gvr.Resource, err)
 		}

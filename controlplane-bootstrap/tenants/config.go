@@ -59,6 +59,19 @@ type Tenant struct {
 	// PodSecurity is the Pod Security Standard enforced in the tenant's
 	// namespaces: baseline (default), restricted or privileged.
 	PodSecurity string `yaml:"podSecurity"`
+	// Queue limits the tenant's borrowing and lending of GPUs in the cohort
+	// when the cluster's job queues are on (cluster.yaml's queues.enabled;
+	// docs/tenants.md "Queues").
+	Queue QueueLimits `yaml:"queue"`
+}
+
+// QueueLimits bound what a tenant's ClusterQueue borrows from the others'
+// idle GPUs and lends of its own, whole GPUs; empty means no limit.
+type QueueLimits struct {
+	// BorrowingLimit caps the GPUs it may use above its quota.gpus.
+	BorrowingLimit string `yaml:"borrowingLimit"`
+	// LendingLimit caps how many of its idle quota.gpus others may use.
+	LendingLimit string `yaml:"lendingLimit"`
 }
 
 // Quota is the hard limits of the ResourceQuota, as Kubernetes quantities.
@@ -229,6 +242,7 @@ func (f *File) Validate() []FieldError {
 			add(p+".quota.pods", "%q: write a whole number of pods", q.Pods)
 		}
 		errs = append(errs, validateStorageClasses(p+".quota.storageClasses", t.Name, q.StorageClasses)...)
+		errs = append(errs, validateQueueLimits(p+".queue", t)...)
 		for _, df := range []struct{ field, v string }{{"cpu", t.Defaults.CPU}, {"memory", t.Defaults.Memory}} {
 			if msg := checkQuantity(df.v); msg != "" {
 				add(p+".defaults."+df.field, "%s", msg)

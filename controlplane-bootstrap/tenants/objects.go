@@ -98,9 +98,13 @@ var (
 	managedResources = []schema.GroupVersionResource{
 		gvrClusterRole, gvrVAP, gvrVAPBinding, gvrPriorityClass, gvrNamespace,
 		gvrResourceQuota, gvrLimitRange, gvrRole, gvrRoleBinding, gvrNetworkPolicy, gvrClusterRoleBinding,
+		// The queues' last: a LocalQueue lives in a namespace. Listed (to prune) only
+		// where their CRDs are installed.
+		gvrResourceFlavor, gvrClusterQueue, gvrLocalQueue,
 	}
 	namespaced = map[schema.GroupVersionResource]bool{
 		gvrResourceQuota: true, gvrLimitRange: true, gvrRole: true, gvrRoleBinding: true, gvrNetworkPolicy: true,
+		gvrLocalQueue: true,
 	}
 	kinds = map[schema.GroupVersionResource]string{
 		gvrClusterRole: "ClusterRole", gvrVAP: "ValidatingAdmissionPolicy", gvrVAPBinding: "ValidatingAdmissionPolicyBinding",
@@ -122,12 +126,29 @@ func objectMeta(tenant, ns, name string) metav1.ObjectMeta {
 	return metav1.ObjectMeta{Namespace: ns, Name: name, Labels: labels(tenant)}
 }
 
-// Objects returns every object the file asks for, in apply order.
-func Objects(f *File) ([]Object, error) {
+// Options say what the cluster runs beside Kubernetes.
+type Options struct {
+	// Queues: the cluster runs Kueue (cluster.yaml's queues.enabled), so every tenant
+	// gets a ClusterQueue and LocalQueues, and its ResourceQuotas' GPU limit leaves room
+	// for what its queue may borrow (gpuCeiling).
+	Queues bool
+}
+
+// Objects returns every object the file asks for, in apply order, for a cluster without
+// queues.
+func Objects(f *File) ([]Object, error) { return ObjectsFor(f, Options{}) }
+
+// ObjectsFor returns every object the file asks for on a cluster as o says, in apply
+// order.
+func ObjectsFor(f *File, o Options) ([]Object, error) {
 	var objs []runtime.Object
 	objs = append(objs, sharedObjects()...)
 	for i := range f.Tenants {
-		objs = append(objs, tenantObjects(&f.Tenants[i])...)
+		t := f.Tenants[i]
+		if o.Queues {
+			t.Quota.GPUs = gpuCeiling(f, &f.Tenants[i])
+		}
+		objs = append(objs, tenantObjects(&t)...)
 	}
 	out := make([]Object, 0, len(objs))
 	for _, o := range objs {
@@ -136,6 +157,9 @@ func Objects(f *File) ([]Object, error) {
 			return nil, err
 		}
 		out = append(out, obj)
+	}
+	if o.Queues {
+		out = append(out, queueObjects(f)...)
 	}
 	// Stable apply order: by resource as listed in managedResources.
 	slices.SortStableFunc(out, func(a, b Object) int {
@@ -202,6 +226,9 @@ func userRules() []rbacv1.PolicyRule {
 		{APIGroups: []string{"batch"}, Resources: []string{"jobs", "cronjobs"}, Verbs: allVerbs},
 		{APIGroups: []string{"networking.k8s.io"}, Resources: []string{"networkpolicies"}, Verbs: readVerbs},
 		{APIGroups: []string{"events.k8s.io"}, Resources: []string{"events"}, Verbs: readVerbs},
+		// The job queues (when the cluster runs them): find the LocalQueue to name and
+		// see why a Job waits. Workloads are Kueue's to create, from Jobs.
+		{APIGroups: []string{kueueGV.Group}, Resources: []string{"localqueues", "workloads"}, Verbs: readVerbs},
 	}
 }
 

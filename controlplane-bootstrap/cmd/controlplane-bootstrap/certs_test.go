@@ -33,6 +33,7 @@ func stoppedControlPlane(t *testing.T) string {
 	for _, kc := range []struct{ file, user string }{
 		{clusterpki.AdminKubeconfig, clusterpki.AdminUser}, {clusterpki.ControllerManagerKubeconfig, clusterpki.ControllerManagerUser},
 		{clusterpki.SchedulerKubeconfig, clusterpki.SchedulerUser}, {clusterpki.KubeStateMetricsKubeconfig, clusterpki.KubeStateMetricsUser},
+		{clusterpki.KueueKubeconfig, clusterpki.KueueUser},
 	} {
 		if err := set.EnsureKubeconfig(filepath.Join(dir, kc.file), cfg.ClusterName, cfg.APIServerURL(), kc.user); err != nil {
 			t.Fatal(err)

@@ -36,11 +36,11 @@ func tenantPlan(ctx context.Context, dir, path string) (*tenants.Plan, dynamic.I
 	if err != nil {
 		return nil, nil, nil, nil, err
 	}
-	objs, err := tenants.Objects(f)
+	cp, cs, dyn, err := adminClients(dir)
 	if err != nil {
 		return nil, nil, nil, nil, err
 	}
-	cp, cs, dyn, err := adminClients(dir)
+	objs, err := tenants.ObjectsFor(f, tenants.Options{Queues: cp.Config.Queues.Enabled})
 	if err != nil {
 		return nil, nil, nil, nil, err
 	}

@@ -1,0 +1,169 @@
+package tenants
+
+import (
+	"fmt"
+	"strconv"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+)
+
+// The job queues' objects (docs/tenants.md "Queues"): made only when the cluster runs
+// Kueue (cluster.yaml's queues.enabled).
+const (
+	// Cohort is the one cohort every tenant's ClusterQueue is in: a tenant borrows the
+	// others' idle GPUs in it, and reclaims its own from a borrower.
+	Cohort = "gpurack"
+	// FlavorDefault is the one ResourceFlavor: any node's GPUs.
+	FlavorDefault = "gpurack-default"
+	// LocalQueueName is the LocalQueue in each of a tenant's namespaces that a Job
+	// names with the label kueue.x-k8s.io/queue-name.
+	LocalQueueName = "default"
+	// QueueNameLabel is the label a Job names its LocalQueue with.
+	QueueNameLabel = "kueue.x-k8s.io/queue-name"
+	// unlimitedCPU and unlimitedMemory are a queue's CPU and memory quota when the
+	// tenant's quota sets none: Kueue admits only what its ClusterQueue covers, and
+	// every pod requests CPU and memory (the LimitRange's defaults).
+	unlimitedCPU    = "1000000"
+	unlimitedMemory = "1Ei"
+)
+
+var (
+	kueueGV           = schema.GroupVersion{Group: "kueue.x-k8s.io", Version: "v1beta2"}
+	gvrResourceFlavor = kueueGV.WithResource("resourceflavors")
+	gvrClusterQueue   = kueueGV.WithResource("clusterqueues")
+	gvrLocalQueue     = kueueGV.WithResource("localqueues")
+	queueKinds        = map[schema.GroupVersionResource]string{gvrResourceFlavor: "ResourceFlavor", gvrClusterQueue: "ClusterQueue", gvrLocalQueue: "LocalQueue"}
+	ClusterQueueGVR   = gvrClusterQueue
+	LocalQueueGVR     = gvrLocalQueue
+	ResourceFlavorGVR = gvrResourceFlavor
+	WorkloadGVR       = kueueGV.WithResource("workloads")
+)
+
+// ClusterQueueName is the ClusterQueue of tenant t: its name.
+func ClusterQueueName(tenant string) string { return tenant }
+
+func validateQueueLimits(path string, t Tenant) []FieldError {
+	var errs []FieldError
+	for _, f := range []struct{ field, v string }{
+		{"borrowingLimit", t.Queue.BorrowingLimit}, {"lendingLimit", t.Queue.LendingLimit},
+	} {
+		if f.v != "" && !wholeNumber(f.v) {
+			errs = append(errs, FieldError{Field: path + "." + f.field, Msg: fmt.Sprintf("%q: GPUs are counted whole; write a whole number such as 4", f.v)})
+		}
+	}
+	return errs
+}
+
+// gpuCeiling is the GPU limit of a tenant's ResourceQuotas when queues are on: its
+// quota.gpus plus what it may borrow (its queue.borrowingLimit, or else every other
+// tenant's quota.gpus less what each keeps from lending), so that the pods of a Job
+// Kueue admits by borrowing are not refused by the quota, while a pod outside Kueue
+// still cannot pass it. Empty when the tenant sets no GPU quota.
+func gpuCeiling(f *File, t *Tenant) string {
+	if t.Quota.GPUs == "" {
+		return ""
+	}
+	own, _ := strconv.ParseInt(t.Quota.GPUs, 10, 64)
+	if t.Queue.BorrowingLimit != "" {
+		b, _ := strconv.ParseInt(t.Queue.BorrowingLimit, 10, 64)
+		return strconv.FormatInt(own+b, 10)
+	}
+	total := own
+	for i := range f.Tenants {
+		o := &f.Tenants[i]
+		if o.Name == t.Name || o.Quota.GPUs == "" {
+			continue
+		}
+		n, _ := strconv.ParseInt(o.Quota.GPUs, 10, 64)
+		if o.Queue.LendingLimit != "" {
+			if l, _ := strconv.ParseInt(o.Queue.LendingLimit, 10, 64); l < n {
+				n = l
+			}
+		}
+		total += n
+	}
+	return strconv.FormatInt(total, 10)
+}
+
+func queueObject(gvr schema.GroupVersionResource, tenant, ns, name string, spec map[string]any) Object {
+	u := &unstructured.Unstructured{Object: map[string]any{"spec": spec}}
+	u.SetAPIVersion(kueueGV.String())
+	u.SetKind(queueKinds[gvr])
+	u.SetName(name)
+	u.SetNamespace(ns)
+	u.SetLabels(labels(tenant))
+	return Object{GVR: gvr, Obj: u}
+}
+
+// queueObjects are the ResourceFlavor, and per tenant a ClusterQueue in the cohort and
+// a LocalQueue in each of its namespaces.
+func queueObjects(f *File) []Object {
+	objs := []Object{queueObject(gvrResourceFlavor, "", "", FlavorDefault, map[string]any{})}
+	for i := range f.Tenants {
+		t := &f.Tenants[i]
+		objs = append(objs, clusterQueue(t))
+		for _, ns := range t.Namespaces {
+			objs = append(objs, queueObject(gvrLocalQueue, t.Name, ns, LocalQueueName,
+				map[string]any{"clusterQueue": ClusterQueueName(t.Name)}))
+		}
+	}
+	return objs
+}
+
+// clusterQueue is tenant t's ClusterQueue: nominal quota its quota.gpus (and cpu and
+// memory), in the cohort, admitting only its own namespaces' workloads. Preemption:
+// a workload that fits within the tenant's nominal quota reclaims it from any borrower
+// (reclaimWithinCohort Any; Kueue takes victims only from ClusterQueues that use more
+// than their nominal quota, and only while they still do); a borrowing workload never
+// preempts another tenant's (borrowWithinCohort Never); within the tenant, a workload
+// preempts lower priorities.
+func clusterQueue(t *Tenant) Object {
+	gpus := t.Quota.GPUs
+	if gpus == "" {
+		gpus = "0"
+	}
+	gpu := map[string]any{"name": string(GPUResource), "nominalQuota": gpus}
+	if t.Queue.BorrowingLimit != "" {
+		gpu["borrowingLimit"] = t.Queue.BorrowingLimit
+	}
+	if t.Queue.LendingLimit != "" {
+		gpu["lendingLimit"] = t.Queue.LendingLimit
+	}
+	cpu, mem := t.Quota.CPU, t.Quota.Memory
+	if cpu == "" {
+		cpu = unlimitedCPU
+	}
+	if mem == "" {
+		mem = unlimitedMemory
+	}
+	spec := map[string]any{
+		"cohortName":        Cohort,
+		"namespaceSelector": map[string]any{"matchLabels": map[string]any{LabelTenant: t.Name}},
+		"resourceGroups": []any{map[string]any{
+			"coveredResources": []any{"cpu", "memory", string(GPUResource)},
+			"flavors": []any{map[string]any{"name": FlavorDefault, "resources": []any{
+				map[string]any{"name": "cpu", "nominalQuota": canonical(cpu)},
+				map[string]any{"name": "memory", "nominalQuota": canonical(mem)},
+				gpu,
+			}}},
+		}},
+		"preemption": map[string]any{
+			"reclaimWithinCohort": "Any",
+			"borrowWithinCohort":  map[string]any{"policy": "Never"},
+			"withinClusterQueue":  "LowerPriority",
+		},
+	}
+	return queueObject(gvrClusterQueue, t.Name, "", ClusterQueueName(t.Name), spec)
+}
+
+// canonical writes a quantity as the apiserver returns it, so that a re-apply finds
+// nothing changed.
+func canonical(q string) string {
+	v, err := resource.ParseQuantity(q)
+	if err != nil {
+		return q
+	}
+	return v.String()
+}
