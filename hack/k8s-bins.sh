@@ -8,7 +8,8 @@
 #
 # Layout:  $GPURACK_K8S_DIR/bin/{kube-apiserver,...,etcd,etcdctl,grpcurl,promtool,
 #          prometheus,alertmanager,amtool,kube-state-metrics,node_exporter,
-#          victoria-logs,staticcheck}
+#          victoria-logs,kueue,staticcheck}
+#          $GPURACK_K8S_DIR/bin/kueue-manifests/{crds/*.yaml,role.yaml,webhooks.yaml} (Kueue's)
 #          $GPURACK_K8S_DIR/images/pause.tar  (docker archive, tag $PAUSE_IMAGE)
 #
 # Why a throwaway module: k8s.io/kubernetes and etcd's server carry replace directives,
@@ -16,8 +17,8 @@
 # each k8s.io staging module to the matching v0.x release builds them unchanged.
 #
 # Only what the tests and `make lint` run is built (the protobuf plugins of `make
-# generate` are hack/generate.sh's to install). The seven groups (Kubernetes, etcd, the
-# test tools, kube-state-metrics, node_exporter, VictoriaLogs, the pause image) build at
+# generate` are hack/generate.sh's to install). The eight groups (Kubernetes, etcd, the
+# test tools, kube-state-metrics, node_exporter, VictoriaLogs, Kueue, the pause image) build at
 # once, each in its own module: on a cold machine one group's module downloads overlap
 # another's compiling. Each group's lines carry its name; a group that fails fails the
 # script, after the others finish.
@@ -31,6 +32,7 @@ ALERTMANAGER_VERSION=v0.35.0 # docs/decisions/0691: its UI is not built
 KSM_VERSION=v2.20.0 # kube-state-metrics
 NODE_EXPORTER_VERSION=v1.12.1 # shipped in every node image (imagebuilder reads it from bin/)
 VICTORIALOGS_VERSION=v1.52.1 # the log store (docs/decisions/0694)
+KUEUE_VERSION=v0.17.0 # job queues (docs/decisions/0696)
 STATICCHECK_VERSION=v0.8.2
 PAUSE_IMAGE=registry.k8s.io/pause:3.10.1
 
@@ -207,6 +209,45 @@ if need victoria-logs; then
 fi
 }
 
+# --- Kueue -----------------------------------------------------------------------
+# A group of its own (kueue): job queues with fair sharing (docs/decisions/0696). Its
+# module has no replace directive and its own k8s.io releases (v0.35), so it is built
+# with its own go.mod and go.sum, not gpurack's. As Alertmanager's, the module is
+# copied out of the module cache and built from the copy, with one change: with its
+# internal certificate management off (the cluster CA signs its serving certificate),
+# cmd/kueue reads its metrics certificate from a fixed /etc/kueue/metrics/certs, which
+# a supervised process on a host should not need; the copy takes that folder from a
+# --metrics-cert-dir flag instead (default the same path). The version flags are its
+# Makefile's (GitVersion, GitCommit, BuildDate, the date fixed). Its manifests are
+# copied beside the binary, into bin/kueue-manifests, for controlplane-bootstrap init to
+# apply: the CRDs (config/components/crd/bases), the manager's ClusterRole
+# (config/components/rbac/role.yaml) and its webhook configurations
+# (config/components/webhook/manifests.yaml, which init points at the host).
+kueue() {
+if need kueue || [ ! -s "$bin/kueue-manifests/webhooks.yaml" ]; then
+  log "building Kueue $KUEUE_VERSION: kueue (about 9 min cold on 2 busy cores)"
+  w=$dir/work/kueue
+  src=$(cd "$dir/work" && GOFLAGS= go mod download -json "sigs.k8s.io/kueue@$KUEUE_VERSION" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
+  [ -n "$src" ] || { echo "k8s-bins: could not download sigs.k8s.io/kueue@$KUEUE_VERSION from the Go module proxy (check GOPROXY)" >&2; exit 1; }
+  rm -rf "$w" && mkdir -p "$w" && cp -R "$src" "$w/src" && chmod -R u+w "$w/src"
+  main=$w/src/cmd/kueue/main.go
+  grep -q 'metricsCertPath := "/etc/kueue/metrics/certs"' "$main" || { echo "k8s-bins: $KUEUE_VERSION's cmd/kueue/main.go no longer fixes its metrics certificate path: revisit the patch (docs/decisions/0696)" >&2; exit 1; }
+  sed -i 's#metricsCertPath := "/etc/kueue/metrics/certs"#metricsCertPath := *metricsCertDir#' "$main"
+  printf '\n// Added by gpurack'"'"'s hack/k8s-bins.sh (docs/decisions/0696).\nvar metricsCertDir = flag.String("metrics-cert-dir", "/etc/kueue/metrics/certs", "The folder of tls.crt and tls.key for the metrics server when internalCertManagement is off.")\n' >>"$main"
+  vp=sigs.k8s.io/kueue/pkg/version
+  ld="-s -w -X $vp.GitVersion=$KUEUE_VERSION -X $vp.GitCommit=module-source -X $vp.BuildDate=1970-01-01T00:00:00Z"
+  (cd "$w/src" && GOFLAGS=-mod=mod CGO_ENABLED=0 go build -trimpath -ldflags "$ld" -o "$bin/kueue" ./cmd/kueue)
+  m=$bin/kueue-manifests
+  rm -rf "$m.tmp" && mkdir -p "$m.tmp/crds"
+  cp "$src"/config/components/crd/bases/*.yaml "$m.tmp/crds/"
+  cp "$src/config/components/rbac/role.yaml" "$m.tmp/role.yaml"
+  cp "$src/config/components/webhook/manifests.yaml" "$m.tmp/webhooks.yaml"
+  echo "$KUEUE_VERSION" >"$m.tmp/VERSION"
+  chmod -R u+w,go-w "$m.tmp" && rm -rf "$m" && mv "$m.tmp" "$m"
+  log "built kueue; its manifests in $m"
+fi
+}
+
 # --- pause image ------------------------------------------------------------------
 pause() {
 if [ ! -s "$dir/images/pause.tar" ]; then
@@ -221,7 +262,7 @@ fi
 
 # Each group runs in the background with its lines prefixed; wait collects each one's
 # status (pipefail: the group's, not sed's).
-pids=() groups=(kubernetes etcd tools ksm nodeexporter vlogs pause)
+pids=() groups=(kubernetes etcd tools ksm nodeexporter vlogs kueue pause)
 for g in "${groups[@]}"; do
   (set -euo pipefail; "$g") 2>&1 | sed -u "s/^k8s-bins: /k8s-bins [$g]: /; t; s/^/k8s-bins [$g]: /" &
   pids+=($!)
