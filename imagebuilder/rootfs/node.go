@@ -319,6 +319,7 @@ WantedBy=multi-user.target
 // disks under /var/lib/gpurack/datadisks, mode 0755); mounts made after its start
 // propagate into its namespace. kubelet's and containerd's per-pod mounts are left
 // out: a dynamic user cannot reach them, and they are the pods', not the node's.
+// test/systemdhost's TestNodeExporterService runs it under systemd and scrapes it.
 const nodeExporterUnit = `# gpurack: node_exporter, the node's metrics (decision 0693). Not enabled: after the
 # join gpuagent writes its TLS web configuration under /run/gpurack/node-exporter and
 # restarts it; only the metrics server's client certificate may scrape.
@@ -348,7 +349,6 @@ ProtectKernelTunables=yes
 ProtectKernelModules=yes
 ProtectKernelLogs=yes
 ProtectControlGroups=yes
-ProtectClock=yes
 ProtectHostname=yes
 RestrictNamespaces=yes
 RestrictRealtime=yes
@@ -358,6 +358,13 @@ MemoryDenyWriteExecute=yes
 RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 AF_NETLINK
 SystemCallArchitectures=native
 SystemCallFilter=@system-service
+# The timex collector reads the kernel's clock discipline with adjtimex(2) (@clock):
+# without CAP_SYS_TIME, which the unit does not have, it can only read. No
+# ProtectClock=, which would forbid it.
+SystemCallFilter=adjtimex
+# A system call outside the filter fails with EPERM instead of killing node_exporter
+# in the middle of a scrape.
+SystemCallErrorNumber=EPERM
 MemoryMax=256M
 
 [Install]
