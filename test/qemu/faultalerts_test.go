@@ -87,9 +87,11 @@ func checkVolumeAlert(t *testing.T, ctx context.Context, admin kubernetes.Interf
 // was done.
 func killAgent(t *testing.T, ctx context.Context, admin kubernetes.Interface, node *corev1.Node) time.Time {
 	t.Helper()
-	p := hostRootPod(node, "kill-gpuagent", "systemctl mask --runtime gpuagent.service && systemctl kill --signal=SIGKILL gpuagent.service && sleep 10 && "+
-		"! systemctl is-active gpuagent.service && echo gpuagent down: $(systemctl show -p ActiveState,SubState gpuagent.service)")
-	p.Spec.HostNetwork = true
+	// systemctl in the node's own mount namespace (PID 1's, through the host's PID
+	// namespace): the pod's view of the host's root has no /run/systemd to reach it by.
+	p := hostRootPod(node, "kill-gpuagent", "nsenter -t 1 -m -- sh -c 'systemctl mask --runtime gpuagent.service && systemctl kill --signal=SIGKILL gpuagent.service && sleep 10 && "+
+		"! systemctl is-active gpuagent.service && echo gpuagent down: $(systemctl show -p ActiveState,SubState gpuagent.service)'")
+	p.Spec.HostNetwork, p.Spec.HostPID = true, true
 	got, err := runPodToEnd(ctx, admin, p, 3*time.Minute)
 	if err != nil {
 		t.Fatalf("killing gpuagent on %s: %v\n%s", node.Name, err, terminationMessage(got))

@@ -203,7 +203,9 @@ func checkRackMetrics(t *testing.T, r *Rack, hook *alertHook, nodes []string, xi
 			}
 		}
 		return true
-	}, func() string { return fmt.Sprintf("up by job/node: %v; want 1 for %v", up, want) })
+	}, func() string {
+		return fmt.Sprintf("up by job/node: %v; want 1 for %v\ntargets down: %s", up, want, downTargets(r.ctx, prom))
+	})
 	// cAdvisor's series name the node's pods: the scrape reached the real kubelet.
 	_, series, err := promQuery(r.ctx, prom, `count by (node) (container_cpu_usage_seconds_total{job="cadvisor"})`)
 	if err != nil || len(series) < len(nodes) {
@@ -234,4 +236,38 @@ func checkRackMetrics(t *testing.T, r *Rack, hook *alertHook, nodes []string, xi
 	if res, ok := hook.first("GpurackXIDFatal", "resolved", map[string]string{"node": xidNode}); ok {
 		t.Logf("and resolved at the webhook %s after the injection (the fault was cleared in the GPU subtest)", res.At.Sub(xidAt).Round(100*time.Millisecond))
 	}
+}
+
+// downTargets lists the rack's Prometheus' targets that are down, with their last
+// scrape error, for a failure's message.
+func downTargets(ctx context.Context, client *http.Client) string {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+rackPrometheus+"/api/v1/targets?state=active", nil)
+	if err != nil {
+		return err.Error()
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return err.Error()
+	}
+	defer resp.Body.Close()
+	var r struct {
+		Data struct {
+			ActiveTargets []struct {
+				ScrapeURL string            `json:"scrapeUrl"`
+				Health    string            `json:"health"`
+				LastError string            `json:"lastError"`
+				Labels    map[string]string `json:"labels"`
+			} `json:"activeTargets"`
+		} `json:"data"`
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 16<<20)).Decode(&r); err != nil {
+		return err.Error()
+	}
+	var down []string
+	for _, tg := range r.Data.ActiveTargets {
+		if tg.Health != "up" {
+			down = append(down, fmt.Sprintf("%s (job %s): %s %s", tg.ScrapeURL, tg.Labels["job"], tg.Health, tg.LastError))
+		}
+	}
+	return fmt.Sprint(down)
 }
