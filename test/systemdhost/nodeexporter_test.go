@@ -78,7 +78,7 @@ func TestNodeExporterService(t *testing.T) {
 	if uid := strings.Fields(status["Uid"]); len(uid) == 0 || uid[0] == "0" || status["CapEff"] != "0000000000000000" {
 		t.Errorf("node_exporter (pid %s): Uid %q, CapEff %q; want a dynamic user's, no capabilities", p["MainPID"], status["Uid"], status["CapEff"])
 	}
-	t.Logf("node-exporter.service: pid %s, uid %s, no capabilities; answered the monitoring certificate with %d bytes of series, refused no certificate and one without the SAN", p["MainPID"], strings.Fields(status["Uid"]+" ?")[0], len(body))
+	t.Logf("node-exporter.service: pid %s, uid %s, no capabilities; answered the monitoring certificate with %d bytes of series, refused no certificate and one without the SAN", p["MainPID"], strings.Fields(status["Uid"] + " ?")[0], len(body))
 }
 
 // issueClient issues a client certificate from ca with cn and the DNS SANs.
