@@ -59,7 +59,9 @@ func KueueWebhookURL(cfg *clusterconfig.Config) string {
 // (admission is by quota; a Job's pods wait for a node like any pod's); its own
 // certificate management is off (the cluster CA signs pki/kueue/tls.crt); one Kueue per
 // control plane, so no leader election (docs/decisions/0696); the on-demand visibility
-// API server is off (it would listen on every address, and no APIService points at it).
+// API server is off (it would listen on every address, and no APIService points at it);
+// MultiKueue is off (it watches Secrets in Kueue's own namespace, for other clusters'
+// kubeconfigs, and without that Role its caches never sync, holding every queue).
 var kueueConfig = template.Must(template.New("kueue-config.yaml").Parse(`# Written by controlplane-bootstrap init from cluster.yaml; it is rewritten on the next init.
 apiVersion: config.kueue.x-k8s.io/v1beta2
 kind: Configuration
@@ -78,6 +80,7 @@ internalCertManagement:
 manageJobsWithoutQueueName: false
 featureGates:
   VisibilityOnDemand: false
+  MultiKueue: false
 clientConnection:
   qps: 50
   burst: 100

@@ -1,0 +1,219 @@
+package queues
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/dynamic"
+
+	"github.com/gpurack/gpurack/controlplane-bootstrap/tenants"
+)
+
+const twoTenants = `apiVersion: gpurack.io/v1alpha1
+kind: TenantList
+tenants:
+  - name: alpha
+    quota: {gpus: 4}
+  - name: beta
+    quota: {gpus: 4}
+`
+
+// TestQueuesAdmitBorrowAndReclaim: two tenants of 4 GPUs each in one cohort.
+// (a) a Job within alpha's quota is admitted; (c) alpha borrows beta's idle GPUs;
+// (b) a Job over what alpha may use waits, its Workload pending with a reason naming the
+// GPUs, the Job suspended, not refused; (d) when beta submits, Kueue preempts alpha's
+// borrowing Job and admits beta's, and alpha's Job within its own quota keeps running.
+func TestQueuesAdmitBorrowAndReclaim(t *testing.T) {
+	c := newCluster(t)
+	ctx := ctxFor(t, 4*time.Minute)
+	c.applyTenants(t, ctx, twoTenants)
+
+	rq, err := c.cs.CoreV1().ResourceQuotas("alpha").Get(ctx, tenants.QuotaName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := rq.Spec.Hard[tenants.QuotaGPU]; got.Value() != 8 {
+		t.Errorf("alpha's ResourceQuota allows %s GPUs; want 8 (its 4 and beta's 4 it may borrow)", got.String())
+	}
+
+	c.submit(t, ctx, gpuJob("alpha", "a1", 4))
+	c.waitAdmitted(t, ctx, "alpha", "a1")
+	t.Log("(a) alpha's a1 (4 GPUs, its quota) admitted")
+
+	// Kueue preempts, among a borrower's Workloads of one priority, the most recently
+	// admitted first, by its condition's time, in seconds: a2 is admitted a second later.
+	time.Sleep(1100 * time.Millisecond)
+	c.submit(t, ctx, gpuJob("alpha", "a2", 4))
+	c.waitAdmitted(t, ctx, "alpha", "a2")
+	use := ""
+	eventually(t, ctx, "alpha's queue borrowing 4 GPUs", func() (bool, string) {
+		use = c.gpuUse(ctx, "alpha")
+		return use == "GPUs used 8, borrowed 4", use
+	})
+	t.Logf("(c) alpha's a2 (4 more GPUs) admitted, borrowing beta's idle ones: %s", use)
+
+	c.submit(t, ctx, gpuJob("alpha", "a3", 1))
+	eventually(t, ctx, "a3 pending with a reason", func() (bool, string) {
+		wl, err := c.workload(ctx, "alpha", "a3")
+		if err != nil || wl == nil {
+			return false, fmt.Sprintf("no Workload (%v)", err)
+		}
+		ok, msg := condition(wl, "QuotaReserved")
+		return !ok && strings.Contains(msg, string(tenants.GPUResource)), msg
+	})
+	wl, _ := c.workload(ctx, "alpha", "a3")
+	_, why := condition(wl, "QuotaReserved")
+	if !c.suspended(t, ctx, "alpha", "a3") {
+		t.Error("a3 is over alpha's quota and what it may borrow, yet its Job is not suspended")
+	}
+	t.Logf("(b) alpha's a3 (1 GPU over) waits, Job suspended: %s", why)
+
+	c.submit(t, ctx, gpuJob("beta", "b1", 4))
+	c.waitAdmitted(t, ctx, "beta", "b1")
+	eventually(t, ctx, "a2 preempted", func() (bool, string) {
+		wl, err := c.workload(ctx, "alpha", "a2")
+		if err != nil || wl == nil {
+			return false, fmt.Sprintf("no Workload (%v)", err)
+		}
+		evicted, msg := condition(wl, "Evicted")
+		return evicted && c.suspended(t, ctx, "alpha", "a2"), msg
+	})
+	wl, _ = c.workload(ctx, "alpha", "a2")
+	_, ev := condition(wl, "Evicted")
+	if ok, msg := c.admitted(ctx, "alpha", "a1"); !ok {
+		t.Errorf("a1, within alpha's own quota, is no longer running after beta reclaimed its GPUs: %s", msg)
+	}
+	wl, _ = c.workload(ctx, "alpha", "a1")
+	if ev, _ := condition(wl, "Evicted"); ev {
+		t.Error("a1, within alpha's own quota, was evicted")
+	}
+	eventually(t, ctx, "alpha back at its own quota", func() (bool, string) {
+		use = c.gpuUse(ctx, "alpha")
+		return use == "GPUs used 4, borrowed 0", use
+	})
+	t.Logf("(d) beta's b1 admitted; alpha's borrowing a2 preempted (%s); a1 kept; alpha: %s", ev, use)
+}
+
+// gpuUse describes ClusterQueue name's GPU use from its status.
+func (c *cluster) gpuUse(ctx context.Context, name string) string {
+	cq, err := c.dyn.Resource(tenants.ClusterQueueGVR).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return err.Error()
+	}
+	flavors, _, _ := unstructured.NestedSlice(cq.Object, "status", "flavorsUsage")
+	for _, f := range flavors {
+		fm, _ := f.(map[string]any)
+		res, _, _ := unstructured.NestedSlice(fm, "resources")
+		for _, r := range res {
+			rm, _ := r.(map[string]any)
+			if rm["name"] == string(tenants.GPUResource) {
+				return fmt.Sprintf("GPUs used %v, borrowed %v", rm["total"], rm["borrowed"])
+			}
+		}
+	}
+	return "no GPU usage in status yet"
+}
+
+// TestQueueRBAC (e): a user of tenant alpha reads alpha's LocalQueue and Workloads, but
+// cannot create a Workload (Kueue makes them from Jobs), nor a Job in beta's namespace,
+// nor read beta's queue.
+func TestQueueRBAC(t *testing.T) {
+	c := newCluster(t)
+	ctx := ctxFor(t, 3*time.Minute)
+	c.applyTenants(t, ctx, twoTenants)
+	rc := c.tc.RESTConfig(t)
+	rc.Impersonate.UserName = "alice"
+	rc.Impersonate.Groups = []string{tenants.GroupUsers("alpha"), "system:authenticated"}
+	dyn, err := dynamic.NewForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dyn.Resource(tenants.LocalQueueGVR).Namespace("alpha").Get(ctx, tenants.LocalQueueName, metav1.GetOptions{}); err != nil {
+		t.Errorf("alpha's user cannot read alpha's LocalQueue: %v", err)
+	}
+	if _, err := dyn.Resource(tenants.WorkloadGVR).Namespace("alpha").List(ctx, metav1.ListOptions{}); err != nil {
+		t.Errorf("alpha's user cannot list alpha's Workloads: %v", err)
+	}
+	if _, err := dyn.Resource(tenants.LocalQueueGVR).Namespace("beta").Get(ctx, tenants.LocalQueueName, metav1.GetOptions{}); !apierrors.IsForbidden(err) {
+		t.Errorf("alpha's user reading beta's LocalQueue: %v; want Forbidden", err)
+	}
+	wl := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
+		"metadata": map[string]any{"name": "sneak"},
+		"spec": map[string]any{"queueName": tenants.LocalQueueName, "podSets": []any{map[string]any{
+			"name": "main", "count": int64(1), "template": map[string]any{"spec": map[string]any{
+				"containers": []any{map[string]any{"name": "c", "image": "x"}}}}}}},
+	}}
+	for _, ns := range []string{"alpha", "beta"} {
+		if _, err := dyn.Resource(tenants.WorkloadGVR).Namespace(ns).Create(ctx, wl, metav1.CreateOptions{}); !apierrors.IsForbidden(err) {
+			t.Errorf("alpha's user creating a Workload in %s's queue: %v; want Forbidden", ns, err)
+		}
+	}
+	cs := c.tc.Impersonate(t, "alice", tenants.GroupUsers("alpha"))
+	if _, err := cs.BatchV1().Jobs("beta").Create(ctx, gpuJob("beta", "sneak", 1), metav1.CreateOptions{}); !apierrors.IsForbidden(err) {
+		t.Errorf("alpha's user creating a Job in beta's namespace: %v; want Forbidden", err)
+	}
+	if _, err := cs.BatchV1().Jobs("alpha").Create(ctx, gpuJob("alpha", "mine", 1), metav1.CreateOptions{}); err != nil {
+		t.Errorf("alpha's user cannot submit a Job to alpha's queue: %v", err)
+	}
+	c.waitAdmitted(t, ctx, "alpha", "mine")
+}
+
+// TestQueueAdmissionFigure submits 160 one-GPU Jobs at once, 8 to each of 20 tenants of
+// 8 GPUs (a 160-GPU quota), and logs the time until Kueue has admitted every one. A
+// figure, not a bound: no kubelets, so no pod runs (simulated GPUs: quota only), and it
+// runs on whatever this machine's cores are doing.
+func TestQueueAdmissionFigure(t *testing.T) {
+	c := newCluster(t)
+	ctx := ctxFor(t, 6*time.Minute)
+	const nTenants, perTenant = 20, 8
+	var b strings.Builder
+	b.WriteString("apiVersion: gpurack.io/v1alpha1\nkind: TenantList\ntenants:\n")
+	for i := range nTenants {
+		fmt.Fprintf(&b, "  - name: t%02d\n    quota: {gpus: %d}\n", i, perTenant)
+	}
+	c.applyTenants(t, ctx, b.String())
+	start := time.Now()
+	var wg sync.WaitGroup
+	errs := make(chan error, nTenants*perTenant)
+	for i := range nTenants {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ns := fmt.Sprintf("t%02d", i)
+			for j := range perTenant {
+				if _, err := c.cs.BatchV1().Jobs(ns).Create(ctx, gpuJob(ns, fmt.Sprintf("j%d", j), 1), metav1.CreateOptions{}); err != nil {
+					errs <- err
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	submitted := time.Since(start)
+	eventually(t, ctx, "all 160 admitted", func() (bool, string) {
+		n := 0
+		list, err := c.dyn.Resource(tenants.WorkloadGVR).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		for i := range list.Items {
+			if ok, _ := condition(&list.Items[i], "Admitted"); ok {
+				n++
+			}
+		}
+		return n == nTenants*perTenant, fmt.Sprintf("%d of %d Workloads admitted", n, nTenants*perTenant)
+	})
+	t.Logf("figure: %d one-GPU Jobs across %d tenants (a %d-GPU quota, simulated: no kubelets) submitted in %s, all admitted by Kueue %s after the first was submitted",
+		nTenants*perTenant, nTenants, nTenants*perTenant, submitted.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
+}
