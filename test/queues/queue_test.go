@@ -123,7 +123,7 @@ func (c *cluster) gpuUse(ctx context.Context, name string) string {
 
 // TestQueueRBAC (e): a user of tenant alpha reads alpha's LocalQueue and Workloads, but
 // cannot create a Workload (Kueue makes them from Jobs), nor a Job in beta's namespace,
-// nor read beta's queue.
+// nor read beta's queue. Then beta is removed from the file, and its queue with it.
 func TestQueueRBAC(t *testing.T) {
 	c := newCluster(t)
 	ctx := ctxFor(t, 3*time.Minute)
@@ -164,6 +164,13 @@ func TestQueueRBAC(t *testing.T) {
 		t.Errorf("alpha's user cannot submit a Job to alpha's queue: %v", err)
 	}
 	c.waitAdmitted(t, ctx, "alpha", "mine")
+
+	// A removed tenant's queue goes with it (apply --prune).
+	c.applyTenants(t, ctx, "apiVersion: gpurack.io/v1alpha1\nkind: TenantList\ntenants:\n  - name: alpha\n    quota: {gpus: 4}\n")
+	eventually(t, ctx, "beta's ClusterQueue removed", func() (bool, string) {
+		_, err := c.dyn.Resource(tenants.ClusterQueueGVR).Get(ctx, "beta", metav1.GetOptions{})
+		return apierrors.IsNotFound(err), fmt.Sprintf("get: %v", err)
+	})
 }
 
 // TestQueueAdmissionFigure submits 160 one-GPU Jobs at once, 8 to each of 20 tenants of

@@ -42,8 +42,8 @@ func newCertsCheckExpirationCommand() *cobra.Command {
 kubeadm certs check-expiration does: its name, when it expires, the time left, the CA
 that signed it and whether it is externally managed (that CA's key is not in DIR/pki,
 so certs renew cannot renew it); then its common name and file. The certificates
-embedded in admin.conf, controller-manager.conf, scheduler.conf and
-kube-state-metrics.conf are included, and the serving certificates
+embedded in admin.conf, controller-manager.conf, scheduler.conf,
+kube-state-metrics.conf and kueue.conf are included, and the serving certificates
 kube-controller-manager and kube-scheduler make for themselves. A second table lists
 the CAs.
 
@@ -146,11 +146,12 @@ and restart gpuboot.`,
 }
 
 // renewTable lists, for --help, each certificate's name, file and the components that
-// read it, as Using finds them for a default configuration with monitoring enabled
-// (kube-state-metrics reads its kubeconfig).
+// read it, as Using finds them for a default configuration with monitoring and queues
+// enabled (kube-state-metrics and Kueue read their kubeconfigs).
 func renewTable() string {
 	cfg := clusterconfig.Default()
 	cfg.Monitoring.Enabled = true
+	cfg.Queues.Enabled = true
 	l := components.Layout{Dir: "DIR"}
 	specs := components.Specs(&cfg, l)
 	var b strings.Builder

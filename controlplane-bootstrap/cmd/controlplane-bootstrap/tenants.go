@@ -56,8 +56,12 @@ func newTenantsApplyCommand() *cobra.Command {
 		Short: "Create or update every tenant's objects; ask before deleting what the file no longer lists",
 		Long: `apply reads FILE (see docs/examples/tenants.yaml) and applies, with server-side
 apply, each tenant's namespaces, ResourceQuotas, LimitRange, PriorityClasses, Roles and
-RoleBindings and default-deny-ingress NetworkPolicy. Objects already as the file says are
-left alone, so running it again changes nothing.
+RoleBindings and default-deny-ingress NetworkPolicy; when the cluster runs job queues
+(cluster.yaml's queues.enabled), also each tenant's ClusterQueue (its quota.gpus as
+nominal quota, in the cohort gpurack) and a LocalQueue "default" in each namespace, and
+a GPU limit in the ResourceQuotas that leaves room for what the queue may borrow (see
+docs/tenants.md, "Queues"). Objects already as the file says are left alone, so running
+it again changes nothing.
 
 Objects that an earlier apply created and the file no longer asks for (a removed tenant,
 namespace or tier) are deleted only with --prune or after typing 'yes'; they are named
