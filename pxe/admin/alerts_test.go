@@ -131,23 +131,7 @@ func TestAlertsWebhookLevels(t *testing.T) {
 // other route of the table and on every AdminService method.
 func TestAlertSenderReachesNothingElse(t *testing.T) {
 	r := newAlertsRig(t)
-	sender := Caller{Name: "alertmanager", Level: pki.LevelAlertSender}
-	for call := range levels {
-		if call == routeAlerts {
-			continue
-		}
-		if err := sender.allow(call); status.Code(err) != codes.PermissionDenied {
-			t.Errorf("alert-sender calling %s: %v; want PermissionDenied", call, err)
-		}
-		method, path, isRoute := strings.Cut(call, " ")
-		if !isRoute {
-			continue
-		}
-		path = strings.NewReplacer("{ref}", "gpu-r1-u01", "{rack}", "r1", "{$}", "").Replace(path)
-		if rec := r.do(method, path, pki.LevelAlertSender, nil, ""); rec.Code != http.StatusForbidden {
-			t.Errorf("%s %s as alert-sender: %d; want 403", method, path, rec.Code)
-		}
-	}
+	requireOnly(t, r, Caller{Name: "alertmanager", Level: pki.LevelAlertSender}, routeAlerts)
 	ctx := asPeer(context.Background(), r.certs[pki.LevelAlertSender])
 	if _, err := r.srv.ListMachines(ctx, &bootv1.ListMachinesRequest{}); status.Code(err) != codes.PermissionDenied {
 		t.Errorf("ListMachines as alert-sender: %v", err)
@@ -218,5 +202,27 @@ func TestAlertsWebhookRefusesBadBodies(t *testing.T) {
 	}
 	if n := len(r.store.Active(time.Now())); n != 0 {
 		t.Errorf("refused requests left %d alerts", n)
+	}
+}
+
+// requireOnly checks that c is refused every call of the levels table but allowed:
+// PermissionDenied from allow, and 403 on every route through the rig.
+func requireOnly(t *testing.T, r *alertsRig, c Caller, allowed string) {
+	t.Helper()
+	for call := range levels {
+		if call == allowed {
+			continue
+		}
+		if err := c.allow(call); status.Code(err) != codes.PermissionDenied {
+			t.Errorf("%s calling %s: %v; want PermissionDenied", c.Level, call, err)
+		}
+		method, path, isRoute := strings.Cut(call, " ")
+		if !isRoute {
+			continue
+		}
+		path = strings.NewReplacer("{ref}", "gpu-r1-u01", "{rack}", "r1", "{$}", "").Replace(path)
+		if rec := r.do(method, path, c.Level, nil, ""); rec.Code != http.StatusForbidden {
+			t.Errorf("%s %s as %s: %d; want 403", method, path, c.Level, rec.Code)
+		}
 	}
 }
