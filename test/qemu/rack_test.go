@@ -45,20 +45,29 @@ var rackMachines = []MachineSpec{
 //     then wiped by an operator through gpuboot and prepared); after tenant isolation,
 //     A gets kubectl exec, kubectl logs and kubectl debug node with the debug image (a
 //     command, an interactive shell), the node's journal and the audit log checked;
+//   - the central log store (monitoring.logs, gpuboot's cluster.logsEndpoint): A's
+//     debug pod's output and break-glass journal lines read back with
+//     `controlplane-bootstrap logs`; on B a 1 MiB container line stored cut at 64 KiB,
+//     and journald's rate beside the shipper's (figures);
 //   - then the metrics server that `init` started (monitoring.enabled, scraping every
 //     5 s, Alertmanager routing every alert to a webhook in the namespace): every
-//     node's gpuagent, kubelet and cAdvisor scraped through the Node objects with the
-//     monitoring certificate, the control plane's jobs, kube-state-metrics' and
-//     gpuboot's up; the XID 79 that B's GPU subtest injected at the webhook as
-//     GpurackXIDFatal with the node, the GPU, its Hostname (the node's name) and the
-//     runbook link;
+//     node's gpuagent, node_exporter, kubelet and cAdvisor scraped through the Node
+//     objects with the monitoring certificate, the control plane's jobs,
+//     kube-state-metrics', the log store's and gpuboot's up; the XID 79 that B's GPU
+//     subtest injected at the webhook as GpurackXIDFatal with the node, the GPU, its
+//     Hostname (the node's name) and the runbook link; a gpurack-local volume B's
+//     volume subtest filled to 60 of 64 MiB at the webhook as GpurackVolumeNearlyFull
+//     (its `for: 5m` ran while the node checks did);
 //   - then B's agent's memory: sampled every 5 s through its /metrics from Ready to
 //     here, then read by mapping (probe mem);
 //   - last, B is rolled out to another image (`gpuboot rollout start`: pinned, drained,
 //     power-cycled through its Redfish BMC, whose reset restarts its QEMU, which
 //     PXE-boots through its firmware, like A, the image gpuboot's boot script now
 //     names): it re-enrolls, joins on the new image, mounts both data disks as they were, and
-//     verifies 200 MiB written on one before and its gpurack-local volume.
+//     verifies 200 MiB written on one before and its gpurack-local volume; meanwhile
+//     A's gpuagent is killed and kept down, and after the rollout GpurackAgentMissing
+//     for A is at the webhook, and B's boot before the rollout is in the log store
+//     with its gpuagent lines.
 //
 // GPURACK_HOLD_RUNS=N repeats the restart hold N times on the one boot and logs the
 // pass count.
