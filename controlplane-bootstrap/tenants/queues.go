@@ -1,12 +1,15 @@
 package tenants
 
 import (
+	"context"
 	"fmt"
 	"strconv"
 
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
 )
 
 // The job queues' objects (docs/tenants.md "Queues"): made only when the cluster runs
@@ -166,4 +169,47 @@ func canonical(q string) string {
 		return q
 	}
 	return v.String()
+}
+
+// QueueUsage is one tenant's ClusterQueue as Kueue reports it in its status.
+type QueueUsage struct {
+	Admitted, Pending int64
+	// GPUs and Borrowed are the GPUs its admitted Workloads hold, and how many of those
+	// are above its nominal quota (borrowed from the cohort).
+	GPUs, Borrowed string
+}
+
+// String is "admitted N, pending M, GPUs U (borrowed B)".
+func (q QueueUsage) String() string {
+	return fmt.Sprintf("admitted %d, pending %d, GPUs %s (borrowed %s)", q.Admitted, q.Pending, q.GPUs, q.Borrowed)
+}
+
+// QueueStatus reads the ClusterQueues tenants apply made, by tenant.
+func QueueStatus(ctx context.Context, client dynamic.Interface) (map[string]QueueUsage, error) {
+	list, err := client.Resource(gvrClusterQueue).List(ctx, metav1.ListOptions{LabelSelector: LabelManagedBy + "=" + ManagedBy})
+	if err != nil {
+		return nil, fmt.Errorf("list ClusterQueues: %w", err)
+	}
+	out := map[string]QueueUsage{}
+	for _, cq := range list.Items {
+		t := cq.GetLabels()[LabelTenant]
+		if t == "" {
+			continue
+		}
+		q := QueueUsage{GPUs: "0", Borrowed: "0"}
+		q.Admitted, _, _ = unstructured.NestedInt64(cq.Object, "status", "admittedWorkloads")
+		q.Pending, _, _ = unstructured.NestedInt64(cq.Object, "status", "pendingWorkloads")
+		flavors, _, _ := unstructured.NestedSlice(cq.Object, "status", "flavorsUsage")
+		for _, f := range flavors {
+			fm, _ := f.(map[string]any)
+			res, _, _ := unstructured.NestedSlice(fm, "resources")
+			for _, r := range res {
+				if rm, _ := r.(map[string]any); rm["name"] == string(GPUResource) {
+					q.GPUs, q.Borrowed = fmt.Sprint(rm["total"]), fmt.Sprint(rm["borrowed"])
+				}
+			}
+		}
+		out[t] = q
+	}
+	return out, nil
 }

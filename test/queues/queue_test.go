@@ -58,6 +58,9 @@ func TestQueuesAdmitBorrowAndReclaim(t *testing.T) {
 		return use == "GPUs used 8, borrowed 4", use
 	})
 	t.Logf("(c) alpha's a2 (4 more GPUs) admitted, borrowing beta's idle ones: %s", use)
+	if qs, err := tenants.QueueStatus(ctx, c.dyn); err != nil || qs["alpha"].Admitted != 2 {
+		t.Errorf("tenants status' queue for alpha: %+v, %v; want 2 admitted", qs["alpha"], err)
+	}
 
 	c.submit(t, ctx, gpuJob("alpha", "a3", 1))
 	eventually(t, ctx, "a3 pending with a reason", func() (bool, string) {
@@ -101,24 +104,17 @@ func TestQueuesAdmitBorrowAndReclaim(t *testing.T) {
 	t.Logf("(d) beta's b1 admitted; alpha's borrowing a2 preempted (%s); a1 kept; alpha: %s", ev, use)
 }
 
-// gpuUse describes ClusterQueue name's GPU use from its status.
+// gpuUse describes ClusterQueue name's GPU use, as `tenants status` reads it.
 func (c *cluster) gpuUse(ctx context.Context, name string) string {
-	cq, err := c.dyn.Resource(tenants.ClusterQueueGVR).Get(ctx, name, metav1.GetOptions{})
+	qs, err := tenants.QueueStatus(ctx, c.dyn)
 	if err != nil {
 		return err.Error()
 	}
-	flavors, _, _ := unstructured.NestedSlice(cq.Object, "status", "flavorsUsage")
-	for _, f := range flavors {
-		fm, _ := f.(map[string]any)
-		res, _, _ := unstructured.NestedSlice(fm, "resources")
-		for _, r := range res {
-			rm, _ := r.(map[string]any)
-			if rm["name"] == string(tenants.GPUResource) {
-				return fmt.Sprintf("GPUs used %v, borrowed %v", rm["total"], rm["borrowed"])
-			}
-		}
+	q, ok := qs[name]
+	if !ok {
+		return "no queue for " + name
 	}
-	return "no GPU usage in status yet"
+	return fmt.Sprintf("GPUs used %s, borrowed %s", q.GPUs, q.Borrowed)
 }
 
 // TestQueueRBAC (e): a user of tenant alpha reads alpha's LocalQueue and Workloads, but

@@ -127,10 +127,10 @@ func newTenantsStatusCommand() *cobra.Command {
 	var dir, textfile string
 	cmd := &cobra.Command{
 		Use:   "status --dir DIR",
-		Short: "Print each tenant's quota use against its quota (GPUs, CPU, memory, pods, storage); --textfile writes gauges",
+		Short: "Print each tenant's quota use against its quota (GPUs, CPU, memory, pods, storage) and, with queues, its queue's; --textfile writes gauges",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			_, cs, _, err := adminClients(dir)
+			cp, cs, dyn, err := adminClients(dir)
 			if err != nil {
 				return err
 			}
@@ -138,7 +138,13 @@ func newTenantsStatusCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			printStatus(cmd.OutOrStdout(), us)
+			var queues map[string]tenants.QueueUsage
+			if cp.Config.Queues.Enabled {
+				if queues, err = tenants.QueueStatus(cmd.Context(), dyn); err != nil {
+					return err
+				}
+			}
+			printStatus(cmd.OutOrStdout(), us, queues)
 			if textfile != "" {
 				if err := prometheus.WriteToTextfile(textfile, tenants.Registry(us)); err != nil {
 					return fmt.Errorf("write %s: %w", textfile, err)
@@ -173,9 +179,15 @@ func printPlan(out io.Writer, p *tenants.Plan, all bool) {
 		counts[tenants.Create], counts[tenants.Update], counts[tenants.Unchanged], counts[tenants.Delete])
 }
 
-func printStatus(out io.Writer, us []tenants.Usage) {
+// printStatus writes the quota table; with queues (non-nil), a QUEUE column: the
+// tenant's ClusterQueue's admitted and pending Workloads and GPUs held and borrowed.
+func printStatus(out io.Writer, us []tenants.Usage, queues map[string]tenants.QueueUsage) {
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "TENANT\tNAMESPACES\tGPUS\tCPU\tMEMORY\tPODS\tSTORAGE\tBY CLASS\tTIER GPUS")
+	head := "TENANT\tNAMESPACES\tGPUS\tCPU\tMEMORY\tPODS\tSTORAGE\tBY CLASS\tTIER GPUS"
+	if queues != nil {
+		head += "\tQUEUE"
+	}
+	fmt.Fprintln(tw, head)
 	for _, u := range us {
 		cell := func(name string) string {
 			hard, ok := u.Hard[corev1.ResourceName(name)]
@@ -194,9 +206,14 @@ func printStatus(out io.Writer, us []tenants.Usage) {
 		if byClass == "" {
 			byClass = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", u.Tenant, strings.Join(u.Namespaces, ","),
+		row := fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s", u.Tenant, strings.Join(u.Namespaces, ","),
 			cell(string(tenants.QuotaGPU)), cell("requests.cpu"), cell("requests.memory"), cell("pods"), cell("requests.storage"),
 			byClass, strings.Join(tiers, ", "))
+		if queues != nil {
+			q, ok := queues[u.Tenant]
+			row += "\t" + map[bool]string{true: q.String(), false: "-"}[ok]
+		}
+		fmt.Fprintln(tw, row)
 	}
 	tw.Flush()
 }
