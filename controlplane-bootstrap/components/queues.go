@@ -31,7 +31,7 @@ func queueSpecs(cfg *clusterconfig.Config, l Layout) []Component {
 	flags := map[string]string{
 		"config": l.KueueConfig(),
 		// Its flag names the kubeconfig and the certificate folder, so `certs renew
-		// kueue.conf` and `certs renew kueue-serving` restart it (Using).
+		// kueue.conf` and `certs renew kueue-webhook` restart it (Using).
 		"kubeconfig":       l.Kubeconfig(clusterpki.KueueKubeconfig),
 		"metrics-cert-dir": l.PKI(clusterpki.KueueServingDir),
 		"zap-log-level":    "info",
