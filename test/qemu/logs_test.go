@@ -158,13 +158,14 @@ func storeCount(ctx context.Context, client *http.Client, filter string) (int, e
 
 // journaldScript writes n lines tagged tag into the node's journal through
 // systemd-cat, waits until journalctl has them all, and prints how long that took
-// (the node's clock): "journald N MILLISECONDS".
+// (the node's uptime clock in hundredths of a second; no awk in the image):
+// "journald N MILLISECONDS".
 const journaldScript = `tag=TAG; n=N
-t0=$(date +%s%N)
+t0=$(cut -d' ' -f1 /proc/uptime | tr -d .)
 seq -f "logbench line %g" 1 $n | systemd-cat -t $tag
 while [ "$(journalctl -q -t $tag -o cat --no-pager | wc -l)" -lt $n ]; do sleep 0.05; done
-t1=$(date +%s%N)
-echo "journald $n $(( (t1 - t0) / 1000000 ))"`
+t1=$(cut -d' ' -f1 /proc/uptime | tr -d .)
+echo "journald $n $(( (t1 - t0) * 10 ))"`
 
 // benchLogShipping runs journaldScript on node three times, each with its own tag,
 // while polling the store every 200 ms for that tag's lines: journald's rate (N lines
