@@ -82,15 +82,17 @@ func checkVolumeAlert(t *testing.T, ctx context.Context, admin kubernetes.Interf
 	}
 }
 
-// killAgent kills node's gpuagent and keeps it down: its unit is masked for this
-// boot, so systemd's Restart=always cannot bring it back. It returns when the kill
-// was done.
+// killAgent kills node's gpuagent and keeps it down: a runtime drop-in turns off its
+// Restart=always for this boot (a runtime mask would not do: /etc's unit outranks
+// /run's mask), then SIGKILL. It returns when the kill was done.
 func killAgent(t *testing.T, ctx context.Context, admin kubernetes.Interface, node *corev1.Node) time.Time {
 	t.Helper()
 	// systemctl in the node's own mount namespace (PID 1's, through the host's PID
 	// namespace): the pod's view of the host's root has no /run/systemd to reach it by.
-	p := hostRootPod(node, "kill-gpuagent", "nsenter -t 1 -m -- sh -c 'systemctl mask --runtime gpuagent.service && systemctl kill --signal=SIGKILL gpuagent.service && sleep 10 && "+
-		"! systemctl is-active gpuagent.service && echo gpuagent down: $(systemctl show -p ActiveState,SubState gpuagent.service)'")
+	p := hostRootPod(node, "kill-gpuagent", "nsenter -t 1 -m -- sh -c '"+
+		"mkdir -p /run/systemd/system/gpuagent.service.d && printf \"[Service]\\nRestart=no\\n\" > /run/systemd/system/gpuagent.service.d/50-test-killed.conf && "+
+		"systemctl daemon-reload && systemctl kill --signal=SIGKILL gpuagent.service && sleep 10 && "+
+		"! systemctl is-active gpuagent.service && echo gpuagent down: $(systemctl show -p ActiveState,SubState,Result gpuagent.service)'")
 	p.Spec.HostNetwork, p.Spec.HostPID = true, true
 	got, err := runPodToEnd(ctx, admin, p, 3*time.Minute)
 	if err != nil {
