@@ -573,14 +573,7 @@ func (cp *ControlPlane) applyJoinMaterial(ctx context.Context) error {
 	objs = append(objs, dns...)
 	objs = append(objs, localvolumes.Objects()...)
 	objs = append(objs, monitoringObjects(cp.Config)...)
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		err = joinconfig.Apply(ctx, dyn, objs)
-		if err == nil || time.Now().After(deadline) || ctx.Err() != nil {
-			break
-		}
-		time.Sleep(250 * time.Millisecond)
-	}
+	err = applyRetrying(ctx, dyn, objs)
 	if err != nil {
 		return fmt.Errorf("apply join material: %w", err)
 	}
@@ -697,4 +690,17 @@ func runningUnits(ctx context.Context, l components.Layout) (string, bool) {
 		by = append(by, fmt.Sprintf("%s pid %d", u, pids[u]))
 	}
 	return strings.Join(by, ", "), true
+}
+
+// applyRetrying applies objs, trying again every 250 ms for up to a minute while the
+// apiserver refuses them (a just-started apiserver's CRDs and admission catch up).
+func applyRetrying(ctx context.Context, dyn dynamic.Interface, objs []joinconfig.Object) error {
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		err := joinconfig.Apply(ctx, dyn, objs)
+		if err == nil || time.Now().After(deadline) || ctx.Err() != nil {
+			return err
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
 }

@@ -267,14 +267,7 @@ func (cp *ControlPlane) applyKueue(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		err = joinconfig.Apply(ctx, dyn, objs)
-		if err == nil || time.Now().After(deadline) || ctx.Err() != nil {
-			break
-		}
-		time.Sleep(250 * time.Millisecond)
-	}
+	err = applyRetrying(ctx, dyn, objs)
 	if err != nil {
 		return fmt.Errorf("apply Kueue's CRDs, role and webhooks: %w", err)
 	}
