@@ -70,13 +70,14 @@ func TestShipsJournalToVictoriaLogs(t *testing.T) {
 		map[string]string{"MESSAGE": "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus", "SYSLOG_IDENTIFIER": "kernel", "PRIORITY": "3"},
 		map[string]string{"MESSAGE": strings.Repeat("z", 10000), "_SYSTEMD_UNIT": "chatty.service", "PRIORITY": "6"},
 		map[string]string{"MESSAGE": "long \"quoted\" \u00e9 " + strings.Repeat("w", 100<<10), "_SYSTEMD_UNIT": "huge.service", "PRIORITY": "4"},
-		map[string]string{"MESSAGE": "bad \xff\xfe utf8\nsecond line", "SYSLOG_IDENTIFIER": "bin"})
+		map[string]string{"MESSAGE": "bad \xff\xfe utf8\nsecond line", "SYSLOG_IDENTIFIER": "bin"},
+		map[string]string{"MESSAGE": "trace:\n" + strings.Repeat("\tat frame\n", 500), "_SYSTEMD_UNIT": "trace.service", "PRIORITY": "3"})
 	m := &Metrics{}
 	state := filepath.Join(t.TempDir(), "logship.json")
 	cfg := Config{URL: vl.URL, Node: "gpu-r1-07", BootID: BootID(), Journalctl: "journalctl", JournalArgs: []string{"--file=" + jf.path},
 		StateFile: state, FlushEvery: 100 * time.Millisecond, Metrics: m, Backoff: retry.Backoff{First: 100 * time.Millisecond, Max: time.Second}}
 	stop := runShipper(t, cfg)
-	vl.waitCount(t, "source:journal", 5)
+	vl.waitCount(t, "source:journal", 6)
 	rows, err := vl.query(`source:journal AND unit:"kubelet.service"`)
 	if err != nil || len(rows) != 1 || rows[0]["_msg"] != "Started kubelet" || rows[0]["identifier"] != "kubelet" || rows[0]["priority"] != "6" || rows[0]["node"] != "gpu-r1-07" || rows[0]["boot_id"] != BootID() {
 		t.Errorf("kubelet's line: %v, %v", rows, err)
@@ -92,12 +93,17 @@ func TestShipsJournalToVictoriaLogs(t *testing.T) {
 	if want := ("long \"quoted\" \u00e9 " + strings.Repeat("w", 100<<10))[:DefaultMaxLine]; err != nil || len(rows) != 1 || rows[0]["truncated"] != "true" || rows[0]["_msg"] != want {
 		t.Errorf("the 100 KiB message: %d rows, %v; want its first 64 KiB, truncated", len(rows), err)
 	}
+	// Long and multi-line: journalctl's export format gives it in its binary form.
+	rows, err = vl.query(`source:journal AND unit:"trace.service"`)
+	if want := "trace:\n" + strings.Repeat("\tat frame\n", 500); err != nil || len(rows) != 1 || rows[0]["truncated"] != "" || rows[0]["_msg"] != want {
+		t.Errorf("the long multi-line message: %d rows, %v; want it whole, not truncated", len(rows), err)
+	}
 	rows, err = vl.query(`source:journal AND unit:bin`)
 	if want := "bad \ufffd utf8\nsecond line"; err != nil || len(rows) != 1 || rows[0]["_msg"] != want {
 		t.Errorf("the binary message: %v, %v; want %q", rows, err, want)
 	}
-	if m.Truncated("journal") != 1 || m.Shipped("journal") != 5 {
-		t.Errorf("journal: %d shipped, %d truncated; want 5 and 1", m.Shipped("journal"), m.Truncated("journal"))
+	if m.Truncated("journal") != 1 || m.Shipped("journal") != 6 {
+		t.Errorf("journal: %d shipped, %d truncated; want 6 and 1", m.Shipped("journal"), m.Truncated("journal"))
 	}
 
 	// Followed while running.
@@ -117,7 +123,7 @@ func TestShipsJournalToVictoriaLogs(t *testing.T) {
 	if n := m2.Shipped("journal"); n != 1 {
 		t.Errorf("the restarted shipper shipped %d journal lines, want 1 (only what came after the saved cursor)", n)
 	}
-	vl.waitCount(t, "source:journal", 7)
+	vl.waitCount(t, "source:journal", 8)
 	if data, err := os.ReadFile(state); err != nil || !strings.Contains(string(data), `"journal_cursor":"s=`) {
 		t.Errorf("state file: %s, %v; want a journal cursor", data, err)
 	}

@@ -1,21 +1,27 @@
 package logship
 
 import (
+	"bufio"
 	"bytes"
 	"context"
+	"encoding/binary"
+	"errors"
+	"io"
 	"os/exec"
-	"strconv"
 	"unicode/utf8"
 )
 
 // longMessage reads again a journal entry whose message journalctl left out (4096 bytes
-// or more): `journalctl --all --output=json --output-fields=MESSAGE --cursor=C` prints
-// it first, and only the first maxJSON bytes of that line are read (the rest is never
-// held) before journalctl is stopped. It returns the message's first bytes decoded,
-// whether it was cut, and false when the message could not be read (gone from the
-// journal, binary, journalctl failing): the caller then ships the marker.
+// or more): `journalctl --all --output=export --output-fields=MESSAGE --cursor=C` prints
+// that entry first. The export format is read, not JSON, because its order is fixed:
+// __CURSOR comes first, so the entry is known before its message is read. (JSON's field
+// order is not: a cursor printed after a long message was never reached, and the
+// message was shipped as the marker.) Only the message's first maxLine bytes are read,
+// the rest is never held, before journalctl is stopped. It returns the message decoded
+// (invalid UTF-8 replaced), whether it was cut, and false when the entry could not be
+// read (gone from the journal, journalctl failing): the caller then ships the marker.
 func (j *journalReader) longMessage(ctx context.Context, cursor string) (msg string, cut, ok bool) {
-	args := append([]string{"--all", "--output=json", "--output-fields=MESSAGE", "--quiet", "--cursor=" + cursor}, j.extra...)
+	args := append([]string{"--all", "--output=export", "--output-fields=MESSAGE", "--quiet", "--cursor=" + cursor}, j.extra...)
 	cmd := exec.CommandContext(ctx, j.command, args...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -25,88 +31,106 @@ func (j *journalReader) longMessage(ctx context.Context, cursor string) (msg str
 		return "", false, false
 	}
 	defer func() { cmd.Process.Kill(); cmd.Wait() }()
-	lr := newLineReader(out, j.maxLine+longMessageSlack)
-	line, _, _, err := lr.next()
-	if err != nil || !bytes.Contains(line, []byte(`"__CURSOR":"`+cursor+`"`)) {
-		return "", false, false
-	}
-	i := bytes.Index(line, []byte(`"MESSAGE":"`))
-	if i < 0 {
-		return "", false, false
-	}
-	s, complete := decodeJSONStringPrefix(line[i+len(`"MESSAGE":"`):])
-	msg, cutHere := cutMessage(s, j.maxLine)
-	return msg, cutHere || !complete, true
+	return readExportMessage(bufio.NewReaderSize(out, 4096), cursor, j.maxLine)
 }
 
-// longMessageSlack is room beside the message in the re-read line: the cursor, the boot
-// id, the timestamps and their names.
-const longMessageSlack = 1024
+// exportNameMax bounds a field's name in the export format (journald's own bound is 64);
+// exportFieldMax bounds the fields read before MESSAGE (cursor, timestamps, boot id).
+const (
+	exportNameMax  = 256
+	exportFieldMax = 1024
+)
 
-// decodeJSONStringPrefix decodes the JSON string whose text (after its opening quote)
-// starts b, as far as b goes: complete is true when its closing quote was found. A cut
-// escape at the end is left out; invalid escapes end the string there (not complete).
-func decodeJSONStringPrefix(b []byte) (s string, complete bool) {
-	out := make([]byte, 0, len(b))
-	for i := 0; i < len(b); {
-		c := b[i]
-		switch {
-		case c == '"':
-			return string(out), true
-		case c != '\\':
-			out = append(out, c)
-			i++
-			continue
+var errExportFormat = errors.New("not journal export format")
+
+// readExportMessage reads the first entry of journalctl's export format
+// (https://systemd.io/JOURNAL_EXPORT_FORMATS/): its first field must be __CURSOR with
+// the value cursor; its MESSAGE, text (NAME=value\n) or binary (NAME\n, a 64-bit
+// little-endian length, the value, \n), is returned cut to max bytes on a UTF-8
+// boundary, with cut set when anything was left. ok is false for another entry, an entry
+// without MESSAGE, or input that is not the export format.
+func readExportMessage(r *bufio.Reader, cursor string, max int) (msg string, cut, ok bool) {
+	for first := true; ; first = false {
+		name, binaryValue, err := readExportName(r)
+		if err != nil || name == "" {
+			return "", false, false
 		}
-		if i+1 >= len(b) {
-			break
-		}
-		switch e := b[i+1]; e {
-		case '"', '\\', '/':
-			out = append(out, e)
-			i += 2
-		case 'b', 'f', 'n', 'r', 't':
-			out = append(out, map[byte]byte{'b': '\b', 'f': '\f', 'n': '\n', 'r': '\r', 't': '\t'}[e])
-			i += 2
-		case 'u':
-			r, n := decodeUnicodeEscape(b[i:])
-			if n == 0 {
-				return strToValid(out), false
+		if name == "MESSAGE" && !first {
+			// utf8.UTFMax more than max, so a rune cut by the read is past the cut below.
+			raw, more, err := readExportValue(r, binaryValue, max+utf8.UTFMax)
+			if err != nil {
+				return "", false, false
 			}
-			out = utf8.AppendRune(out, r)
-			i += n
-		default:
-			return strToValid(out), false
+			msg, cutHere := cutMessage(strToValid(raw), max)
+			return msg, cutHere || more, true
+		}
+		value, more, err := readExportValue(r, binaryValue, exportFieldMax)
+		if err != nil || more || (first && (name != "__CURSOR" || string(value) != cursor)) {
+			return "", false, false
 		}
 	}
-	return strToValid(out), false
 }
 
-// decodeUnicodeEscape decodes \uXXXX (and a following \uXXXX low surrogate) at the start
-// of b: the rune and the bytes used, 0 when b is cut or not an escape.
-func decodeUnicodeEscape(b []byte) (rune, int) {
-	if len(b) < 6 {
-		return 0, 0
-	}
-	v, err := strconv.ParseUint(string(b[2:6]), 16, 16)
-	if err != nil {
-		return 0, 0
-	}
-	r := rune(v)
-	if r >= 0xD800 && r < 0xDC00 { // a high surrogate: its pair follows
-		if len(b) < 12 || b[6] != '\\' || b[7] != 'u' {
-			return utf8.RuneError, 6
+// readExportName reads a field's name up to its '=' (a text value follows) or its
+// newline (a binary value follows); an empty line, the entry's end, gives "".
+func readExportName(r *bufio.Reader) (name string, binaryValue bool, err error) {
+	var b []byte
+	for len(b) <= exportNameMax {
+		c, err := r.ReadByte()
+		if err != nil {
+			return "", false, err
 		}
-		lo, err := strconv.ParseUint(string(b[8:12]), 16, 16)
-		if err != nil || lo < 0xDC00 || lo > 0xDFFF {
-			return utf8.RuneError, 6
+		switch c {
+		case '=':
+			if len(b) == 0 {
+				return "", false, errExportFormat
+			}
+			return string(b), false, nil
+		case '\n':
+			return string(b), len(b) > 0, nil
 		}
-		return (r-0xD800)<<10 | (rune(lo) - 0xDC00) + 0x10000, 12
+		b = append(b, c)
 	}
-	if r >= 0xDC00 && r <= 0xDFFF {
-		return utf8.RuneError, 6
+	return "", false, errExportFormat
+}
+
+// readExportValue reads a value of at most limit bytes: more is set (and the rest left
+// unread) when the value is longer.
+func readExportValue(r *bufio.Reader, binaryValue bool, limit int) (value []byte, more bool, err error) {
+	if !binaryValue {
+		for {
+			frag, err := r.ReadSlice('\n')
+			complete := err == nil
+			if complete {
+				frag = frag[:len(frag)-1]
+			} else if err != bufio.ErrBufferFull {
+				return nil, false, err
+			}
+			if room := limit - len(value); len(frag) > room {
+				return append(value, frag[:room]...), true, nil
+			}
+			value = append(value, frag...)
+			if complete {
+				return value, false, nil
+			}
+		}
 	}
-	return r, 6
+	var size uint64
+	if err := binary.Read(r, binary.LittleEndian, &size); err != nil {
+		return nil, false, err
+	}
+	n := min(size, uint64(limit))
+	value = make([]byte, n)
+	if _, err := io.ReadFull(r, value); err != nil {
+		return nil, false, err
+	}
+	if size > n {
+		return value, true, nil
+	}
+	if c, err := r.ReadByte(); err != nil || c != '\n' {
+		return nil, false, errExportFormat
+	}
+	return value, false, nil
 }
 
 func strToValid(b []byte) string {

@@ -1,8 +1,9 @@
 package logship
 
 import (
+	"bufio"
 	"bytes"
-	"encoding/json"
+	"encoding/binary"
 	"io"
 	"strings"
 	"testing"
@@ -242,49 +243,79 @@ func (e *eofReader) Read(p []byte) (int, error) {
 	return e.r.Read(p)
 }
 
-func TestDecodeJSONStringPrefix(t *testing.T) {
+// exportEntry is one entry in journalctl's export format: the cursor, then each field
+// as text or, when binary is set, in the length-prefixed form.
+func exportEntry(cursor string, fields [][2]string, binaryFields bool) []byte {
+	var b bytes.Buffer
+	b.WriteString("__CURSOR=" + cursor + "\n__REALTIME_TIMESTAMP=1796433579827690\n")
+	for _, f := range fields {
+		if !binaryFields {
+			b.WriteString(f[0] + "=" + f[1] + "\n")
+			continue
+		}
+		b.WriteString(f[0] + "\n")
+		binary.Write(&b, binary.LittleEndian, uint64(len(f[1])))
+		b.WriteString(f[1] + "\n")
+	}
+	b.WriteString("\n")
+	return b.Bytes()
+}
+
+func TestReadExportMessage(t *testing.T) {
+	const cursor = "s=5de2;i=1;b=2977;m=3e8;t=661d;x=7d73"
 	cases := []struct {
-		in, want string
-		complete bool
+		name    string
+		in      []byte
+		max     int
+		want    string
+		cut, ok bool
 	}{
-		{`abc"rest`, "abc", true},
-		{`a\"b\\c\n\u00e9\ud83d\ude00"`, "a\"b\\c\né😀", true},
-		{`abc`, "abc", false},
-		{`abc\`, "abc", false},
-		{`abc\u00`, "abc", false},
-		{`abc\x"`, "abc", false},
-		{`\ud83d"`, "\uFFFD", true},
+		{"text", exportEntry(cursor, [][2]string{{"_BOOT_ID", "2977"}, {"MESSAGE", "hello"}}, false), 64, "hello", false, true},
+		{"binary", exportEntry(cursor, [][2]string{{"MESSAGE", "two\nlines \xff"}}, true), 64, "two\nlines \uFFFD", false, true},
+		{"cut text", exportEntry(cursor, [][2]string{{"MESSAGE", strings.Repeat("w", 100)}}, false), 10, strings.Repeat("w", 10), true, true},
+		{"cut binary", exportEntry(cursor, [][2]string{{"MESSAGE", strings.Repeat("b", 100)}}, true), 10, strings.Repeat("b", 10), true, true},
+		{"cut inside a rune", exportEntry(cursor, [][2]string{{"MESSAGE", "abcdefghi\u00e9\u00e9"}}, false), 10, "abcdefghi", true, true},
+		{"another entry", exportEntry("s=other", [][2]string{{"MESSAGE", "hello"}}, false), 64, "", false, false},
+		{"cursor not first", []byte("MESSAGE=hello\n__CURSOR=" + cursor + "\n\n"), 64, "", false, false},
+		{"no message", exportEntry(cursor, [][2]string{{"PRIORITY", "6"}}, false), 64, "", false, false},
+		{"binary length past the end", []byte("__CURSOR=" + cursor + "\nMESSAGE\n\xff\xff\xff\xff\xff\xff\xff\x7fab"), 64, "", false, false},
+		{"empty", nil, 64, "", false, false},
 	}
 	for _, c := range cases {
-		got, complete := decodeJSONStringPrefix([]byte(c.in))
-		if got != c.want || complete != c.complete {
-			t.Errorf("%q: %q %v, want %q %v", c.in, got, complete, c.want, c.complete)
+		got, cut, ok := readExportMessage(bufio.NewReader(bytes.NewReader(c.in)), cursor, c.max)
+		if got != c.want || cut != c.cut || ok != c.ok {
+			t.Errorf("%s: %q %v %v, want %q %v %v", c.name, got, cut, ok, c.want, c.cut, c.ok)
 		}
 	}
 }
 
-// A complete string decodes as encoding/json decodes it; any prefix of it decodes to a
-// prefix of that, and is valid UTF-8.
-func FuzzDecodeJSONStringPrefix(f *testing.F) {
-	for _, s := range []string{"plain", "quote \" and \\ slash", "é😀\n\t", "\x00\x1f"} {
-		f.Add(s, 3)
-	}
-	f.Fuzz(func(t *testing.T, s string, cut int) {
-		if !utf8.ValidString(s) {
+// Any input: no panic, and a message is valid UTF-8 within its bound; an entry made of
+// any UTF-8 message reads back as that message (cut at the bound), in text and binary
+// form.
+func FuzzReadExportMessage(f *testing.F) {
+	f.Add([]byte("__CURSOR=c\nMESSAGE=hi\n\n"), "hello", 8)
+	f.Add([]byte("__CURSOR=c\nMESSAGE\n\x02\x00\x00\x00\x00\x00\x00\x00hi\n\n"), "two\nlines \u00e9", 11)
+	f.Fuzz(func(t *testing.T, data []byte, message string, max int) {
+		if max < 0 || max > 1<<16 {
 			return
 		}
-		enc, _ := json.Marshal(s)
-		body := enc[1:]
-		got, complete := decodeJSONStringPrefix(body)
-		if !complete || got != s {
-			t.Fatalf("%s: %q %v, want %q", enc, got, complete, s)
+		msg, _, ok := readExportMessage(bufio.NewReader(bytes.NewReader(data)), "c", max)
+		if ok && (!utf8.ValidString(msg) || len(msg) > max) {
+			t.Fatalf("%q: message %q (bound %d)", data, msg, max)
 		}
-		if cut < 0 || cut > len(body) {
-			return
+		if !utf8.ValidString(message) {
+			return // invalid bytes are replaced, and a run of them cut differently reads differently
 		}
-		part, complete := decodeJSONStringPrefix(body[:cut])
-		if !utf8.ValidString(part) || (!complete && !strings.HasPrefix(s, strings.TrimSuffix(part, "\uFFFD"))) {
-			t.Fatalf("prefix %q of %s: %q", body[:cut], enc, part)
+		want, wantCut := cutMessage(message, max)
+		for _, binaryForm := range []bool{false, true} {
+			if !binaryForm && strings.ContainsRune(message, '\n') {
+				continue
+			}
+			in := exportEntry("c", [][2]string{{"MESSAGE", message}}, binaryForm)
+			got, cut, ok := readExportMessage(bufio.NewReader(bytes.NewReader(in)), "c", max)
+			if !ok || got != want || (wantCut && !cut) {
+				t.Fatalf("%q (binary %v, bound %d): %q %v %v, want %q", message, binaryForm, max, got, cut, ok, want)
+			}
 		}
 	})
 }
