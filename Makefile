@@ -60,7 +60,7 @@ generate: ## regenerate the protobuf code in api/ (protoc + pinned plugins)
 	hack/generate.sh
 
 .PHONY: k8s-bins
-k8s-bins: ## build pinned Kubernetes v1.34.2, etcd v3.6.16, grpcurl, promtool, Prometheus, Alertmanager and amtool, kube-state-metrics v2.20.0, node_exporter v1.12.1, VictoriaLogs, Kueue v0.17.0 (with its manifests), staticcheck and the pause image into the cache
+k8s-bins: ## build pinned Kubernetes v1.34.2, etcd v3.6.16, grpcurl, promtool, Prometheus, Alertmanager and amtool, kube-state-metrics v2.20.0, node_exporter v1.12.1, VictoriaLogs, Kueue v0.17.0 (with its manifests), the image registry (distribution v3.1.2), staticcheck and the pause image into the cache
 	@hack/k8s-bins.sh
 
 .PHONY: probe-image

@@ -28,6 +28,7 @@ packages=(
   chromium          # pxe/report and test/graphs: the HTML rack checklist and the graphs page are opened in headless Chromium
   cmark-gfm         # pxe/report: the markdown rack report is rendered as GitHub would, to prove its escaping
   swtpm swtpm-tools # agent/attest, pxe/enroll: a software TPM 2.0 for the TPM-bound identity tests
+  skopeo            # controlplane-bootstrap: the image registry's tests push and pull with a real client (docs/registry.md)
   xfsprogs e2fsprogs lvm2 mdadm # agent/datadisk: XFS with project quotas on data disks; ext4, LVM and RAID disks it must refuse
 )
 

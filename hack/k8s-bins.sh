@@ -8,7 +8,7 @@
 #
 # Layout:  $GPURACK_K8S_DIR/bin/{kube-apiserver,...,etcd,etcdctl,grpcurl,promtool,
 #          prometheus,alertmanager,amtool,kube-state-metrics,node_exporter,
-#          victoria-logs,kueue,staticcheck}
+#          victoria-logs,kueue,registry,staticcheck}
 #          $GPURACK_K8S_DIR/bin/kueue-manifests/{crds/*.yaml,role.yaml,webhooks.yaml} (Kueue's)
 #          $GPURACK_K8S_DIR/images/pause.tar  (docker archive, tag $PAUSE_IMAGE)
 #
@@ -17,10 +17,10 @@
 # each k8s.io staging module to the matching v0.x release builds them unchanged.
 #
 # Only what the tests and `make lint` run is built (the protobuf plugins of `make
-# generate` are hack/generate.sh's to install). The eight groups (Kubernetes, etcd, the
-# test tools, kube-state-metrics, node_exporter, VictoriaLogs, Kueue, the pause image) build at
-# once, each in its own module: on a cold machine one group's module downloads overlap
-# another's compiling. Each group's lines carry its name; a group that fails fails the
+# generate` are hack/generate.sh's to install). The nine groups (Kubernetes, etcd, the
+# test tools, kube-state-metrics, node_exporter, VictoriaLogs, Kueue, the image registry,
+# the pause image) build at once, each in its own module: on a cold machine one group's
+# module downloads overlap another's compiling. Each group's lines carry its name; a group that fails fails the
 # script, after the others finish.
 set -euo pipefail
 
@@ -33,6 +33,7 @@ KSM_VERSION=v2.20.0 # kube-state-metrics
 NODE_EXPORTER_VERSION=v1.12.1 # shipped in every node image (imagebuilder reads it from bin/)
 VICTORIALOGS_VERSION=v1.52.1 # the log store (docs/decisions/0694)
 KUEUE_VERSION=v0.17.0 # job queues (docs/decisions/0696)
+REGISTRY_VERSION=v3.1.2 # the in-cluster image registry, CNCF distribution (docs/decisions/0697)
 STATICCHECK_VERSION=v0.8.2
 PAUSE_IMAGE=registry.k8s.io/pause:3.10.1
 
@@ -248,6 +249,22 @@ if need kueue || [ ! -s "$bin/kueue-manifests/webhooks.yaml" ]; then
 fi
 }
 
+# --- image registry --------------------------------------------------------------
+# A group of its own (registry): CNCF distribution's registry command, which
+# controlplane-bootstrap runs as the cluster's image registry (docs/decisions/0697). Its
+# module has no replace directive, so `go install pkg@version` builds it with its own
+# go.mod. The version flags are its Makefile's (version.version, version.revision); CGO
+# off, as its release binaries are.
+registry() {
+if need registry; then
+  log "building the image registry (distribution) $REGISTRY_VERSION: registry (about 2 min cold)"
+  dv=github.com/distribution/distribution/v3/version
+  install_tool registry "github.com/distribution/distribution/v3/cmd/registry@$REGISTRY_VERSION" \
+    "-X $dv.version=$REGISTRY_VERSION -X $dv.revision=module-source"
+  log "built registry"
+fi
+}
+
 # --- pause image ------------------------------------------------------------------
 pause() {
 if [ ! -s "$dir/images/pause.tar" ]; then
@@ -262,7 +279,7 @@ fi
 
 # Each group runs in the background with its lines prefixed; wait collects each one's
 # status (pipefail: the group's, not sed's).
-pids=() groups=(kubernetes etcd tools ksm nodeexporter vlogs kueue pause)
+pids=() groups=(kubernetes etcd tools ksm nodeexporter vlogs kueue registry pause)
 for g in "${groups[@]}"; do
   (set -euo pipefail; "$g") 2>&1 | sed -u "s/^k8s-bins: /k8s-bins [$g]: /; t; s/^/k8s-bins [$g]: /" &
   pids+=($!)
