@@ -8,6 +8,7 @@ require (
 	github.com/coreos/go-systemd/v22 v22.7.0
 	github.com/diskfs/go-diskfs v1.9.4
 	github.com/flannel-io/flannel v0.28.4
+	github.com/go-jose/go-jose/v4 v4.1.9
 	github.com/godbus/dbus/v5 v5.2.2
 	github.com/google/go-tpm v0.9.8
 	github.com/google/nftables v0.3.0

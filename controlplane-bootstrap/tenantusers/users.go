@@ -85,6 +85,10 @@ type Credential struct {
 	IssuedAt  time.Time  `json:"issuedAt"`
 	NotAfter  time.Time  `json:"notAfter"`
 	RevokedAt *time.Time `json:"revokedAt,omitempty"`
+	// RegistryPasswordSHA256 is the hex SHA-256 of the credential's image registry
+	// password (package registryauth), which only the user's auth file holds; empty
+	// for a credential issued without one (and in stores written before it existed).
+	RegistryPasswordSHA256 string `json:"registryPasswordSHA256,omitempty"`
 }
 
 // State is "active", "revoked" or "expired" at now.
