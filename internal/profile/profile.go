@@ -101,7 +101,42 @@ type GPU struct {
 	XID *XIDPolicy `yaml:"xid,omitempty" json:"xid,omitempty"`
 	// Sharing is how containers share the GPUs; nil: every container gets whole GPUs.
 	Sharing *Sharing `yaml:"sharing,omitempty" json:"sharing,omitempty"`
+	// Compute turns on the opt-in GPU compute check (gpu.compute, docs/compute-check.md):
+	// at commissioning the agent runs PTX kernels through libcuda and judges their
+	// figures; nil: off.
+	Compute *Compute `yaml:"compute,omitempty" json:"compute,omitempty"`
 }
+
+// Compute is the compute check's setting: kernels through libcuda at commissioning,
+// each figure judged against what a healthy GPU of the class reaches with them.
+type Compute struct {
+	// Enabled runs the check; a section with enabled: false keeps its figures at hand.
+	Enabled bool `yaml:"enabled" json:"enabled"`
+	// MinRatio is the share of an expected figure below which the check warns, in
+	// (0, 1]; 0: 0.7.
+	MinRatio float64 `yaml:"minRatio,omitempty" json:"minRatio,omitempty"`
+	// Expect are the figures per GPU; an unset (zero) one is reported, not judged.
+	Expect ComputeExpect `yaml:"expect,omitempty" json:"expect"`
+}
+
+// ComputeExpect are the figures a healthy GPU of the class reaches with gpurack's
+// kernels (measured on one, not datasheet peaks: docs/compute-check.md).
+type ComputeExpect struct {
+	// TFLOPSFP32 is the FP32 SGEMM rate in 10¹² operations per second.
+	TFLOPSFP32 float64 `yaml:"tflopsFP32,omitempty" json:"tflopsFP32,omitempty"`
+	// DeviceGBps is device-memory bandwidth (bytes read + written) in 10⁹ bytes/s.
+	DeviceGBps float64 `yaml:"deviceGBps,omitempty" json:"deviceGBps,omitempty"`
+	// H2DGBps and D2HGBps are pinned host↔device copy rates in 10⁹ bytes/s.
+	H2DGBps float64 `yaml:"h2dGBps,omitempty" json:"h2dGBps,omitempty"`
+	D2HGBps float64 `yaml:"d2hGBps,omitempty" json:"d2hGBps,omitempty"`
+}
+
+// ComputeEnabled reports whether the profile turns the compute check on.
+func (g *GPU) ComputeEnabled() bool { return g != nil && g.Compute != nil && g.Compute.Enabled }
+
+// ComputeMaxFigure bounds every gpu.compute.expect figure: far above any GPU (an H200's
+// HBM3e is 4,800 GB/s), low enough to catch a unit slip.
+const ComputeMaxFigure = 100_000
 
 // Sharing says how containers share a node's GPUs (decision 0632). Time-slicing is the
 // only way for now; the section leaves room for others (MPS) beside it.

@@ -209,6 +209,9 @@ func (v *validator) gpu(g *GPU) {
 	if g.Sharing != nil {
 		v.sharing(g)
 	}
+	if g.Compute != nil {
+		v.compute(g.Compute)
+	}
 	if e.PCIe.Gen < 1 || e.PCIe.Gen > 6 {
 		v.fail("gpu.expect.pcie.gen", "must be a PCIe generation from 1 to 6, got %d", e.PCIe.Gen)
 	}
@@ -256,6 +259,26 @@ func (v *validator) sharing(g *GPU) {
 	}
 	if ts.Replicas < 2 || ts.Replicas > MaxTimeSlicingReplicas {
 		v.fail("gpu.sharing.timeSlicing.replicas", "must be from 2 to %d devices per GPU, got %d; for one device per GPU (no sharing) leave gpu.sharing out", MaxTimeSlicingReplicas, ts.Replicas)
+	}
+}
+
+// compute checks gpu.compute: a ratio in (0, 1] and figures that are finite, not
+// negative and below ComputeMaxFigure (NaN fails every comparison, so each test is
+// written to reject it).
+func (v *validator) compute(c *Compute) {
+	if !(c.MinRatio >= 0 && c.MinRatio <= 1) {
+		v.fail("gpu.compute.minRatio", "must be a share from 0 to 1 (for example 0.7: warn below 70%% of an expected figure), got %v", c.MinRatio)
+	}
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{
+		{"tflopsFP32", c.Expect.TFLOPSFP32}, {"deviceGBps", c.Expect.DeviceGBps},
+		{"h2dGBps", c.Expect.H2DGBps}, {"d2hGBps", c.Expect.D2HGBps},
+	} {
+		if !(f.v >= 0 && f.v <= ComputeMaxFigure) {
+			v.fail("gpu.compute.expect."+f.name, "must be from 0 (not judged) to %d, got %v; give the figure a healthy GPU of this class reaches with gpurack's kernels (docs/compute-check.md)", ComputeMaxFigure, f.v)
+		}
 	}
 }
 
