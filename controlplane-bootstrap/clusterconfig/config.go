@@ -48,6 +48,8 @@ type Config struct {
 	Monitoring        Monitoring        `yaml:"monitoring"`
 	// Queues is Kueue, the tenants' job queues (queues.go).
 	Queues Queues `yaml:"queues"`
+	// Registry is the cluster's image registry (registry.go).
+	Registry Registry `yaml:"registry"`
 	// BinDir overrides where the pinned binaries are looked up.
 	BinDir string `yaml:"binDir"`
 }
@@ -190,6 +192,7 @@ func Default() Config {
 		},
 		BootstrapTokens: BootstrapTokens{TTL: "24h"},
 		Monitoring:      defaultMonitoring(),
+		Registry:        defaultRegistry(),
 	}
 }
 
@@ -225,6 +228,7 @@ func (c *Config) applyDefaults() {
 	str(&c.BootstrapTokens.TTL, d.BootstrapTokens.TTL)
 	c.Monitoring.applyDefaults()
 	c.Queues.applyDefaults()
+	c.Registry.applyDefaults()
 	// The log gateway serves nodes where the API server does.
 	str(&c.Monitoring.Logs.Gateway.ListenAddress, c.APIServer.BindAddress)
 	if c.APIServer.OIDC.IssuerURL != "" {
@@ -277,6 +281,7 @@ func (c *Config) Validate() []FieldError {
 	c.Networking.validate(&p)
 	c.Monitoring.validate(&p)
 	c.Queues.validate(&p)
+	c.Registry.validate(&p)
 	if d, err := time.ParseDuration(c.BootstrapTokens.TTL); err != nil || d <= 0 {
 		p.add("bootstrapTokens.ttl", "%q is not a positive duration (for example 24h or 15m)", c.BootstrapTokens.TTL)
 	}
@@ -397,6 +402,16 @@ func (c *Config) validatePorts(p *problems) {
 		}{
 			{"monitoring.logs.port", c.Monitoring.Logs.Port},
 			{"monitoring.logs.gateway.port", c.Monitoring.Logs.Gateway.Port},
+		}...)
+	}
+	if c.Registry.Enabled {
+		ports = append(ports, []struct {
+			field string
+			v     int
+		}{
+			{"registry.port", c.Registry.Port},
+			{"registry.authPort", c.Registry.AuthPort},
+			{"registry.metricsPort", c.Registry.MetricsPort},
 		}...)
 	}
 	seen := map[int]string{}

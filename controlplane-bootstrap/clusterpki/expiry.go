@@ -94,6 +94,7 @@ var Certificates = []Certificate{
 	{KueueKubeconfig, KubeconfigCert, KueueKubeconfig, "", ClusterCAName},
 	{"logs-gateway", PKIPair, inPKI(LogsGatewayCert), inPKI(LogsGatewayKey), ClusterCAName},
 	{"monitoring-client", PKIPair, inPKI(MonitoringClientCert), inPKI(MonitoringClientKey), ClusterCAName},
+	{"registry", PKIPair, inPKI(RegistryCert), inPKI(RegistryKey), ClusterCAName},
 	{SchedulerKubeconfig, KubeconfigCert, SchedulerKubeconfig, "", ClusterCAName},
 	{"scheduler-serving", SelfSigned, inPKI(SchedulerServingDir + "/kube-scheduler.crt"), inPKI(SchedulerServingDir + "/kube-scheduler.key"), ""},
 }

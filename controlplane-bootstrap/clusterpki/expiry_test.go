@@ -86,7 +86,7 @@ func TestCheckExpirationListsEveryCertificateAndCA(t *testing.T) {
 	wantCA := map[string]string{
 		"admin.conf": "ca", "apiserver": "ca", "apiserver-etcd-client": "etcd-ca", "apiserver-kubelet-client": "ca",
 		"controller-manager.conf": "ca", "controller-manager-serving": "self-signed", "etcd-healthcheck-client": "etcd-ca",
-		"etcd-peer": "etcd-ca", "etcd-server": "etcd-ca", "front-proxy-client": "front-proxy-ca", "kube-state-metrics.conf": "ca", "kueue.conf": "ca", "kueue-webhook": "ca", "logs-gateway": "ca", "monitoring-client": "ca", "scheduler.conf": "ca",
+		"etcd-peer": "etcd-ca", "etcd-server": "etcd-ca", "front-proxy-client": "front-proxy-ca", "kube-state-metrics.conf": "ca", "kueue.conf": "ca", "kueue-webhook": "ca", "logs-gateway": "ca", "monitoring-client": "ca", "registry": "ca", "scheduler.conf": "ca",
 		"enroller.kubeconfig": "ca",
 	}
 	for _, e := range r.Certificates {

@@ -76,6 +76,15 @@ const (
 	KueueServingCert = KueueServingDir + "/tls.crt"
 	KueueServingKey  = KueueServingDir + "/tls.key"
 	KueueServingCN   = "gpurack:kueue-webhook"
+	// RegistryCert is the image registry's serving certificate, which its token issuer
+	// serves with too (docs/registry.md): the advertise address, RegistrySAN and
+	// registry.certSANs.
+	RegistryCert = "registry.crt"
+	RegistryKey  = "registry.key"
+	RegistryCN   = "gpurack-registry"
+	// RegistrySAN is the DNS name every registry certificate carries, for clients that
+	// map it to the control plane's address.
+	RegistrySAN = "gpurack-registry"
 	// Identities of the kubeconfigs and client certificates.
 	ControllerManagerUser  = "system:kube-controller-manager"
 	SchedulerUser          = "system:kube-scheduler"
@@ -332,7 +341,31 @@ func (s *Set) leaves(cfg *clusterconfig.Config) []leaf {
 		{MonitoringClientCert, MonitoringClientKey, "ca", pki.CertRequest{CommonName: MonitoringUser, DNSNames: []string{MonitoringSAN}, Usages: client}},
 		{LogsGatewayCert, LogsGatewayKey, "ca", pki.CertRequest{CommonName: LogsGatewayCN, DNSNames: dns, IPs: logsGatewayIPs(cfg, ips), Usages: []pki.Usage{pki.ServerAuth}}},
 		{KueueServingCert, KueueServingKey, "ca", pki.CertRequest{CommonName: KueueServingCN, DNSNames: []string{"localhost"}, IPs: []net.IP{net.IPv4(127, 0, 0, 1)}, Usages: []pki.Usage{pki.ServerAuth}}},
+		registryLeaf(cfg),
 	}
+}
+
+// registryLeaf is the registry's serving certificate. It is issued with the registry off
+// too, as the Kueue and log gateway certificates are, so that `certs renew all` and
+// `certs check-expiration` find it either way.
+func registryLeaf(cfg *clusterconfig.Config) leaf {
+	dns, ips := RegistrySANs(cfg)
+	return leaf{RegistryCert, RegistryKey, "ca", pki.CertRequest{CommonName: RegistryCN, DNSNames: dns, IPs: ips, Usages: []pki.Usage{pki.ServerAuth}}}
+}
+
+// RegistrySANs returns the names the registry's serving certificate covers: RegistrySAN,
+// the advertise address, and registry.certSANs.
+func RegistrySANs(cfg *clusterconfig.Config) ([]string, []net.IP) {
+	dns := []string{RegistrySAN}
+	ips := []net.IP{net.ParseIP(cfg.APIServer.AdvertiseAddress)}
+	for _, san := range cfg.Registry.CertSANs {
+		if ip := net.ParseIP(san); ip != nil {
+			ips = append(ips, ip)
+		} else {
+			dns = append(dns, san)
+		}
+	}
+	return dedupStrings(dns), dedupIPs(ips)
 }
 
 // logsGatewayIPs are the API server's addresses and the gateway's own listen address
