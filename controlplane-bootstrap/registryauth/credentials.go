@@ -182,8 +182,9 @@ func dockerConfig(registry, name, password string) dockerConfigFile {
 	}}}
 }
 
-// passwordIn returns the password for registry in a .dockerconfigjson, if any.
-func passwordIn(data []byte, registry, name string) (string, bool) {
+// PasswordIn returns the password of name for registry in a .dockerconfigjson (or a
+// containers auth file), if it holds one.
+func PasswordIn(data []byte, registry, name string) (string, bool) {
 	var f dockerConfigFile
 	if json.Unmarshal(data, &f) != nil {
 		return "", false

@@ -89,10 +89,10 @@ func TestRobotsAndAuthFiles(t *testing.T) {
 		t.Errorf("auth file %s", af)
 	}
 	dc, _ := DockerConfigJSON("10.0.0.1:5000", "robot+team-a", "pw")
-	if got, ok := passwordIn(dc, "10.0.0.1:5000", "robot+team-a"); !ok || got != "pw" {
+	if got, ok := PasswordIn(dc, "10.0.0.1:5000", "robot+team-a"); !ok || got != "pw" {
 		t.Errorf("password back from %s: %q %v", dc, got, ok)
 	}
-	if _, ok := passwordIn(dc, "10.0.0.2:5000", "robot+team-a"); ok {
+	if _, ok := PasswordIn(dc, "10.0.0.2:5000", "robot+team-a"); ok {
 		t.Error("a password for another registry address")
 	}
 }

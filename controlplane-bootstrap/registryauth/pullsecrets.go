@@ -129,7 +129,7 @@ func currentPassword(ctx context.Context, client kubernetes.Interface, r *Robot,
 		if err != nil {
 			return "", fmt.Errorf("read secret %s/%s: %w", ns, PullSecretName, err)
 		}
-		if pw, ok := passwordIn(s.Data[corev1.DockerConfigJsonKey], registry, RobotUser(r.Tenant)); ok && passwordMatches(pw, r.PasswordSHA256) {
+		if pw, ok := PasswordIn(s.Data[corev1.DockerConfigJsonKey], registry, RobotUser(r.Tenant)); ok && passwordMatches(pw, r.PasswordSHA256) {
 			return pw, nil
 		}
 	}
