@@ -33,6 +33,9 @@ type Mmdebstrap struct {
 	// Directory writes a plain directory tree (the module build chroot) instead
 	// of a tarball.
 	Directory bool
+	// Variant is mmdebstrap's --variant; empty means minbase (a node). Workload images
+	// use essential: Essential:yes packages and the listed ones, no apt.
+	Variant string
 	// Log receives mmdebstrap's output lines.
 	Log func(string)
 }
@@ -45,12 +48,16 @@ func (m *Mmdebstrap) Run(ctx context.Context) error {
 	if os.Geteuid() != 0 {
 		return fmt.Errorf("building a root filesystem needs root (mmdebstrap --mode=root runs maintainer scripts in a chroot); run gpuimage build as root")
 	}
+	variant := m.Variant
+	if variant == "" {
+		variant = "minbase"
+	}
 	format := "tar"
 	if m.Directory {
 		format = "directory"
 	}
 	args := []string{
-		"--mode=root", "--variant=minbase", "--format=" + format, "--architectures=amd64",
+		"--mode=root", "--variant=" + variant, "--format=" + format, "--architectures=amd64",
 		"--include=" + strings.Join(m.Packages, ","),
 		"--aptopt=Acquire::Languages \"none\"",
 		"--dpkgopt=path-exclude=/usr/share/man/*",

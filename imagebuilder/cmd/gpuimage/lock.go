@@ -16,7 +16,7 @@ func newLockCommand() *cobra.Command {
 	var cacheDir, out string
 	cmd := &cobra.Command{
 		Use:   "lock PROFILE",
-		Short: "Resolve a profile against the Debian archive into NAME.lock.json",
+		Short: "Resolve a node or container profile against the Debian archive into NAME.lock.json",
 		Long: `lock resolves the profile with apt itself, under a private configuration and state
 directory (the host's apt state is never read or written; only its list of Debian sources,
 unless the profile sets base.mirror). apt verifies every InRelease with the Debian archive
@@ -24,10 +24,22 @@ keyring. Every root-filesystem package and every build-only input is recorded wi
 version, archive area, pool path, size and sha256 (CONTRACTS §8).
 
 With --check, nothing is written: the exit status is 1 and each stale package is named
-when the profile changed or a locked .deb is neither in the archive nor in the cache.`,
+when the profile changed or a locked .deb is neither in the archive nor in the cache.
+
+A container profile (kind: container, docs/workload-images.md) is locked the same way:
+Debian's Essential set and its packages.`,
 		Example: "  gpuimage lock profiles/tiny.yaml\n  gpuimage lock --check profiles/tiny.yaml",
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			lockPath := out
+			if lockPath == "" {
+				lockPath = profile.LockPath(args[0])
+			}
+			if isContainer, err := profile.IsContainerFile(args[0]); err != nil {
+				return err
+			} else if isContainer {
+				return lockContainer(cmd, args[0], lockPath, cacheDir, check)
+			}
 			p, err := profile.Load(args[0])
 			if err != nil {
 				return err
@@ -36,10 +48,6 @@ when the profile changed or a locked .deb is neither in the archive nor in the c
 			// time), but a missing or corrupt one is better found now.
 			if _, err := build.ImageArchives(args[0], p); err != nil {
 				return err
-			}
-			lockPath := out
-			if lockPath == "" {
-				lockPath = profile.LockPath(args[0])
 			}
 			ctx := cmd.Context()
 			if check {

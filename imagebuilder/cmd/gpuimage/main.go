@@ -24,7 +24,8 @@ func newRootCommand() *cobra.Command {
 		Short: "Build reproducible, signed GPU node images from profiles",
 		Long: `gpuimage turns a node profile (profiles/NAME.yaml: Debian suite, kernel, GPU driver
 version and flavor, expected hardware, Kubernetes version) and its lock file into
-netboot artifacts that gpuboot serves.`,
+netboot artifacts that gpuboot serves. gpuimage container builds workload images (OCI)
+from container profiles, pinned by the same lock.`,
 		Version:       buildinfo.String(),
 		SilenceUsage:  true,
 		SilenceErrors: true,
@@ -36,6 +37,7 @@ netboot artifacts that gpuboot serves.`,
 	root.AddCommand(newInspectCommand())
 	root.AddCommand(newKeygenCommand())
 	root.AddCommand(newCacheCommand())
+	root.AddCommand(newContainerCommand())
 	return root
 }
 

@@ -1,0 +1,2 @@
+#!/bin/sh
+echo "$GREETING from $(id -u):$(id -g) in $(pwd)"
