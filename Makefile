@@ -75,6 +75,14 @@ debug-image: ## pack the break-glass debug image (images/debug, static Go, runs 
 coredns-image: ## build CoreDNS from pinned source (images/coredns) into $(BIN)/images/coredns.tar with hack/imagearchive, reproducibly
 	hack/coredns-image.sh $(BIN)/images/coredns.tar
 
+.PHONY: workload-images
+workload-images: ## build the sample workload images (profiles/workloads: notebook, train, serve) into $(BIN)/workloads/NAME.oci.tar with gpuimage container build (root; the torch images take many minutes each)
+	@mkdir -p $(BIN)/workloads
+	CGO_ENABLED=1 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/gpuimage ./imagebuilder/cmd/gpuimage
+	@for p in notebook train serve; do \
+		$(BIN)/gpuimage container build profiles/workloads/$$p.yaml --out $(BIN)/workloads/$$p.oci.tar || exit 1; \
+	done
+
 .PHONY: fuzz
 fuzz: ## run every fuzz target for FUZZTIME each (default 30s)
 	@hack/fuzz.sh $(or $(FUZZTIME),30s)

@@ -63,17 +63,24 @@ func GetStatus(ctx context.Context, dir string) (Status, error) {
 	return st, nil
 }
 
+// selfCommands are the subcommands of the components that are this program.
+var selfCommands = map[string]string{
+	components.LogsGateway:  components.LogsGatewayCommand,
+	components.RegistryAuth: components.RegistryAuthCommand,
+}
+
 // isComponent reports whether pid is alive and runs the binary name, or, for the log
-// gateway, any program with its subcommand first (controlplane-bootstrap logs-gateway).
+// gateway and the registry's token issuer, any program with its subcommand first
+// (controlplane-bootstrap logs-gateway).
 func isComponent(pid int, name string) bool {
 	exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
 	if err != nil {
 		return false
 	}
-	if name == components.LogsGateway {
+	if sub, ok := selfCommands[name]; ok {
 		cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
 		args := strings.Split(string(cmdline), "\x00")
-		return err == nil && len(args) > 1 && args[1] == components.LogsGatewayCommand
+		return err == nil && len(args) > 1 && args[1] == sub
 	}
 	return filepath.Base(strings.TrimSuffix(exe, " (deleted)")) == name
 }

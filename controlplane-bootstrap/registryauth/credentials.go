@@ -19,8 +19,10 @@ import (
 )
 
 // RobotsFile is the record of the tenants' pull credentials, relative to the cluster
-// directory. Like users/credentials.json it holds hashes only.
-const RobotsFile = "registry/tenants.json"
+// directory. Like users/credentials.json it holds hashes only. It is not under
+// DIR/registry, the registry's default storage root: credentials stay out of the
+// images' folder and its backups.
+const RobotsFile = "registry-auth/tenants.json"
 
 // RobotUser is the Basic user name of tenant's pull credential. '+' is not allowed in
 // a user name (`users add`), so it never names a user.

@@ -46,6 +46,7 @@ import (
 	"github.com/gpurack/gpurack/controlplane-bootstrap/joinconfig"
 	"github.com/gpurack/gpurack/controlplane-bootstrap/localvolumes"
 	"github.com/gpurack/gpurack/controlplane-bootstrap/logsgateway"
+	"github.com/gpurack/gpurack/controlplane-bootstrap/registryauth"
 	"github.com/gpurack/gpurack/internal/testreq"
 )
 
@@ -139,14 +140,19 @@ var shared struct {
 // shared control plane. Call it from TestMain: os.Exit(testcluster.Main(m)).
 //
 // A test binary started as `BINARY logs-gateway …` runs the log gateway instead of the
-// tests: a control plane with monitoring.logs runs its gateway as this program
-// (controlplane.Options.Executable), which in a test is the test binary.
+// tests, and `BINARY registry-auth …` the registry's token issuer: a control plane runs
+// these components as this program (controlplane.Options.Executable), which in a test
+// is the test binary.
 func Main(m *testing.M) int {
-	if len(os.Args) > 1 && os.Args[1] == logsgateway.Command {
+	if len(os.Args) > 1 && (os.Args[1] == logsgateway.Command || os.Args[1] == registryauth.Command) {
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 		defer stop()
-		if err := logsgateway.Main(ctx, os.Args[2:], os.Stderr); err != nil {
-			fmt.Fprintln(os.Stderr, "logs-gateway:", err)
+		run := logsgateway.Main
+		if os.Args[1] == registryauth.Command {
+			run = registryauth.Main
+		}
+		if err := run(ctx, os.Args[2:], os.Stderr); err != nil {
+			fmt.Fprintln(os.Stderr, os.Args[1]+":", err)
 			return 1
 		}
 		return 0

@@ -49,10 +49,10 @@ func tenantPlan(ctx context.Context, dir, path string) (*tenants.Plan, dynamic.I
 }
 
 func newTenantsApplyCommand() *cobra.Command {
-	var dir string
+	var dir, registry string
 	var prune bool
 	cmd := &cobra.Command{
-		Use:   "apply --dir DIR FILE [--prune]",
+		Use:   "apply --dir DIR FILE [--prune] [--registry HOST:PORT]",
 		Short: "Create or update every tenant's objects; ask before deleting what the file no longer lists",
 		Long: `apply reads FILE (see docs/examples/tenants.yaml) and applies, with server-side
 apply, each tenant's namespaces, ResourceQuotas, LimitRange, PriorityClasses, Roles and
@@ -65,9 +65,17 @@ it again changes nothing.
 
 Objects that an earlier apply created and the file no longer asks for (a removed tenant,
 namespace or tier) are deleted only with --prune or after typing 'yes'; they are named
-first. Deleting a namespace deletes everything in it.`,
+first. Deleting a namespace deletes everything in it.
+
+With --registry, each tenant also gets a pull-only credential for the image registry,
+as the Secret gpurack-registry in each of its namespaces, named by the namespace's
+default ServiceAccount (see docs/tenants.md, "Registry credentials").`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			reg, err := registryAddress(registry)
+			if err != nil {
+				return err
+			}
 			p, dyn, cs, cp, err := tenantPlan(cmd.Context(), dir, args[0])
 			if err != nil {
 				return err
@@ -95,12 +103,18 @@ first. Deleting a namespace deletes everything in it.`,
 			if err := tenantusers.Rebind(cmd.Context(), cs, store, time.Now()); err != nil {
 				return err
 			}
+			if reg != "" {
+				if err := applyPullSecrets(cmd.Context(), out, cs, cp, reg); err != nil {
+					return err
+				}
+			}
 			fmt.Fprintln(out, "applied")
 			return nil
 		},
 	}
 	dirFlag(cmd, &dir)
 	cmd.Flags().BoolVar(&prune, "prune", false, "delete, without asking, what earlier applies created and the file no longer lists")
+	registryFlag(cmd, &registry)
 	return cmd
 }
 
@@ -230,17 +244,24 @@ func userStorePath(cp *controlplane.ControlPlane) string {
 }
 
 func newUsersAddCommand() *cobra.Command {
-	var dir, tenant, role, out string
+	var dir, tenant, role, out, registry string
 	var ttl time.Duration
 	cmd := &cobra.Command{
-		Use:   "add --dir DIR NAME --tenant T --role user|admin [--ttl 720h] [--out FILE]",
+		Use:   "add --dir DIR NAME --tenant T --role user|admin [--ttl 720h] [--out FILE] [--registry HOST:PORT]",
 		Short: "Write a kubeconfig for NAME with a client certificate that has tenant T's role",
 		Long: `add issues a client certificate from the cluster CA (CN NAME, groups
 gpurack:user:NAME:ID and gpurack:tenant-cert:T:users|admins), binds the credential's own group
 to the tenant's Role in each of its namespaces, records it in DIR/users/credentials.json and
-writes the kubeconfig to --out (default NAME.kubeconfig). See docs/tenants.md.`,
+writes the kubeconfig to --out (default NAME.kubeconfig). With --registry it also issues
+the credential a password for the image registry (stored only as a hash) and writes it
+beside the kubeconfig as NAME.registry-auth.json, a containers auth file for
+skopeo --authfile. See docs/tenants.md.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			reg, err := registryAddress(registry)
+			if err != nil {
+				return err
+			}
 			cp, cs, _, err := adminClients(dir)
 			if err != nil {
 				return err
@@ -262,11 +283,21 @@ writes the kubeconfig to --out (default NAME.kubeconfig). See docs/tenants.md.`,
 			if err := atomicfile.WriteMkdirAll(out, kc, 0o600, 0o700); err != nil {
 				return err
 			}
+			authFile := ""
+			if reg != "" {
+				if authFile, err = writeRegistryAuth(store, cred.ID, cred.User, out, reg); err != nil {
+					return err
+				}
+			}
 			if err := store.Save(userStorePath(cp)); err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "wrote %s: %s, %s of tenant %s, credential %s, serial %s, valid until %s\n",
 				out, cred.User, cred.Role, cred.Tenant, cred.ID, cred.Serial, cred.NotAfter.Format(time.RFC3339))
+			if authFile != "" {
+				fmt.Fprintf(cmd.OutOrStdout(), "wrote %s: %s's password for the registry %s, under %s/ (skopeo --authfile %s)\n",
+					authFile, cred.User, reg, cred.Tenant, authFile)
+			}
 			return nil
 		},
 	}
@@ -276,6 +307,7 @@ writes the kubeconfig to --out (default NAME.kubeconfig). See docs/tenants.md.`,
 	cmd.Flags().StringVar(&role, "role", tenantusers.RoleUser, "user or admin")
 	cmd.Flags().DurationVar(&ttl, "ttl", tenantusers.DefaultTTL, "how long the certificate is valid")
 	cmd.Flags().StringVar(&out, "out", "", "where to write the kubeconfig (default NAME.kubeconfig)")
+	registryFlag(cmd, &registry)
 	return cmd
 }
 

@@ -39,10 +39,13 @@ func TestCLITenantsAndUsers(t *testing.T) {
 	if _, err := c.Clientset(t).CoreV1().Namespaces().Get(context.Background(), "gamma", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("diff created namespace gamma: %v", err)
 	}
-	if out, err = cli(t, "", "tenants", "apply", "--dir", c.Dir, file); err != nil || !strings.Contains(out, "applied") {
+	if out, err = cli(t, "", "tenants", "apply", "--dir", c.Dir, "--registry", testRegistry, file); err != nil || !strings.Contains(out, "applied") ||
+		!strings.Contains(out, "registry  new pull credential for delta, gamma") {
 		t.Fatalf("tenants apply: %v", err)
 	}
-	if out, err = cli(t, "", "tenants", "apply", "--dir", c.Dir, file); err != nil || !strings.Contains(out, "0 to create, 0 to update") {
+	checkTenantPullSecret(t, c, "gamma")
+	if out, err = cli(t, "", "tenants", "apply", "--dir", c.Dir, "--registry", testRegistry, file); err != nil || !strings.Contains(out, "0 to create, 0 to update") ||
+		strings.Contains(out, "registry  ") {
 		t.Fatalf("second tenants apply is not a no-op: %v", err)
 	}
 
@@ -53,8 +56,17 @@ func TestCLITenantsAndUsers(t *testing.T) {
 	}
 
 	kc := filepath.Join(work, "carol.kubeconfig")
-	if out, err = cli(t, "", "users", "add", "--dir", c.Dir, "carol", "--tenant", "gamma", "--role", "user", "--ttl", "1h", "--out", kc); err != nil || !strings.Contains(out, "user of tenant gamma") {
+	if out, err = cli(t, "", "users", "add", "--dir", c.Dir, "carol", "--tenant", "gamma", "--role", "user", "--ttl", "1h", "--out", kc, "--registry", testRegistry); err != nil ||
+		!strings.Contains(out, "user of tenant gamma") || !strings.Contains(out, "wrote "+filepath.Join(work, "carol.registry-auth.json")) {
 		t.Fatalf("users add: %v", err)
+	}
+	issuer := startIssuerProcess(t, c)
+	carolAuth := filepath.Join(work, "carol.registry-auth.json")
+	if code, body := issuer.token(t, carolAuth, "repository:gamma/train:pull,push"); code != 200 {
+		t.Errorf("carol's push token for gamma/train: %d %s", code, body)
+	}
+	if code, body := issuer.token(t, carolAuth, "repository:delta/train:pull"); code != 403 || !strings.Contains(body, "user carol of tenant gamma may push and pull only under gamma/; delta/train is outside it") {
+		t.Errorf("carol asking for delta/train: %d %s", code, body)
 	}
 	if out, err = cli(t, "", "users", "add", "--dir", c.Dir, "carol", "--tenant", "gamma"); err == nil || !strings.Contains(out, "already holds credential") {
 		t.Errorf("adding an active user again: %v", err)
@@ -83,6 +95,9 @@ func TestCLITenantsAndUsers(t *testing.T) {
 	if _, err = carol.CoreV1().Pods("gamma").List(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
 		t.Errorf("carol's kubeconfig after revoke: %v; want Forbidden", err)
 	}
+	if code, body := issuer.token(t, carolAuth, "repository:gamma/train:pull"); code != 401 {
+		t.Errorf("carol's registry password after revoke: %d %s; want 401", code, body)
+	}
 	if out, err = cli(t, "", "users", "list", "--dir", c.Dir); err != nil || !strings.Contains(out, "revoked") {
 		t.Errorf("users list after revoke: %v", err)
 	}
@@ -104,7 +119,8 @@ func TestCLITenantsAndUsers(t *testing.T) {
 	if ns, err := c.Clientset(t).CoreV1().Namespaces().Get(ctx, "delta", metav1.GetOptions{}); err != nil || ns.DeletionTimestamp != nil {
 		t.Fatalf("namespace delta after answering no: %v", err)
 	}
-	if out, err = cli(t, "", "tenants", "apply", "--dir", c.Dir, "--prune", file); err != nil || !strings.Contains(out, "applied") {
+	if out, err = cli(t, "", "tenants", "apply", "--dir", c.Dir, "--prune", "--registry", testRegistry, file); err != nil || !strings.Contains(out, "applied") ||
+		!strings.Contains(out, "registry  pull credential of delta removed") {
 		t.Errorf("apply --prune: %v", err)
 	}
 	if ns, err := c.Clientset(t).CoreV1().Namespaces().Get(ctx, "delta", metav1.GetOptions{}); err == nil && ns.DeletionTimestamp == nil {
