@@ -71,6 +71,9 @@ func (p Prober) Probe(ctx context.Context, c Component, timeout time.Duration) H
 	case c.Name == Etcd:
 		h.OK = strings.Contains(text, `"health":"true"`)
 		h.Detail = text
+	case c.HealthAnyValue:
+		h.OK = true
+		h.Detail = "HTTP 200"
 	case c.HealthText != "":
 		h.OK = strings.Contains(text, c.HealthText)
 		h.Detail = text

@@ -44,6 +44,15 @@ type Component struct {
 	HealthURL string
 	// HealthText, when set, is what HealthURL's body holds when healthy instead of "ok".
 	HealthText string
+	// HealthAnyValue: a 200 from HealthURL is healthy, whatever its body (the
+	// registry's "/" answers with none).
+	HealthAnyValue bool
+	// Reads are files named in the component's own configuration file rather than in
+	// its flags (the registry's certificates), for Using.
+	Reads []string
+	// Writes are folders outside the cluster directory it writes (registry.storage),
+	// which its systemd unit's sandbox lets it write.
+	Writes []string
 	// Self is set for a component that is this program (controlplane-bootstrap) run
 	// with a subcommand, Args[0], rather than a pinned binary: the log gateway.
 	Self bool
@@ -51,10 +60,11 @@ type Component struct {
 
 // Specs returns the components for cfg laid out in l, in start order: the four of the
 // control plane, then Alertmanager, kube-state-metrics and Prometheus when monitoring is
-// enabled.
+// enabled, Kueue when queues are, and the image registry when it is.
 func Specs(cfg *clusterconfig.Config, l Layout) []Component {
 	core := []Component{etcdSpec(cfg, l), apiserverSpec(cfg, l), controllerManagerSpec(cfg, l), schedulerSpec(cfg, l)}
-	return append(append(core, monitoringSpecs(cfg, l)...), queueSpecs(cfg, l)...)
+	specs := append(append(core, monitoringSpecs(cfg, l)...), queueSpecs(cfg, l)...)
+	return append(specs, registrySpecs(cfg, l)...)
 }
 
 // Spec returns the component called name.
@@ -229,11 +239,15 @@ func schedulerSpec(cfg *clusterconfig.Config, l Layout) Component {
 }
 
 // Using returns the names of the components in specs, in their order, that read one of
-// paths: one of their flags names the path, or a directory above it (--cert-dir). These
-// are the components to restart after the files change.
+// paths: one of their flags names the path, or a directory above it (--cert-dir), or
+// their Reads list it. These are the components to restart after the files change.
 func Using(specs []Component, paths []string) []string {
 	var names []string
 	for _, c := range specs {
+		if slices.ContainsFunc(c.Reads, func(r string) bool { return slices.Contains(paths, r) }) {
+			names = append(names, c.Name)
+			continue
+		}
 		if slices.ContainsFunc(c.Args, func(arg string) bool {
 			_, value, ok := strings.Cut(arg, "=")
 			return ok && value != "" && slices.ContainsFunc(paths, func(p string) bool {

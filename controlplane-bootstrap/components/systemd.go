@@ -23,7 +23,7 @@ func SystemdBooted() bool {
 // RenderUnit returns the systemd unit file that runs c from binary. Each
 // component after etcd wants and starts after the one before it; systemd
 // restarts a crashed one (Restart=always) with a short delay. The service may
-// write only under dir, the cluster directory (hardening: decision 0690).
+// write only under dir, the cluster directory, and c.Writes (hardening: decision 0690).
 func RenderUnit(c Component, binary, after, dir string) []byte {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# Written by controlplane-bootstrap init; it is rewritten on the next init.\n")
@@ -46,8 +46,11 @@ func RenderUnit(c Component, binary, after, dir string) []byte {
 		b.WriteString("Type=notify\nNotifyAccess=main\n")
 	}
 	b.WriteString(hardening)
-	b.WriteString("ReadWritePaths=" + systemdQuote(dir) + "\n")
-	b.WriteString("\n[Install]\nWantedBy=multi-user.target\n")
+	b.WriteString("ReadWritePaths=" + systemdQuote(dir))
+	for _, w := range c.Writes {
+		b.WriteString(" " + systemdQuote(w))
+	}
+	b.WriteString("\n\n[Install]\nWantedBy=multi-user.target\n")
 	return []byte(b.String())
 }
 

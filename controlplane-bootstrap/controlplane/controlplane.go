@@ -208,6 +208,9 @@ func Init(ctx context.Context, opts Options) (*ControlPlane, error) {
 	if err := writeQueueFiles(l, cfg); err != nil {
 		return nil, err
 	}
+	if err := writeRegistryFiles(l, cfg); err != nil {
+		return nil, err
+	}
 	cp := &ControlPlane{Layout: l, Config: cfg, PKI: set, readyTimeout: opts.ReadyTimeout}
 	if err := cp.start(ctx, opts, specs, bins, out); err != nil {
 		return nil, err

@@ -146,12 +146,13 @@ and restart gpuboot.`,
 }
 
 // renewTable lists, for --help, each certificate's name, file and the components that
-// read it, as Using finds them for a default configuration with monitoring and queues
-// enabled (kube-state-metrics and Kueue read their kubeconfigs).
+// read it, as Using finds them for a default configuration with monitoring, queues and
+// the registry enabled (kube-state-metrics and Kueue read their kubeconfigs).
 func renewTable() string {
 	cfg := clusterconfig.Default()
 	cfg.Monitoring.Enabled = true
 	cfg.Queues.Enabled = true
+	cfg.Registry.Enabled = true
 	l := components.Layout{Dir: "DIR"}
 	specs := components.Specs(&cfg, l)
 	var b strings.Builder
