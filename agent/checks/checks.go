@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/gpurack/gpurack/agent/gpu/snapshot"
+	"github.com/gpurack/gpurack/agent/gpucompute"
 	"github.com/gpurack/gpurack/internal/checkid"
 	"github.com/gpurack/gpurack/internal/profile"
 )
@@ -126,6 +127,9 @@ type Input struct {
 	Peers []Peer
 	// Now is the evaluation time (for the recent-XID window).
 	Now time.Time
+	// Compute is the latest compute check's report (gpu.compute), measured at
+	// commissioning when the profile turns it on; nil when not measured.
+	Compute *gpucompute.Report
 }
 
 // Limits are a check's thresholds; NaN means unset. Their unit is the check's (see

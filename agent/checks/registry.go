@@ -75,4 +75,6 @@ var Registry = []Check{
 	{ID: checkid.RackPeerOutlier, eval: peerOutlier, Defaults: Limits{Warn: 3.5, Fail: unset},
 		Unit:   "modified z-score against the rack median (warn when above)",
 		Source: "Iglewicz & Hoaglin modified z-score (3.5); DCGM 4.5 tolerance-from-mean is the only published peer comparison"},
+	{ID: checkid.Compute, PerGPU: true, eval: compute, Defaults: none,
+		Source: "profile gpu.compute (opt-in): PTX SGEMM, copy kernel and pinned copies through libcuda (docs/compute-check.md)"},
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/gpurack/gpurack/agent/checks"
 	"github.com/gpurack/gpurack/agent/gpu"
+	"github.com/gpurack/gpurack/agent/gpucompute"
 	"github.com/gpurack/gpurack/agent/health"
 	"github.com/gpurack/gpurack/agent/xid"
 	"github.com/gpurack/gpurack/internal/checkid"
@@ -70,6 +71,10 @@ type Config struct {
 	Peers func() []checks.Peer
 	// Now is the clock; nil: time.Now.
 	Now func() time.Time
+	// Compute runs the compute check (agent/gpucompute) on the snapshot's GPUs; it is
+	// called by commissioning runs when the profile turns gpu.compute on, and later
+	// runs judge its last report. nil: never measured.
+	Compute func(*gpu.Snapshot) *gpucompute.Report
 }
 
 // Monitor runs checks and tracks health. Its methods are safe for concurrent use.
@@ -94,6 +99,7 @@ type Monitor struct {
 	byKey    map[resultKey]checks.Result
 	figures  checks.Figures
 	uuids    map[int]string // last known UUID and bus id per index, for lost GPUs
+	compute  *gpucompute.Report
 	buses    map[int]string
 }
 
@@ -183,6 +189,23 @@ func (m *Monitor) RunChecks(phase Phase, ids ...checkid.ID) *Checklist {
 	return m.runChecks(phase, false, ids...)
 }
 
+// computeFor runs the compute check for a commissioning run when the profile turns it
+// on and the agent wires it (Config.Compute); every other run judges the last report.
+func (m *Monitor) computeFor(phase Phase, snap *gpu.Snapshot) *gpucompute.Report {
+	m.mu.Lock()
+	last := m.compute
+	m.mu.Unlock()
+	if phase != PhaseCommissioning || m.cfg.Compute == nil || m.cfg.Profile == nil ||
+		!m.cfg.Profile.GPU.ComputeEnabled() || !snap.Driver.Loaded {
+		return last
+	}
+	r := m.cfg.Compute(snap)
+	m.mu.Lock()
+	m.compute = r
+	m.mu.Unlock()
+	return r
+}
+
 // readTier decides what a continuous run reads: everything when asked (kicks, XIDs,
 // NVML events), when there is no earlier snapshot, or when the slow fields are
 // SlowInterval old; otherwise only the fast fields.
@@ -213,7 +236,7 @@ func (m *Monitor) runChecks(phase Phase, tick bool, ids ...checkid.ID) *Checklis
 		cphase = checks.Commissioning
 	}
 	in := &checks.Input{Snapshot: &snap, Previous: prev, Profile: m.cfg.Profile, Phase: cphase,
-		XIDs: m.checkXIDs(start), Now: start}
+		XIDs: m.checkXIDs(start), Now: start, Compute: m.computeFor(phase, &snap)}
 	if m.cfg.Peers != nil {
 		in.Peers = m.cfg.Peers()
 	}

@@ -30,6 +30,7 @@ import (
 	"github.com/gpurack/gpurack/agent/facts"
 	"github.com/gpurack/gpurack/agent/gpu"
 	"github.com/gpurack/gpurack/agent/gpu/sim"
+	"github.com/gpurack/gpurack/agent/gpucompute"
 	"github.com/gpurack/gpurack/agent/joinbundle"
 	"github.com/gpurack/gpurack/agent/kubejoin"
 	"github.com/gpurack/gpurack/agent/logship"
@@ -54,6 +55,9 @@ type Config struct {
 	Sim     *sim.Sim
 	Profile *profile.Profile
 	Log     *slog.Logger
+	// Compute runs the opt-in compute check at commissioning (monitor.Config.Compute);
+	// nil: never.
+	Compute func(*gpu.Snapshot) *gpucompute.Report
 
 	// Bundle, when not nil, is the JoinBundle given at start (--join-bundle, read from
 	// BundleFile) with its Credentials; the node then does not enroll.
@@ -210,7 +214,8 @@ func newNode(ctx context.Context, cfg Config) (*node, error) {
 		n.name.set(facts.Hostname())
 	}
 	n.mon = monitor.New(monitor.Config{Backend: cfg.Backend, Profile: cfg.Profile, Log: log, Interval: cfg.Interval,
-		ClearAfter: cfg.ClearAfter, KmsgPath: cfg.KmsgPath, Peers: func() []checks.Peer { return n.rack.Load().peers() }})
+		ClearAfter: cfg.ClearAfter, KmsgPath: cfg.KmsgPath, Peers: func() []checks.Peer { return n.rack.Load().peers() },
+		Compute: cfg.Compute})
 	for _, e := range cfg.StartupXIDs {
 		n.mon.RecordXID(e, 0)
 	}

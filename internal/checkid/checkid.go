@@ -36,6 +36,7 @@ const (
 	XIDFatal        ID = "gpu.xid.fatal"         // no fatal XID since boot
 	XIDRecent       ID = "gpu.xid.recent"        // no non-fatal, non-application XID recently
 	RackPeerOutlier ID = "rack.peer-outlier"     // figures close to the rack's median
+	Compute         ID = "gpu.compute"           // opt-in: kernels compute right, at the expected speed
 )
 
 // All lists every id in the order the checklist prints them.
@@ -44,7 +45,7 @@ var All = []ID{
 	PersistenceMode, ECCMode, ECCUncorrected, ECCCorrected, RowRemapPending, RowRemapFailed,
 	RetiredPages, PCIeLinkGen, PCIeLinkWidth, PCIeReplays, NVLinkState, NVLinkErrors,
 	FabricState, Temperature, ClockEvents, Processes, RecoveryAction, XIDFatal, XIDRecent,
-	RackPeerOutlier,
+	RackPeerOutlier, Compute,
 }
 
 var known = func() map[ID]bool {

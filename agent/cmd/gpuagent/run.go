@@ -132,7 +132,7 @@ func run(ctx context.Context, f *runFlags) error {
 		return err
 	}
 	defer b.Close() // after node.Run: its NVML event watch has returned
-	cfg := node.Config{Backend: b, Sim: s, Profile: p, Log: log, BundleFile: f.joinBundle,
+	cfg := node.Config{Backend: b, Sim: s, Profile: p, Log: log, BundleFile: f.joinBundle, Compute: computeHook(""),
 		Listen: f.listen, MetricsListen: f.metricsListen, Socket: f.socket, Insecure: f.insecure, InsecureRemote: f.insecureRemote, KeyDir: f.keyDir,
 		Interval: f.interval, ClearAfter: f.clearAfter, NodeName: f.nodeName, FactsRoot: facts.Root(f.factsRoot),
 		KubeletDir: f.kubeletDir, CgroupRoot: f.cgroupRoot, Console: f.console, Gossip: f.gossip,

@@ -21,6 +21,8 @@ func newValidateCommand() *cobra.Command {
 		bf     backendFlags
 		format string
 		kmsg   string
+		// cudaLibrary is the compute check's libcuda (gpu.compute).
+		cudaLibrary string
 	)
 	cmd := &cobra.Command{
 		Use:   "validate",
@@ -39,7 +41,7 @@ profile expects GPUs.`,
 				return err
 			}
 			defer b.Close()
-			m := monitor.New(monitor.Config{Backend: b, Profile: p, Log: log})
+			m := monitor.New(monitor.Config{Backend: b, Profile: p, Log: log, Compute: computeHook(cudaLibrary)})
 			if s != nil {
 				recordInjectedXIDs(m, bf.faults)
 			}
@@ -70,6 +72,7 @@ profile expects GPUs.`,
 	}
 	bf.register(cmd.Flags())
 	cmd.Flags().StringVar(&format, "format", "text", "output format: "+strings.Join(report.Formats, ", "))
+	cmd.Flags().StringVar(&cudaLibrary, "cuda-library", "", "path of libcuda.so.1 for the compute check when the profile turns gpu.compute on (default: the dynamic loader's search)")
 	cmd.Flags().StringVar(&kmsg, "kmsg", "auto", "kernel log to read XIDs since boot from: a path, off, or auto (/dev/kmsg with the nvml backend)")
 	return cmd
 }
