@@ -257,7 +257,7 @@ fi
 # off, as its release binaries are.
 registry() {
 if need registry; then
-  log "building the image registry (distribution) $REGISTRY_VERSION: registry (about 2 min cold)"
+  log "building the image registry (distribution) $REGISTRY_VERSION: registry (about a minute cold)"
   dv=github.com/distribution/distribution/v3/version
   install_tool registry "github.com/distribution/distribution/v3/cmd/registry@$REGISTRY_VERSION" \
     "-X $dv.version=$REGISTRY_VERSION -X $dv.revision=module-source"

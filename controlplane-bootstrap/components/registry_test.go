@@ -54,7 +54,7 @@ func TestRegistrySpec(t *testing.T) {
 }
 
 // TestRegistryConfig: the configuration holds what the registry's contract is
-// (docs/contracts.md §16): filesystem storage with deletes on, TLS from the cluster
+// (docs/contracts.md §17): filesystem storage with deletes on, TLS from the cluster
 // CA's certificate, the token issuer's realm, service, issuer and certificate, ES256
 // only, the secret, metrics on loopback; read-only only when asked.
 func TestRegistryConfig(t *testing.T) {
