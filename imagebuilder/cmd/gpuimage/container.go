@@ -205,3 +205,31 @@ func lockContainer(cmd *cobra.Command, path, lockPath, cacheDir string, check bo
 	fmt.Fprintf(cmd.OutOrStdout(), "wrote %s: %d packages (%.1f MiB of .debs), from %d Release files\n", lockPath, len(l.Packages), float64(size)/(1<<20), len(l.Release))
 	return nil
 }
+
+// lintContainer is gpuimage lint for a container profile: the profile, its files and
+// the lock beside it.
+func lintContainer(cmd *cobra.Command, path string) bool {
+	c, err := profile.LoadContainer(path)
+	if err != nil {
+		fmt.Fprintln(cmd.ErrOrStderr(), err)
+		return false
+	}
+	lockPath := profile.LockPath(path)
+	lockState := "no lock file yet"
+	l, err := profile.LoadLock(lockPath)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+	case err != nil:
+		fmt.Fprintln(cmd.ErrOrStderr(), err)
+		return false
+	case l.ProfileDigest != c.Digest():
+		fmt.Fprintf(cmd.ErrOrStderr(), "%s: profileDigest: stale: the profile changed since it was locked (lock has %s, profile is %s); run gpuimage lock %s\n",
+			lockPath, l.ProfileDigest, c.Digest(), path)
+		return false
+	default:
+		lockState = fmt.Sprintf("lock ok, %d packages", len(l.Packages))
+	}
+	fmt.Fprintf(cmd.OutOrStdout(), "ok  %s: container %s, %s, %d packages listed, %d files, user %s (%d:%d); %s\n",
+		path, c.Ref(), c.Base.Suite, len(c.Packages), len(c.Files), c.Image.User.Name, c.Image.User.UID, c.Image.User.GID, lockState)
+	return true
+}

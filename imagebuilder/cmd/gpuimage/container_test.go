@@ -178,3 +178,16 @@ func checkTinyContents(t *testing.T, archive string) {
 	}
 	t.Logf("entrypoint as 1000:1000: %s", strings.TrimSpace(string(out)))
 }
+
+// TestLintContainerProfiles: lint reads the sample workload profiles and their locks.
+func TestLintContainerProfiles(t *testing.T) {
+	paths, _ := filepath.Glob("../../../profiles/workloads/*.yaml")
+	out, errOut, code := runGPUImage(append([]string{"lint"}, paths...)...)
+	if len(paths) < 3 || code != 0 || strings.Count(out, "ok  ") != len(paths) || !strings.Contains(out, "lock ok") {
+		t.Fatalf("lint of %v: code %d\n%s%s", paths, code, out, errOut)
+	}
+	prof := copyTinyContainer(t, func(s string) string { return strings.Replace(s, "GREETING: hello", "GREETING: hi", 1) })
+	if _, errOut, code := runGPUImage("lint", prof); code != 1 || !strings.Contains(errOut, "profileDigest: stale") {
+		t.Fatalf("lint of a stale container profile: code %d %s", code, errOut)
+	}
+}

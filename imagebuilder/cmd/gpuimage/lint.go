@@ -14,7 +14,7 @@ import (
 func newLintCommand() *cobra.Command {
 	return &cobra.Command{
 		Use:   "lint PROFILE...",
-		Short: "Validate profiles and the lock files beside them",
+		Short: "Validate node and container profiles and the lock files beside them",
 		Long: `lint parses each profile strictly (an unknown field is an error) and checks every
 value. If NAME.lock.json exists beside the profile it is validated too, and a lock whose
 profile digest differs from the profile's is reported as stale.
@@ -44,6 +44,9 @@ Exit status: 0 when every file is valid, 1 otherwise.`,
 // lintOne reports on one profile and its lock; it returns false if either is invalid.
 func lintOne(cmd *cobra.Command, path string) bool {
 	out, errOut := cmd.OutOrStdout(), cmd.ErrOrStderr()
+	if isContainer, err := profile.IsContainerFile(path); err == nil && isContainer {
+		return lintContainer(cmd, path)
+	}
 	p, err := profile.Load(path)
 	if err != nil {
 		fmt.Fprintln(errOut, err)
