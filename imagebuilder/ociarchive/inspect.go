@@ -245,7 +245,9 @@ func readEntry(r io.Reader, size int64, kept *int) (*entry, error) {
 	e := &entry{size: size}
 	h := sha256.New()
 	br := bufio.NewReader(io.TeeReader(r, h))
+	// Peek's slice is the reader's buffer, which later reads overwrite: copy it.
 	head, _ := br.Peek(2)
+	head = bytes.Clone(head)
 	var buf *bytes.Buffer
 	if size <= MaxJSON && *kept+int(size) <= maxKept {
 		buf = &bytes.Buffer{}

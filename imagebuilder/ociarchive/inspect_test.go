@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
@@ -401,4 +402,22 @@ func ExamplePack() {
 	a, _ := Inspect(bytes.NewReader(data))
 	fmt.Println(a.Format, a.Names, a.Images)
 	// Output: docker [gpurack.io/probe:v1] 1
+}
+
+// TestInspectLargeGzipLayer: a gzip layer larger than the read buffer is recognised as
+// gzip all the way through (the gzip check once read a buffer that had been refilled,
+// and took a good workload image's layer for corrupt).
+func TestInspectLargeGzipLayer(t *testing.T) {
+	// Incompressible and over MaxJSON, so that the layer is read straight from the
+	// buffered reader (not kept), many buffers long.
+	big := make([]byte, MaxJSON+1<<20)
+	rand.NewChaCha8([32]byte{1}).Read(big)
+	files, desc := ociFiles(t, ociImage{arch: "amd64", gzip: true, layer: big, annotate: named})
+	a, err := Inspect(bytes.NewReader(ociLayout(t, files, desc)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Images != 1 {
+		t.Fatalf("Inspect = %+v", a)
+	}
 }
