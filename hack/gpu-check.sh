@@ -12,7 +12,11 @@
 #   3. nvidia-ctk cdi list over that spec (the toolkit's own reading of it), and
 #      nvidia-ctk cdi generate beside it: the device names must match; required;
 #   4. the device plugin over NVML against a kubelet-side registration stub
-#      (agent/deviceplugin TestPluginOnNVML); required.
+#      (agent/deviceplugin TestPluginOnNVML); required;
+#   5. gpuagent compute-check: PTX kernels through libcuda on every GPU (SGEMM verified
+#      against the CPU, device-memory and host<->device bandwidth), printed as text and
+#      as JSON; required (a wrong result or a GPU that cannot run a kernel fails it).
+#      Its figures go into docs/benchmarks.md ("GPU compute check").
 #
 # GPURACK_GPU_CHECK_PROFILE picks the profile (default profiles/debian13-nvidia550.yaml);
 # NVIDIA libraries are looked for in /usr/local/nvidia/lib64 first, then the loader's path.
@@ -41,6 +45,13 @@ for d in /usr/local/nvidia/lib64 /usr/lib/x86_64-linux-gnu; do
   fi
 done
 export GPURACK_GPU_CHECK_PROFILE=$profile
+cuda=()
+for d in /usr/local/nvidia/lib64 /usr/lib/x86_64-linux-gnu; do
+  if [ -e "$d/libcuda.so.1" ]; then
+    cuda=(--cuda-library "$d/libcuda.so.1")
+    break
+  fi
+done
 
 summary=()
 step() { # step NAME required|info CMD...
@@ -79,6 +90,8 @@ device_plugin() { # a skip (no NVML) is a failure here
   grep -q -- '--- PASS: TestPluginOnNVML' "$work/dp.log"
 }
 step device-plugin required device_plugin
+step compute-check required "$work/gpuagent" compute-check "${cuda[@]}"
+step compute-check-json info "$work/gpuagent" compute-check "${cuda[@]}" --format json
 
 echo "=== summary"
 failed=0
