@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/gpurack/gpurack/controlplane-bootstrap/components"
 	"github.com/gpurack/gpurack/controlplane-bootstrap/controlplane"
 	"github.com/gpurack/gpurack/controlplane-bootstrap/registryauth"
 	"github.com/gpurack/gpurack/controlplane-bootstrap/tenantusers"
@@ -34,12 +35,18 @@ func newRegistryAuthCommand() *cobra.Command {
 // registryFlag adds --registry, the registry's address that auth files and pull
 // Secrets name.
 func registryFlag(cmd *cobra.Command, registry *string) {
-	cmd.Flags().StringVar(registry, "registry", "", "the image registry's HOST:PORT, as clients and kubelets reach it; empty: no registry credentials")
+	cmd.Flags().StringVar(registry, "registry", "", "the image registry's HOST:PORT, as clients and kubelets reach it (default: cluster.yaml's, "+
+		"apiServer.advertiseAddress:registry.port, when registry.enabled; otherwise no registry credentials)")
 }
 
-// registryAddress checks the --registry value: empty (no registry), or host:port.
-func registryAddress(flag string) (string, error) {
+// registryAddress is the registry's host:port for the control plane in cp: the
+// --registry value when given (checked), else the advertise address and registry.port
+// when the registry is enabled, else "" (no registry credentials).
+func registryAddress(flag string, cp *controlplane.ControlPlane) (string, error) {
 	if flag == "" {
+		if cp.Config.Registry.Enabled {
+			return strings.TrimPrefix(components.RegistryURL(cp.Config), "https://"), nil
+		}
 		return "", nil
 	}
 	host, port, err := net.SplitHostPort(flag)

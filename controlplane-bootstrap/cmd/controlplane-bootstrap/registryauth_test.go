@@ -19,7 +19,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/gpurack/gpurack/controlplane-bootstrap/clusterconfig"
 	"github.com/gpurack/gpurack/controlplane-bootstrap/clusterpki"
+	"github.com/gpurack/gpurack/controlplane-bootstrap/controlplane"
 	"github.com/gpurack/gpurack/controlplane-bootstrap/registryauth"
 	"github.com/gpurack/gpurack/controlplane-bootstrap/testcluster"
 	"github.com/gpurack/gpurack/internal/atomicfile"
@@ -134,5 +136,34 @@ func checkTenantPullSecret(t *testing.T, c *testcluster.Cluster, ns string) {
 	sa, err := cs.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{})
 	if err != nil || len(sa.ImagePullSecrets) == 0 || sa.ImagePullSecrets[0].Name != registryauth.PullSecretName {
 		t.Errorf("serviceaccount %s/default: %v %v", ns, sa, err)
+	}
+}
+
+// TestRegistryAddress: --registry wins and must be HOST:PORT; without it the address is
+// cluster.yaml's (advertise address and registry.port) when the registry is enabled,
+// and none otherwise.
+func TestRegistryAddress(t *testing.T) {
+	cfg := clusterconfig.Default()
+	cfg.APIServer.AdvertiseAddress = "192.0.2.10"
+	cp := &controlplane.ControlPlane{Config: &cfg}
+	for _, tc := range []struct {
+		flag    string
+		enabled bool
+		want    string
+		wantErr bool
+	}{
+		{"", false, "", false},
+		{"", true, "192.0.2.10:5000", false},
+		{"registry.example:443", true, "registry.example:443", false},
+		{"[2001:db8::1]:5000", false, "[2001:db8::1]:5000", false},
+		{"192.0.2.10", true, "", true},
+		{"https://192.0.2.10:5000", false, "", true},
+		{":5000", false, "", true},
+	} {
+		cfg.Registry.Enabled = tc.enabled
+		got, err := registryAddress(tc.flag, cp)
+		if got != tc.want || (err != nil) != tc.wantErr {
+			t.Errorf("registryAddress(%q, enabled %v) = %q, %v; want %q (error %v)", tc.flag, tc.enabled, got, err, tc.want, tc.wantErr)
+		}
 	}
 }

@@ -67,16 +67,17 @@ Objects that an earlier apply created and the file no longer asks for (a removed
 namespace or tier) are deleted only with --prune or after typing 'yes'; they are named
 first. Deleting a namespace deletes everything in it.
 
-With --registry, each tenant also gets a pull-only credential for the image registry,
-as the Secret gpurack-registry in each of its namespaces, named by the namespace's
-default ServiceAccount (see docs/tenants.md, "Registry credentials").`,
+With the registry (cluster.yaml's registry.enabled, or --registry), each tenant also
+gets a pull-only credential for the image registry, as the Secret gpurack-registry in
+each of its namespaces, named by the namespace's default ServiceAccount (see
+docs/tenants.md, "Registry credentials").`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			reg, err := registryAddress(registry)
+			p, dyn, cs, cp, err := tenantPlan(cmd.Context(), dir, args[0])
 			if err != nil {
 				return err
 			}
-			p, dyn, cs, cp, err := tenantPlan(cmd.Context(), dir, args[0])
+			reg, err := registryAddress(registry, cp)
 			if err != nil {
 				return err
 			}
@@ -252,17 +253,18 @@ func newUsersAddCommand() *cobra.Command {
 		Long: `add issues a client certificate from the cluster CA (CN NAME, groups
 gpurack:user:NAME:ID and gpurack:tenant-cert:T:users|admins), binds the credential's own group
 to the tenant's Role in each of its namespaces, records it in DIR/users/credentials.json and
-writes the kubeconfig to --out (default NAME.kubeconfig). With --registry it also issues
+writes the kubeconfig to --out (default NAME.kubeconfig). With the registry (cluster.yaml's
+registry.enabled, or --registry) it also issues
 the credential a password for the image registry (stored only as a hash) and writes it
 beside the kubeconfig as NAME.registry-auth.json, a containers auth file for
 skopeo --authfile. See docs/tenants.md.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			reg, err := registryAddress(registry)
+			cp, cs, _, err := adminClients(dir)
 			if err != nil {
 				return err
 			}
-			cp, cs, _, err := adminClients(dir)
+			reg, err := registryAddress(registry, cp)
 			if err != nil {
 				return err
 			}
