@@ -113,9 +113,9 @@ func simSplitArgs(s string) []string {
 
 // simThread is one thread's registers and program counter.
 type simThread struct {
-	regs           map[string]uint64
-	tid, ctaid     [2]uint32
-	pc             int
+	regs            map[string]uint64
+	tid, ctaid      [2]uint32
+	pc              int
 	done, atBarrier bool
 }
 
