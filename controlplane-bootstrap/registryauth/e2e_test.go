@@ -7,9 +7,9 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
-	"fmt"
 	"net"
 	"net/http"
 	"os"
@@ -20,6 +20,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpurack/gpurack/controlplane-bootstrap/clusterconfig"
+	"github.com/gpurack/gpurack/controlplane-bootstrap/clusterpki"
 	"github.com/gpurack/gpurack/controlplane-bootstrap/components"
 	"github.com/gpurack/gpurack/controlplane-bootstrap/registryauth"
 	"github.com/gpurack/gpurack/controlplane-bootstrap/tenantusers"
@@ -28,20 +30,22 @@ import (
 	"github.com/gpurack/gpurack/internal/testreq"
 )
 
-// e2eRig is the pinned registry (distribution v3) and the issuer on loopback, with
-// what skopeo needs to reach them.
+// e2eRig is a cluster directory with the pinned registry (distribution v3.1.2) and the
+// issuer running as init runs them: the registry on the configuration
+// components.RegistryConfig writes, the issuer as the test binary's registry-auth
+// subcommand with components.RegistryAuthSpec's flags (testcluster.Main answers it).
 type e2eRig struct {
 	dir, registry, certDir, policy string
 	usersFile, robotsFile          string
 
 	mu        sync.Mutex
-	issuerLog strings.Builder
+	issuerLog bytes.Buffer
 }
 
-func (r *e2eRig) logf(format string, args ...any) {
+func (r *e2eRig) Write(p []byte) (int, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	fmt.Fprintf(&r.issuerLog, format+"\n", args...)
+	return r.issuerLog.Write(p)
 }
 
 func (r *e2eRig) log() string {
@@ -58,6 +62,7 @@ func startE2E(t *testing.T) *e2eRig {
 	}
 	testreq.Tool(t, "skopeo", "apt-get install skopeo; hack/deps.sh installs it")
 	dir := t.TempDir()
+	l := components.Layout{Dir: dir}
 	r := &e2eRig{dir: dir, certDir: filepath.Join(dir, "certs"), policy: filepath.Join(dir, "policy.json"),
 		usersFile: filepath.Join(dir, tenantusers.StoreFile), robotsFile: filepath.Join(dir, registryauth.RobotsFile)}
 	ca, err := pki.NewCA(pki.CARequest{CommonName: "e2e-ca"})
@@ -69,33 +74,29 @@ func startE2E(t *testing.T) *e2eRig {
 		t.Fatal(err)
 	}
 	keyPEM, _ := pki.EncodeKeyPEM(serving.Key)
-	os.MkdirAll(r.certDir, 0o755)
 	writeFile(t, filepath.Join(r.certDir, "ca.crt"), pki.EncodeCertPEM(ca.Cert))
-	writeFile(t, filepath.Join(dir, "registry.crt"), pki.EncodeCertPEM(serving.Cert))
-	writeFile(t, filepath.Join(dir, "registry.key"), keyPEM)
+	writeFile(t, l.PKI(clusterpki.RegistryCert), pki.EncodeCertPEM(serving.Cert))
+	writeFile(t, l.PKI(clusterpki.RegistryKey), keyPEM)
 	writeFile(t, r.policy, []byte(`{"default":[{"type":"insecureAcceptAnything"}]}`))
-	ports, err := testcluster.FreePorts(2)
+	if _, err := registryauth.EnsureSigningKey(l.PKIDir()); err != nil {
+		t.Fatal(err)
+	}
+	ports, err := testcluster.FreePorts(3)
 	if err != nil {
 		t.Fatal(err)
 	}
-	r.registry = fmt.Sprintf("127.0.0.1:%d", ports[0])
-	authAddr := fmt.Sprintf("127.0.0.1:%d", ports[1])
-	signingCert := startE2EIssuer(t, r, authAddr, serving.TLSCertificate())
-	cfg := fmt.Sprintf(`version: 0.1
-log: {level: info, formatter: text}
-storage:
-  filesystem: {rootdirectory: %s}
-  delete: {enabled: true}
-http:
-  addr: %s
-  secret: e2e-test-secret
-  tls: {certificate: %s, key: %s}
-auth:
-  token: {realm: "https://%s/token", service: %s, issuer: %s, rootcertbundle: %s, signingalgorithms: [ES256]}
-`, filepath.Join(dir, "storage"), r.registry, filepath.Join(dir, "registry.crt"), filepath.Join(dir, "registry.key"),
-		authAddr, registryauth.Service, registryauth.Issuer, signingCert)
-	writeFile(t, filepath.Join(dir, "config.yml"), []byte(cfg))
-	startRegistry(t, bin, filepath.Join(dir, "config.yml"), r.registry)
+	cfg := clusterconfig.Default()
+	cfg.APIServer.AdvertiseAddress = "127.0.0.1"
+	cfg.Registry.Enabled = true
+	cfg.Registry.Port, cfg.Registry.AuthPort, cfg.Registry.MetricsPort = ports[0], ports[1], ports[2]
+	r.registry = strings.TrimPrefix(components.RegistryURL(&cfg), "https://")
+	conf, err := components.RegistryConfig(&cfg, l, strings.Repeat("5e", 32), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, l.RegistryConfigFile(), conf)
+	startE2EIssuer(t, r, components.RegistryAuthSpec(l, cfg.APIServer.AdvertiseAddress, cfg.Registry.AuthPort), ca.CertPool())
+	startRegistry(t, bin, l.RegistryConfigFile(), r.registry)
 	return r
 }
 
@@ -109,36 +110,33 @@ func writeFile(t *testing.T, path string, data []byte) {
 	}
 }
 
-// startE2EIssuer serves the issuer on authAddr with its stores in r and returns the
-// signing certificate's path.
-func startE2EIssuer(t *testing.T, r *e2eRig, authAddr string, cert tls.Certificate) string {
+// startE2EIssuer runs the issuer component c as this test binary's subcommand and
+// waits until its /healthz answers over TLS for roots.
+func startE2EIssuer(t *testing.T, r *e2eRig, c components.Component, roots *x509.CertPool) {
 	t.Helper()
-	signingCert, err := registryauth.EnsureSigningKey(filepath.Join(r.dir, "pki"))
-	if err != nil {
+	cmd := exec.Command(os.Args[0], c.Args...)
+	cmd.Stdout, cmd.Stderr = r, r
+	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	key, sc, err := registryauth.LoadSigningKey(filepath.Join(r.dir, "pki", registryauth.SigningKeyFile), signingCert)
-	if err != nil {
-		t.Fatal(err)
-	}
-	minter, err := registryauth.NewMinter(key, sc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := &registryauth.Handler{Service: registryauth.Service, UsersFile: r.usersFile, RobotsFile: r.robotsFile, Minter: minter, Logf: r.logf}
-	ln, err := net.Listen("tcp", authAddr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- registryauth.Serve(ctx, ln, cert, h) }()
 	t.Cleanup(func() {
-		cancel()
-		<-done
+		cmd.Process.Signal(os.Interrupt)
+		cmd.Wait()
 		t.Logf("the issuer's log:\n%s", r.log())
 	})
-	return signingCert
+	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := client.Get(c.HealthURL)
+		if err == nil {
+			resp.Body.Close()
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the issuer did not answer at %s: %v\n%s", c.HealthURL, err, r.log())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 func startRegistry(t *testing.T, bin, config, addr string) {
