@@ -21,7 +21,7 @@ func TestIDsAreUniqueAndWellFormed(t *testing.T) {
 		}
 	}
 	if len(All) != 28 {
-		t.Errorf("CONTRACTS §9 and §16 define 28 ids, All has %d", len(All))
+		t.Errorf("CONTRACTS §9 (with §19's gpu.compute) defines 28 ids, All has %d", len(All))
 	}
 	if Known("gpu.made-up") {
 		t.Error("Known accepted an undefined id")
