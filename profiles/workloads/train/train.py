@@ -13,6 +13,7 @@ exits 1. On start, an existing checkpoint is resumed ("resuming from epoch N").
 """
 
 import errno
+import io
 import os
 import sys
 import tempfile
@@ -41,17 +42,30 @@ def env(name, default=None):
 
 
 def save_atomically(obj, path):
-    """torch.save obj to path: a temporary file beside it, fsync, rename, fsync the directory."""
+    """torch.save obj to path: a temporary file beside it, fsync, rename, fsync the directory.
+
+    The object is serialised in memory first and written with plain writes: torch's own
+    file writer, hitting a full volume, raises from a destructor and aborts the process,
+    where a plain write raises OSError (ENOSPC) that the caller reports.
+    """
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    data = buf.getbuffer()
     directory = os.path.dirname(path) or "."
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".")
     try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
+        os.fchmod(fd, 0o644)
+        written = 0
+        while written < len(data):
+            written += os.write(fd, data[written:])
+        os.fsync(fd)
+        os.close(fd)
+        fd = -1
         os.replace(tmp, path)
     except BaseException:
+        if fd >= 0:
+            os.close(fd)
         try:
             os.unlink(tmp)
         except OSError:
