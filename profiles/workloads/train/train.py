@@ -15,6 +15,7 @@ exits 1. On start, an existing checkpoint is resumed ("resuming from epoch N").
 import errno
 import io
 import os
+import signal
 import sys
 import tempfile
 
@@ -110,6 +111,9 @@ def accuracy(model, x, y, device):
 
 
 def main():
+    # As a container's PID 1 the process would ignore SIGTERM; exit on it instead (the
+    # last checkpoint is whole whenever the signal comes).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     ckpt_dir, model_path = env("CHECKPOINT_DIR"), env("MODEL_PATH")
     epochs = int(env("EPOCHS", "10"))
     device = pick_device()
