@@ -8,7 +8,8 @@ import (
 
 // withCompute is the nvidia profile with a gpu.compute section.
 func withCompute(section string) string {
-	return strings.Replace(nvidia, "    nvlinkLinks: 18", "    nvlinkLinks: 18\n  compute:\n"+section, 1)
+	s := strings.Replace(nvidia, "    nvlinkLinks: 18", "    nvlinkLinks: 18\n  compute:\n"+section, 1)
+	return strings.Replace(s, "kubernetes:", "packages: [libcuda1]\nkubernetes:", 1)
 }
 
 func TestComputeSection(t *testing.T) {
@@ -87,4 +88,24 @@ func FuzzComputeSection(f *testing.F) {
 			t.Fatalf("canonical form of an accepted compute section: %v", err)
 		}
 	})
+}
+
+// TestComputeNeedsLibcuda: with a driver, enabling the check without libcuda1 in the
+// image is an error naming the package; a simulated node needs none.
+func TestComputeNeedsLibcuda(t *testing.T) {
+	text := strings.Replace(withCompute("    enabled: true\n"), "packages: [libcuda1]\n", "", 1)
+	_, err := Parse("c.yaml", []byte(text))
+	if err == nil || !strings.Contains(err.Error(), "gpu.compute.enabled") || !strings.Contains(err.Error(), "add libcuda1 to packages") {
+		t.Fatalf("enabled without libcuda1: %v", err)
+	}
+	if _, err := Parse("c.yaml", []byte(strings.Replace(text, "enabled: true", "enabled: false", 1))); err != nil {
+		t.Fatalf("disabled without libcuda1: %v", err)
+	}
+	sim := strings.Replace(text, "  driver:\n    version: 535.261.03\n    flavor: open\n", "  simulator: dgxh100\n", 1)
+	if sim == text {
+		t.Fatal("the test profile's driver section moved")
+	}
+	if _, err := Parse("s.yaml", []byte(sim)); err != nil {
+		t.Fatalf("simulated node with the compute check on: %v", err)
+	}
 }

@@ -134,6 +134,10 @@ type ComputeExpect struct {
 // ComputeEnabled reports whether the profile turns the compute check on.
 func (g *GPU) ComputeEnabled() bool { return g != nil && g.Compute != nil && g.Compute.Enabled }
 
+// ComputeLibraryPackage is the Debian package of the driver's libcuda.so.1, which a
+// profile with a driver must list in packages to enable gpu.compute.
+const ComputeLibraryPackage = "libcuda1"
+
 // ComputeMaxFigure bounds every gpu.compute.expect figure: far above any GPU (an H200's
 // HBM3e is 4,800 GB/s), low enough to catch a unit slip.
 const ComputeMaxFigure = 100_000

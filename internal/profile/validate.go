@@ -101,6 +101,16 @@ func (v *validator) profile(p *Profile) {
 	v.node(&p.Node)
 	v.boot(&p.Boot)
 	v.storage(p)
+	v.computeLibrary(p)
+}
+
+// computeLibrary: the compute check dlopens libcuda.so.1, which an image with a driver
+// ships only when packages list libcuda1 (the driver's apt preference pins its version).
+// A simulated node runs no kernel and needs none.
+func (v *validator) computeLibrary(p *Profile) {
+	if p.HasDriver() && p.GPU.ComputeEnabled() && !slices.Contains(p.Packages, ComputeLibraryPackage) {
+		v.fail("gpu.compute.enabled", "the compute check loads libcuda.so.1, which the image lacks; add %s to packages (the driver's apt preference pins it to the driver's version)", ComputeLibraryPackage)
+	}
 }
 
 // storage checks the data-disk rules with the selector's own parser (internal/disksel),

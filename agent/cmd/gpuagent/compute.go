@@ -105,7 +105,7 @@ func (f *computeFlags) run(cmd *cobra.Command) error {
 	case err != nil:
 		return &exitError{2, err}
 	case out.Status == gpucompute.StatusError:
-		return &exitError{2, fmt.Errorf("compute check could not run: %s", out.Message)}
+		return &exitError{2, fmt.Errorf("compute check could not run (the report says why)")}
 	case out.Status == string(gpucompute.VerdictFail):
 		return &exitError{1, fmt.Errorf("compute check failed")}
 	}

@@ -58,8 +58,9 @@ func TestValidateComputeOnSimulator(t *testing.T) {
 		t.Fatal(err)
 	}
 	text := strings.Replace(string(data), "\nkubernetes:", "\n  compute:\n    enabled: true\n    expect: {tflopsFP32: 20}\nkubernetes:", 1)
-	if text == string(data) || !strings.Contains(text, "nvlinkLinks") {
-		testreq.Missing(t, "a gpu section to add gpu.compute to", "keep profiles/debian12-nvidia535.yaml's gpu section last before kubernetes")
+	text = strings.Replace(text, "\npackages:\n", "\npackages:\n  - libcuda1\n", 1)
+	if !strings.Contains(text, "compute:") || !strings.Contains(text, "- libcuda1") {
+		testreq.Missing(t, "a gpu section and packages to add gpu.compute and libcuda1 to", "keep profiles/debian12-nvidia535.yaml's gpu section last before kubernetes, and its packages list")
 	}
 	path := filepath.Join(t.TempDir(), "debian12-nvidia535.yaml")
 	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
