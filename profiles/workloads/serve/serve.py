@@ -9,6 +9,7 @@ Environment: MODEL_PATH (the train image's final model), PORT (default 8080).
 
 import json
 import os
+import signal
 import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -87,6 +88,8 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def main():
+    # As a container's PID 1 the process would ignore SIGTERM; exit on it instead.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     Handler.device = pick_device()
     Handler.model = load(os.environ.get("MODEL_PATH", "/work/model/digits.pt"), Handler.device)
     port = int(os.environ.get("PORT", "8080"))
