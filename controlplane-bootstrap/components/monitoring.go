@@ -34,7 +34,7 @@ var MonitoringNames = []string{Alertmanager, KubeStateMetrics, VictoriaLogs, Log
 var KubeStateMetricsResources = []string{"namespaces", "nodes", "persistentvolumeclaims", "pods", "resourcequotas"}
 
 // AllNames is every component init may start, in start order.
-var AllNames = append(append(append([]string{}, Names...), MonitoringNames...), Kueue, Registry)
+var AllNames = append(append(append([]string{}, Names...), MonitoringNames...), Kueue, Registry, RegistryAuth)
 
 // The monitoring files, under DIR/monitoring.
 func (l Layout) MonitoringDir() string { return filepath.Join(l.Dir, "monitoring") }

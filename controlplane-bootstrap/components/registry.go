@@ -9,6 +9,7 @@ import (
 
 	"github.com/gpurack/gpurack/controlplane-bootstrap/clusterconfig"
 	"github.com/gpurack/gpurack/controlplane-bootstrap/clusterpki"
+	"github.com/gpurack/gpurack/controlplane-bootstrap/registryauth"
 )
 
 // The image registry (cluster.yaml's registry; docs/registry.md, decision 0697): CNCF
@@ -17,12 +18,13 @@ const (
 	Registry = "registry"
 	// RegistryService is the service the registry's tokens are for (their aud, the
 	// challenge's service); RegistryIssuer is their iss, the token issuer's name.
-	RegistryService = "gpurack-registry"
-	RegistryIssuer  = "gpurack-registry-auth"
+	// Package registryauth, which issues them, owns both.
+	RegistryService = registryauth.Service
+	RegistryIssuer  = registryauth.Issuer
 	// RegistryTokenCert is the token issuer's self-signed signing certificate, under
-	// DIR/pki: the registry trusts the tokens whose x5c chain ends in it (package
-	// registryauth writes it).
-	RegistryTokenCert = "registry-token.crt"
+	// DIR/pki: the registry trusts the tokens whose x5c chain ends in it
+	// (registryauth.EnsureSigningKey writes it at init).
+	RegistryTokenCert = registryauth.SigningCertFile
 	// RegistryHTTPSecret is the random secret, under DIR/pki, the registry signs its
 	// upload state with.
 	RegistryHTTPSecret = "registry-http.secret"
@@ -77,7 +79,7 @@ func registrySpecs(cfg *clusterconfig.Config, l Layout) []Component {
 		// restarts it (Using).
 		Reads:  []string{l.PKI(clusterpki.RegistryCert), l.PKI(clusterpki.RegistryKey), l.PKI(RegistryTokenCert)},
 		Writes: registryWrites(cfg, l),
-	}}
+	}, RegistryAuthSpec(l, adv, r.AuthPort)}
 }
 
 // registryWrites is registry.storage when it is outside the cluster directory.

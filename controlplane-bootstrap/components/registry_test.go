@@ -31,12 +31,14 @@ func TestRegistrySpec(t *testing.T) {
 		t.Errorf("ports: %+v", r.Ports)
 	}
 	specs := Specs(cfg, l)
-	if specs[len(specs)-1].Name != Registry || !slices.Contains(AllNames, Registry) {
-		t.Errorf("the registry is not started last, or not a known component: %v", AllNames)
+	if n := len(specs); n < 2 || specs[n-2].Name != Registry || specs[n-1].Name != RegistryAuth || !slices.Contains(AllNames, Registry) || !slices.Contains(AllNames, RegistryAuth) {
+		t.Errorf("the registry and its token issuer are not started last, or not known components: %v", AllNames)
 	}
+	// Both serve with the registry's certificate; both use the signing certificate
+	// (the registry trusts it, the issuer signs with its key).
 	for _, f := range []string{"/cluster/pki/registry.crt", "/cluster/pki/registry-token.crt"} {
-		if got := Using(specs, []string{f}); !slices.Equal(got, []string{Registry}) {
-			t.Errorf("renewing %s restarts %v, want the registry", f, got)
+		if got := Using(specs, []string{f}); !slices.Equal(got, []string{Registry, RegistryAuth}) {
+			t.Errorf("renewing %s restarts %v, want the registry and its token issuer", f, got)
 		}
 	}
 	if got := RegistryStorage(cfg, l); got != "/cluster/registry" || registryWrites(cfg, l) != nil {

@@ -291,7 +291,7 @@ func selfExecutable(self string) (string, error) {
 		return "", err
 	}
 	if st, err := os.Stat(abs); err != nil || st.IsDir() || st.Mode()&0o111 == 0 {
-		return "", fmt.Errorf("%s is not an executable file (it runs as `controlplane-bootstrap %s`)", abs, components.LogsGatewayCommand)
+		return "", fmt.Errorf("%s is not an executable file (components run it as `controlplane-bootstrap %s` and `controlplane-bootstrap %s`)", abs, components.LogsGatewayCommand, components.RegistryAuthCommand)
 	}
 	return abs, nil
 }

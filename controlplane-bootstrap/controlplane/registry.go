@@ -20,16 +20,20 @@ import (
 
 	"github.com/gpurack/gpurack/controlplane-bootstrap/clusterconfig"
 	"github.com/gpurack/gpurack/controlplane-bootstrap/components"
+	"github.com/gpurack/gpurack/controlplane-bootstrap/registryauth"
 	"github.com/gpurack/gpurack/internal/atomicfile"
 )
 
-// writeRegistryFiles writes what the image registry reads (registry.enabled): its HTTP
-// secret (made once, kept), its configuration and its storage folder. The token
-// issuer's signing certificate must be there already: without it the registry would
-// refuse every token, and it does not start.
+// writeRegistryFiles writes what the image registry reads (registry.enabled): the token
+// issuer's signing pair (made once, kept), its HTTP secret (the same), its configuration
+// and its storage folder. Without the signing certificate the registry would refuse
+// every token, and it does not start.
 func writeRegistryFiles(l components.Layout, cfg *clusterconfig.Config) error {
 	if !cfg.Registry.Enabled {
 		return nil
+	}
+	if _, err := registryauth.EnsureSigningKey(l.PKIDir()); err != nil {
+		return fmt.Errorf("registry: the token issuer's signing key: %w", err)
 	}
 	if _, err := os.Stat(l.PKI(components.RegistryTokenCert)); err != nil {
 		return fmt.Errorf("registry: the token issuer's signing certificate %s is missing (%w): the registry trusts only tokens signed with its key; it is made with the token issuer (package registryauth), or set registry.enabled: false", l.PKI(components.RegistryTokenCert), errors.Unwrap(err))

@@ -15,6 +15,7 @@ import (
 
 	"github.com/gpurack/gpurack/controlplane-bootstrap/clusterconfig"
 	"github.com/gpurack/gpurack/controlplane-bootstrap/components"
+	"github.com/gpurack/gpurack/controlplane-bootstrap/registryauth"
 )
 
 // TestRegistryTokensPushPullAndGC runs the real registry (distribution v3.1.2) with the
@@ -238,22 +239,21 @@ func TestCollectGarbageSaysWhatToFix(t *testing.T) {
 	}
 }
 
-// TestWriteRegistryFilesNeedsTheTokenCertificate: init with the registry on and no
-// token certificate stops with what to do; with it, the secret is made once and kept,
-// and the configuration is private.
-func TestWriteRegistryFilesNeedsTheTokenCertificate(t *testing.T) {
+// TestWriteRegistryFilesMakesTheSigningKey: init with the registry on makes the token
+// issuer's signing pair and the HTTP secret once and keeps them; a signing certificate
+// that is not its key's stops init with what is wrong; the configuration is private.
+func TestWriteRegistryFilesMakesTheSigningKey(t *testing.T) {
 	l := components.Layout{Dir: t.TempDir()}
 	cfg, err := clusterconfig.Parse("cluster.yaml", []byte("registry:\n  enabled: true\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := writeRegistryFiles(l, cfg); err == nil || !strings.Contains(err.Error(), "registry-token.crt is missing") || !strings.Contains(err.Error(), "registry.enabled: false") {
-		t.Errorf("without the token certificate: %v", err)
-	}
-	os.MkdirAll(l.PKIDir(), 0o700)
-	newTokenSigner(t, l.PKI(components.RegistryTokenCert))
 	if err := writeRegistryFiles(l, cfg); err != nil {
 		t.Fatal(err)
+	}
+	cert, _ := os.ReadFile(l.PKI(components.RegistryTokenCert))
+	if _, _, err := registryauth.LoadSigningKey(l.PKI(registryauth.SigningKeyFile), l.PKI(components.RegistryTokenCert)); err != nil {
+		t.Fatalf("the signing pair init made: %v", err)
 	}
 	first, _ := os.ReadFile(l.PKI(components.RegistryHTTPSecret))
 	if err := writeRegistryFiles(l, cfg); err != nil {
@@ -262,6 +262,9 @@ func TestWriteRegistryFilesNeedsTheTokenCertificate(t *testing.T) {
 	again, _ := os.ReadFile(l.PKI(components.RegistryHTTPSecret))
 	if len(first) < 64 || string(first) != string(again) {
 		t.Errorf("HTTP secret %q, then %q: want 32 random bytes, kept", first, again)
+	}
+	if certAgain, _ := os.ReadFile(l.PKI(components.RegistryTokenCert)); len(cert) == 0 || string(cert) != string(certAgain) {
+		t.Error("the signing certificate was not kept across inits")
 	}
 	st, err := os.Stat(l.RegistryConfigFile())
 	if err != nil || st.Mode().Perm() != 0o600 {
@@ -272,5 +275,9 @@ func TestWriteRegistryFilesNeedsTheTokenCertificate(t *testing.T) {
 	}
 	if st, err := os.Stat(filepath.Join(l.Dir, "registry")); err != nil || !st.IsDir() {
 		t.Errorf("storage folder: %v", err)
+	}
+	newTokenSigner(t, l.PKI(components.RegistryTokenCert)) // another key's certificate
+	if err := writeRegistryFiles(l, cfg); err == nil || !strings.Contains(err.Error(), "signing key") {
+		t.Errorf("a signing certificate not of its key: %v, want init to stop", err)
 	}
 }

@@ -30,6 +30,7 @@ import (
 	"github.com/gpurack/gpurack/controlplane-bootstrap/clusterconfig"
 	"github.com/gpurack/gpurack/controlplane-bootstrap/clusterpki"
 	"github.com/gpurack/gpurack/controlplane-bootstrap/components"
+	"github.com/gpurack/gpurack/controlplane-bootstrap/registryauth"
 	"github.com/gpurack/gpurack/internal/pki"
 	"github.com/gpurack/gpurack/internal/testreq"
 )
@@ -81,10 +82,15 @@ func newRegistryRig(t *testing.T) *registryRig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r.signer = newTokenSigner(t, r.l.PKI(components.RegistryTokenCert))
 	if err := writeRegistryFiles(r.l, r.cfg); err != nil {
 		t.Fatal(err)
 	}
+	// The test mints its tokens with the signing pair init made (registryauth's).
+	key, cert, err := registryauth.LoadSigningKey(r.l.PKI(registryauth.SigningKeyFile), r.l.PKI(components.RegistryTokenCert))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.signer = tokenSigner{key: key, cert: cert}
 	r.certDir = filepath.Join(r.dir, "skopeo-certs")
 	os.MkdirAll(r.certDir, 0o700)
 	os.WriteFile(filepath.Join(r.certDir, "ca.crt"), set.CACertPEM(), 0o644)
