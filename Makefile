@@ -34,7 +34,7 @@ build: ## build the four binaries into ./bin
 test: deps ## install what is missing, then run every test (what CI runs); durations in $(DURATIONS), the slowest printed at the end
 	@# test/qemu is named first: it is the longest package by far (QEMU under TCG), so it
 	@# starts at once and the other packages run beside it, one at a time (-p 2).
-	@mkdir -p $(BIN) && rm -f $(DURATIONS) && $(GO) build -o $(BIN)/testsummary ./hack/testsummary
+	@mkdir -p $(BIN) && rm -f $(DURATIONS) $(DURATIONS).failures && $(GO) build -o $(BIN)/testsummary ./hack/testsummary
 	@# Every reason for a failure is repeated on the last lines, where a log's tail shows it.
 	@set -o pipefail; rc=0; why=; \
 	  echo 'go test -json $(TEST_FLAGS) ./test/qemu/ ./... (the pinned binaries on PATH, GPURACK_NETNS_REQUIRED=1) | testsummary stream'; \

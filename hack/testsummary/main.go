@@ -7,7 +7,9 @@
 //	testsummary report DURATIONS.tsv                               (the table)
 //
 // DURATIONS.tsv has one row per finished test or package: package, test ("" for the
-// package), result (pass, fail, skip), seconds.
+// package), result (pass, fail, skip), seconds. Beside it, DURATIONS.tsv.failures gets
+// the last lines each failing test printed, which the report repeats at its end: a log
+// cut to its head and tail (CI's excerpt) still says what failed.
 package main
 
 import (
@@ -66,15 +68,47 @@ func streamTo(path string) error {
 	if err != nil {
 		return err
 	}
-	w := bufio.NewWriter(f)
-	err = stream(os.Stdin, os.Stdout, w)
-	if ferr := w.Flush(); err == nil {
-		err = ferr
+	ff, err := os.OpenFile(path+failuresSuffix, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		f.Close()
+		return err
 	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
+	w, fw := bufio.NewWriter(f), bufio.NewWriter(ff)
+	err = stream(os.Stdin, os.Stdout, w, fw)
+	for _, e := range []error{w.Flush(), fw.Flush(), f.Close(), ff.Close()} {
+		if err == nil {
+			err = e
+		}
 	}
 	return err
+}
+
+// failuresSuffix names the file of the failing tests' last lines, beside the durations.
+const failuresSuffix = ".failures"
+
+// failTail is how many of a failing test's last lines are kept, each cut to
+// failLineMax bytes; the report repeats at most failReportMax lines of them.
+const (
+	failTail      = 12
+	failLineMax   = 300
+	failReportMax = 150
+)
+
+// tailLines keeps a test's last failTail lines of its own output, without go test's
+// "=== RUN" and "--- PASS/FAIL" lines.
+type tailLines []string
+
+func (t *tailLines) add(line string) {
+	if trimmed := strings.TrimSpace(line); trimmed == "" || strings.HasPrefix(trimmed, "=== ") || strings.HasPrefix(trimmed, "--- ") {
+		return
+	}
+	line = strings.TrimRight(line, "\n")
+	if len(line) > failLineMax {
+		line = line[:failLineMax] + " [cut]"
+	}
+	if *t = append(*t, line); len(*t) > failTail {
+		*t = (*t)[1:]
+	}
 }
 
 // event is one line of `go test -json` (cmd/test2json).
@@ -92,11 +126,12 @@ type event struct {
 // would print it: test2json attributes a line to the test it believes was running, which
 // is not always the one that printed it, so a failure's output is never cut to one
 // test's). Build output is copied as it comes. Each finished test and package is a row
-// in rows. A line that is not an event (go test's own error before any package ran) is
-// copied as it is.
-func stream(r io.Reader, out io.Writer, rows io.Writer) error {
+// in rows; each failing test's last lines go to fails. A line that is not an event (go
+// test's own error before any package ran) is copied as it is.
+func stream(r io.Reader, out, rows, fails io.Writer) error {
 	type pkgOut struct{ all, own []string }
 	held := map[string]*pkgOut{}
+	tails := map[[2]string]*tailLines{}
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 1<<20), 16<<20)
 	for sc.Scan() {
@@ -114,6 +149,13 @@ func stream(r io.Reader, out io.Writer, rows io.Writer) error {
 		switch e.Action {
 		case "output":
 			p.all = append(p.all, e.Output)
+			if e.Test != "" {
+				k := [2]string{e.Package, e.Test}
+				if tails[k] == nil {
+					tails[k] = &tailLines{}
+				}
+				tails[k].add(e.Output)
+			}
 			if e.Test == "" && !strings.HasPrefix(e.Output, "=== ") && e.Output != "PASS\n" {
 				p.own = append(p.own, e.Output)
 			}
@@ -122,6 +164,11 @@ func stream(r io.Reader, out io.Writer, rows io.Writer) error {
 		case "pass", "fail", "skip":
 			fmt.Fprintf(rows, "%s\t%s\t%s\t%.2f\n", e.Package, e.Test, e.Action, e.Elapsed)
 			if e.Test != "" {
+				k := [2]string{e.Package, e.Test}
+				if t := tails[k]; e.Action == "fail" && t != nil && len(*t) > 0 {
+					fmt.Fprintf(fails, "FAIL %s %s, its last lines:\n%s\n", e.Package, e.Test, strings.Join(*t, "\n"))
+				}
+				delete(tails, k)
 				continue
 			}
 			if e.Action == "fail" {
@@ -155,8 +202,27 @@ func reportFile(path string, top int) error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", path, err)
 	}
-	report(os.Stdout, rows, top)
+	fails, err := os.ReadFile(path + failuresSuffix)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	report(os.Stdout, rows, top, string(fails), path+failuresSuffix)
 	return nil
+}
+
+// reportFailures repeats the failing tests' last lines, at most failReportMax of them.
+func reportFailures(w io.Writer, fails, path string) {
+	if fails == "" {
+		return
+	}
+	lines := strings.Split(strings.TrimRight(fails, "\n"), "\n")
+	fmt.Fprintln(w, "what the failing tests printed last:")
+	for _, l := range lines[:min(failReportMax, len(lines))] {
+		fmt.Fprintln(w, "  "+l)
+	}
+	if len(lines) > failReportMax {
+		fmt.Fprintf(w, "  ... %d more lines in %s\n", len(lines)-failReportMax, path)
+	}
 }
 
 func readRows(r io.Reader) ([]row, error) {
@@ -180,8 +246,9 @@ func readRows(r io.Reader) ([]row, error) {
 }
 
 // report prints the top slowest top-level tests, the slowest packages, the sum of the
-// package times, and the closing line counting top-level tests.
-func report(w io.Writer, rows []row, top int) {
+// package times, the failing tests' last lines (fails, kept in failsPath), and the
+// closing line counting top-level tests.
+func report(w io.Writer, rows []row, top int, fails, failsPath string) {
 	var tests, pkgs []row
 	counts := map[string]int{}
 	for _, r := range rows {
@@ -211,6 +278,7 @@ func report(w io.Writer, rows []row, top int) {
 		fmt.Fprintf(w, "  %8.1f s  %-4s  %s\n", p.seconds, p.result, p.pkg)
 	}
 	fmt.Fprintf(w, "package times add up to %.0f s\n", total)
+	reportFailures(w, fails, failsPath)
 	// A package can fail with no failing test (a build error, a panic after the tests,
 	// TestMain's exit code): name it here, where a log's tail still shows it.
 	for _, p := range pkgs {

@@ -35,8 +35,8 @@ func TestLater(t *testing.T) { t.`+"SkipNow"+`() }
 	cmd := exec.Command("go", "test", "-json", "-count=1", ".")
 	cmd.Dir = dir
 	js, _ := cmd.Output() // exits 1: TestLoud fails
-	var out, rows bytes.Buffer
-	if err := stream(bytes.NewReader(js), &out, &rows); err != nil {
+	var out, rows, fails bytes.Buffer
+	if err := stream(bytes.NewReader(js), &out, &rows, &fails); err != nil {
 		t.Fatal(err)
 	}
 	o := out.String()
@@ -52,7 +52,7 @@ func TestQuiet(t *testing.T) { t.Log("quiet-output") }
 	cmd.Dir = dir
 	pass, _ := cmd.Output()
 	var passOut bytes.Buffer
-	if err := stream(bytes.NewReader(pass), &passOut, io.Discard); err != nil {
+	if err := stream(bytes.NewReader(pass), &passOut, io.Discard, io.Discard); err != nil {
 		t.Fatal(err)
 	}
 	if strings.Contains(passOut.String(), "quiet-output") || !strings.HasPrefix(passOut.String(), "ok  \texample.test/s") {
@@ -63,7 +63,7 @@ func TestQuiet(t *testing.T) { t.Log("quiet-output") }
 		t.Fatal(err)
 	}
 	var rep bytes.Buffer
-	report(&rep, rs, 15)
+	report(&rep, rs, 15, fails.String(), "FAILURES")
 	r := rep.String()
 	lines := strings.Split(strings.TrimSpace(r), "\n")
 	if last := lines[len(lines)-1]; last != "1 passed, 1 failed, 1 skipped" {
@@ -72,7 +72,13 @@ func TestQuiet(t *testing.T) { t.Log("quiet-output") }
 	if i, j := strings.Index(r, "TestQuiet"), strings.Index(r, "TestLoud"); i < 0 || j < 0 || i > j {
 		t.Errorf("the slowest test (TestQuiet, 0.3 s) is not listed first:\n%s", r)
 	}
-	if strings.Contains(r, "TestLoud/b") {
+	// The failing subtest's own last lines are repeated before the closing line, not the
+	// passing test's.
+	before, failed, ok := strings.Cut(r, "what the failing tests printed last:")
+	if !ok || !strings.Contains(failed, "FAIL example.test/s TestLoud/b, its last lines:") || !strings.Contains(failed, "loud-failure") || strings.Contains(r, "quiet-output") {
+		t.Errorf("the failing tests' last lines:\n%s", r)
+	}
+	if strings.Contains(before, "TestLoud/b") {
 		t.Errorf("subtests are listed:\n%s", r)
 	}
 	// A test that never finishes (the package times out): its output is printed.
@@ -84,7 +90,7 @@ func TestHangs(t *testing.T) { t.Log("hang-output"); time.Sleep(time.Minute) }
 	cmd.Dir = dir
 	js, _ = cmd.Output()
 	out.Reset()
-	if err := stream(bytes.NewReader(js), &out, &rows); err != nil {
+	if err := stream(bytes.NewReader(js), &out, &rows, io.Discard); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(out.String(), "hang-output") || !strings.Contains(out.String(), "test timed out") {
@@ -101,7 +107,7 @@ func TestFine(t *testing.T) {}
 	cmd.Dir = dir
 	js, _ = cmd.Output()
 	var exitRows bytes.Buffer
-	if err := stream(bytes.NewReader(js), io.Discard, &exitRows); err != nil {
+	if err := stream(bytes.NewReader(js), io.Discard, &exitRows, io.Discard); err != nil {
 		t.Fatal(err)
 	}
 	ers, err := readRows(&exitRows)
@@ -109,7 +115,7 @@ func TestFine(t *testing.T) {}
 		t.Fatal(err)
 	}
 	rep.Reset()
-	report(&rep, ers, 15)
+	report(&rep, ers, 15, "", "")
 	if r := rep.String(); !strings.Contains(r, "package failed: example.test/s") || !strings.Contains(r, "1 passed, 0 failed") {
 		t.Errorf("a package failing with no failing test is not named:\n%s", r)
 	}
