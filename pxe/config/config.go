@@ -217,6 +217,12 @@ type Cluster struct {
 	// (logs_endpoint); the agent speaks HTTPS to it with kubelet's client certificate.
 	// Empty: nodes ship no logs, and a diskless node's logs end with its boot.
 	LogsEndpoint string `yaml:"logsEndpoint"`
+	// Registry is the cluster's image registry as HOST:PORT (no scheme): the one
+	// controlplane-bootstrap runs with registry.enabled (docs/registry.md), at
+	// apiServer.advertiseAddress:registry.port. It goes to every node in its JoinBundle
+	// (registry); the agent makes the node's containerd trust it with the cluster CA.
+	// Empty: nodes pull from no cluster registry.
+	Registry string `yaml:"registry"`
 }
 
 // PodNetwork is the cluster's pod network as nodes are told it; an empty field
@@ -548,6 +554,11 @@ func (c *Config) validateCluster(bad badField) {
 			bad("cluster.logsEndpoint", "%v", err)
 		}
 	}
+	if e := c.Cluster.Registry; e != "" {
+		if err := ValidRegistry(e); err != nil {
+			bad("cluster.registry", "%v", err)
+		}
+	}
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":
 	default:
@@ -580,7 +591,18 @@ func (c *Config) validateMetrics(bad badField) {
 // ValidLogsEndpoint checks a logs endpoint: HOST:PORT with a host and a port number,
 // no scheme or path (the agent adds https:// and /insert/jsonline).
 func ValidLogsEndpoint(e string) error {
-	const want = "give the log gateway as HOST:PORT, such as 10.0.0.2:9428 or logs.example:9428 (no scheme or path)"
+	return validHostPort(e, "give the log gateway as HOST:PORT, such as 10.0.0.2:9428 or logs.example:9428 (no scheme or path)")
+}
+
+// ValidRegistry checks a registry address: HOST:PORT with a host and a port number,
+// no scheme or path (it names containerd's hosts.toml folder; the agent adds https://).
+func ValidRegistry(e string) error {
+	return validHostPort(e, "give the cluster registry as HOST:PORT, such as 10.0.0.2:5000 or registry.example:5000 (no scheme or path)")
+}
+
+// validHostPort checks HOST:PORT with a host and a port number in 1-65535, no scheme
+// or path; want says what to give instead.
+func validHostPort(e, want string) error {
 	if strings.Contains(e, "/") {
 		return fmt.Errorf("%q: %s", e, want)
 	}

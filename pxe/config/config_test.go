@@ -94,6 +94,11 @@ func TestErrors(t *testing.T) {
 		{minimal + "cluster: {logsEndpoint: '10.0.0.2'}\n", `g.yaml:6: cluster.logsEndpoint: "10.0.0.2": address 10.0.0.2: missing port in address`},
 		{minimal + "cluster: {logsEndpoint: ':9428'}\n", `g.yaml:6: cluster.logsEndpoint: ":9428": give the log gateway`},
 		{minimal + "cluster: {logsEndpoint: 'logs:99999'}\n", `g.yaml:6: cluster.logsEndpoint: "logs:99999"`},
+		{minimal + "cluster: {registry: 'https://10.0.0.2:5000'}\n", `g.yaml:6: cluster.registry: "https://10.0.0.2:5000": give the cluster registry as HOST:PORT`},
+		{minimal + "cluster: {registry: '10.0.0.2'}\n", `g.yaml:6: cluster.registry: "10.0.0.2": address 10.0.0.2: missing port in address`},
+		{minimal + "cluster: {registry: ':5000'}\n", `g.yaml:6: cluster.registry: ":5000": give the cluster registry`},
+		{minimal + "cluster: {registry: 'registry:0'}\n", `g.yaml:6: cluster.registry: "registry:0"`},
+		{minimal + "cluster: {registry: '10.0.0.2:5000/team'}\n", `g.yaml:6: cluster.registry: "10.0.0.2:5000/team"`},
 	}
 	for _, c := range cases {
 		_, err := Parse("g.yaml", []byte(c.yaml))

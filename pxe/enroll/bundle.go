@@ -215,6 +215,7 @@ func (s *Service) bundle(ctx context.Context, m *inventory.Machine, cert *x509.C
 		b.ClusterCaPem = s.cfg.Cluster.CAPEM()
 	}
 	b.LogsEndpoint = s.cfg.LogsEndpoint
+	b.Registry = s.cfg.Registry
 	seeds, err := s.gossipSeeds(ctx, m)
 	if err != nil {
 		return nil, err

@@ -433,6 +433,7 @@ func TestAllowlistAndHoldMode(t *testing.T) {
 			NodeTaints: []string{"nvidia.com/gpu=present:NoSchedule"}, DataDisks: []disksel.RuleSpec{{Transport: "nvme", MinSize: "1.92T"}}}}
 		c.PodNetwork = &bootv1.PodNetwork{Backend: "host-gw"}
 		c.LogsEndpoint = "10.0.0.2:9428"
+		c.Registry = "10.0.0.2:5000"
 	})
 	// Listed machine: approved at discovery, boots its image although hold mode.
 	id, _ := identity.New("52:54:00:00:00:0c", "", "SN12")
@@ -465,6 +466,10 @@ func TestAllowlistAndHoldMode(t *testing.T) {
 	// cluster.logsEndpoint goes along as set.
 	if got := b.GetLogsEndpoint(); got != "10.0.0.2:9428" {
 		t.Errorf("bundle logs endpoint %q, want 10.0.0.2:9428 (cluster.logsEndpoint)", got)
+	}
+	// cluster.registry goes along as set.
+	if got := b.GetRegistry(); got != "10.0.0.2:5000" {
+		t.Errorf("bundle registry %q, want 10.0.0.2:5000 (cluster.registry)", got)
 	}
 	// Unlisted machine: held, then pending.
 	id2, _ := identity.New("52:54:00:00:00:0d", "", "SN13")

@@ -133,6 +133,9 @@ type Config struct {
 	// LogsEndpoint, when set, goes to nodes in their bundle (logs_endpoint, gpuboot's
 	// cluster.logsEndpoint): HOST:PORT of the log store's gateway.
 	LogsEndpoint string
+	// Registry, when set, goes to nodes in their bundle (registry, gpuboot's
+	// cluster.registry): HOST:PORT of the cluster's image registry.
+	Registry string
 
 	// NodeNamePrefix starts generated node names; default "gpu".
 	NodeNamePrefix string

@@ -825,7 +825,13 @@ type JoinBundle struct {
 	// https://HOST:PORT/insert/jsonline with kubelet's client certificate and trusts the
 	// server with cluster_ca_pem. Empty: the node ships no logs, and the agent says so
 	// once in its log.
-	LogsEndpoint  string `protobuf:"bytes,19,opt,name=logs_endpoint,json=logsEndpoint,proto3" json:"logs_endpoint,omitempty"`
+	LogsEndpoint string `protobuf:"bytes,19,opt,name=logs_endpoint,json=logsEndpoint,proto3" json:"logs_endpoint,omitempty"`
+	// The cluster's image registry, as HOST:PORT (gpuboot's cluster.registry;
+	// docs/registry.md, How nodes pull). The agent writes containerd's hosts.toml for it
+	// under /run/gpurack/containerd/certs.d/HOST:PORT/, trusting the server with
+	// cluster_ca_pem, so that kubelet's pulls from it verify. Empty: the node trusts no
+	// cluster registry, and the agent says so once in its log.
+	Registry      string `protobuf:"bytes,20,opt,name=registry,proto3" json:"registry,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -989,6 +995,13 @@ func (x *JoinBundle) GetDataDisks() *DataDiskRules {
 func (x *JoinBundle) GetLogsEndpoint() string {
 	if x != nil {
 		return x.LogsEndpoint
+	}
+	return ""
+}
+
+func (x *JoinBundle) GetRegistry() string {
+	if x != nil {
+		return x.Registry
 	}
 	return ""
 }
@@ -1911,7 +1924,7 @@ const file_api_boot_v1_enroll_proto_rawDesc = "" +
 	"\tsignature\x18\x02 \x01(\fR\tsignature\x120\n" +
 	"\x04auth\x18\x0f \x01(\v2\x1c.gpurack.boot.v1.RequestAuthR\x04auth\"L\n" +
 	"\x15GetJoinBundleResponse\x123\n" +
-	"\x06bundle\x18\x01 \x01(\v2\x1b.gpurack.boot.v1.JoinBundleR\x06bundle\"\xdd\a\n" +
+	"\x06bundle\x18\x01 \x01(\v2\x1b.gpurack.boot.v1.JoinBundleR\x06bundle\"\xf9\a\n" +
 	"\n" +
 	"JoinBundle\x12.\n" +
 	"\x13api_server_endpoint\x18\x01 \x01(\tR\x11apiServerEndpoint\x12$\n" +
@@ -1939,7 +1952,8 @@ const file_api_boot_v1_enroll_proto_rawDesc = "" +
 	"podNetwork\x12=\n" +
 	"\n" +
 	"data_disks\x18\x12 \x01(\v2\x1e.gpurack.boot.v1.DataDiskRulesR\tdataDisks\x12#\n" +
-	"\rlogs_endpoint\x18\x13 \x01(\tR\flogsEndpoint\x1a=\n" +
+	"\rlogs_endpoint\x18\x13 \x01(\tR\flogsEndpoint\x12\x1a\n" +
+	"\bregistry\x18\x14 \x01(\tR\bregistry\x1a=\n" +
 	"\x0fNodeLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\">\n" +
