@@ -2,9 +2,12 @@ package profile
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/gpurack/gpurack/internal/testreq"
 )
 
 const containerYAML = `kind: container
@@ -147,4 +150,37 @@ func FuzzParseContainer(f *testing.F) {
 			t.Fatal("digest changed through the canonical form")
 		}
 	})
+}
+
+// TestSampleScriptsParse: the samples' Python files compile and their shell scripts
+// parse (the images are not built by make test; a syntax error would first show there).
+func TestSampleScriptsParse(t *testing.T) {
+	python := testreq.Tool(t, "python3", "apt-get install python3")
+	paths, _ := filepath.Glob("../../profiles/workloads/*.yaml")
+	n := 0
+	for _, path := range paths {
+		c, err := LoadContainer(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range c.Files {
+			src := filepath.Join(filepath.Dir(path), f.Source)
+			var cmd *exec.Cmd
+			switch {
+			case strings.HasSuffix(src, ".py"):
+				cmd = exec.Command(python, "-c", "import ast, sys; ast.parse(open(sys.argv[1]).read(), sys.argv[1])", src)
+			case strings.HasSuffix(src, ".sh"):
+				cmd = exec.Command("sh", "-n", src)
+			default:
+				continue
+			}
+			if out, err := cmd.CombinedOutput(); err != nil {
+				t.Errorf("%s: %v\n%s", src, err, out)
+			}
+			n++
+		}
+	}
+	if n < 6 {
+		t.Fatalf("checked %d scripts; want every sample's", n)
+	}
 }
