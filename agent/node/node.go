@@ -118,6 +118,9 @@ type Config struct {
 	// kubelet has joined; empty: nodeexporter.DefaultListen (:9100); "off": not
 	// started. NodeExporterDir is where its files go; empty: nodeexporter.DefaultDir.
 	NodeExporterListen, NodeExporterDir string
+	// RegistryHostsDir is containerd's registry config_path, where the agent writes the
+	// cluster registry's hosts.toml (agent/registryhosts); empty: registryhosts.DefaultDir.
+	RegistryHostsDir string
 	// Console, when set, also gets enrollment progress (the machine's console).
 	Console string
 	Gossip  GossipConfig

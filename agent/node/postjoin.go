@@ -81,6 +81,8 @@ type gated struct {
 //	                not with --node-exporter-listen off; no cluster CA in the bundle: failed
 //	log-shipping    after kubelet joined; restarted 5 s doubling to 1 min (logs.go); only
 //	                when the bundle names a logs endpoint
+//	registry-hosts  after kubelet joined; restarted 5 s doubling to 1 min (registry.go);
+//	                writes the bundle's registry's hosts.toml, or removes stale ones
 //
 // Pod network settings the bundle gets wrong leave a failed pod-network, and no
 // kube-proxy (it needs the pod subnet): the Node stays NotReady and says why.
@@ -121,6 +123,7 @@ func (n *node) postJoinServices(bundle *bootv1.JoinBundle) []postJoinService {
 	if ls := n.logShipping(bundle); ls != nil {
 		list = append(list, postJoinService{svc: ls, what: "log shipping", startAfter: kubeletJoined, restart: serviceRestart})
 	}
+	list = append(list, postJoinService{svc: n.registryHosts(bundle), what: "registry hosts", startAfter: kubeletJoined, restart: serviceRestart})
 	return list
 }
 

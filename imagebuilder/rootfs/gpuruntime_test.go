@@ -10,6 +10,7 @@ import (
 	ctkconfig "github.com/NVIDIA/nvidia-container-toolkit/api/config/v1"
 	"github.com/pelletier/go-toml"
 
+	"github.com/gpurack/gpurack/agent/registryhosts"
 	"github.com/gpurack/gpurack/internal/profile"
 )
 
@@ -80,6 +81,10 @@ func TestContainerdConfigGPU(t *testing.T) {
 			}
 			if get("sandbox_image") != "registry.k8s.io/pause:3.10.1" || get("containerd", "runtimes", "runc", "options", "SystemdCgroup") != true {
 				t.Errorf("the CRI basics are gone:\n%s", text)
+			}
+			// Pulls read hosts.toml files from the folder gpuagent writes them to.
+			if got := get("registry", "config_path"); got != registryhosts.DefaultDir || RegistryHostsDir != "/run/gpurack/containerd/certs.d" {
+				t.Errorf("registry config_path %v, want %s (agent/registryhosts):\n%s", got, registryhosts.DefaultDir, text)
 			}
 			enable, dirs := get("enable_cdi"), get("cdi_spec_dirs")
 			def, nv := get("containerd", "default_runtime_name"), get("containerd", "runtimes", "nvidia")

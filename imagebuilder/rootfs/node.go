@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 )
 
@@ -267,7 +268,25 @@ version = 2
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = "/etc/cni/net.d"
-`, pause)
+`+RegistryCRIConfig(RegistryHostsDir), pause)
+}
+
+// RegistryHostsDir is containerd's registry config_path in the image: the folder of
+// HOST:PORT/hosts.toml files gpuagent writes (agent/registryhosts.DefaultDir).
+const RegistryHostsDir = "/run/gpurack/containerd/certs.d"
+
+// RegistryCRIConfig is the CRI plugin's registry part of containerd's config, with
+// dir as config_path (the image: RegistryHostsDir; tests: a folder of their own).
+func RegistryCRIConfig(dir string) string {
+	return `
+  # Registries: one HOST:PORT/hosts.toml per registry, read on each pull (no restart).
+  # gpuagent writes the cluster registry's after the join, from the JoinBundle, with the
+  # cluster CA beside it (docs/registry.md, How nodes pull). Under /run: it is this
+  # boot's state from this boot's bundle (the node's root is in RAM anyway), and no
+  # image build bakes a registry address or CA in.
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = ` + strconv.Quote(dir) + `
+`
 }
 
 const sysctls = `# gpurack: what kubelet and the CNI plugins need (CONTRACTS §6).
