@@ -57,6 +57,13 @@ const rigUser, rigPassword = "ci", "pw-for-the-test"
 
 func newRegistryRig(t *testing.T) *registryRig {
 	t.Helper()
+	return newRegistryRigAt(t, "127.0.0.1")
+}
+
+// newRegistryRigAt is newRegistryRig with the registry and its token endpoint on
+// address (apiServer.advertiseAddress), which must be this host's.
+func newRegistryRigAt(t *testing.T, address string) *registryRig {
+	t.Helper()
 	bin, err := components.FindBinary(components.BinDir(""), components.Registry)
 	if err != nil {
 		testreq.Missing(t, err.Error(), "make k8s-bins builds distribution's registry v3.1.2 (hack/k8s-bins.sh, group registry)", "GPURACK_K8S_REQUIRED") // testcluster.RequiredEnv, which this package cannot import
@@ -64,13 +71,13 @@ func newRegistryRig(t *testing.T) *registryRig {
 	r := &registryRig{bin: bin, dir: t.TempDir(), log: &lockedLog{}}
 	r.skopeo = testreq.Tool(t, "skopeo", "apt-get install skopeo (hack/deps.sh installs it)")
 	r.l = components.Layout{Dir: r.dir}
-	tokenLn, err := net.Listen("tcp", "127.0.0.1:0")
+	tokenLn, err := net.Listen("tcp", net.JoinHostPort(address, "0"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { tokenLn.Close() })
-	yml := fmt.Sprintf("registry:\n  enabled: true\n  port: %d\n  authPort: %d\n  metricsPort: %d\n",
-		freePort(t), tokenLn.Addr().(*net.TCPAddr).Port, freePort(t))
+	yml := fmt.Sprintf("apiServer:\n  advertiseAddress: %s\nregistry:\n  enabled: true\n  port: %d\n  authPort: %d\n  metricsPort: %d\n",
+		address, freePort(t), tokenLn.Addr().(*net.TCPAddr).Port, freePort(t))
 	if r.cfg, err = clusterconfig.Parse("cluster.yaml", []byte(yml)); err != nil {
 		t.Fatal(err)
 	}
