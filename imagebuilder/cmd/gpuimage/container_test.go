@@ -2,6 +2,12 @@ package main
 
 import (
 	"bytes"
+	"encoding/base64"
+	"encoding/pem"
+	"io"
+	"log"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -9,7 +15,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/authn"
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 
 	"github.com/gpurack/gpurack/imagebuilder/build"
 	"github.com/gpurack/gpurack/imagebuilder/ociarchive"
@@ -97,10 +107,16 @@ func TestContainerTinyImage(t *testing.T) {
 	priv, pub := filepath.Join(dir, "key.pem"), filepath.Join(dir, "key.pub.pem")
 	mustRun(t, "keygen", priv, pub)
 
+	// Build b is also pushed, to a registry behind TLS and basic auth.
+	host, push, trust := testRegistry(t, dir)
 	var digests []string
 	for _, name := range []string{"a", "b"} {
 		start := time.Now()
-		out := mustRun(t, "container", "build", prof, "--out", filepath.Join(dir, name+".oci.tar"), "--cache", cache, "--key", priv)
+		args := []string{"container", "build", prof, "--out", filepath.Join(dir, name+".oci.tar"), "--cache", cache, "--key", priv}
+		if name == "b" {
+			args = append(args, push...)
+		}
+		out := mustRun(t, args...)
 		t.Logf("build %s took %s:\n%s", name, time.Since(start).Round(time.Second), lastLines(out, 8))
 		i := strings.Index(out, "manifest sha256:")
 		if i < 0 {
@@ -111,6 +127,7 @@ func TestContainerTinyImage(t *testing.T) {
 	if digests[0] != digests[1] {
 		t.Fatalf("two builds of one profile and lock: manifest %s and %s", digests[0], digests[1])
 	}
+	checkPushed(t, trust, host+"/ci/tiny:1", digests[0])
 	a, b := sha256File(t, filepath.Join(dir, "a.oci.tar")), sha256File(t, filepath.Join(dir, "b.oci.tar"))
 	if a != b {
 		t.Fatalf("two builds give different archives: %s %s", a, b)
@@ -190,4 +207,46 @@ func TestLintContainerProfiles(t *testing.T) {
 	if _, errOut, code := runGPUImage("lint", prof); code != 1 || !strings.Contains(errOut, "profileDigest: stale") {
 		t.Fatalf("lint of a stale container profile: code %d %s", code, errOut)
 	}
+}
+
+// testRegistry starts go-containerregistry's registry behind TLS and basic auth (ci,
+// secret) and returns its host and the build flags that push to it, with a CA file and
+// a containers auth file written in dir, and a transport that trusts it.
+func testRegistry(t *testing.T, dir string) (string, []string, http.RoundTripper) {
+	reg := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if u, p, ok := r.BasicAuth(); !ok || u != "ci" || p != "secret" {
+			w.Header().Set("WWW-Authenticate", `Basic realm="test"`)
+			http.Error(w, "unauthorized", http.StatusUnauthorized)
+			return
+		}
+		reg.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	ca, auth := filepath.Join(dir, "ca.pem"), filepath.Join(dir, "auth.json")
+	host := strings.TrimPrefix(srv.URL, "https://")
+	if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cred := base64.StdEncoding.EncodeToString([]byte("ci:secret"))
+	if err := os.WriteFile(auth, []byte(`{"auths": {"`+host+`": {"auth": "`+cred+`"}}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return host, []string{"--push", host + "/ci/tiny:1", "--ca", ca, "--authfile", auth}, srv.Client().Transport
+}
+
+// checkPushed reads ref's manifest digest from the test registry.
+func checkPushed(t *testing.T, trust http.RoundTripper, ref, want string) {
+	r, err := name.ParseReference(ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	desc, err := remote.Get(r, remote.WithTransport(trust), remote.WithAuth(&authn.Basic{Username: "ci", Password: "secret"}))
+	if err != nil {
+		t.Fatalf("read back the pushed image: %v", err)
+	}
+	if desc.Digest.String() != want {
+		t.Fatalf("the registry holds %s, the build made %s", desc.Digest, want)
+	}
+	t.Logf("pushed %s@%s", ref, want)
 }
