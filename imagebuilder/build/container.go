@@ -167,8 +167,8 @@ func (b *containerBuild) inputs(ctx context.Context) error {
 	if o.Lock == "" {
 		o.Lock = profile.LockPath(o.Profile)
 	}
-	if o.Out == "" {
-		return fmt.Errorf("no output archive given (--out NAME.oci.tar)")
+	if err := checkOut(o.Out); err != nil {
+		return err
 	}
 	l, err := profile.LoadLock(o.Lock)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -202,6 +202,21 @@ func (b *containerBuild) inputs(ctx context.Context) error {
 	b.c, b.lock = c, l
 	b.res.Ref = c.Ref()
 	b.rep.Logf("image %s: profile %s, %d packages, SOURCE_DATE_EPOCH=%d", c.Ref(), c.Name, len(l.Packages), b.epoch)
+	return nil
+}
+
+// checkOut fails, before anything is built, unless out can be an archive: a path in an
+// existing directory that is not itself a directory.
+func checkOut(out string) error {
+	if out == "" {
+		return fmt.Errorf("no output archive given (--out NAME.oci.tar)")
+	}
+	if st, err := os.Stat(filepath.Dir(out)); err != nil || !st.IsDir() {
+		return fmt.Errorf("--out %s: the directory %s does not exist; make it first", out, filepath.Dir(out))
+	}
+	if st, err := os.Stat(out); err == nil && st.IsDir() {
+		return fmt.Errorf("--out %s is a directory; name the archive file", out)
+	}
 	return nil
 }
 

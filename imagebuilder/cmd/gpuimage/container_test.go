@@ -63,6 +63,7 @@ func TestContainerBadInput(t *testing.T) {
 		{"bad image name", func(s string) string { return strings.Replace(s, "gpurack.example/ci/tiny", "Tiny", 1) }, "", `image.name: "Tiny" must start with a registry host`},
 		{"stale lock", func(s string) string { return strings.Replace(s, "GREETING: hello", "GREETING: hi", 1) }, "", "tiny.lock.json is stale: the profile changed since it was locked"},
 		{"missing lock", nil, "tiny.lock.json", "has no lock file"},
+		{"out is a directory", nil, "", "is a directory; name the archive file"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -74,7 +75,11 @@ func TestContainerBadInput(t *testing.T) {
 			earlier := []byte("an earlier archive")
 			os.WriteFile(out, earlier, 0o644)
 			os.WriteFile(out+".sig", earlier, 0o644)
-			stdout, stderr, code := runGPUImage("container", "build", prof, "--out", out, "--cache", t.TempDir())
+			target := out
+			if c.edit == nil && c.rm == "" {
+				target = filepath.Dir(prof)
+			}
+			stdout, stderr, code := runGPUImage("container", "build", prof, "--out", target, "--cache", t.TempDir())
 			if code == 0 || !strings.Contains(stderr, c.want) {
 				t.Fatalf("exit %d, want a failure saying %q:\n%s%s", code, c.want, stdout, stderr)
 			}
