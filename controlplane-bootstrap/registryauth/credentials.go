@@ -105,11 +105,7 @@ func LoadRobots(path string) (*RobotStore, error) {
 
 // Save writes the store atomically.
 func (s *RobotStore) Save(path string) error {
-	data, err := json.MarshalIndent(s, "", "  ")
-	if err != nil {
-		return err
-	}
-	return atomicfile.WriteMkdirAll(path, append(data, '\n'), 0o600, 0o700)
+	return atomicfile.WriteJSON(path, s, 0o600, 0o700)
 }
 
 // Find returns tenant's robot, or nil.

@@ -126,11 +126,7 @@ func LoadStore(path string) (*Store, error) {
 
 // Save writes the store atomically.
 func (s *Store) Save(path string) error {
-	data, err := json.MarshalIndent(s, "", "  ")
-	if err != nil {
-		return err
-	}
-	return atomicfile.WriteMkdirAll(path, append(data, '\n'), 0o600, 0o700)
+	return atomicfile.WriteJSON(path, s, 0o600, 0o700)
 }
 
 // Active returns the user's credentials that are neither revoked nor

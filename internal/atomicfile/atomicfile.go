@@ -8,6 +8,7 @@
 package atomicfile
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -31,6 +32,16 @@ func WriteMkdirAll(path string, data []byte, perm, dirPerm fs.FileMode) error {
 
 // Create writes data to path with perm, and fails if path already exists.
 func Create(path string, data []byte, perm fs.FileMode) error { return write(path, data, perm, false) }
+
+// WriteJSON writes v as indented JSON, ending in a newline, as WriteMkdirAll does: the
+// format of the control plane's small record files (users, registry credentials).
+func WriteJSON(path string, v any, perm, dirPerm fs.FileMode) error {
+	data, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	return WriteMkdirAll(path, append(data, '\n'), perm, dirPerm)
+}
 
 func write(path string, data []byte, perm fs.FileMode, replace bool) (err error) {
 	dir := filepath.Dir(path)

@@ -88,3 +88,23 @@ func TestFailedWriteLeavesOldContent(t *testing.T) {
 		t.Fatalf("after a failed Write the directory holds %v", entries)
 	}
 }
+
+func TestWriteJSON(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "sub", "r.json")
+	if err := WriteJSON(path, map[string]int{"b": 2, "a": 1}, 0o600, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(path)
+	if want := "{\n  \"a\": 1,\n  \"b\": 2\n}\n"; err != nil || string(data) != want {
+		t.Errorf("%q, %v; want %q", data, err, want)
+	}
+	if st, err := os.Stat(path); err != nil || st.Mode().Perm() != 0o600 {
+		t.Errorf("mode: %v %v", st, err)
+	}
+	if err := WriteJSON(path, func() {}, 0o600, 0o700); err == nil {
+		t.Error("a value JSON cannot encode was written")
+	}
+	if data2, _ := os.ReadFile(path); string(data2) != string(data) {
+		t.Error("a failed WriteJSON changed the file")
+	}
+}
