@@ -67,6 +67,9 @@ func registrySpecs(cfg *clusterconfig.Config, l Layout) []Component {
 	return []Component{{
 		Name: Registry,
 		Args: []string{"serve", l.RegistryConfigFile()},
+		// distribution exports OpenTelemetry traces to localhost:4318 unless told
+		// otherwise (and logs an error every few seconds when nothing listens there).
+		Env: []string{"OTEL_TRACES_EXPORTER=none"},
 		Ports: []Port{
 			{adv, r.Port, "registry.port"},
 			{"127.0.0.1", r.MetricsPort, "registry.metricsPort"},

@@ -45,6 +45,9 @@ func TestRegistrySpec(t *testing.T) {
 		t.Errorf("default storage %s, writes %v", got, registryWrites(cfg, l))
 	}
 	unit := string(RenderUnit(r, "/bin/registry", "", l.Dir))
+	if !strings.Contains(unit, "\nEnvironment=OTEL_TRACES_EXPORTER=none\n") || !slices.Equal(r.Env, []string{"OTEL_TRACES_EXPORTER=none"}) {
+		t.Errorf("the registry's OpenTelemetry exporter is not off: env %v, unit:\n%s", r.Env, unit)
+	}
 	if !strings.Contains(unit, "ReadWritePaths=/cluster\n") {
 		t.Errorf("unit with storage in the cluster directory:\n%s", unit)
 	}

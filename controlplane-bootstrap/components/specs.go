@@ -38,6 +38,9 @@ type Component struct {
 	Name string
 	// Args are the command-line flags, sorted by name.
 	Args []string
+	// Env is what the component's environment adds (KEY=VALUE): settings a program
+	// takes only from there (the registry's OpenTelemetry exporter).
+	Env []string
 	// Ports are the addresses it listens on.
 	Ports []Port
 	// HealthURL answers 200 "ok" (or etcd's {"health":"true"}) when healthy.

@@ -21,6 +21,7 @@ type Process struct {
 	Name    string
 	Path    string
 	Args    []string
+	Env     []string // added to this process's environment
 	LogFile string
 	PIDFile string
 }
@@ -109,6 +110,9 @@ func (sp *supervised) start() error {
 	defer logf.Close() // the child holds its own copy
 	fmt.Fprintf(logf, "---- %s: starting %s\n", time.Now().UTC().Format(time.RFC3339), sp.p.Name)
 	cmd := exec.Command(sp.p.Path, sp.p.Args...)
+	if len(sp.p.Env) > 0 {
+		cmd.Env = append(os.Environ(), sp.p.Env...)
+	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM, Setpgid: true}
 	if err := cmd.Start(); err != nil {

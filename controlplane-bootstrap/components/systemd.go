@@ -42,6 +42,9 @@ func RenderUnit(c Component, binary, after, dir string) []byte {
 		b.WriteString(" \\\n\t" + systemdQuote(a))
 	}
 	b.WriteString("\nRestart=always\nRestartSec=2s\nLimitNOFILE=1048576\n")
+	for _, e := range c.Env {
+		b.WriteString("Environment=" + systemdQuote(e) + "\n")
+	}
 	if c.Name == Etcd {
 		b.WriteString("Type=notify\nNotifyAccess=main\n")
 	}

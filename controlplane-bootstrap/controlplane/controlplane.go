@@ -415,7 +415,7 @@ func (cp *ControlPlane) startForeground(ctx context.Context, specs []components.
 			return err
 		}
 		err := cp.Supervisor.Start(components.Process{
-			Name: c.Name, Path: bins[c.Name], Args: c.Args,
+			Name: c.Name, Path: bins[c.Name], Args: c.Args, Env: c.Env,
 			LogFile: cp.Layout.LogFile(c.Name), PIDFile: cp.Layout.PIDFile(c.Name),
 		})
 		if err != nil {
