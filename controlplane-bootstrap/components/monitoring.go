@@ -167,6 +167,11 @@ scrape_configs:
     static_configs:
       - targets: ['{{.VictoriaLogs}}']
 {{- end}}
+{{- if .Registry}}
+  - job_name: registry
+    static_configs:
+      - targets: ['{{.Registry}}']
+{{- end}}
   - job_name: apiserver
     scheme: https
     tls_config: &client
@@ -278,6 +283,9 @@ func PrometheusConfig(cfg *clusterconfig.Config, l Layout) ([]byte, error) {
 		},
 		"NodeJobs": nodeJobs,
 		"Logs":     m.LogsEnabled(),
+	}
+	if cfg.Registry.Enabled {
+		data["Registry"] = RegistryMetricsAddr(cfg) // its debug port, on loopback
 	}
 	if m.LogsEnabled() {
 		gw := m.Logs.Gateway.ListenAddress

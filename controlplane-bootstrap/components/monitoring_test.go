@@ -83,6 +83,16 @@ func TestPrometheusConfigJobs(t *testing.T) {
 	if got := slices.Sorted(maps.Keys(jobs)); !slices.Equal(got, want) {
 		t.Errorf("jobs %v, want %v", got, want)
 	}
+	// The registry's job comes with the registry, on its loopback debug port.
+	cfg.Registry.Enabled = true
+	withRegistry, err := PrometheusConfig(cfg, l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sc := scrapeConfig(t, string(withRegistry), "registry"); sc.Scheme != "" || !strings.Contains(string(withRegistry), "targets: ['127.0.0.1:5002']") {
+		t.Errorf("job registry: %+v, want plain HTTP to 127.0.0.1:5002:\n%s", sc, withRegistry)
+	}
+	cfg.Registry.Enabled = false
 	for _, must := range []string{"/cluster/monitoring/rules/*.yaml", "/cluster/pki/monitoring-client.crt", "replacement: '${1}:9410'", "replacement: '${1}:9100'", "cluster: \"gpurack\"", "targets: ['127.0.0.1:8082']"} {
 		if !strings.Contains(string(data), must) {
 			t.Errorf("prometheus.yml lacks %q:\n%s", must, data)
