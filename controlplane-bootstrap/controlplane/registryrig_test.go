@@ -294,8 +294,16 @@ type ociImage struct {
 	manifest, config, layer string // digests
 }
 
-// writeOCIImage writes an image whose single layer holds one file with content.
+// writeOCIImage writes an image whose single layer holds one file with content, which
+// its config also carries as the label "content".
 func writeOCIImage(t *testing.T, dir, tag, content string) ociImage {
+	t.Helper()
+	return writeOCIImageLabelled(t, dir, tag, content, content)
+}
+
+// writeOCIImageLabelled is writeOCIImage with the label's value given (a large layer's
+// content would pass the config size clients accept).
+func writeOCIImageLabelled(t *testing.T, dir, tag, content, label string) ociImage {
 	t.Helper()
 	var tarBuf bytes.Buffer
 	tw := tar.NewWriter(&tarBuf)
@@ -320,7 +328,7 @@ func writeOCIImage(t *testing.T, dir, tag, content string) ociImage {
 	}
 	var size int
 	img.layer, size = blob(gz.Bytes())
-	config, _ := json.Marshal(map[string]any{"architecture": "amd64", "os": "linux", "config": map[string]any{"Labels": map[string]string{"content": content}},
+	config, _ := json.Marshal(map[string]any{"architecture": "amd64", "os": "linux", "config": map[string]any{"Labels": map[string]string{"content": label}},
 		"rootfs": map[string]any{"type": "layers", "diff_ids": []string{fmt.Sprintf("sha256:%x", sha256.Sum256(tarBuf.Bytes()))}}})
 	var cfgSize int
 	img.config, cfgSize = blob(config)
