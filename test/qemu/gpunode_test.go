@@ -44,7 +44,11 @@ const gpuHold = 90 * time.Second
 //     reason, and once the fault is cleared and the hysteresis passes, 8 again;
 //   - after `systemctl restart kubelet` on the node the plugin registers again: a GPU
 //     pod runs with its GPU.
-func simGPUNodeChecks(t *testing.T, ctx context.Context, admin kubernetes.Interface, g *namespacedGpuboot, node *corev1.Node, ip string, xidAt *time.Time) {
+//
+// beforeClear, when set, runs while the XID is still failing GPU 3 (the rack's wait for
+// the metrics server to have scraped it, which the alert check then relies on).
+func simGPUNodeChecks(t *testing.T, ctx context.Context, admin kubernetes.Interface, g *namespacedGpuboot, node *corev1.Node, ip string, xidAt *time.Time,
+	beforeClear func()) {
 	if node.Labels[nodecontract.LabelSimulated] != "true" {
 		t.Errorf("Node %s labels %v: no %s=true on a simulated GPU node", node.Name, node.Labels, nodecontract.LabelSimulated)
 	}
@@ -107,6 +111,9 @@ func simGPUNodeChecks(t *testing.T, ctx context.Context, admin kubernetes.Interf
 	}
 	awaitUnschedulable(t, ctx, admin, "gpu-all", "Insufficient "+nodecontract.ResourceGPU)
 	deletePods(t, ctx, admin, "gpu-all")
+	if beforeClear != nil {
+		beforeClear()
+	}
 	t0 = time.Now()
 	if _, err := agent.ClearFaults(ctx, &agentv1.ClearFaultsRequest{}); err != nil {
 		t.Fatalf("ClearFaults on %s's agent: %v", node.Name, err)

@@ -43,6 +43,9 @@ var rackMachines = []MachineSpec{
 //     GPUs to pods (the device plugin, CDI, XID withdrawal, a kubelet restart) and its
 //     data disks (a blank one prepared, a foreign one refused and left byte-identical,
 //     then wiped by an operator through gpuboot and prepared); after tenant isolation,
+//     the cluster registry (registry.enabled, gpuboot's cluster.registry): a user of
+//     alpha pushes the probe image with skopeo, a pod in alpha pulls and runs it, a pod
+//     in beta is refused it; then
 //     A gets kubectl exec, kubectl logs and kubectl debug node with the debug image (a
 //     command, an interactive shell), the node's journal and the audit log checked;
 //   - the central log store (monitoring.logs, gpuboot's cluster.logsEndpoint): A's
@@ -125,6 +128,7 @@ func TestRack(t *testing.T) {
 			}
 			t.Run("tenant isolation", func(t *testing.T) {
 				tenantIsolation(t, r.ctx, r.env, r.ns, r.bins.controlplane, r.cp, r.admin, a.node, a.con, restarted)
+				t.Run("registry pull", func(t *testing.T) { registryPull(t, r.ctx, r.env, r.ns, r.bins.controlplane, r.cp, r.admin, a.node) })
 			})
 			t.Run("logs, exec and break-glass", func(t *testing.T) { checkLogsExecAndBreakGlass(t, r, a.node) })
 		})
@@ -133,7 +137,7 @@ func TestRack(t *testing.T) {
 			if os.Getenv("GPURACK_JOIN_IMAGE") != "" {
 				testreq.NotApplicable(t, "GPURACK_JOIN_IMAGE: node B boots that image, not the simulated GPU image built from this tree; unset it to run these checks (make test refuses it)")
 			}
-			simGPUNodeChecks(t, r.ctx, r.admin, r.g, b.node, b.IP, &xidAt)
+			simGPUNodeChecks(t, r.ctx, r.admin, r.g, b.node, b.IP, &xidAt, func() { awaitXIDScraped(t, r, b.Node) })
 		})
 		t.Run(b.Node+" data disks", func(t *testing.T) {
 			t.Parallel()

@@ -225,10 +225,13 @@ func startRack(t *testing.T, opts RackOptions) *Rack {
 	if !opts.NoControlPlane {
 		t0 := time.Now()
 		r.alerts = startAlertHook(t, r.ns)
-		r.cp = startNamespacedControlPlane(t, r.env, r.ns, r.bins.controlplane, monitoringConfig(t, r.alerts))
+		// The image registry and its token issuer (registry.enabled) on the advertise
+		// address; gpuboot names it to the nodes (cluster.registry).
+		r.cp = startNamespacedControlPlane(t, r.env, r.ns, r.bins.controlplane, monitoringConfig(t, r.alerts)+"registry: {enabled: true}\n")
 		r.admin = r.cp.clientset(t, r.ns)
 		enroller = r.cp.enroller
 		set.logsEndpoint = joinHost + ":9428" // monitoring.logs' gateway, on by default with monitoring
+		set.registry = rackRegistry
 		t.Logf("control plane up in the namespace in %s (endpoint https://%s)", time.Since(t0).Round(time.Millisecond), joinAPI)
 		// Registered before QEMU starts, so it runs after QEMU is killed (a live kubelet
 		// would register the Node again) and before the control plane stops.
@@ -760,15 +763,22 @@ type gpubootSettings struct {
 	// logsEndpoint is cluster.logsEndpoint: the control plane's logs-gateway, where
 	// the nodes ship their logs; empty: they ship none.
 	logsEndpoint string
+	// registry is cluster.registry: the cluster registry the nodes' containerd trusts
+	// (hosts.toml with the cluster CA); empty: none.
+	registry string
 }
 
-// logsEndpointYAML is gpuboot's cluster.logsEndpoint setting (after a comma in a flow
-// map) for endpoint, or nothing.
-func logsEndpointYAML(endpoint string) string {
-	if endpoint == "" {
-		return ""
+// clusterExtraYAML is gpuboot's cluster.logsEndpoint and cluster.registry settings
+// (after a comma in a flow map), those that are set.
+func clusterExtraYAML(set gpubootSettings) string {
+	s := ""
+	if set.logsEndpoint != "" {
+		s += ", logsEndpoint: '" + set.logsEndpoint + "'"
 	}
-	return ", logsEndpoint: '" + endpoint + "'"
+	if set.registry != "" {
+		s += ", registry: '" + set.registry + "'"
+	}
+	return s
 }
 
 // startNamespacedGpuboot starts gpuboot with DHCP and TFTP off, or on a boot network
@@ -814,7 +824,7 @@ cluster: {kubeconfig: %s, podNetwork: %s%s}
 metrics: {plainHTTP: true}
 `, joinHost, store, strings.Join(pubKeys, ", "), imageID, cmp.Or(set.bootNet, "dhcp: {enabled: false}\ntftp: {enabled: false}"),
 		cmp.Or(set.enrollment, "{unknownMachines: discover}"), cmp.Or(set.policy, "{approval: manual}"), cmp.Or(set.selectors, "[]"),
-		enroller, cmp.Or(set.podNetwork, "{}"), logsEndpointYAML(set.logsEndpoint))
+		enroller, cmp.Or(set.podNetwork, "{}"), clusterExtraYAML(set))
 	cfgPath := filepath.Join(dir, "gpuboot.yaml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
