@@ -225,21 +225,9 @@ func (b *containerBuild) fetch(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	rep, pkgs := b.rep, b.lock.Packages
-	cache := &debcache.Cache{Dir: filepath.Join(b.o.Cache, "debs"), Log: rep.Logf}
 	b.debs = map[string]profile.LockedPackage{}
-	for i, lp := range pkgs {
-		rep.Progress("%d/%d %s", i+1, len(pkgs), lp.Name)
-		cache.Progress = func(name string, done, total int64) {
-			rep.Progress("%d/%d %s %d/%d KiB", i+1, len(pkgs), name, done>>10, total>>10)
-		}
-		path, err := cache.Get(ctx, lp, bases)
-		if err != nil {
-			return err
-		}
-		b.debs[path] = lp
-	}
-	return nil
+	_, err = fetchDebs(ctx, b.rep, b.o.Cache, bases, b.lock.Packages, func(path string, lp profile.LockedPackage) { b.debs[path] = lp })
+	return err
 }
 
 // rootfs installs exactly the locked .debs into a directory tree (maintainer scripts

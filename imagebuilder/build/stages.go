@@ -310,16 +310,12 @@ func (b *imageBuild) gpuRuntimeBinaries(ctx context.Context, bundled map[string]
 	return nil
 }
 
-// fetch puts every locked .deb into the cache (verified), setting the kernel package
-// and the build-only inputs apart.
-func (b *imageBuild) fetch(ctx context.Context) error {
-	bases, err := Bases(b.p)
-	if err != nil {
-		return err
-	}
-	rep, pkgs := b.rep, b.lock.Packages
-	cache := &debcache.Cache{Dir: filepath.Join(b.o.Cache, "debs"), Log: rep.Logf}
-	b.debs = map[string]profile.LockedPackage{}
+// fetchDebs puts every package of pkgs into the .deb cache under cacheDir (verified),
+// with progress on rep, and gives each one's path to got, in order. It returns the
+// cache, for more fetches from the same bases.
+func fetchDebs(ctx context.Context, rep *Reporter, cacheDir string, bases []string, pkgs []profile.LockedPackage,
+	got func(path string, lp profile.LockedPackage)) (*debcache.Cache, error) {
+	cache := &debcache.Cache{Dir: filepath.Join(cacheDir, "debs"), Log: rep.Logf}
 	for i, lp := range pkgs {
 		rep.Progress("%d/%d %s", i+1, len(pkgs), lp.Name)
 		cache.Progress = func(name string, done, total int64) {
@@ -327,13 +323,30 @@ func (b *imageBuild) fetch(ctx context.Context) error {
 		}
 		path, err := cache.Get(ctx, lp, bases)
 		if err != nil {
-			return err
+			return nil, err
 		}
+		got(path, lp)
+	}
+	return cache, nil
+}
+
+// fetch puts every locked .deb into the cache (verified), setting the kernel package
+// and the build-only inputs apart.
+func (b *imageBuild) fetch(ctx context.Context) error {
+	bases, err := Bases(b.p)
+	if err != nil {
+		return err
+	}
+	b.debs = map[string]profile.LockedPackage{}
+	cache, err := fetchDebs(ctx, b.rep, b.o.Cache, bases, b.lock.Packages, func(path string, lp profile.LockedPackage) {
 		if apt.KernelImageRE.MatchString(lp.Name) {
 			b.kernelDeb, b.kernelPkg = path, lp
-			continue
+			return
 		}
 		b.debs[path] = lp
+	})
+	if err != nil {
+		return err
 	}
 	if b.kernelDeb == "" {
 		return fmt.Errorf("%s locks no linux-image package; re-run gpuimage lock %s", b.o.Lock, b.o.Profile)

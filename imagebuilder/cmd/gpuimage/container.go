@@ -15,7 +15,6 @@ import (
 
 	"github.com/gpurack/gpurack/imagebuilder/build"
 	"github.com/gpurack/gpurack/imagebuilder/ociarchive"
-	"github.com/gpurack/gpurack/internal/atomicfile"
 	"github.com/gpurack/gpurack/internal/manifest"
 	"github.com/gpurack/gpurack/internal/profile"
 )
@@ -188,19 +187,9 @@ func lockContainer(cmd *cobra.Command, path, lockPath, cacheDir string, check bo
 	if err != nil {
 		return err
 	}
-	data, err := l.Marshal()
+	size, err := writeLock(lockPath, l)
 	if err != nil {
 		return err
-	}
-	if _, err := profile.ParseLock(lockPath, data); err != nil {
-		return fmt.Errorf("the lock gpuimage made does not validate (a bug): %w", err)
-	}
-	if err := atomicfile.Write(lockPath, data, 0o644); err != nil {
-		return err
-	}
-	var size int64
-	for _, lp := range l.Packages {
-		size += lp.Size
 	}
 	fmt.Fprintf(cmd.OutOrStdout(), "wrote %s: %d packages (%.1f MiB of .debs), from %d Release files\n", lockPath, len(l.Packages), float64(size)/(1<<20), len(l.Release))
 	return nil

@@ -69,19 +69,9 @@ Debian's Essential set and its packages.`,
 			if err != nil {
 				return err
 			}
-			data, err := l.Marshal()
+			size, err := writeLock(lockPath, l)
 			if err != nil {
 				return err
-			}
-			if _, err := profile.ParseLock(lockPath, data); err != nil {
-				return fmt.Errorf("the lock gpuimage made does not validate (a bug): %w", err)
-			}
-			if err := atomicfile.Write(lockPath, data, 0o644); err != nil {
-				return err
-			}
-			var size int64
-			for _, lp := range l.Packages {
-				size += lp.Size
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "wrote %s: %d packages (%.1f MiB of .debs), %d build inputs, from %d Release files\n",
 				lockPath, len(l.Packages), float64(size)/(1<<20), len(l.Build), len(l.Release))
@@ -92,4 +82,24 @@ Debian's Essential set and its packages.`,
 	cmd.Flags().StringVar(&cacheDir, "cache", build.DefaultCacheDir(), "cache directory (private apt state, .deb cache)")
 	cmd.Flags().StringVar(&out, "out", "", "write the lock here instead of beside the profile")
 	return cmd
+}
+
+// writeLock writes l to lockPath once it validates as gpuimage would read it back, and
+// returns the size of its packages' .debs.
+func writeLock(lockPath string, l *profile.Lock) (int64, error) {
+	data, err := l.Marshal()
+	if err != nil {
+		return 0, err
+	}
+	if _, err := profile.ParseLock(lockPath, data); err != nil {
+		return 0, fmt.Errorf("the lock gpuimage made does not validate (a bug): %w", err)
+	}
+	if err := atomicfile.Write(lockPath, data, 0o644); err != nil {
+		return 0, err
+	}
+	var size int64
+	for _, lp := range l.Packages {
+		size += lp.Size
+	}
+	return size, nil
 }
