@@ -78,27 +78,27 @@ func TestShipsJournalToVictoriaLogs(t *testing.T) {
 		StateFile: state, FlushEvery: 100 * time.Millisecond, Metrics: m, Backoff: retry.Backoff{First: 100 * time.Millisecond, Max: time.Second}}
 	stop := runShipper(t, cfg)
 	vl.waitCount(t, "source:journal", 6)
-	rows, err := vl.query(`source:journal AND unit:"kubelet.service"`)
+	rows, err := vl.rows(`source:journal AND unit:"kubelet.service"`, 1)
 	if err != nil || len(rows) != 1 || rows[0]["_msg"] != "Started kubelet" || rows[0]["identifier"] != "kubelet" || rows[0]["priority"] != "6" || rows[0]["node"] != "gpu-r1-07" || rows[0]["boot_id"] != BootID() {
 		t.Errorf("kubelet's line: %v, %v", rows, err)
 	}
 	vl.waitCount(t, `source:journal AND unit:kernel AND priority:3 AND "fallen off the bus"`, 1)
 	// journalctl leaves messages of 4096 bytes or more out of its JSON; the agent reads
 	// them again, bounded: whole up to 64 KiB, cut beyond.
-	rows, err = vl.query(`source:journal AND unit:"chatty.service"`)
+	rows, err = vl.rows(`source:journal AND unit:"chatty.service"`, 1)
 	if err != nil || len(rows) != 1 || rows[0]["truncated"] != "" || rows[0]["_msg"] != strings.Repeat("z", 10000) {
 		t.Errorf("the 10000-byte message: %d rows, %v; want it whole, not truncated", len(rows), err)
 	}
-	rows, err = vl.query(`source:journal AND unit:"huge.service"`)
+	rows, err = vl.rows(`source:journal AND unit:"huge.service"`, 1)
 	if want := ("long \"quoted\" \u00e9 " + strings.Repeat("w", 100<<10))[:DefaultMaxLine]; err != nil || len(rows) != 1 || rows[0]["truncated"] != "true" || rows[0]["_msg"] != want {
 		t.Errorf("the 100 KiB message: %d rows, %v; want its first 64 KiB, truncated", len(rows), err)
 	}
 	// Long and multi-line: journalctl's export format gives it in its binary form.
-	rows, err = vl.query(`source:journal AND unit:"trace.service"`)
+	rows, err = vl.rows(`source:journal AND unit:"trace.service"`, 1)
 	if want := "trace:\n" + strings.Repeat("\tat frame\n", 500); err != nil || len(rows) != 1 || rows[0]["truncated"] != "" || rows[0]["_msg"] != want {
 		t.Errorf("the long multi-line message: %d rows, %v; want it whole, not truncated", len(rows), err)
 	}
-	rows, err = vl.query(`source:journal AND unit:bin`)
+	rows, err = vl.rows(`source:journal AND unit:bin`, 1)
 	if want := "bad \ufffd utf8\nsecond line"; err != nil || len(rows) != 1 || rows[0]["_msg"] != want {
 		t.Errorf("the binary message: %v, %v; want %q", rows, err, want)
 	}

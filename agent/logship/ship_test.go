@@ -114,7 +114,7 @@ func TestShipsContainerLogsToVictoriaLogs(t *testing.T) {
 
 	web2 := `source:container AND pod:"web-7d9f"`
 	vl.waitCount(t, web2, 4)
-	rows, err := vl.query(web2 + ` AND stream:stderr`)
+	rows, err := vl.rows(web2+` AND stream:stderr`, 1)
 	if err != nil || len(rows) != 1 {
 		t.Fatalf("stderr line: %v, %v", rows, err)
 	}
@@ -129,7 +129,7 @@ func TestShipsContainerLogsToVictoriaLogs(t *testing.T) {
 		t.Errorf("row without _time: %v", r)
 	}
 	vl.waitCount(t, web2+` AND _msg:="first-second-third"`, 1)
-	rows, err = vl.query(web2 + ` AND truncated:true`)
+	rows, err = vl.rows(web2+` AND truncated:true`, 1)
 	if err != nil || len(rows) != 1 || rows[0]["_msg"] != huge[:DefaultMaxLine] {
 		t.Fatalf("the 1 MiB line: %d rows (error %v), want one cut to %d bytes", len(rows), err, DefaultMaxLine)
 	}

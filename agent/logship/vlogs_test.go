@@ -96,6 +96,21 @@ func (v *victoriaLogs) query(q string) ([]map[string]string, error) {
 	return rows, sc.Err()
 }
 
+// rows waits until q returns want rows and returns them (or the last answer after 30 s,
+// for the caller to report). A plain query leaves out rows whose stream the store has
+// not yet indexed, though `stats count()` already counts them (VictoriaMetrics pull
+// 6127), so a count reached is no promise that the rows are readable yet.
+func (v *victoriaLogs) rows(q string, want int) ([]map[string]string, error) {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		rows, err := v.query(q)
+		if (err == nil && len(rows) == want) || time.Now().After(deadline) {
+			return rows, err
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
 // count is how many lines match the LogsQL filter q.
 func (v *victoriaLogs) count(q string) (int, error) {
 	rows, err := v.query(q + " | stats count() n")

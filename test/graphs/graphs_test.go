@@ -51,18 +51,20 @@ func TestGraphsPageInChromium(t *testing.T) {
 	tenantsAddr := tenantsTarget(t, []tenants.Usage{{Tenant: "vision", Namespaces: []string{"vision-train", "vision-eval"}}, {Tenant: "audio", Namespaces: []string{"audio"}}})
 	prom := startPrometheus(t, prometheus, dir, nodes, tenantsAddr)
 
-	// Eight samples of each (eight seconds of lines, so that the screenshot shows them
-	// at a 5-minute range): a node's GPU, what vision holds on the second node, the
-	// namespace join and the recording rule.
+	// Twenty samples of each (twenty seconds of lines: at a 5-minute range a line of
+	// eight seconds spans about 16 px, too short to tell from a legend's swatch in the
+	// screenshot once it slopes): both nodes' GPUs, what vision holds on the second
+	// node, the namespace join and the recording rule.
 	for _, q := range []string{
+		`gpurack_gpu_power_usage_watts{node="gpu-0001",gpu="0",simulated="true"}`,
 		`gpurack_gpu_power_usage_watts{node="gpu-0002",gpu="7",simulated="true"}`,
 		`gpurack_gpu_allocated{namespace="vision-train",node="gpu-0002"}`,
 		`gpurack_tenant_namespace{tenant="vision",namespace="vision-train"}`,
 		`gpurack:tenant_gpus_allocated:count{tenant="vision"}`,
 	} {
-		eventually(t, 45*time.Second, "Prometheus has 8 samples of "+q, func() error {
+		eventually(t, 60*time.Second, "Prometheus has 20 samples of "+q, func() error {
 			n, err := samples(prom, "count_over_time("+q+"[1m])")
-			if err == nil && n < 8 {
+			if err == nil && n < 20 {
 				err = fmt.Errorf("%d samples", n)
 			}
 			return err
