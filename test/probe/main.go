@@ -46,6 +46,13 @@
 //	                                major:minor) and its NVIDIA_ and GPURACK_ variables:
 //	                                what it got of GPUs. Also the termination message.
 //	                                Then stay up for HOLD (default 0), holding them.
+//	probe train DIR EPOCHS [EPOCH_TIME]
+//	                                logistic regression on a fixed synthetic dataset,
+//	                                on the CPU (it says so, and that CUDA is
+//	                                unavailable), a checkpoint in DIR after every epoch
+//	                                (written, synced, renamed), going on from DIR's
+//	                                checkpoint when there is one; each epoch padded with
+//	                                sleep to EPOCH_TIME (train.go)
 //
 // fetch trusts the pod's service-account CA for https (the apiserver through the
 // kubernetes Service) when the pod has one.
@@ -119,6 +126,7 @@ var commands = map[string]command{
 	"write":   writeCommand,
 	"verify":  verifyCommand,
 	"bench":   benchCommand,
+	"train":   trainCommand,
 }
 
 func resolveCommand(args []string, stdout io.Writer, _ string) error {
