@@ -41,8 +41,12 @@ func (l Layout) MonitoringDir() string { return filepath.Join(l.Dir, "monitoring
 func (l Layout) PrometheusConfig() string {
 	return filepath.Join(l.Dir, "monitoring", "prometheus.yml")
 }
-func (l Layout) RulesDir() string       { return filepath.Join(l.Dir, "monitoring", "rules") }
-func (l Layout) PrometheusData() string { return filepath.Join(l.Dir, "monitoring", "prometheus") }
+
+// ScrapeTokenFile is the metrics server's bearer token, for the endpoints that take
+// only tokens (Kueue's); init writes it (controlplane/scrapetoken.go).
+func (l Layout) ScrapeTokenFile() string { return filepath.Join(l.Dir, "monitoring", "scrape.token") }
+func (l Layout) RulesDir() string        { return filepath.Join(l.Dir, "monitoring", "rules") }
+func (l Layout) PrometheusData() string  { return filepath.Join(l.Dir, "monitoring", "prometheus") }
 func (l Layout) AlertmanagerConfig() string {
 	return filepath.Join(l.Dir, "monitoring", "alertmanager.yml")
 }
@@ -180,6 +184,19 @@ scrape_configs:
       key_file: {{.Key}}
     static_configs:
       - targets: ['{{.APIServer}}']
+{{- if .Kueue}}
+  # Kueue's queue metrics (kueue_pending_workloads, kueue_admitted_workloads_total,
+  # kueue_cluster_queue_resource_usage…): its serving certificate is the cluster CA's
+  # for 127.0.0.1, and it lets in clients the API server authorizes.
+  - job_name: kueue
+    scheme: https
+    tls_config:
+      ca_file: {{.CA}}
+    authorization:
+      credentials_file: {{.ScrapeToken}}
+    static_configs:
+      - targets: ['{{.Kueue}}']
+{{- end}}
 {{- if .Logs}}
   - job_name: logs-gateway
     scheme: https
@@ -283,6 +300,10 @@ func PrometheusConfig(cfg *clusterconfig.Config, l Layout) ([]byte, error) {
 		},
 		"NodeJobs": nodeJobs,
 		"Logs":     m.LogsEnabled(),
+	}
+	if cfg.Queues.Enabled {
+		data["Kueue"] = hostPort("127.0.0.1", cfg.Queues.MetricsPort)
+		data["ScrapeToken"] = l.ScrapeTokenFile()
 	}
 	if cfg.Registry.Enabled {
 		data["Registry"] = RegistryMetricsAddr(cfg) // its debug port, on loopback

@@ -93,6 +93,16 @@ func TestPrometheusConfigJobs(t *testing.T) {
 		t.Errorf("job registry: %+v, want plain HTTP to 127.0.0.1:5002:\n%s", sc, withRegistry)
 	}
 	cfg.Registry.Enabled = false
+	// Kueue's comes with the queues, over TLS to its certificate of the cluster CA.
+	cfg.Queues.Enabled = true
+	withQueues, err := PrometheusConfig(cfg, l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sc := scrapeConfig(t, string(withQueues), "kueue"); sc.Scheme != "https" || !strings.Contains(string(withQueues), "targets: ['127.0.0.1:9445']") {
+		t.Errorf("job kueue: %+v, want https to 127.0.0.1:9445:\n%s", sc, withQueues)
+	}
+	cfg.Queues.Enabled = false
 	for _, must := range []string{"/cluster/monitoring/rules/*.yaml", "/cluster/pki/monitoring-client.crt", "replacement: '${1}:9410'", "replacement: '${1}:9100'", "cluster: \"gpurack\"", "targets: ['127.0.0.1:8082']"} {
 		if !strings.Contains(string(data), must) {
 			t.Errorf("prometheus.yml lacks %q:\n%s", must, data)

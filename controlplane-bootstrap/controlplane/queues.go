@@ -300,10 +300,17 @@ func waitEstablished(ctx context.Context, dyn dynamic.Interface, name string) er
 }
 
 // beforeStart does what component c needs done in the cluster before it starts (for a
-// systemd unit, before it can become healthy): Kueue's CRDs, role and webhooks.
+// systemd unit, before it can become healthy): Kueue's CRDs, role and webhooks, and,
+// when the metrics server runs, the token it scrapes Kueue's /metrics with.
 func (cp *ControlPlane) beforeStart(ctx context.Context, c components.Component) error {
 	if c.Name != components.Kueue {
 		return nil
 	}
-	return cp.applyKueue(ctx)
+	if err := cp.applyKueue(ctx); err != nil {
+		return err
+	}
+	if !cp.Config.Monitoring.Enabled {
+		return nil
+	}
+	return cp.writeScrapeToken(ctx)
 }

@@ -26,6 +26,7 @@ import (
 
 	agentv1 "github.com/gpurack/gpurack/api/agent/v1"
 	"github.com/gpurack/gpurack/controlplane-bootstrap/clusterconfig"
+	"github.com/gpurack/gpurack/controlplane-bootstrap/components"
 	"github.com/gpurack/gpurack/controlplane-bootstrap/testcluster"
 	"github.com/gpurack/gpurack/docs/monitoring"
 	"github.com/gpurack/gpurack/test/rigimage"
@@ -68,7 +69,7 @@ receivers:
 // the simulated nodes' conditions and a quarantine taint reach the node alerts through
 // kube-state-metrics.
 func TestMetricsServer(t *testing.T) {
-	testcluster.Require(t, "prometheus", "alertmanager", "kube-state-metrics")
+	testcluster.Require(t, "prometheus", "alertmanager", "kube-state-metrics", components.Kueue)
 	dir := t.TempDir()
 	hook := newWebhook(t)
 	amConfig := alertmanagerConfig(t, hook.srv.URL)
@@ -85,11 +86,14 @@ func TestMetricsServer(t *testing.T) {
 	}
 	var promURL, amURL string
 	c := testcluster.NewWith(t, testcluster.Options{Configure: func(cfg *clusterconfig.Config) {
-		ports, err := testcluster.FreePorts(4)
+		ports, err := testcluster.FreePorts(7)
 		if err != nil {
 			t.Fatal(err)
 		}
 		cfg.Monitoring.Enabled = true
+		// The queues too: Kueue's /metrics takes only a bearer token (init's scrape token).
+		cfg.Queues.Enabled = true
+		cfg.Queues.WebhookPort, cfg.Queues.HealthPort, cfg.Queues.MetricsPort = ports[4], ports[5], ports[6]
 		cfg.Monitoring.Prometheus.Port, cfg.Monitoring.Alertmanager.Port = ports[0], ports[1]
 		cfg.Monitoring.KubeStateMetrics.Port, cfg.Monitoring.KubeStateMetrics.TelemetryPort = ports[2], ports[3]
 		cfg.Monitoring.Prometheus.ScrapeInterval = "1s"
@@ -147,9 +151,10 @@ func anonymousRefused(t *testing.T, addrs ...string) {
 }
 
 // controlPlaneJobsUp waits until the control-plane host's jobs answer: the apiserver,
-// the scheduler and the controller-manager only to the monitoring client certificate.
+// the scheduler and the controller-manager only to the monitoring client certificate,
+// Kueue only to the metrics server's token.
 func controlPlaneJobsUp(t *testing.T, promURL string) {
-	jobs := []string{"prometheus", "alertmanager", "kube-state-metrics", "etcd", "apiserver", "kube-scheduler", "kube-controller-manager"}
+	jobs := []string{"prometheus", "alertmanager", "kube-state-metrics", "etcd", "apiserver", "kube-scheduler", "kube-controller-manager", "kueue"}
 	eventually(t, time.Minute, "control-plane scrape jobs up", func() error {
 		s, err := query(promURL, `up`)
 		if err != nil {
@@ -170,6 +175,12 @@ func controlPlaneJobsUp(t *testing.T, promURL string) {
 	s, err := query(promURL, `sum(apiserver_request_total{job="apiserver"})`)
 	if err != nil || len(s) != 1 {
 		t.Fatalf("apiserver_request_total through the apiserver job: %v %v", s, err)
+	}
+	// And Kueue's own series, which it serves to no one its API server has not
+	// authorized.
+	s, err = query(promURL, `count({job="kueue", __name__=~"kueue_.+"})`)
+	if err != nil || len(s) != 1 {
+		t.Fatalf("Kueue's kueue_* series through the kueue job: %v %v", s, err)
 	}
 }
 
