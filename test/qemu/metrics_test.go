@@ -185,7 +185,7 @@ func checkRackMetrics(t *testing.T, r *Rack, hook *alertHook, nodes []string, xi
 			want = append(want, job+"/"+n)
 		}
 	}
-	for _, job := range []string{"apiserver", "etcd", "kube-scheduler", "kube-controller-manager", "prometheus", "alertmanager", "kube-state-metrics", "gpuboot", "registry"} {
+	for _, job := range []string{"apiserver", "etcd", "kube-scheduler", "kube-controller-manager", "prometheus", "alertmanager", "kube-state-metrics", "gpuboot", "registry", "kueue"} {
 		want = append(want, job+"/")
 	}
 	prom := promClient(r.ns)

@@ -45,7 +45,12 @@ var rackMachines = []MachineSpec{
 //     then wiped by an operator through gpuboot and prepared); after tenant isolation,
 //     the cluster registry (registry.enabled, gpuboot's cluster.registry): a user of
 //     alpha pushes the probe image with skopeo, a pod in alpha pulls and runs it, a pod
-//     in beta is refused it; then
+//     in beta is refused it; on B, once the tenants are applied, a user's day in the
+//     job queues (queues.enabled): a user of alpha queues a training Job on B's
+//     simulated GPUs with a checkpoint per epoch on a gpurack-local volume, its pod
+//     deleted mid-run and the next pod resuming from the checkpoint, a second Job over
+//     alpha's GPUs waiting with Kueue's reason and started when the first ends (the
+//     time logged: queuedTraining); then
 //     A gets kubectl exec, kubectl logs and kubectl debug node with the debug image (a
 //     command, an interactive shell), the node's journal and the audit log checked;
 //   - the central log store (monitoring.logs, gpuboot's cluster.logsEndpoint): A's
@@ -56,7 +61,7 @@ var rackMachines = []MachineSpec{
 //     5 s, Alertmanager routing every alert to a webhook in the namespace): every
 //     node's gpuagent, node_exporter, kubelet and cAdvisor scraped through the Node
 //     objects with the monitoring certificate, the control plane's jobs,
-//     kube-state-metrics', the log store's and gpuboot's up; the XID 79 that B's GPU
+//     kube-state-metrics', the log store's, Kueue's and gpuboot's up; the XID 79 that B's GPU
 //     subtest injected at the webhook as GpurackXIDFatal with the node, the GPU, its
 //     Hostname (the node's name) and the runbook link; a gpurack-local volume B's
 //     volume subtest filled to 60 of 64 MiB at the webhook as GpurackVolumeNearlyFull
@@ -148,6 +153,12 @@ func TestRack(t *testing.T) {
 			})
 			// B's branch ends well before A's: the log shipper's checks on a node run here.
 			t.Run("a 1 MiB container line in the log store", func(t *testing.T) { checkLongLine(t, r, b.node) })
+			t.Run("a user's training Job through alpha's queue", func(t *testing.T) {
+				if os.Getenv("GPURACK_JOIN_IMAGE") != "" {
+					testreq.NotApplicable(t, "GPURACK_JOIN_IMAGE: node B boots that image, without the simulated GPUs the Job asks for")
+				}
+				queuedTraining(t, r, b.node)
+			})
 			if figures := os.Getenv("GPURACK_STORAGE_FIGURES"); figures != "" {
 				t.Run("storage bench", func(t *testing.T) { benchLocalVolume(t, r.ctx, r.admin, b.node, figures) })
 			}

@@ -226,8 +226,9 @@ func startRack(t *testing.T, opts RackOptions) *Rack {
 		t0 := time.Now()
 		r.alerts = startAlertHook(t, r.ns)
 		// The image registry and its token issuer (registry.enabled) on the advertise
-		// address; gpuboot names it to the nodes (cluster.registry).
-		r.cp = startNamespacedControlPlane(t, r.env, r.ns, r.bins.controlplane, monitoringConfig(t, r.alerts)+"registry: {enabled: true}\n")
+		// address; gpuboot names it to the nodes (cluster.registry). Kueue, the
+		// tenants' job queues (queues.enabled).
+		r.cp = startNamespacedControlPlane(t, r.env, r.ns, r.bins.controlplane, monitoringConfig(t, r.alerts)+"registry: {enabled: true}\nqueues: {enabled: true}\n")
 		r.admin = r.cp.clientset(t, r.ns)
 		enroller = r.cp.enroller
 		set.logsEndpoint = joinHost + ":9428" // monitoring.logs' gateway, on by default with monitoring

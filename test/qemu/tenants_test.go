@@ -22,12 +22,14 @@ import (
 )
 
 // isolationTenants: beta lets alpha and default in (allowFrom), alpha lets no other
-// tenant in.
+// tenant in. Each has 1 GPU in the job queues' cohort (queuedTraining on B).
 const isolationTenants = `apiVersion: gpurack.io/v1alpha1
 kind: TenantList
 tenants:
   - name: alpha
+    quota: {gpus: 1}
   - name: beta
+    quota: {gpus: 1}
     allowFrom: [alpha, default]
 `
 
