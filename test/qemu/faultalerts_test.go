@@ -5,6 +5,7 @@ package qemu
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -73,6 +74,12 @@ func checkVolumeAlert(t *testing.T, r *Rack, f *volumeFault) {
 	// scrape or two, which starts the alert's 5 minutes again: when that restart came
 	// after the fill, the alert comes up to that much later.
 	limit := max(time.Until(f.filled.Add(bound+time.Minute)), 3*time.Minute)
+	// So does any failed scrape of that kubelet (a scrape timing out on the loaded TCG
+	// guest): the bound then runs from the last one, waited for up to 10 minutes.
+	if last, ok := lastKubeletDown(r, f.holder.Spec.NodeName); ok && last.After(f.filled) {
+		limit = max(limit, min(time.Until(last.Add(bound+time.Minute)), 10*time.Minute))
+		t.Logf("%s's kubelet last failed a scrape %s after the fill: waiting up to %s", f.holder.Spec.NodeName, last.Sub(f.filled).Round(time.Second), limit.Round(time.Second))
+	}
 	waitFor(t, ctx, limit, "GpurackVolumeNearlyFull for "+localNS+"/"+fullClaim+" at the webhook", func() bool {
 		var ok bool
 		got, ok = hook.first("GpurackVolumeNearlyFull", "firing", want)
@@ -87,6 +94,23 @@ func checkVolumeAlert(t *testing.T, r *Rack, f *volumeFault) {
 	if err := admin.CoreV1().PersistentVolumeClaims(localNS).Delete(ctx, fullClaim, metav1.DeleteOptions{}); err != nil {
 		t.Errorf("delete claim %s: %v", fullClaim, err)
 	}
+}
+
+// lastKubeletDown is the last time in the past 30 minutes that the metrics server
+// failed to scrape node's kubelet (up 0), if it did.
+func lastKubeletDown(r *Rack, node string) (time.Time, bool) {
+	prom := promClient(r.ns)
+	defer prom.CloseIdleConnections()
+	values, _, err := promQuery(r.ctx, prom, `max_over_time((timestamp(up{job="kubelet",node="`+node+`"} == 0))[30m:5s])`)
+	if err != nil || len(values) != 1 {
+		return time.Time{}, false
+	}
+	for _, v := range values {
+		if sec, err := strconv.ParseFloat(v, 64); err == nil && sec > 0 {
+			return time.Unix(0, int64(sec*1e9)), true
+		}
+	}
+	return time.Time{}, false
 }
 
 // killAgent kills node's gpuagent and keeps it down: a runtime drop-in turns off its
