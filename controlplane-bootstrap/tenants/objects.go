@@ -226,6 +226,8 @@ func userRules() []rbacv1.PolicyRule {
 		{APIGroups: []string{"batch"}, Resources: []string{"jobs", "cronjobs"}, Verbs: allVerbs},
 		{APIGroups: []string{"networking.k8s.io"}, Resources: []string{"networkpolicies"}, Verbs: readVerbs},
 		{APIGroups: []string{"events.k8s.io"}, Resources: []string{"events"}, Verbs: readVerbs},
+		// Which pods a Service sends to (Endpoints is deprecated since v1.33).
+		{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: readVerbs},
 		// The job queues (when the cluster runs them): find the LocalQueue to name and
 		// see why a Job waits. Workloads are Kueue's to create, from Jobs.
 		{APIGroups: []string{kueueGV.Group}, Resources: []string{"localqueues", "workloads"}, Verbs: readVerbs},

@@ -127,6 +127,7 @@ var commands = map[string]command{
 	"verify":  verifyCommand,
 	"bench":   benchCommand,
 	"train":   trainCommand,
+	"predict": predictCommand,
 }
 
 func resolveCommand(args []string, stdout io.Writer, _ string) error {

@@ -2,6 +2,10 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -139,5 +143,48 @@ func TestTrainFullVolume(t *testing.T) {
 	}
 	if ck, err := loadCheckpoint(dir); err != nil || ck.Epoch != 1 {
 		t.Errorf("the kept checkpoint: %+v, %v; want epoch 1", ck, err)
+	}
+}
+
+// TestPredictServes: probe predict answers with the model a training run left: the
+// two classes' centres are told apart, the answer names the epoch and says it was
+// computed on the CPU, and bad features get 400 with what is wrong.
+func TestPredictServes(t *testing.T) {
+	dir := t.TempDir()
+	if out, err := train(t, dir, "5"); err != nil {
+		t.Fatalf("train: %v\n%s", err, out)
+	}
+	ck, err := loadCheckpoint(dir)
+	if err != nil || ck == nil {
+		t.Fatalf("checkpoint: %+v, %v", ck, err)
+	}
+	srv := httptest.NewServer(predictHandler(*ck, "replica-1"))
+	defer srv.Close()
+	for want, v := range map[int]string{0: "-0.5", 1: "0.5"} {
+		resp, err := http.Get(srv.URL + "/predict?x=" + strings.Repeat(v+",", trainFeatures-1) + v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var p prediction
+		err = json.NewDecoder(resp.Body).Decode(&p)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != 200 || p.Class != want || p.ModelEpoch != 5 || p.Replica != "replica-1" || p.Compute != "CPU (CUDA unavailable)" {
+			t.Errorf("class %d's centre: %d %+v %v; want class %d of the epoch-5 model, on the CPU", want, resp.StatusCode, p, err, want)
+		}
+	}
+	for _, bad := range []string{"", "1,2", strings.Repeat("1,", trainFeatures-1) + "x"} {
+		resp, err := http.Get(srv.URL + "/predict?x=" + bad)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), "x: ") {
+			t.Errorf("x=%q: %d %s; want 400 saying what is wrong with x", bad, resp.StatusCode, body)
+		}
+	}
+	var out bytes.Buffer
+	if err := run([]string{"predict", t.TempDir()}, &out, filepath.Join(t.TempDir(), "log")); err == nil || !strings.Contains(err.Error(), "no checkpoint in") {
+		t.Errorf("predict without a checkpoint: %v; want a refusal", err)
 	}
 }

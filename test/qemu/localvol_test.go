@@ -86,6 +86,7 @@ func checkLocalVolumes(t *testing.T, ctx context.Context, admin kubernetes.Inter
 	t.Run("a claim no node can hold", func(t *testing.T) { unplaceableClaim(t, ctx, admin) })
 	t.Run("a StorageClass parameter typo", func(t *testing.T) { classTypo(t, ctx, admin) })
 	t.Run("delete and retain", func(t *testing.T) { deleteAndRetain(t, ctx, admin, b, pv) })
+	t.Run("a training checkpoint on a full volume", func(t *testing.T) { fullCheckpointVolume(t, ctx, admin) })
 }
 
 // requireCapacity: B publishes a capacity for gpurack-local with room; a node

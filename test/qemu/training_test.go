@@ -1,6 +1,8 @@
 package qemu
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
 	"path/filepath"
 	"regexp"
@@ -12,6 +14,7 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/gpurack/gpurack/controlplane-bootstrap/tenants"
 	"github.com/gpurack/gpurack/internal/testreq"
@@ -136,6 +139,7 @@ func queuedTraining(t *testing.T, r *Rack, b *corev1.Node) {
 	} else {
 		t.Log(figure)
 	}
+	t.Run("the model served by 2 replicas behind a Service", func(t *testing.T) { serveModel(t, r, kc, kubeconfig, b.Name) })
 }
 
 // awaitTrainingLine waits until a pod of Job job other than not has printed a line
@@ -278,4 +282,39 @@ func jobComplete(j *batchv1.Job) bool {
 		}
 	}
 	return false
+}
+
+// fullCheckpointVolume (issue 30, part 6): probe train checkpoints epoch 1 on a 16Mi
+// gpurack-local claim, a pod fills the claim to its quota, and the next training pod
+// fails with an error in its log that says the checkpoint could not be saved and the
+// previous one is kept; a last pod reads the kept checkpoint of epoch 1, whole.
+func fullCheckpointVolume(t *testing.T, ctx context.Context, admin kubernetes.Interface) {
+	const claim = "ckpt-full"
+	if _, err := admin.CoreV1().PersistentVolumeClaims(localNS).Create(ctx, localClaim(claim, "gpurack-local", "16Mi"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	defer admin.CoreV1().PersistentVolumeClaims(localNS).Delete(context.WithoutCancel(ctx), claim, metav1.DeleteOptions{})
+	if p, err := runVolumePod(t, ctx, admin, volumePod("ckpt-epoch1", claim, "train", "/data", "1")); err != nil {
+		t.Fatalf("training epoch 1 on the claim: %v\n%s", err, terminationMessage(p))
+	}
+	p, err := runVolumePod(t, ctx, admin, volumePod("ckpt-fill", claim, "write", "/data/filler", "32"))
+	if err == nil || !strings.Contains(terminationMessage(p), "no space left on device") {
+		t.Fatalf("filling the 16Mi claim with 32 MiB: %v; want ENOSPC\n%s", err, terminationMessage(p))
+	}
+	p, err = runVolumePod(t, ctx, admin, volumePod("ckpt-epoch3", claim, "train", "/data", "3"))
+	msg := terminationMessage(p)
+	if err == nil || !strings.Contains(msg, "epoch 2 trained but its checkpoint was not saved") ||
+		!strings.Contains(msg, "no space left on device") || !strings.Contains(msg, "the checkpoint of epoch 1 is kept") {
+		t.Fatalf("training on the full claim: %v; want its log to say epoch 2's checkpoint failed for lack of space and epoch 1's is kept:\n%s", err, msg)
+	}
+	t.Logf("training on the full volume, its log: %s", lastLines(strings.TrimSpace(msg), 1))
+	p, err = runVolumePod(t, ctx, admin, volumePod("ckpt-read", claim, "cat", "/data/checkpoint.json"))
+	var ck struct {
+		Epoch   int       `json:"epoch"`
+		Weights []float64 `json:"weights"`
+	}
+	if err != nil || json.Unmarshal([]byte(terminationMessage(p)), &ck) != nil || ck.Epoch != 1 || len(ck.Weights) == 0 {
+		t.Fatalf("the kept checkpoint: %v %q; want epoch 1's, whole", err, terminationMessage(p))
+	}
+	t.Logf("the kept checkpoint reads whole: epoch %d, %d weights", ck.Epoch, len(ck.Weights))
 }
