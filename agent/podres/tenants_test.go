@@ -29,7 +29,8 @@ func TestTenantsFromNamespaces(t *testing.T) {
 		}
 		t.Cleanup(func() { cs.CoreV1().Namespaces().Delete(context.Background(), name, metav1.DeleteOptions{}) })
 	}
-	tn := &Tenants{Client: cs, MaxAge: 300 * time.Millisecond}
+	tn := &Tenants{Client: cs, MaxAge: 2 * time.Second}
+	cached := time.Now()
 	if got := tn.Of(ctx, "podres-vision"); got != "alpha" {
 		t.Errorf("podres-vision: tenant %q, want alpha", got)
 	}
@@ -43,10 +44,12 @@ func TestTenantsFromNamespaces(t *testing.T) {
 	if _, err := cs.CoreV1().Namespaces().Patch(ctx, "podres-vision", types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if got := tn.Of(ctx, "podres-vision"); got != "alpha" {
+	// Only while MaxAge has not passed since the first lookup (a loaded machine can take
+	// longer than that to get here: then the kept value may rightly be gone).
+	if got := tn.Of(ctx, "podres-vision"); got != "alpha" && time.Since(cached) < tn.MaxAge {
 		t.Errorf("within MaxAge: tenant %q, want the kept alpha", got)
 	}
-	time.Sleep(350 * time.Millisecond)
+	time.Sleep(time.Until(cached.Add(tn.MaxAge + 100*time.Millisecond)))
 	if got := tn.Of(ctx, "podres-vision"); got != "beta" {
 		t.Errorf("after MaxAge: tenant %q, want beta", got)
 	}
