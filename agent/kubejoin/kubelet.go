@@ -221,6 +221,13 @@ type Host interface {
 	StartUnit(ctx context.Context, unit string) error
 }
 
+// ServiceHost also runs services of the agent's own, outside its unit (SystemdHost).
+type ServiceHost interface {
+	// EnsureService starts argv as the transient service unit, or leaves it running
+	// when it already is; started says which.
+	EnsureService(ctx context.Context, unit, description string, argv []string) (started bool, err error)
+}
+
 // KubeletUnit is the unit the image ships, not enabled (CONTRACTS §6).
 const KubeletUnit = "kubelet.service"
 

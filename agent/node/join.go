@@ -459,6 +459,9 @@ func (n *node) joinKubelet(ctx context.Context, bundle *bootv1.JoinBundle, label
 	if host == nil {
 		host = kubejoin.SystemdHost{}
 	}
+	if server, ok := n.startAPILB(ctx, host, bundle); ok {
+		kj.Server = server
+	}
 	if joinRetry.Do(ctx, func(ctx context.Context) error { return kubejoin.StartKubelet(ctx, host, paths, name, kj) }, func(f retry.Failure) {
 		n.log.Warn("starting kubelet failed; retrying", "error", f.Err)
 		n.advance(evJoinRetry, "starting kubelet failed, retrying: "+f.Err.Error())

@@ -91,6 +91,11 @@ type Config struct {
 	FactsRoot facts.Root
 	// KubeletDir and CgroupRoot are for the real-node join.
 	KubeletDir, CgroupRoot string
+	// APILB is where the node's API load balancer listens (127.0.0.1:7445), started
+	// before kubelet on a real-node join as the transient unit gpurack-apilb.service
+	// over the JoinBundle's api_servers; kubelet and the node's services reach the API
+	// through it (docs/ha.md). Empty: kubelet talks to the bundle's API server directly.
+	APILB string
 	// DevicePluginDir is kubelet's device-plugins directory, where the device plugin
 	// serves once kubelet runs; empty: /var/lib/kubelet/device-plugins/.
 	DevicePluginDir string

@@ -62,11 +62,15 @@ type APIServer struct {
 	BindAddress string `yaml:"bindAddress"`
 	Port        int    `yaml:"port"`
 	// Endpoint is the host:port that nodes and gpuboot use to reach the API
-	// (a load balancer for several control-plane nodes). Default: the
+	// (a load balancer or the floating address, VIP, for several control-plane
+	// nodes). Default: VIP's address and the port when VIP is set, else the
 	// advertise address and port.
 	Endpoint string `yaml:"endpoint"`
 	// CertSANs are extra DNS names or IPs for the serving certificate.
 	CertSANs []string `yaml:"certSANs"`
+	// VIP, when its Address is set, is a floating API address that the vip
+	// component holds on one control-plane host at a time (vip.go).
+	VIP VIP `yaml:"vip"`
 	// OIDC, when IssuerURL is set, lets the apiserver accept ID tokens of
 	// an OpenID Connect identity provider (docs/tenants.md).
 	OIDC OIDC `yaml:"oidc"`
@@ -229,6 +233,7 @@ func (c *Config) applyDefaults() {
 	c.Monitoring.applyDefaults()
 	c.Queues.applyDefaults()
 	c.Registry.applyDefaults()
+	c.APIServer.VIP.applyDefaults()
 	// The log gateway serves nodes where the API server does.
 	str(&c.Monitoring.Logs.Gateway.ListenAddress, c.APIServer.BindAddress)
 	if c.APIServer.OIDC.IssuerURL != "" {
@@ -236,8 +241,19 @@ func (c *Config) applyDefaults() {
 		str(&c.APIServer.OIDC.UsernamePrefix, "oidc:")
 	}
 	if c.APIServer.Endpoint == "" {
-		c.APIServer.Endpoint = net.JoinHostPort(c.APIServer.AdvertiseAddress, strconv.Itoa(c.APIServer.Port))
+		c.APIServer.Endpoint = c.APIServer.defaultEndpoint()
 	}
+}
+
+// defaultEndpoint is apiServer.endpoint when it is not given: the floating address
+// when apiServer.vip has a valid one (so that nodes, gpuboot and cluster-info reach the
+// API on whichever host holds it), else the advertise address; with apiServer.port.
+func (a *APIServer) defaultEndpoint() string {
+	host := a.AdvertiseAddress
+	if ip, ok := a.VIP.IP(); ok {
+		host = ip.String()
+	}
+	return net.JoinHostPort(host, strconv.Itoa(a.Port))
 }
 
 // FieldError is one invalid field: its dotted path and what to fix.
@@ -303,8 +319,8 @@ func (c *Config) Validate() []FieldError {
 	return p
 }
 
-// validate checks the addresses, the endpoint and the certificate SANs (the port is
-// validatePorts').
+// validate checks the addresses, the endpoint, the certificate SANs and the floating
+// address (the ports are validatePorts').
 func (a *APIServer) validate(p *problems) {
 	adv, err := netip.ParseAddr(a.AdvertiseAddress)
 	switch {
@@ -316,7 +332,7 @@ func (a *APIServer) validate(p *problems) {
 	if _, err := netip.ParseAddr(a.BindAddress); err != nil {
 		p.add("apiServer.bindAddress", "%q is not an IP address (0.0.0.0 listens on all)", a.BindAddress)
 	}
-	derived := a.Endpoint == net.JoinHostPort(a.AdvertiseAddress, strconv.Itoa(a.Port))
+	derived := a.Endpoint == a.defaultEndpoint()
 	if derived && (a.Port < 1 || a.Port > 65535) {
 		// The default endpoint repeats apiServer.port, reported by validatePorts.
 	} else if host, port, err := net.SplitHostPort(a.Endpoint); err != nil || host == "" {
@@ -332,6 +348,7 @@ func (a *APIServer) validate(p *problems) {
 			p.add(fmt.Sprintf("apiServer.certSANs[%d]", i), "%q is neither an IP address nor a DNS name", san)
 		}
 	}
+	a.VIP.validate(p, a.AdvertiseAddress, a.BindAddress)
 }
 
 func (o *OIDC) validate(p *problems) {
@@ -373,6 +390,12 @@ func (c *Config) validatePorts(p *problems) {
 		{"etcd.metricsPort", c.Etcd.MetricsPort},
 		{"controllerManager.port", c.ControllerManager.Port},
 		{"scheduler.port", c.Scheduler.Port},
+	}
+	if c.APIServer.VIP.Enabled() {
+		ports = append(ports, struct {
+			field string
+			v     int
+		}{"apiServer.vip.healthPort", c.APIServer.VIP.HealthPort})
 	}
 	if c.Monitoring.Enabled {
 		ports = append(ports, []struct {

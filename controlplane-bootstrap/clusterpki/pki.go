@@ -299,7 +299,10 @@ func loadCA(dir, certPath, keyPath string) (*pki.CA, error) {
 	return &pki.CA{Cert: kp.Cert, Key: kp.Key}, nil
 }
 
-// APIServerSANs returns the names the apiserver's serving certificate covers.
+// APIServerSANs returns the names the apiserver's serving certificate covers: the
+// kubernetes Service's names and ClusterIP, localhost, the node name, the advertise
+// address, the endpoint's host, apiServer.certSANs and the floating address
+// (apiServer.vip).
 func APIServerSANs(cfg *clusterconfig.Config) ([]string, []net.IP) {
 	dns := []string{"kubernetes", "kubernetes.default", "kubernetes.default.svc",
 		"kubernetes.default.svc." + cfg.Networking.DNSDomain, "localhost", cfg.NodeName}
@@ -320,6 +323,11 @@ func APIServerSANs(cfg *clusterconfig.Config) ([]string, []net.IP) {
 		} else {
 			dns = append(dns, san)
 		}
+	}
+	// The floating address (apiServer.vip), which clients reach whichever host holds it,
+	// also when apiServer.endpoint names something else.
+	if ip, ok := cfg.APIServer.VIP.IP(); ok {
+		ips = append(ips, net.IP(ip.AsSlice()))
 	}
 	return dedupStrings(dns), dedupIPs(ips)
 }

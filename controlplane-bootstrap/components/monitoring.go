@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"text/template"
@@ -34,7 +35,7 @@ var MonitoringNames = []string{Alertmanager, KubeStateMetrics, VictoriaLogs, Log
 var KubeStateMetricsResources = []string{"namespaces", "nodes", "persistentvolumeclaims", "pods", "resourcequotas"}
 
 // AllNames is every component init may start, in start order.
-var AllNames = append(append(append([]string{}, Names...), MonitoringNames...), Kueue, Registry, RegistryAuth)
+var AllNames = slices.Concat(Names, []string{VIP}, MonitoringNames, []string{Kueue, Registry, RegistryAuth})
 
 // The monitoring files, under DIR/monitoring.
 func (l Layout) MonitoringDir() string { return filepath.Join(l.Dir, "monitoring") }

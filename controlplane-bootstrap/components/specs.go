@@ -59,14 +59,21 @@ type Component struct {
 	// Self is set for a component that is this program (controlplane-bootstrap) run
 	// with a subcommand, Args[0], rather than a pinned binary: the log gateway.
 	Self bool
+	// Capabilities are the capabilities its systemd unit keeps (CAP_NET_ADMIN); the
+	// others keep none (decision 0690). Only the floating address's holder has any.
+	Capabilities []string
+	// AddressFamilies are the socket families its systemd unit allows besides
+	// AF_INET, AF_INET6, AF_UNIX and AF_NETLINK (AF_PACKET for ARP).
+	AddressFamilies []string
 }
 
 // Specs returns the components for cfg laid out in l, in start order: the four of the
-// control plane, then Alertmanager, kube-state-metrics and Prometheus when monitoring is
-// enabled, Kueue when queues are, and the image registry when it is.
+// control plane, the floating API address's holder when apiServer.vip has an address,
+// then Alertmanager, kube-state-metrics and Prometheus when monitoring is enabled, Kueue
+// when queues are, and the image registry when it is.
 func Specs(cfg *clusterconfig.Config, l Layout) []Component {
 	core := []Component{etcdSpec(cfg, l), apiserverSpec(cfg, l), controllerManagerSpec(cfg, l), schedulerSpec(cfg, l)}
-	specs := append(append(core, monitoringSpecs(cfg, l)...), queueSpecs(cfg, l)...)
+	specs := append(append(append(core, vipSpecs(cfg, l)...), monitoringSpecs(cfg, l)...), queueSpecs(cfg, l)...)
 	return append(specs, registrySpecs(cfg, l)...)
 }
 

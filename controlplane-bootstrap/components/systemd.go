@@ -23,7 +23,8 @@ func SystemdBooted() bool {
 // RenderUnit returns the systemd unit file that runs c from binary. Each
 // component after etcd wants and starts after the one before it; systemd
 // restarts a crashed one (Restart=always) with a short delay. The service may
-// write only under dir, the cluster directory, and c.Writes (hardening: decision 0690).
+// write only under dir, the cluster directory, and c.Writes, and keeps no capability
+// but c.Capabilities (hardening: decision 0690).
 func RenderUnit(c Component, binary, after, dir string) []byte {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# Written by controlplane-bootstrap init; it is rewritten on the next init.\n")
@@ -48,7 +49,7 @@ func RenderUnit(c Component, binary, after, dir string) []byte {
 	if c.Name == Etcd {
 		b.WriteString("Type=notify\nNotifyAccess=main\n")
 	}
-	b.WriteString(hardening)
+	b.WriteString(sandbox(c))
 	b.WriteString("ReadWritePaths=" + systemdQuote(dir))
 	for _, w := range c.Writes {
 		b.WriteString(" " + systemdQuote(w))
@@ -59,7 +60,9 @@ func RenderUnit(c Component, binary, after, dir string) []byte {
 
 // hardening is every control-plane unit's sandbox (decision 0690). The components
 // run as root (they own the cluster directory's keys) but need no capability: their
-// ports are above 1024 and every file they touch is root's own. The file system is
+// ports are above 1024 and every file they touch is root's own. The one exception is
+// the floating API address's holder (vip), whose unit keeps CAP_NET_ADMIN and
+// CAP_NET_RAW and may open packet sockets (sandbox). The file system is
 // read-only but the cluster directory (ReadWritePaths, added per unit) and the
 // binaries' home, which may be under /root (the pinned cache), stays readable.
 const hardening = `# Sandbox (decision 0690): no capabilities, the file system read-only but the cluster directory.
@@ -84,6 +87,18 @@ SystemCallArchitectures=native
 SystemCallFilter=@system-service
 SystemCallErrorNumber=EPERM
 `
+
+// sandbox is hardening with c's capabilities and extra socket families, each on the
+// one line that sets it.
+func sandbox(c Component) string {
+	if len(c.Capabilities) == 0 && len(c.AddressFamilies) == 0 {
+		return hardening
+	}
+	h := strings.Replace(hardening, "\nCapabilityBoundingSet=\n",
+		"\n# The exception (vip): it keeps what it needs to change this host's addresses and send ARP.\nCapabilityBoundingSet="+strings.Join(c.Capabilities, " ")+"\n", 1)
+	families := "RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX AF_NETLINK"
+	return strings.Replace(h, families+"\n", families+" "+strings.Join(c.AddressFamilies, " ")+"\n", 1)
+}
 
 // systemdQuote quotes s for an ExecStart= line when it holds characters
 // systemd would split or expand.

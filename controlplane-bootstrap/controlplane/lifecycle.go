@@ -27,6 +27,19 @@ type Status struct {
 	Mode          string // "foreground (supervisor pid N)", "systemd units", "stopped"
 	SupervisorPID int
 	Components    []ComponentStatus
+	// VIP is the floating API address and its holder, when apiServer.vip has one.
+	VIP *VIPStatus
+}
+
+// VIPStatus is the floating API address (apiServer.vip) in a Status report.
+type VIPStatus struct {
+	Address string // apiServer.vip.address
+	// Holder is the name of the host that holds it now, "" when none does or when it
+	// could not be told (Err).
+	Holder string
+	// Err says why the holder is unknown: the vip component that answers /leader is
+	// not running, or it cannot read etcd.
+	Err string
 }
 
 // Healthy reports whether every component is healthy.
@@ -60,6 +73,13 @@ func GetStatus(ctx context.Context, dir string) (Status, error) {
 		}
 		st.Components = append(st.Components, cs)
 	}
+	if v := cp.Config.APIServer.VIP; v.Enabled() {
+		st.VIP = &VIPStatus{Address: v.Address}
+		st.VIP.Holder, err = components.VIPHolder(ctx, components.VIPLeaderURL(cp.Config))
+		if err != nil {
+			st.VIP.Err = err.Error()
+		}
+	}
 	return st, nil
 }
 
@@ -67,11 +87,12 @@ func GetStatus(ctx context.Context, dir string) (Status, error) {
 var selfCommands = map[string]string{
 	components.LogsGateway:  components.LogsGatewayCommand,
 	components.RegistryAuth: components.RegistryAuthCommand,
+	components.VIP:          components.VIPCommand,
 }
 
 // isComponent reports whether pid is alive and runs the binary name, or, for the log
-// gateway and the registry's token issuer, any program with its subcommand first
-// (controlplane-bootstrap logs-gateway).
+// gateway, the registry's token issuer and the floating address's holder, any program
+// with its subcommand first (controlplane-bootstrap logs-gateway).
 func isComponent(pid int, name string) bool {
 	exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
 	if err != nil {

@@ -223,6 +223,11 @@ type Cluster struct {
 	// (registry); the agent makes the node's containerd trust it with the cluster CA.
 	// Empty: nodes pull from no cluster registry.
 	Registry string `yaml:"registry"`
+	// APIServers are the cluster's other Kubernetes API servers, as HOST:PORT, beside
+	// the enroller kubeconfig's (with three control-plane hosts: the other two). Every
+	// node gets them all in its JoinBundle (api_servers) and reaches the API through its
+	// local load balancer over them (docs/ha.md). Empty: the kubeconfig's alone.
+	APIServers []string `yaml:"apiServers"`
 }
 
 // PodNetwork is the cluster's pod network as nodes are told it; an empty field
@@ -558,6 +563,16 @@ func (c *Config) validateCluster(bad badField) {
 		if err := ValidRegistry(e); err != nil {
 			bad("cluster.registry", "%v", err)
 		}
+	}
+	seen := map[string]bool{}
+	for i, e := range c.Cluster.APIServers {
+		field := fmt.Sprintf("cluster.apiServers[%d]", i)
+		if err := validHostPort(e, "give each API server as HOST:PORT, such as 10.0.0.3:6443 (no scheme or path)"); err != nil {
+			bad(field, "%v", err)
+		} else if seen[e] {
+			bad(field, "%q is listed twice", e)
+		}
+		seen[e] = true
 	}
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":

@@ -99,6 +99,8 @@ func TestErrors(t *testing.T) {
 		{minimal + "cluster: {registry: ':5000'}\n", `g.yaml:6: cluster.registry: ":5000": give the cluster registry`},
 		{minimal + "cluster: {registry: 'registry:0'}\n", `g.yaml:6: cluster.registry: "registry:0"`},
 		{minimal + "cluster: {registry: '10.0.0.2:5000/team'}\n", `g.yaml:6: cluster.registry: "10.0.0.2:5000/team"`},
+		{minimal + "cluster: {apiServers: ['https://10.0.0.3:6443']}\n", `cluster.apiServers[0]: "https://10.0.0.3:6443": give each API server as HOST:PORT`},
+		{minimal + "cluster: {apiServers: ['10.0.0.3:6443', '10.0.0.3:6443']}\n", `cluster.apiServers[1]: "10.0.0.3:6443" is listed twice`},
 	}
 	for _, c := range cases {
 		_, err := Parse("g.yaml", []byte(c.yaml))

@@ -10,6 +10,8 @@ import (
 	"math/big"
 	"net"
 	"net/netip"
+	"net/url"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -213,6 +215,7 @@ func (s *Service) bundle(ctx context.Context, m *inventory.Machine, cert *x509.C
 	if s.cfg.Cluster != nil {
 		b.ApiServerEndpoint = s.cfg.Cluster.Endpoint()
 		b.ClusterCaPem = s.cfg.Cluster.CAPEM()
+		b.ApiServers = apiServers(b.ApiServerEndpoint, s.cfg.APIServers)
 	}
 	b.LogsEndpoint = s.cfg.LogsEndpoint
 	b.Registry = s.cfg.Registry
@@ -349,6 +352,21 @@ func dataDiskRules(specs []disksel.RuleSpec) *bootv1.DataDiskRules {
 	out := &bootv1.DataDiskRules{}
 	for _, r := range specs {
 		out.Rules = append(out.Rules, &bootv1.DataDiskRule{Path: r.Path, Model: r.Model, MinSize: r.MinSize, MaxSize: r.MaxSize, Transport: r.Transport})
+	}
+	return out
+}
+
+// apiServers is every API server as HOST:PORT: endpoint's (a URL such as
+// https://10.0.0.2:6443) first, then others, each once.
+func apiServers(endpoint string, others []string) []string {
+	var out []string
+	if u, err := url.Parse(endpoint); err == nil && u.Host != "" {
+		out = append(out, u.Host)
+	}
+	for _, o := range others {
+		if !slices.Contains(out, o) {
+			out = append(out, o)
+		}
 	}
 	return out
 }

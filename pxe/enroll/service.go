@@ -136,6 +136,10 @@ type Config struct {
 	// Registry, when set, goes to nodes in their bundle (registry, gpuboot's
 	// cluster.registry): HOST:PORT of the cluster's image registry.
 	Registry string
+	// APIServers, the cluster's other API servers as HOST:PORT (gpuboot's
+	// cluster.apiServers), go to nodes in their bundle (api_servers) after the host of
+	// the enroller kubeconfig's endpoint.
+	APIServers []string
 
 	// NodeNamePrefix starts generated node names; default "gpu".
 	NodeNamePrefix string

@@ -242,7 +242,7 @@ func (g *gpuboot) startEnrollment(ctx context.Context) (started, error) {
 		CA: g.ca, Revocations: g.revoked, RevocationsPath: cfg.RevocationsPath(),
 		ClusterDNS: g.settings.DNS, ClusterDomain: g.settings.Domain, NodeNamePrefix: cfg.Enrollment.NodeNamePrefix,
 		PodNetwork:   &bootv1.PodNetwork{Subnet: g.settings.PodNetwork.Subnet, Backend: g.settings.PodNetwork.Backend},
-		LogsEndpoint: cfg.Cluster.LogsEndpoint, Registry: cfg.Cluster.Registry,
+		LogsEndpoint: cfg.Cluster.LogsEndpoint, Registry: cfg.Cluster.Registry, APIServers: cfg.Cluster.APIServers,
 		MaxUnapproved: cfg.Enrollment.MaxUnapproved, CreateRate: cfg.Enrollment.CreateRate, CreateBurst: cfg.Enrollment.CreateBurst,
 		MaxUnapprovedBytes: cfg.Enrollment.MaxUnapprovedBytes,
 		AllowSimulated:     cfg.Enrollment.AllowSimulated,

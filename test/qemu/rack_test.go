@@ -50,7 +50,10 @@ var rackMachines = []MachineSpec{
 //     simulated GPUs with a checkpoint per epoch on a gpurack-local volume, its pod
 //     deleted mid-run and the next pod resuming from the checkpoint, a second Job over
 //     alpha's GPUs waiting with Kueue's reason and started when the first ends (the
-//     time logged: queuedTraining); then
+//     time logged: queuedTraining), the trained model then served by 2 replicas
+//     behind a Service and asked through kubectl port-forward (serveModel); then a
+//     user of alpha and one of beta queue 1-GPU Jobs past their quotas: alpha borrows
+//     beta's idle GPU and Kueue reclaims it for beta's Job (borrowAndReclaim); then
 //     A gets kubectl exec, kubectl logs and kubectl debug node with the debug image (a
 //     command, an interactive shell), the node's journal and the audit log checked;
 //   - the central log store (monitoring.logs, gpuboot's cluster.logsEndpoint): A's
@@ -153,11 +156,18 @@ func TestRack(t *testing.T) {
 			})
 			// B's branch ends well before A's: the log shipper's checks on a node run here.
 			t.Run("a 1 MiB container line in the log store", func(t *testing.T) { checkLongLine(t, r, b.node) })
+			t.Run("the node's API load balancer", func(t *testing.T) { checkNodeAPILB(t, r, b.Node) })
 			t.Run("a user's training Job through alpha's queue", func(t *testing.T) {
 				if os.Getenv("GPURACK_JOIN_IMAGE") != "" {
 					testreq.NotApplicable(t, "GPURACK_JOIN_IMAGE: node B boots that image, without the simulated GPUs the Job asks for")
 				}
 				queuedTraining(t, r, b.node)
+			})
+			t.Run("two tenants borrow and reclaim GPUs through the queues", func(t *testing.T) {
+				if os.Getenv("GPURACK_JOIN_IMAGE") != "" {
+					testreq.NotApplicable(t, "GPURACK_JOIN_IMAGE: node B boots that image, without the simulated GPUs the Jobs ask for")
+				}
+				borrowAndReclaim(t, r, b.node)
 			})
 			if figures := os.Getenv("GPURACK_STORAGE_FIGURES"); figures != "" {
 				t.Run("storage bench", func(t *testing.T) { benchLocalVolume(t, r.ctx, r.admin, b.node, figures) })

@@ -49,6 +49,6 @@ against go-nvml's mock servers, with faults injected by --fault. See docs/agent.
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newValidateCommand(), newRunCommand(), newFaultsCommand(), newCDICommand(), newComputeCheckCommand())
+	root.AddCommand(newValidateCommand(), newRunCommand(), newFaultsCommand(), newCDICommand(), newComputeCheckCommand(), newAPILBCommand())
 	return root
 }

@@ -48,6 +48,7 @@ type runFlags struct {
 	gossip             node.GossipConfig
 	factsRoot          string
 	kubeletDir         string
+	apiLB              string
 	devicePlugin       bool
 	cdiDir             string
 	cgroupRoot         string
@@ -105,6 +106,7 @@ node-exporter.service (--node-exporter-listen).`,
 	fs.StringVar(&f.enrollCA, "enroll-ca", "", "gpuboot CA pin sha256:HEX (overrides gpurack.enroll.ca)")
 	fs.StringVar(&f.factsRoot, "facts-root", "/", "root the agent reads /proc/cmdline, /sys/class/dmi/id and os-release under (tests)")
 	fs.StringVar(&f.kubeletDir, "kubelet-dir", "/var/lib/kubelet", "kubelet's directory: bootstrap-kubeconfig and config.yaml are written, kubeconfig is read")
+	fs.StringVar(&f.apiLB, "api-lb", "127.0.0.1:7445", "where the node's load balancer over the cluster's API servers listens (gpuagent apilb, started as gpurack-apilb.service before kubelet, which then talks to the API through it); empty: kubelet talks to the JoinBundle's API server directly")
 	fs.BoolVar(&f.devicePlugin, "device-plugin", false, "serve the nvidia.com/gpu device plugin to the kubelet of --kubelet-dir from the start: for a node whose kubelet this agent does not start (an existing node, or the simulator beside a real kubelet); a node that joins through gpuboot starts it after kubelet without this flag")
 	fs.StringVar(&f.cdiDir, "cdi-dir", cdi.Dir, "where the device plugin writes the CDI spec containerd reads")
 	fs.StringVar(&f.cgroupRoot, "cgroup-root", "/sys/fs/cgroup", "cgroup mount used to detect kubelet's cgroup driver")
@@ -135,7 +137,7 @@ func run(ctx context.Context, f *runFlags) error {
 	cfg := node.Config{Backend: b, Sim: s, Profile: p, Log: log, BundleFile: f.joinBundle, Compute: computeHook(""),
 		Listen: f.listen, MetricsListen: f.metricsListen, Socket: f.socket, Insecure: f.insecure, InsecureRemote: f.insecureRemote, KeyDir: f.keyDir,
 		Interval: f.interval, ClearAfter: f.clearAfter, NodeName: f.nodeName, FactsRoot: facts.Root(f.factsRoot),
-		KubeletDir: f.kubeletDir, CgroupRoot: f.cgroupRoot, Console: f.console, Gossip: f.gossip,
+		KubeletDir: f.kubeletDir, APILB: f.apiLB, CgroupRoot: f.cgroupRoot, Console: f.console, Gossip: f.gossip,
 		DevicePluginDir: filepath.Join(f.kubeletDir, "device-plugins"), DevicePlugin: f.devicePlugin, CDIDir: f.cdiDir,
 		StartupXIDs: injectedXIDs(f.faults), MetricsClientCA: f.metricsClientCA, MetricsClientCNs: metricsauth.ParseCNs(f.metricsClientCN),
 		MetricsPlaintext: f.metricsPlaintext, NodeExporterListen: f.nodeExporterListen}

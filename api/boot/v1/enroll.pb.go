@@ -831,7 +831,14 @@ type JoinBundle struct {
 	// under /run/gpurack/containerd/certs.d/HOST:PORT/, trusting the server with
 	// cluster_ca_pem, so that kubelet's pulls from it verify. Empty: the node trusts no
 	// cluster registry, and the agent says so once in its log.
-	Registry      string `protobuf:"bytes,20,opt,name=registry,proto3" json:"registry,omitempty"`
+	Registry string `protobuf:"bytes,20,opt,name=registry,proto3" json:"registry,omitempty"`
+	// Every Kubernetes API server of the cluster, as HOST:PORT (the host of
+	// api_server_endpoint first, then gpuboot's cluster.apiServers; docs/ha.md). A node
+	// that runs kubelet starts its local API load balancer over all of them on
+	// 127.0.0.1:7445 (agent/apilb) and points kubelet, kube-proxy, the pod network and
+	// the NetworkPolicy service at it, so that the node does not depend on any one API
+	// server. Empty: the host of api_server_endpoint alone.
+	ApiServers    []string `protobuf:"bytes,21,rep,name=api_servers,json=apiServers,proto3" json:"api_servers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1004,6 +1011,13 @@ func (x *JoinBundle) GetRegistry() string {
 		return x.Registry
 	}
 	return ""
+}
+
+func (x *JoinBundle) GetApiServers() []string {
+	if x != nil {
+		return x.ApiServers
+	}
+	return nil
 }
 
 // PodNetwork is how a node's pod network is laid out (agent/podnet, decision 0601).
@@ -1924,7 +1938,7 @@ const file_api_boot_v1_enroll_proto_rawDesc = "" +
 	"\tsignature\x18\x02 \x01(\fR\tsignature\x120\n" +
 	"\x04auth\x18\x0f \x01(\v2\x1c.gpurack.boot.v1.RequestAuthR\x04auth\"L\n" +
 	"\x15GetJoinBundleResponse\x123\n" +
-	"\x06bundle\x18\x01 \x01(\v2\x1b.gpurack.boot.v1.JoinBundleR\x06bundle\"\xf9\a\n" +
+	"\x06bundle\x18\x01 \x01(\v2\x1b.gpurack.boot.v1.JoinBundleR\x06bundle\"\x9a\b\n" +
 	"\n" +
 	"JoinBundle\x12.\n" +
 	"\x13api_server_endpoint\x18\x01 \x01(\tR\x11apiServerEndpoint\x12$\n" +
@@ -1953,7 +1967,9 @@ const file_api_boot_v1_enroll_proto_rawDesc = "" +
 	"\n" +
 	"data_disks\x18\x12 \x01(\v2\x1e.gpurack.boot.v1.DataDiskRulesR\tdataDisks\x12#\n" +
 	"\rlogs_endpoint\x18\x13 \x01(\tR\flogsEndpoint\x12\x1a\n" +
-	"\bregistry\x18\x14 \x01(\tR\bregistry\x1a=\n" +
+	"\bregistry\x18\x14 \x01(\tR\bregistry\x12\x1f\n" +
+	"\vapi_servers\x18\x15 \x03(\tR\n" +
+	"apiServers\x1a=\n" +
 	"\x0fNodeLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\">\n" +

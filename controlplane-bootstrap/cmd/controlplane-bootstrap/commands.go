@@ -160,7 +160,7 @@ func newStatusCommand() *cobra.Command {
 	var dir string
 	cmd := &cobra.Command{
 		Use:   "status --dir DIR",
-		Short: "Print each component's process and health; exit 1 unless all are healthy",
+		Short: "Print each component's process and health, and the floating API address's holder; exit 1 unless all are healthy",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			st, err := controlplane.GetStatus(cmd.Context(), dir)
@@ -183,6 +183,9 @@ func newStatusCommand() *cobra.Command {
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", c.Name, pid, state, c.Health.URL, oneLine(c.Health.Detail))
 			}
 			tw.Flush()
+			if st.VIP != nil {
+				fmt.Fprintln(out, vipLine(st.VIP))
+			}
 			if !st.Healthy() {
 				return errors.New("not every component is healthy")
 			}
@@ -191,6 +194,18 @@ func newStatusCommand() *cobra.Command {
 	}
 	dirFlag(cmd, &dir)
 	return cmd
+}
+
+// vipLine is status's line about the floating API address: who holds it, or why that
+// is unknown (best effort: it does not make status fail).
+func vipLine(v *controlplane.VIPStatus) string {
+	switch {
+	case v.Err != "":
+		return fmt.Sprintf("API address %s (apiServer.vip): holder unknown: %s", v.Address, strings.ReplaceAll(v.Err, "\n", " "))
+	case v.Holder == "":
+		return fmt.Sprintf("API address %s (apiServer.vip): held by no host (no vip component is campaigning)", v.Address)
+	}
+	return fmt.Sprintf("API address %s (apiServer.vip): held by %s", v.Address, v.Holder)
 }
 
 func newStopCommand() *cobra.Command {

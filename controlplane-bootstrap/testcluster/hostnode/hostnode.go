@@ -15,6 +15,7 @@ package hostnode
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -32,6 +33,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/gpurack/gpurack/agent/apilb"
 	"github.com/gpurack/gpurack/controlplane-bootstrap/components"
 	"github.com/gpurack/gpurack/controlplane-bootstrap/testcluster"
 	"github.com/gpurack/gpurack/internal/netnstest"
@@ -61,6 +63,11 @@ type Options struct {
 	Env []string
 	// KubeletConfig is YAML added to the KubeletConfiguration (top-level fields).
 	KubeletConfig string
+	// APIServers, when set, are API servers on this machine's loopback (HOST:PORT)
+	// that the node reaches through the node's API load balancer (agent/apilb, run in
+	// the test's process with its listener in the node's namespace, where kubelet's
+	// kubeconfig points) instead of a plain forward to the cluster's API server.
+	APIServers []string
 }
 
 // Node is a running kubelet and containerd.
@@ -74,6 +81,8 @@ type Node struct {
 	Token string
 	// Netns is the network namespace kubelet, containerd and the pods' bridge are in.
 	Netns string
+	// APILB is the node's API load balancer when Options.APIServers was set.
+	APILB *apilb.Balancer
 
 	cs     kubernetes.Interface
 	exited chan error
@@ -104,13 +113,18 @@ func Start(t testing.TB, c *testcluster.Cluster, o Options) *Node {
 	token := c.JoinToken(t)
 	env := netnstest.New(t)
 	ns := env.Namespace()
-	forwardAPIServer(t, ns, c.Config.APIServer.Port)
+	var lb *apilb.Balancer
+	if len(o.APIServers) > 0 {
+		lb = startAPILB(t, ns, c, o.APIServers)
+	} else {
+		forwardAPIServer(t, ns, c.Config.APIServer.Port)
+	}
 
 	dir, err := os.MkdirTemp("", "gpr-kubelet-") // short: unix socket paths are limited to 108 bytes
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := &Node{Name: o.Name, Dir: dir, PauseImage: pauseTag, Token: token, Netns: ns, cs: cs, exited: make(chan error, 1)}
+	n := &Node{Name: o.Name, Dir: dir, PauseImage: pauseTag, Token: token, Netns: ns, APILB: lb, cs: cs, exited: make(chan error, 1)}
 	cgroupRoot := "/" + filepath.Base(dir)
 	saved := saveSysctls()
 	t.Cleanup(func() {
@@ -170,6 +184,26 @@ func forwardAPIServer(t testing.TB, ns string, port int) {
 	}
 	t.Cleanup(func() { ln.Close() })
 	go forward(ln, addr)
+}
+
+// startAPILB runs the node's API load balancer over upstreams until t ends: it listens
+// in ns on 127.0.0.1 at the cluster's API port (the address kubelet's kubeconfig
+// names) and reaches the API servers from this machine's namespace.
+func startAPILB(t testing.TB, ns string, c *testcluster.Cluster, upstreams []string) *apilb.Balancer {
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(c.CAPEM)
+	var lb *apilb.Balancer
+	if err := netnstest.InNamespace(ns, func() (err error) {
+		lb, err = apilb.New(apilb.Config{Listen: net.JoinHostPort("127.0.0.1", strconv.Itoa(c.Config.APIServer.Port)), Upstreams: upstreams, RootCAs: pool})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- lb.Serve(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return lb
 }
 
 // makeCgroupRoot creates kubelet's cgroupRoot, which it wants in every hierarchy
