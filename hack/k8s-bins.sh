@@ -6,7 +6,7 @@
 #   GPURACK_CACHE   cache root            (default: ${XDG_CACHE_HOME:-~/.cache}/gpurack)
 #   GPURACK_K8S_DIR this version's folder (default: $GPURACK_CACHE/k8s/v1.34.2)
 #
-# Layout:  $GPURACK_K8S_DIR/bin/{kube-apiserver,...,etcd,etcdctl,grpcurl,promtool,
+# Layout:  $GPURACK_K8S_DIR/bin/{kube-apiserver,...,etcd,etcdctl,etcdutl,grpcurl,promtool,
 #          prometheus,alertmanager,amtool,kube-state-metrics,node_exporter,
 #          victoria-logs,kueue,registry,staticcheck}
 #          $GPURACK_K8S_DIR/bin/kueue-manifests/{crds/*.yaml,role.yaml,webhooks.yaml} (Kueue's)
@@ -88,7 +88,7 @@ fi
 
 # --- etcd -------------------------------------------------------------------------
 etcd() {
-if need etcd || need etcdctl; then
+if need etcd || need etcdctl || need etcdutl; then
   log "building etcd $ETCD_VERSION"
   w=$dir/work/etcd
   mkdir -p "$w"
@@ -98,12 +98,17 @@ go 1.26.0
 require (
 	go.etcd.io/etcd/server/v3 $ETCD_VERSION
 	go.etcd.io/etcd/etcdctl/v3 $ETCD_VERSION
+	go.etcd.io/etcd/etcdutl/v3 $ETCD_VERSION
 )
 EOF
-  (cd "$w" && GOFLAGS=-mod=mod go list -deps go.etcd.io/etcd/server/v3 go.etcd.io/etcd/etcdctl/v3 >/dev/null)
-  (cd "$w" && GOFLAGS=-mod=mod CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$bin/etcd" go.etcd.io/etcd/server/v3)
-  (cd "$w" && GOFLAGS=-mod=mod CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$bin/etcdctl" go.etcd.io/etcd/etcdctl/v3)
-  log "built etcd etcdctl"
+  (cd "$w" && GOFLAGS=-mod=mod go list -deps go.etcd.io/etcd/server/v3 go.etcd.io/etcd/etcdctl/v3 go.etcd.io/etcd/etcdutl/v3 >/dev/null)
+  # etcdutl restores snapshots (etcdctl's own restore is gone since v3.6): the etcd
+  # backup runbook in docs/operations.md uses both. Only the missing ones are built.
+  for b in etcd:server etcdctl:etcdctl etcdutl:etcdutl; do
+    need "${b%%:*}" || continue
+    (cd "$w" && GOFLAGS=-mod=mod CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$bin/${b%%:*}" "go.etcd.io/etcd/${b#*:}/v3")
+  done
+  log "built etcd etcdctl etcdutl"
 fi
 }
 

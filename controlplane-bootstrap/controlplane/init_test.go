@@ -49,6 +49,13 @@ func TestInitReadyzAndComponentHealth(t *testing.T) {
 			t.Errorf("status: %s pid %d: %s", cs.Name, cs.PID, cs.Health)
 		}
 	}
+	// etcd's membership (issue 31): one member, healthy, the leader, with a database.
+	if e := st.Etcd; e == nil || e.Err != "" || len(e.Members) != 1 || !e.Members[0].Healthy || !e.Members[0].Leader ||
+		e.Leader != e.Members[0].Name || e.Members[0].DBSize == 0 || e.Members[0].RaftIndex == 0 {
+		t.Errorf("status' etcd: %+v; want one healthy member, the leader, with a database", e)
+	} else {
+		t.Logf("etcd: leader %s, member %+v", e.Leader, e.Members[0])
+	}
 }
 
 func TestInitAgainOnRunningDirIsSafe(t *testing.T) {

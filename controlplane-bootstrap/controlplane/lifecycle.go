@@ -29,6 +29,8 @@ type Status struct {
 	Components    []ComponentStatus
 	// VIP is the floating API address and its holder, when apiServer.vip has one.
 	VIP *VIPStatus
+	// Etcd is etcd's membership and each member's health, while the control plane runs.
+	Etcd *EtcdStatus
 }
 
 // VIPStatus is the floating API address (apiServer.vip) in a Status report.
@@ -72,6 +74,12 @@ func GetStatus(ctx context.Context, dir string) (Status, error) {
 			cs.PID = pid
 		}
 		st.Components = append(st.Components, cs)
+	}
+	for _, c := range st.Components {
+		if c.Name == components.Etcd && c.Health.OK {
+			es := GetEtcdStatus(ctx, cp.Config, l)
+			st.Etcd = &es
+		}
 	}
 	if v := cp.Config.APIServer.VIP; v.Enabled() {
 		st.VIP = &VIPStatus{Address: v.Address}
@@ -148,17 +156,33 @@ func Stop(ctx context.Context, dir string) error {
 	return nil
 }
 
+// waitGone waits up to d for pid to exit. A process that has exited but that its
+// parent has not reaped yet (a zombie: a supervisor started by a script or a test that
+// waits for it later) is gone too: it runs nothing and holds no port.
 func waitGone(ctx context.Context, pid int, d time.Duration) bool {
 	deadline := time.Now().Add(d)
 	for time.Now().Before(deadline) && ctx.Err() == nil {
-		if syscall.Kill(pid, 0) != nil {
+		if exited(pid) {
 			return true
 		}
-		// A zombie child of ours would never go; only the supervisor's
-		// children are ours, and it reaps them.
 		time.Sleep(50 * time.Millisecond)
 	}
-	return syscall.Kill(pid, 0) != nil
+	return exited(pid)
+}
+
+// exited reports whether pid is no longer running: there is no such process, or it is
+// a zombie (state Z in /proc/PID/stat).
+func exited(pid int) bool {
+	if syscall.Kill(pid, 0) != nil {
+		return true
+	}
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// The state follows the command name, which is in parentheses and may hold spaces.
+	i := strings.LastIndexByte(string(stat), ')')
+	return i >= 0 && i+2 < len(stat) && stat[i+2] == 'Z'
 }
 
 // LooksLikeClusterDir reports whether dir holds a control plane made by init

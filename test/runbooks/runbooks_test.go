@@ -265,6 +265,18 @@ grep -q '^  reenroll: auto$' /etc/gpuboot/gpuboot.yaml.new`)
 		// Step 3's branch: the directory alice holds, as it was before the revoke.
 		"keep-alices-directory": func(s *site, _ string) { s.must("cp -a /var/lib/gpuboot/operators/alice ~/alice-before") },
 	}},
+	{name: "etcd-backup", ownCluster: true, setUp: func(s *site) {
+		s.must("kubectl create configmap gpurack-before-the-snapshot -n default --from-literal=written=before")
+	}, standIns: map[string]standIn{
+		// Between the backup and the restore: something written after the snapshot,
+		// which the restore must take away.
+		"write-after-the-snapshot": func(s *site, _ string) {
+			s.must("kubectl create configmap gpurack-after-the-snapshot -n default --from-literal=written=after")
+		},
+		// `init` of a host with systemd units starts them; the sites have no systemd, so
+		// the control plane starts again in the foreground, from the same directory.
+		"start-the-control-plane": func(s *site, _ string) { s.runControlPlane() },
+	}},
 	{name: "prune-images", gpuboot: &gpubootSite{cluster: true, machines: []int{7}}, setUp: func(s *site) {
 		// Step 1's ID: any image of the store; the unused one.
 		s.values["ID"] = s.values["OLD-ID"]

@@ -128,6 +128,14 @@ func (s *site) startControlPlane(shift int) {
 		s.t.Fatal(err)
 	}
 	s.writeFile("/etc/gpurack/cluster.yaml", string(data), 0o644)
+	s.runControlPlane()
+	s.t.Logf("control plane (API port %d) ready in %.1f s", cfg.APIServer.Port, time.Since(start).Seconds())
+}
+
+// runControlPlane runs `controlplane-bootstrap init --foreground` with the site's
+// /etc/gpurack/cluster.yaml and /var/lib/gpurack/cluster until it is ready, and stops it
+// when the test ends.
+func (s *site) runControlPlane() {
 	cmd := s.command("controlplane-bootstrap", "init", "--foreground", "--config", "/etc/gpurack/cluster.yaml", "--dir", "/var/lib/gpurack/cluster")
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -138,11 +146,10 @@ func (s *site) startControlPlane(shift int) {
 		s.t.Fatal(err)
 	}
 	s.t.Cleanup(func() { stopGently(cmd, time.Minute) })
-	log := filepath.Join(s.run, "controlplane.log")
+	log := filepath.Join(s.run, fmt.Sprintf("controlplane-%d.log", cmd.Process.Pid))
 	if err := waitForLine(out, log, "ready in ", 4*time.Minute); err != nil {
 		s.t.Fatalf("the control plane did not start: %v (log: %s)\n%s", err, log, tail(log))
 	}
-	s.t.Logf("control plane (API port %d) ready in %.1f s", cfg.APIServer.Port, time.Since(start).Seconds())
 }
 
 // waitForLine copies r to the file log until a line starts with prefix, which it

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -183,6 +184,9 @@ func newStatusCommand() *cobra.Command {
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", c.Name, pid, state, c.Health.URL, oneLine(c.Health.Detail))
 			}
 			tw.Flush()
+			if st.Etcd != nil {
+				printEtcd(out, st.Etcd)
+			}
 			if st.VIP != nil {
 				fmt.Fprintln(out, vipLine(st.VIP))
 			}
@@ -194,6 +198,40 @@ func newStatusCommand() *cobra.Command {
 	}
 	dirFlag(cmd, &dir)
 	return cmd
+}
+
+// printEtcd writes status's etcd part: the membership, the leader and each member's
+// health, or why they could not be read.
+func printEtcd(out io.Writer, es *controlplane.EtcdStatus) {
+	if es.Err != "" {
+		fmt.Fprintf(out, "etcd: membership unknown: %s\n", oneLine(es.Err))
+		return
+	}
+	leader := es.Leader
+	if leader == "" {
+		leader = "none (no quorum?)"
+	}
+	fmt.Fprintf(out, "etcd: %d member(s), leader %s\n", len(es.Members), leader)
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "MEMBER\tID\tHEALTH\tROLE\tDB\tRAFT INDEX\tCLIENT URL\tDETAIL")
+	for _, m := range es.Members {
+		health, role := "ok", "follower"
+		if !m.Healthy {
+			health = "NOT READY"
+		}
+		switch {
+		case m.Learner:
+			role = "learner"
+		case m.Leader:
+			role = "leader"
+		}
+		url := "-"
+		if len(m.ClientURLs) > 0 {
+			url = m.ClientURLs[0]
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.1f MiB\t%d\t%s\t%s\n", m.Name, m.ID, health, role, float64(m.DBSize)/(1<<20), m.RaftIndex, url, oneLine(m.Err))
+	}
+	tw.Flush()
 }
 
 // vipLine is status's line about the floating API address: who holds it, or why that

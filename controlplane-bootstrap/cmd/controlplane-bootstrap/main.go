@@ -37,6 +37,6 @@ See docs/controlplane.md.`,
 	}
 	root.AddCommand(newInitCommand(), newStatusCommand(), newStopCommand(), newResetCommand(),
 		newTokenCommand(), newJoinConfigCommand(), newTenantsCommand(), newUsersCommand(), newCertsCommand(), newAuditCommand(),
-		newLogsCommand(), newLogsGatewayCommand(), newRegistryCommand(), newRegistryAuthCommand(), newVIPCommand())
+		newLogsCommand(), newLogsGatewayCommand(), newRegistryCommand(), newRegistryAuthCommand(), newVIPCommand(), newEtcdEnvCommand())
 	return root
 }
