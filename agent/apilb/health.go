@@ -30,10 +30,13 @@ func checkClient(roots *x509.CertPool, host string, timeout time.Duration) *http
 			TLSHandshakeTimeout:    timeout,
 			ResponseHeaderTimeout:  timeout,
 			MaxResponseHeaderBytes: 64 << 10,
-			// A new connection for every check, so that a check meets what a new client
-			// connection would (a listening socket, a TLS handshake), not an old
-			// connection that outlived the apiserver's ability to accept.
-			DisableKeepAlives: true,
+			// One kept connection per upstream: a check a second is then one small request,
+			// not a TCP and TLS handshake, which costs a node under emulation (and the
+			// apiserver, with every node checking) a share of a CPU. A server that died
+			// resets it, and the next check dials anew and is refused; a frozen one lets
+			// the request time out; either way the check fails within Timeout.
+			MaxIdleConnsPerHost: 1,
+			IdleConnTimeout:     time.Minute,
 		},
 		// A redirect is not readiness: the 3xx itself is judged, and fails.
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },

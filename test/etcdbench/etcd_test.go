@@ -29,7 +29,7 @@ import (
 // times ETCD_PUTS sequential 1 KiB Puts (default 500) from one client, after 50 not
 // timed. It prints one ETCD line per run for test/bench/etcd.sh.
 func TestEtcdWriteLatency(t *testing.T) {
-	testreq.OptIn(t, "GPURACK_BENCH_ETCD", "a benchmark of a few minutes that writes to the disk")
+	testreq.OptIn(t, "GPURACK_BENCH_ETCD", "a benchmark that writes to the disk for a minute; make bench-etcd runs it")
 	bin, err := components.FindBinary(components.BinDir(""), "etcd")
 	if err != nil {
 		testreq.Missing(t, err.Error(), "run make k8s-bins")
