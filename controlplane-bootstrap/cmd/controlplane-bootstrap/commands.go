@@ -215,9 +215,10 @@ func printEtcd(out io.Writer, es *controlplane.EtcdStatus) {
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "MEMBER\tID\tHEALTH\tROLE\tDB\tRAFT INDEX\tCLIENT URL\tDETAIL")
 	for _, m := range es.Members {
-		health, role := "ok", "follower"
+		// "healthy", not the components' "ok": scripts count the components' rows by it.
+		health, role := "healthy", "follower"
 		if !m.Healthy {
-			health = "NOT READY"
+			health = "UNHEALTHY"
 		}
 		switch {
 		case m.Learner:

@@ -9,7 +9,7 @@ import (
 )
 
 // TestPrintEtcd: status' etcd part names the leader and each member's health and role
-// (a learner as learner, a member that did not answer as NOT READY, with why), and says
+// (a learner as learner, a member that did not answer as UNHEALTHY, with why; never the components' "ok", which scripts count), and says
 // why the membership is unknown when it could not be read.
 func TestPrintEtcd(t *testing.T) {
 	var out bytes.Buffer
@@ -19,12 +19,15 @@ func TestPrintEtcd(t *testing.T) {
 		{Name: "cp-3", ID: "c3", ClientURLs: []string{"https://10.0.0.4:2379"}, Healthy: true, Learner: true},
 	}})
 	got := out.String()
+	if strings.Contains(got, " ok ") {
+		t.Errorf("status' etcd part says \" ok \", which scripts count as a component's row:\n%s", got)
+	}
 	for _, want := range []string{
 		"etcd: 3 member(s), leader cp-1",
-		"cp-1    a1  ok         leader    3.0 MiB",
-		"cp-2    b2  NOT READY  follower",
+		"cp-1    a1  healthy    leader    3.0 MiB",
+		"cp-2    b2  UNHEALTHY  follower",
 		"context deadline exceeded",
-		"cp-3    c3  ok         learner",
+		"cp-3    c3  healthy    learner",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("status' etcd part lacks %q:\n%s", want, got)
