@@ -3,10 +3,8 @@ package controlplane
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"fmt"
 	"net"
-	"os"
 	"strconv"
 	"time"
 
@@ -95,19 +93,17 @@ func GetEtcdStatus(ctx context.Context, cfg *clusterconfig.Config, l components.
 	return st
 }
 
-// etcdClientTLS is the apiserver's etcd client credential, trusting the etcd CA.
+// etcdClientTLS is the apiserver's etcd client credential, trusting the etcd CA: how
+// this host's tools talk to its etcd member.
 func etcdClientTLS(l components.Layout) (*tls.Config, error) {
+	conf, err := tlsTrusting(l.PKI(clusterpki.EtcdCACert))
+	if err != nil {
+		return nil, fmt.Errorf("etcd CA: %w", err)
+	}
 	cert, err := tls.LoadX509KeyPair(l.PKI(clusterpki.APIServerEtcdCert), l.PKI(clusterpki.APIServerEtcdKey))
 	if err != nil {
 		return nil, fmt.Errorf("etcd client certificate: %w", err)
 	}
-	ca, err := os.ReadFile(l.PKI(clusterpki.EtcdCACert))
-	if err != nil {
-		return nil, fmt.Errorf("etcd CA: %w", err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(ca) {
-		return nil, fmt.Errorf("etcd CA %s: no PEM certificate", l.PKI(clusterpki.EtcdCACert))
-	}
-	return &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: pool, MinVersion: tls.VersionTLS12}, nil
+	conf.Certificates = []tls.Certificate{cert}
+	return conf, nil
 }

@@ -165,13 +165,8 @@ func (cp *ControlPlane) checkServed(ctx context.Context, renewed []clusterpki.Re
 			conf, err = tlsTrusting(l.PKI(clusterpki.CACert))
 		case "etcd-server":
 			component, addr = components.Etcd, net.JoinHostPort("127.0.0.1", strconv.Itoa(cfg.Etcd.ClientPort))
-			conf, err = tlsTrusting(l.PKI(clusterpki.EtcdCACert))
-			if err == nil {
-				// etcd asks for a client certificate (--client-cert-auth).
-				var kp tls.Certificate
-				kp, err = tls.LoadX509KeyPair(l.PKI(clusterpki.APIServerEtcdCert), l.PKI(clusterpki.APIServerEtcdKey))
-				conf.Certificates = []tls.Certificate{kp}
-			}
+			// etcd asks for a client certificate (--client-cert-auth).
+			conf, err = etcdClientTLS(l)
 		default:
 			continue
 		}

@@ -25,6 +25,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
 	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
@@ -720,15 +721,21 @@ etcd:
 	return &namespacedControlPlane{adminKubeconfig: admin, enroller: filepath.Join(enrollerDir, "enroller.kubeconfig"), dir: clusterDir}
 }
 
-// clientset is an admin client whose connections are made inside ns.
-func (c *namespacedControlPlane) clientset(t *testing.T, ns string) kubernetes.Interface {
+// restConfig is the admin kubeconfig's REST config, its connections made inside ns.
+func (c *namespacedControlPlane) restConfig(t *testing.T, ns string) *rest.Config {
 	t.Helper()
 	cfg, err := clientcmd.BuildConfigFromFlags("", c.adminKubeconfig)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg.Dial = nsDial(ns)
-	cs, err := kubernetes.NewForConfig(cfg)
+	return cfg
+}
+
+// clientset is an admin client whose connections are made inside ns.
+func (c *namespacedControlPlane) clientset(t *testing.T, ns string) kubernetes.Interface {
+	t.Helper()
+	cs, err := kubernetes.NewForConfig(c.restConfig(t, ns))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,7 +16,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/gpurack/gpurack/controlplane-bootstrap/tenants"
 	"github.com/gpurack/gpurack/internal/testreq"
@@ -273,12 +272,7 @@ func awaitPodRunning(t *testing.T, r *Rack, ns, job string) {
 // dynamicClient is an admin dynamic client whose connections are made inside ns.
 func (c *namespacedControlPlane) dynamicClient(t *testing.T, ns string) dynamic.Interface {
 	t.Helper()
-	cfg, err := clientcmd.BuildConfigFromFlags("", c.adminKubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Dial = nsDial(ns)
-	d, err := dynamic.NewForConfig(cfg)
+	d, err := dynamic.NewForConfig(c.restConfig(t, ns))
 	if err != nil {
 		t.Fatal(err)
 	}
