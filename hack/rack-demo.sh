@@ -48,6 +48,17 @@ stop_all() {
   fi
   controlplane-bootstrap stop --dir "$work/cp" >/dev/null 2>&1 || true
   wait 2>/dev/null || true
+  # clean runs in another shell than the one that started them, so wait cannot: poll
+  # until they are gone (an agent leaves the gossip first), then kill what is left,
+  # so that the ports are free when this returns.
+  if [ -d "$work/pids" ]; then
+    for f in "$work"/pids/*; do
+      [ -e "$f" ] || continue
+      pid=$(cat "$f")
+      for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+      if kill -0 "$pid" 2>/dev/null; then kill -KILL "$pid" 2>/dev/null || true; fi
+    done
+  fi
 }
 if [ "${1:-}" = clean ]; then
   stop_all
