@@ -30,6 +30,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -178,8 +179,12 @@ func Register(ctx context.Context, client kubernetes.Interface, spec NodeSpec) (
 	if spec.GPUs > 0 {
 		capacity[nodecontract.ResourceGPU] = *resource.NewQuantity(int64(spec.GPUs*replicas), resource.DecimalSI)
 	}
+	// The labels kubelet sets on every Node it registers, which schedulers and Kueue's
+	// topology (the node level, kubernetes.io/hostname) select on.
+	labels := map[string]string{corev1.LabelHostname: spec.Name, corev1.LabelOSStable: "linux", corev1.LabelArchStable: runtime.GOARCH}
+	maps.Copy(labels, spec.Labels)
 	node := &corev1.Node{
-		ObjectMeta: metav1.ObjectMeta{Name: spec.Name, Labels: spec.Labels},
+		ObjectMeta: metav1.ObjectMeta{Name: spec.Name, Labels: labels},
 		Spec:       corev1.NodeSpec{Taints: taints},
 	}
 	created, err := client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})

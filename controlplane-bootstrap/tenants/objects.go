@@ -100,7 +100,7 @@ var (
 		gvrResourceQuota, gvrLimitRange, gvrRole, gvrRoleBinding, gvrNetworkPolicy, gvrClusterRoleBinding,
 		// The queues' last: a LocalQueue lives in a namespace. Listed (to prune) only
 		// where their CRDs are installed.
-		gvrResourceFlavor, gvrClusterQueue, gvrLocalQueue,
+		gvrTopology, gvrResourceFlavor, gvrClusterQueue, gvrLocalQueue,
 	}
 	namespaced = map[schema.GroupVersionResource]bool{
 		gvrResourceQuota: true, gvrLimitRange: true, gvrRole: true, gvrRoleBinding: true, gvrNetworkPolicy: true,

@@ -18,8 +18,15 @@ const (
 	// Cohort is the one cohort every tenant's ClusterQueue is in: a tenant borrows the
 	// others' idle GPUs in it, and reclaims its own from a borrower.
 	Cohort = "gpurack"
-	// FlavorDefault is the one ResourceFlavor: any node's GPUs.
+	// FlavorDefault is the one ResourceFlavor: any node's GPUs, placed by Kueue's
+	// topology-aware scheduling over Topology, one node per domain, so that a pod that
+	// fits no node waits in its queue with Kueue's reason instead of being admitted
+	// to stay unschedulable (docs/decisions/0702).
 	FlavorDefault = "gpurack-default"
+	// Topology is the Kueue Topology of FlavorDefault: one level, the node.
+	Topology = "gpurack-nodes"
+	// TopologyLevel is its level's node label, which kubelet sets on every Node.
+	TopologyLevel = "kubernetes.io/hostname"
 	// LocalQueueName is the LocalQueue in each of a tenant's namespaces that a Job
 	// names with the label kueue.x-k8s.io/queue-name.
 	LocalQueueName = "default"
@@ -37,7 +44,11 @@ var (
 	gvrResourceFlavor = kueueGV.WithResource("resourceflavors")
 	gvrClusterQueue   = kueueGV.WithResource("clusterqueues")
 	gvrLocalQueue     = kueueGV.WithResource("localqueues")
-	queueKinds        = map[schema.GroupVersionResource]string{gvrResourceFlavor: "ResourceFlavor", gvrClusterQueue: "ClusterQueue", gvrLocalQueue: "LocalQueue"}
+	gvrTopology       = kueueGV.WithResource("topologies")
+	queueKinds        = map[schema.GroupVersionResource]string{gvrTopology: "Topology", gvrResourceFlavor: "ResourceFlavor", gvrClusterQueue: "ClusterQueue", gvrLocalQueue: "LocalQueue"}
+	// flavorNodeLabels are FlavorDefault's node labels, which Kueue requires of a
+	// flavor with a topology and adds to its pods' node selectors: one every node has.
+	flavorNodeLabels  = map[string]any{"kubernetes.io/os": "linux"}
 	ClusterQueueGVR   = gvrClusterQueue
 	LocalQueueGVR     = gvrLocalQueue
 	ResourceFlavorGVR = gvrResourceFlavor
@@ -100,10 +111,13 @@ func queueObject(gvr schema.GroupVersionResource, tenant, ns, name string, spec 
 	return Object{GVR: gvr, Obj: u}
 }
 
-// queueObjects are the ResourceFlavor, and per tenant a ClusterQueue in the cohort and
-// a LocalQueue in each of its namespaces.
+// queueObjects are the Topology and the ResourceFlavor, and per tenant a ClusterQueue
+// in the cohort and a LocalQueue in each of its namespaces.
 func queueObjects(f *File) []Object {
-	objs := []Object{queueObject(gvrResourceFlavor, "", "", FlavorDefault, map[string]any{})}
+	objs := []Object{
+		queueObject(gvrTopology, "", "", Topology, map[string]any{"levels": []any{map[string]any{"nodeLabel": TopologyLevel}}}),
+		queueObject(gvrResourceFlavor, "", "", FlavorDefault, map[string]any{"nodeLabels": flavorNodeLabels, "topologyName": Topology}),
+	}
 	for i := range f.Tenants {
 		t := &f.Tenants[i]
 		objs = append(objs, clusterQueue(t))

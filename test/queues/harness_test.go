@@ -28,7 +28,10 @@ type cluster struct {
 	dyn dynamic.Interface
 }
 
-func newCluster(t *testing.T) *cluster {
+// newCluster starts the control plane and registers nodes Nodes of gpus GPUs each, as
+// simulated ones (Nodes without a kubelet: pods are bound to them, none runs), which
+// Kueue's topology-aware scheduling places pods on.
+func newCluster(t *testing.T, nodes, gpus int) *cluster {
 	t.Helper()
 	testcluster.Require(t, components.Kueue)
 	tc := testcluster.NewWith(t, testcluster.Options{Configure: func(cfg *clusterconfig.Config) {
@@ -55,7 +58,64 @@ func newCluster(t *testing.T) *cluster {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &cluster{tc: tc, cs: cs, dyn: dyn}
+	c := &cluster{tc: tc, cs: cs, dyn: dyn}
+	c.addNodes(t, nodes, gpus)
+	return c
+}
+
+// addNodes registers n simulated Nodes of gpus GPUs, Ready, with the labels kubelet
+// sets, and renews their Ready condition every 10 s until the test ends, so that the
+// node lifecycle controller does not taint them unreachable.
+func (c *cluster) addNodes(t *testing.T, n, gpus int) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	t.Cleanup(func() { cancel(); <-done })
+	alloc := corev1.ResourceList{
+		corev1.ResourceCPU: resource.MustParse("64"), corev1.ResourceMemory: resource.MustParse("512Gi"),
+		corev1.ResourcePods: resource.MustParse("110"), tenants.GPUResource: *resource.NewQuantity(int64(gpus), resource.DecimalSI),
+	}
+	names := make([]string, n)
+	for i := range n {
+		names[i] = fmt.Sprintf("sim-%02d", i+1)
+		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: names[i], Labels: map[string]string{
+			corev1.LabelHostname: names[i], corev1.LabelOSStable: "linux", "gpurack.io/simulated": "true"}}}
+		if _, err := c.cs.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
+			t.Fatalf("register simulated node %s: %v", names[i], err)
+		}
+	}
+	heartbeat := func() error {
+		for _, name := range names {
+			node, err := c.cs.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			now := metav1.Now()
+			node.Status.Capacity, node.Status.Allocatable = alloc, alloc
+			node.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue,
+				Reason: "SimulatedKubeletReady", LastHeartbeatTime: now, LastTransitionTime: now}}
+			if _, err := c.cs.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{}); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if err := heartbeat(); err != nil {
+		t.Fatalf("simulated nodes' status: %v", err)
+	}
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(10 * time.Second):
+				if err := heartbeat(); err != nil && ctx.Err() == nil {
+					t.Logf("simulated nodes' heartbeat: %v", err)
+				}
+			}
+		}
+	}()
 }
 
 // applyTenants runs what `tenants apply --prune` runs, for a cluster with queues.

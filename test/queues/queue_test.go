@@ -31,7 +31,7 @@ tenants:
 // GPUs, the Job suspended, not refused; (d) when beta submits, Kueue preempts alpha's
 // borrowing Job and admits beta's, and alpha's Job within its own quota keeps running.
 func TestQueuesAdmitBorrowAndReclaim(t *testing.T) {
-	c := newCluster(t)
+	c := newCluster(t, 2, 4)
 	ctx := ctxFor(t, 4*time.Minute)
 	c.applyTenants(t, ctx, twoTenants)
 
@@ -43,9 +43,21 @@ func TestQueuesAdmitBorrowAndReclaim(t *testing.T) {
 		t.Errorf("alpha's ResourceQuota allows %s GPUs; want 8 (its 4 and beta's 4 it may borrow)", got.String())
 	}
 
+	c.bigger(t, ctx)
+
 	c.submit(t, ctx, gpuJob("alpha", "a1", 4))
 	c.waitAdmitted(t, ctx, "alpha", "a1")
-	t.Log("(a) alpha's a1 (4 GPUs, its quota) admitted")
+	node := ""
+	eventually(t, ctx, "a1's pod placed on a node by Kueue's topology", func() (bool, string) {
+		pods, err := c.cs.CoreV1().Pods("alpha").List(ctx, metav1.ListOptions{LabelSelector: "job-name=a1"})
+		if err != nil || len(pods.Items) != 1 {
+			return false, fmt.Sprintf("%d pods (%v)", len(pods.Items), err)
+		}
+		p := pods.Items[0]
+		node = p.Spec.NodeSelector[tenants.TopologyLevel]
+		return node != "" && len(p.Spec.SchedulingGates) == 0, fmt.Sprintf("node selector %v, scheduling gates %v", p.Spec.NodeSelector, p.Spec.SchedulingGates)
+	})
+	t.Logf("(a) alpha's a1 (4 GPUs, its quota) admitted, its pod placed on %s", node)
 
 	// Kueue preempts, among a borrower's Workloads of one priority, the most recently
 	// admitted first, by its condition's time, in seconds: a2 is admitted a second later.
@@ -104,6 +116,39 @@ func TestQueuesAdmitBorrowAndReclaim(t *testing.T) {
 	t.Logf("(d) beta's b1 admitted; alpha's borrowing a2 preempted (%s); a1 kept; alpha: %s", ev, use)
 }
 
+// bigger: a Job whose pod asks for 5 GPUs, within what alpha may use (4 and 4 to
+// borrow) but more than either node has (4), waits in alpha's queue, its Workload
+// pending with Kueue's reason (the topology fits none of its pods, GPUs short on every
+// node) and its Job suspended; no pod is made. Then it is deleted.
+func (c *cluster) bigger(t *testing.T, ctx context.Context) {
+	t.Helper()
+	c.submit(t, ctx, gpuJob("alpha", "big", 5))
+	why := ""
+	eventually(t, ctx, "big pending with the topology's reason", func() (bool, string) {
+		wl, err := c.workload(ctx, "alpha", "big")
+		if err != nil || wl == nil {
+			return false, fmt.Sprintf("no Workload (%v)", err)
+		}
+		ok, msg := condition(wl, "QuotaReserved")
+		why = msg
+		return !ok && strings.Contains(msg, "topology") && strings.Contains(msg, string(tenants.GPUResource)), msg
+	})
+	// A second look a few scheduling rounds later: still waiting, never admitted.
+	time.Sleep(3 * time.Second)
+	if ok, msg := c.admitted(ctx, "alpha", "big"); ok || !c.suspended(t, ctx, "alpha", "big") {
+		t.Errorf("a Job asking for more GPUs than any node has was admitted (%s)", msg)
+	}
+	pods, err := c.cs.CoreV1().Pods("alpha").List(ctx, metav1.ListOptions{LabelSelector: "job-name=big"})
+	if err != nil || len(pods.Items) != 0 {
+		t.Errorf("pods of the Job larger than any node: %d (%v); want none", len(pods.Items), err)
+	}
+	t.Logf("(0) alpha's big (5 GPUs in one pod; 2 nodes of 4) waits, Job suspended: %s", why)
+	bg := metav1.DeletePropagationBackground
+	if err := c.cs.BatchV1().Jobs("alpha").Delete(ctx, "big", metav1.DeleteOptions{PropagationPolicy: &bg}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // gpuUse describes ClusterQueue name's GPU use, as `tenants status` reads it.
 func (c *cluster) gpuUse(ctx context.Context, name string) string {
 	qs, err := tenants.QueueStatus(ctx, c.dyn)
@@ -121,7 +166,7 @@ func (c *cluster) gpuUse(ctx context.Context, name string) string {
 // cannot create a Workload (Kueue makes them from Jobs), nor a Job in beta's namespace,
 // nor read beta's queue. Then beta is removed from the file, and its queue with it.
 func TestQueueRBAC(t *testing.T) {
-	c := newCluster(t)
+	c := newCluster(t, 1, 8)
 	ctx := ctxFor(t, 3*time.Minute)
 	c.applyTenants(t, ctx, twoTenants)
 	rc := c.tc.RESTConfig(t)
@@ -174,9 +219,9 @@ func TestQueueRBAC(t *testing.T) {
 // figure, not a bound: no kubelets, so no pod runs (simulated GPUs: quota only), and it
 // runs on whatever this machine's cores are doing.
 func TestQueueAdmissionFigure(t *testing.T) {
-	c := newCluster(t)
-	ctx := ctxFor(t, 6*time.Minute)
 	const nTenants, perTenant = 20, 8
+	c := newCluster(t, nTenants, perTenant) // a rack of 20 × 8 simulated GPUs
+	ctx := ctxFor(t, 6*time.Minute)
 	var b strings.Builder
 	b.WriteString("apiVersion: gpurack.io/v1alpha1\nkind: TenantList\ntenants:\n")
 	for i := range nTenants {
@@ -217,6 +262,6 @@ func TestQueueAdmissionFigure(t *testing.T) {
 		}
 		return n == nTenants*perTenant, fmt.Sprintf("%d of %d Workloads admitted", n, nTenants*perTenant)
 	})
-	t.Logf("figure: %d one-GPU Jobs across %d tenants (a %d-GPU quota, simulated: no kubelets) submitted in %s, all admitted by Kueue %s after the first was submitted",
+	t.Logf("figure: %d one-GPU Jobs across %d tenants (a %d-GPU quota; 20 simulated nodes of 8 GPUs, no kubelets) submitted in %s, all admitted by Kueue %s after the first was submitted",
 		nTenants*perTenant, nTenants, nTenants*perTenant, submitted.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
 }
