@@ -91,6 +91,10 @@ fuzz: ## run every fuzz target for FUZZTIME each (default 30s)
 demo: deps build ## the main demo: power on a simulated rack of 20 x 8 GPUs against the real control plane and gpuboot (NODES=N)
 	@hack/rack-demo.sh
 
+.PHONY: demo-workloads
+demo-workloads: deps build ## make demo with Kueue: two tenants' users queue GPU Jobs on the simulated rack (borrowing, a Job larger than any node waiting)
+	@DEMO_WORKLOADS=1 hack/rack-demo.sh
+
 .PHONY: demo-tour
 demo-tour: deps build ## a tour of the parts: profiles, lint errors, checklists, control plane, a signed image (DEMO_FAST=1 skips it)
 	@hack/demo.sh

@@ -32,6 +32,10 @@ o=${DEMO_PORT_SHIFT:-0}
 api_port=$((26443 + o)) etcd_port=$((22379 + o)) etcd_peer=$((22380 + o)) etcd_metrics=$((22381 + o))
 cm_port=$((30257 + o)) sched_port=$((30259 + o)) boot_http=$((28080 + o)) boot_tls=$((28443 + o))
 agent_base=$((29100 + o)) gossip_base=$((29300 + o))
+# DEMO_WORKLOADS=1 (make demo-workloads): Kueue runs with the control plane, and step 8
+# queues tenants' Jobs on the rack.
+workloads=${DEMO_WORKLOADS:-0}
+kueue_web=$((9443 + o)) kueue_health=$((9444 + o)) kueue_metrics=$((9445 + o))
 
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 die() { echo "rack-demo: $*" >&2; exit 1; }
@@ -73,6 +77,9 @@ check_port() { if taken "$1"; then die "port $1 ($2) is taken: stop what listens
 check_port $api_port "kube-apiserver"; check_port $etcd_port "etcd client"; check_port $etcd_peer "etcd peer"
 check_port $etcd_metrics "etcd metrics"; check_port $cm_port "kube-controller-manager"; check_port $sched_port "kube-scheduler"
 check_port $boot_http "gpuboot HTTP"; check_port $boot_tls "gpuboot TLS (enrollment, operators)"
+if [ "$workloads" = 1 ]; then
+  check_port $kueue_web "Kueue webhooks"; check_port $kueue_health "Kueue health"; check_port $kueue_metrics "Kueue metrics"
+fi
 for i in $(seq 1 "$NODES"); do check_port $((agent_base + i)) "gpuagent API of slot $i"; check_port $((gossip_base + i)) "gpuagent gossip of slot $i"; done
 
 rm -rf "$work"
@@ -85,6 +92,11 @@ step "1. Control plane (kube-apiserver, etcd, controller-manager, scheduler from
 sed -e "s/port: 6443/port: $api_port/; s/:6443/:$api_port/; s/clientPort: 2379/clientPort: $etcd_port/; s/peerPort: 2380/peerPort: $etcd_peer/" \
     -e "s/metricsPort: 2381/metricsPort: $etcd_metrics/; s/port: 10257/port: $cm_port/; s/port: 10259/port: $sched_port/" \
     docs/examples/cluster.yaml >"$work/cluster.yaml"
+if [ "$workloads" = 1 ]; then
+  sed -i -e "/^queues:/,/^\$/ { s/enabled: false/enabled: true/; s/webhookPort: 9443/webhookPort: $kueue_web/; s/healthPort: 9444/healthPort: $kueue_health/; s/metricsPort: 9445/metricsPort: $kueue_metrics/; }" "$work/cluster.yaml"
+  grep -q '^  enabled: true' <(sed -n '/^queues:/,/^$/p' "$work/cluster.yaml") || die "could not turn queues on in $work/cluster.yaml"
+  echo "queues.enabled: true (make demo-workloads): Kueue starts with the control plane"
+fi
 controlplane-bootstrap init --config "$work/cluster.yaml" --dir "$work/cp" --foreground >"$work/cp.log" 2>&1 &
 echo $! >"$work/pids/controlplane"
 for _ in $(seq 1 180); do grep -q '^ready in' "$work/cp.log" && break; kill -0 "$(cat "$work/pids/controlplane")" 2>/dev/null || { cat "$work/cp.log"; die "the control plane did not start"; }; sleep 1; done
@@ -225,6 +237,13 @@ EOF
 for _ in $(seq 1 60); do node=$(kubectl get pod train-8gpu -o jsonpath='{.spec.nodeName}'); [ -n "$node" ] && break; sleep 1; done
 [ -n "${node:-}" ] || { kubectl describe pod train-8gpu | tail -5; die "the 8-GPU pod was not scheduled"; }
 echo "train-8gpu bound to $node (simulated nodes run no kubelet, so the pod stays Pending there: binding is what this shows)"
+
+if [ "$workloads" = 1 ]; then
+  . hack/workloads-demo.sh
+else
+  echo
+  echo "make demo-workloads runs this demo with Kueue and then queues two tenants' GPU Jobs on the rack."
+fi
 
 step "Done in $(since "$start")"
 trap - EXIT

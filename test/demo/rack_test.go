@@ -28,7 +28,7 @@ import (
 // bound to neither. Then `clean` must stop every process it started.
 func TestRackDemo(t *testing.T) {
 	testreq.Short(t, "the rack demo (a control plane, gpuboot and 4 agents)")
-	for _, tool := range []string{"kubectl", "grpcurl", "kube-apiserver", "etcd", "ss", "go"} {
+	for _, tool := range []string{"kubectl", "grpcurl", "kube-apiserver", "etcd", "kueue", "ss", "go"} {
 		testreq.Tool(t, tool, "run make deps and make k8s-bins (make test puts the pinned binaries on PATH)")
 	}
 	root, err := filepath.Abs("../..")
@@ -45,7 +45,7 @@ func TestRackDemo(t *testing.T) {
 	work := filepath.Join(t.TempDir(), "demo")
 	shift := freeShift(t, 4)
 	env := append(os.Environ(), "GPURACK_BIN="+bin, "PATH="+bin+":"+os.Getenv("PATH"), "NODES=4", "QUARANTINE_SLOT=2", "ECC_SLOT=3",
-		"DEMO_DIR="+work, fmt.Sprintf("DEMO_PORT_SHIFT=%d", shift), "DEMO_TIMEOUT=300")
+		"DEMO_DIR="+work, fmt.Sprintf("DEMO_PORT_SHIFT=%d", shift), "DEMO_TIMEOUT=300", "DEMO_WORKLOADS=1")
 	run := func(args ...string) (string, error) {
 		cmd := exec.Command(filepath.Join(root, "hack", "rack-demo.sh"), args...)
 		cmd.Dir, cmd.Env = root, env
@@ -83,6 +83,7 @@ func TestRackDemo(t *testing.T) {
 	if m[1] == "gpu-r1-02" || m[1] == "gpu-r1-03" {
 		t.Errorf("the 8-GPU pod was bound to %s, a node with a bad GPU", m[1])
 	}
+	checkWorkloadsDemo(t, out, m[1])
 	// Slot 3's uncorrectable ECC error withdraws GPU 5 alone: 7 allocatable, no taint,
 	// and the checklist says which GPU and why (decision 0630).
 	for _, want := range []string{
@@ -124,7 +125,7 @@ func TestRackDemo(t *testing.T) {
 		t.Errorf("clean left %s behind (%v)", work, err)
 	}
 	// Nothing listens on the demo's ports any more.
-	for _, p := range []int{26443, 28443, 29101, 29301} {
+	for _, p := range []int{26443, 28443, 29101, 29301, 9443} {
 		addr := fmt.Sprintf("127.0.0.1:%d", p+shift)
 		if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
 			c.Close()
@@ -133,11 +134,35 @@ func TestRackDemo(t *testing.T) {
 	}
 }
 
+// checkWorkloadsDemo: step 8 (DEMO_WORKLOADS=1). Alpha's three 4-GPU Jobs and beta's
+// 2-GPU Job are admitted and bound to ready nodes with room (never the quarantined
+// slot 2, never eight's node, which train-8gpu fills); alpha's 9-GPU pod waits with
+// Kueue's topology reason; alpha borrows 4 of beta's GPUs.
+func checkWorkloadsDemo(t *testing.T, out, full string) {
+	t.Helper()
+	for _, job := range []string{"alpha/train-1 (4 GPUs)", "alpha/train-2 (4 GPUs)", "alpha/train-3 (4 GPUs)", "beta/train-b (2 GPUs)"} {
+		m := regexp.MustCompile(regexp.QuoteMeta(job) + `: admitted, its pod placed by Kueue and bound to (gpu-r1-\d+)`).FindStringSubmatch(out)
+		if m == nil {
+			t.Errorf("the workloads demo does not show %s admitted and bound", job)
+			continue
+		}
+		if m[1] == "gpu-r1-02" || m[1] == full {
+			t.Errorf("%s was bound to %s, which is quarantined or full", job, m[1])
+		}
+	}
+	if !regexp.MustCompile(`alpha/big waits in alpha's queue, suspended, not refused. Kueue's reason: .*topology "gpurack-nodes" doesn't allow to fit any of 1 pod\(s\).*resource "nvidia.com/gpu": 3`).MatchString(out) {
+		t.Error("the 9-GPU Job is not shown waiting with Kueue's topology reason (3 ready nodes short of GPUs)")
+	}
+	if !regexp.MustCompile(`alpha\s.*admitted 3, pending 1, GPUs 12 \(borrowed 4\)`).MatchString(out) {
+		t.Error("tenants status does not show alpha borrowing 4 GPUs with 3 Jobs admitted and 1 waiting")
+	}
+}
+
 // freeShift picks a DEMO_PORT_SHIFT under which every port the demo uses for n nodes
 // is free now, so the test does not collide with the demo or other tests' servers.
 func freeShift(t *testing.T, n int) int {
 	t.Helper()
-	bases := []int{26443, 22379, 22380, 22381, 30257, 30259, 28080, 28443}
+	bases := []int{26443, 22379, 22380, 22381, 30257, 30259, 28080, 28443, 9443, 9444, 9445}
 	for i := 1; i <= n; i++ {
 		bases = append(bases, 29100+i, 29300+i)
 	}
