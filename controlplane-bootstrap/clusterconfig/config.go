@@ -38,7 +38,9 @@ type Config struct {
 	// KubernetesVersion must equal the version of the pinned binaries.
 	KubernetesVersion string `yaml:"kubernetesVersion"`
 	// NodeName is this control-plane host's name (etcd member name, SANs).
-	NodeName          string            `yaml:"nodeName"`
+	NodeName string `yaml:"nodeName"`
+	// ControlPlane is how many control-plane hosts the cluster has (hosts.go).
+	ControlPlane      ControlPlane      `yaml:"controlPlane"`
 	APIServer         APIServer         `yaml:"apiServer"`
 	Etcd              Etcd              `yaml:"etcd"`
 	ControllerManager ControllerManager `yaml:"controllerManager"`
@@ -145,6 +147,9 @@ type Etcd struct {
 	PeerPort    int               `yaml:"peerPort"`
 	MetricsPort int               `yaml:"metricsPort"`
 	ExtraArgs   map[string]string `yaml:"extraArgs"`
+	// Join is set by `join --control-plane` on a host whose member joined an
+	// existing cluster (hosts.go); empty on the first host.
+	Join EtcdJoin `yaml:"join,omitempty"`
 }
 
 // ControllerManager configures kube-controller-manager.
@@ -181,6 +186,7 @@ func Default() Config {
 		ClusterName:       "gpurack",
 		KubernetesVersion: KubernetesVersion,
 		NodeName:          "control-plane-1",
+		ControlPlane:      ControlPlane{Hosts: 1},
 		APIServer: APIServer{
 			AdvertiseAddress: "127.0.0.1",
 			BindAddress:      "127.0.0.1",
@@ -220,6 +226,7 @@ func (c *Config) applyDefaults() {
 	str(&c.NodeName, d.NodeName)
 	str(&c.APIServer.AdvertiseAddress, d.APIServer.AdvertiseAddress)
 	str(&c.APIServer.BindAddress, d.APIServer.BindAddress)
+	num(&c.ControlPlane.Hosts, d.ControlPlane.Hosts)
 	num(&c.APIServer.Port, d.APIServer.Port)
 	num(&c.Etcd.ClientPort, d.Etcd.ClientPort)
 	num(&c.Etcd.PeerPort, d.Etcd.PeerPort)
@@ -291,6 +298,8 @@ func (c *Config) Validate() []FieldError {
 	if !dnsName.MatchString(c.NodeName) || len(c.NodeName) > 253 {
 		p.add("nodeName", "%q is not a DNS name (lowercase letters, digits, '-' and '.')", c.NodeName)
 	}
+	c.ControlPlane.validate(&p)
+	c.Etcd.Join.validate(&p, c.NodeName)
 	c.APIServer.validate(&p)
 	c.APIServer.OIDC.validate(&p)
 	c.validatePorts(&p)

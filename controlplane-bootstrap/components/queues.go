@@ -56,7 +56,7 @@ func KueueWebhookURL(cfg *clusterconfig.Config) string {
 
 // kueueConfig is Kueue's Configuration (config.kueue.x-k8s.io/v1beta2). Only Jobs that
 // name a LocalQueue (kueue.x-k8s.io/queue-name) are managed; waitForPodsReady is off
-// (admission is by quota; a Job's pods wait for a node like any pod's); its own
+// (Kueue admits a Job when its pods fit a node, decision 0702); its own
 // certificate management is off (the cluster CA signs pki/kueue/tls.crt); one Kueue per
 // control plane, so no leader election (docs/decisions/0696); the on-demand visibility
 // API server is off (it would listen on every address, and no APIService points at it);

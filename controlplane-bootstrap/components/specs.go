@@ -87,6 +87,12 @@ func Spec(cfg *clusterconfig.Config, l Layout, name string) (Component, bool) {
 	return Component{}, false
 }
 
+// leaderElect is the controller-manager's and the scheduler's --leader-elect: on with
+// several control-plane hosts, where each host runs one and one must act; off with
+// one, where a restarted controller-manager would otherwise wait out its own lease
+// (it does not release it on exit) before acting again.
+func leaderElect(cfg *clusterconfig.Config) string { return strconv.FormatBool(cfg.HA()) }
+
 func hostPort(host string, port int) string { return net.JoinHostPort(host, strconv.Itoa(port)) }
 
 func etcdSpec(cfg *clusterconfig.Config, l Layout) Component {
@@ -116,6 +122,11 @@ func etcdSpec(cfg *clusterconfig.Config, l Layout) Component {
 		"peer-cert-file":              l.PKI(clusterpki.EtcdPeerCert),
 		"peer-key-file":               l.PKI(clusterpki.EtcdPeerKey),
 		"snapshot-count":              "10000",
+	}
+	if j := cfg.Etcd.Join.InitialCluster; j != "" {
+		// This member joined a cluster (join --control-plane): etcd reads these two
+		// only on its first start, when the data directory is empty.
+		flags["initial-cluster"], flags["initial-cluster-state"] = j, "existing"
 	}
 	ports := []Port{
 		{"127.0.0.1", cfg.Etcd.ClientPort, "etcd.clientPort"},
@@ -216,7 +227,7 @@ func controllerManagerSpec(cfg *clusterconfig.Config, l Layout) Component {
 		// bootstrapsigner signs kube-public/cluster-info with every token;
 		// tokencleaner deletes expired tokens. Both are off by default.
 		"controllers":              "*,bootstrapsigner,tokencleaner",
-		"leader-elect":             "false",
+		"leader-elect":             leaderElect(cfg),
 		"allocate-node-cidrs":      "true",
 		"cluster-cidr":             cfg.Networking.PodSubnet,
 		"service-cluster-ip-range": cfg.Networking.ServiceSubnet,
@@ -238,7 +249,7 @@ func schedulerSpec(cfg *clusterconfig.Config, l Layout) Component {
 		"bind-address":              "127.0.0.1",
 		"secure-port":               strconv.Itoa(cfg.Scheduler.Port),
 		"cert-dir":                  l.PKI(clusterpki.SchedulerServingDir),
-		"leader-elect":              "false",
+		"leader-elect":              leaderElect(cfg),
 	}
 	return Component{
 		Name:      Scheduler,

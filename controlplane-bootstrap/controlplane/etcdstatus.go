@@ -24,6 +24,9 @@ type EtcdStatus struct {
 	Leader string
 	// Err says why the membership could not be read (etcd down, no credentials).
 	Err string
+	// Problem says what is wrong with the membership against controlPlane.hosts (two
+	// members, or fewer than the hosts), "" when nothing is.
+	Problem string
 }
 
 // EtcdMember is one member of the etcd cluster.
@@ -84,12 +87,17 @@ func GetEtcdStatus(ctx context.Context, cfg *clusterconfig.Config, l components.
 		}
 		st.Members = append(st.Members, em)
 	}
+	voters := 0
 	for i, m := range list.Members {
 		if m.ID == leaderID {
 			st.Members[i].Leader = true
 			st.Leader = m.Name
 		}
+		if !m.IsLearner {
+			voters++
+		}
 	}
+	st.Problem = etcdMembersProblem(voters, cfg.ControlPlane.Hosts)
 	return st
 }
 

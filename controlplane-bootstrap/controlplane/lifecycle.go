@@ -197,9 +197,10 @@ func LooksLikeClusterDir(dir string) bool {
 	return false
 }
 
-// Reset stops the control plane in dir, removes its systemd units and
-// deletes dir with everything in it (etcd data, PKI, logs). The caller asks
-// the operator first.
+// Reset removes this host's etcd member from the cluster when other members remain
+// (several control-plane hosts), then stops the control plane in dir, removes its
+// systemd units and deletes dir with everything in it (etcd data, PKI, logs). The
+// caller asks the operator first.
 func Reset(ctx context.Context, dir string) error {
 	abs, err := filepath.Abs(dir)
 	if err != nil {
@@ -211,10 +212,14 @@ func Reset(ctx context.Context, dir string) error {
 	if !LooksLikeClusterDir(abs) {
 		return fmt.Errorf("%s does not look like a cluster directory (no cluster.yaml, no pki/ca.crt); refusing to delete it", abs)
 	}
+	l := components.Layout{Dir: abs}
+	// Leave etcd first, while this member still runs: the others then stop counting it.
+	if err := leaveEtcd(ctx, l); err != nil {
+		return err
+	}
 	if err := Stop(ctx, abs); err != nil {
 		return err
 	}
-	l := components.Layout{Dir: abs}
 	if data, err := os.ReadFile(l.SystemdMarker()); err == nil {
 		if err := (components.SystemdUnits{Dir: "/etc/systemd/system"}).Remove(ctx, strings.Fields(string(data))); err != nil {
 			return err

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -67,59 +68,14 @@ Running init again on the same DIR keeps the PKI and etcd data; if the control p
 already running there, it only re-applies the join material.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			opts := controlplane.Options{Dir: dir, Out: cmd.OutOrStdout(), ReadyTimeout: timeout, WritePIDFile: foreground}
-			if !foreground {
-				opts.Mode = controlplane.Systemd
-			}
-			if configPath != "" {
-				data, err := os.ReadFile(configPath)
-				if err != nil {
-					return err
-				}
-				cfg, err := clusterconfig.Parse(configPath, data)
-				if err != nil {
-					return err
-				}
-				opts.Config, opts.ConfigYAML = cfg, data
-			}
-			// The supervisor log is opened on the first event, so an init
-			// that fails its checks leaves nothing behind in DIR.
-			var logFile *os.File
-			defer func() {
-				if logFile != nil {
-					logFile.Close()
-				}
-			}()
-			errOut := cmd.ErrOrStderr()
-			opts.Logf = func(format string, args ...any) {
-				line := time.Now().Format(time.RFC3339) + " " + fmt.Sprintf(format, args...) + "\n"
-				fmt.Fprint(errOut, "supervisor: "+line)
-				if logFile == nil {
-					logFile, _ = openSupervisorLog(dir)
-				}
-				if logFile != nil {
-					logFile.WriteString(line)
-				}
-			}
-			ctx := cmd.Context()
-			cp, err := controlplane.Init(ctx, opts)
+			opts, err := controlPlaneOptions(cmd, dir, configPath, foreground, timeout)
 			if err != nil {
 				return err
 			}
-			out := cmd.OutOrStdout()
-			printHealth(out, cp)
-			if w := cp.Config.AdvertiseWarning(); w != "" {
-				fmt.Fprintln(errOut, "warning: "+w)
-			}
-			if cp.AlreadyRunning || !foreground {
-				return nil
-			}
-			fmt.Fprintf(out, "ready in %s; admin kubeconfig: %s\n", cp.ReadyAfter.Round(time.Millisecond), cp.AdminKubeconfig())
-			fmt.Fprintln(out, "supervising in the foreground; SIGINT or SIGTERM (or `controlplane-bootstrap stop`) stops the control plane")
-			<-ctx.Done()
-			fmt.Fprintln(out, "stopping the control plane")
-			cp.Stop()
-			return nil
+			return superviseControlPlane(cmd, dir, foreground, func(ctx context.Context, logf func(string, ...any)) (*controlplane.ControlPlane, error) {
+				opts.Logf = logf
+				return controlplane.Init(ctx, opts)
+			})
 		},
 	}
 	cmd.Flags().StringVar(&configPath, "config", "", "cluster.yaml (see docs/examples/cluster.yaml); optional when DIR already holds one")
@@ -127,6 +83,69 @@ already running there, it only re-applies the join material.`,
 	cmd.Flags().BoolVar(&foreground, "foreground", false, "run the components as supervised child processes of this command")
 	cmd.Flags().DurationVar(&timeout, "ready-timeout", 3*time.Minute, "how long to wait for each component to become healthy")
 	return cmd
+}
+
+// controlPlaneOptions are init's and join's Options from their flags.
+func controlPlaneOptions(cmd *cobra.Command, dir, configPath string, foreground bool, timeout time.Duration) (controlplane.Options, error) {
+	opts := controlplane.Options{Dir: dir, Out: cmd.OutOrStdout(), ReadyTimeout: timeout, WritePIDFile: foreground}
+	if !foreground {
+		opts.Mode = controlplane.Systemd
+	}
+	if configPath != "" {
+		data, err := os.ReadFile(configPath)
+		if err != nil {
+			return opts, err
+		}
+		cfg, err := clusterconfig.Parse(configPath, data)
+		if err != nil {
+			return opts, err
+		}
+		opts.Config, opts.ConfigYAML = cfg, data
+	}
+	return opts, nil
+}
+
+// superviseControlPlane runs start (init's or join's) with the supervisor's log, prints
+// the components' health and, in the foreground, supervises until a signal.
+func superviseControlPlane(cmd *cobra.Command, dir string, foreground bool, start func(context.Context, func(string, ...any)) (*controlplane.ControlPlane, error)) error {
+	// The supervisor log is opened on the first event, so an init
+	// that fails its checks leaves nothing behind in DIR.
+	var logFile *os.File
+	defer func() {
+		if logFile != nil {
+			logFile.Close()
+		}
+	}()
+	errOut := cmd.ErrOrStderr()
+	logf := func(format string, args ...any) {
+		line := time.Now().Format(time.RFC3339) + " " + fmt.Sprintf(format, args...) + "\n"
+		fmt.Fprint(errOut, "supervisor: "+line)
+		if logFile == nil {
+			logFile, _ = openSupervisorLog(dir)
+		}
+		if logFile != nil {
+			logFile.WriteString(line)
+		}
+	}
+	ctx := cmd.Context()
+	cp, err := start(ctx, logf)
+	if err != nil {
+		return err
+	}
+	out := cmd.OutOrStdout()
+	printHealth(out, cp)
+	if w := cp.Config.AdvertiseWarning(); w != "" {
+		fmt.Fprintln(errOut, "warning: "+w)
+	}
+	if cp.AlreadyRunning || !foreground {
+		return nil
+	}
+	fmt.Fprintf(out, "ready in %s; admin kubeconfig: %s\n", cp.ReadyAfter.Round(time.Millisecond), cp.AdminKubeconfig())
+	fmt.Fprintln(out, "supervising in the foreground; SIGINT or SIGTERM (or `controlplane-bootstrap stop`) stops the control plane")
+	<-ctx.Done()
+	fmt.Fprintln(out, "stopping the control plane")
+	cp.Stop()
+	return nil
 }
 
 func openSupervisorLog(dir string) (*os.File, error) {
@@ -212,6 +231,9 @@ func printEtcd(out io.Writer, es *controlplane.EtcdStatus) {
 		leader = "none (no quorum?)"
 	}
 	fmt.Fprintf(out, "etcd: %d member(s), leader %s\n", len(es.Members), leader)
+	if es.Problem != "" {
+		fmt.Fprintf(out, "etcd: WARNING: %s\n", es.Problem)
+	}
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "MEMBER\tID\tHEALTH\tROLE\tDB\tRAFT INDEX\tCLIENT URL\tDETAIL")
 	for _, m := range es.Members {

@@ -35,7 +35,7 @@ See docs/controlplane.md.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newInitCommand(), newStatusCommand(), newStopCommand(), newResetCommand(),
+	root.AddCommand(newInitCommand(), newJoinCommand(), newUploadCertsCommand(), newStatusCommand(), newStopCommand(), newResetCommand(),
 		newTokenCommand(), newJoinConfigCommand(), newTenantsCommand(), newUsersCommand(), newCertsCommand(), newAuditCommand(),
 		newLogsCommand(), newLogsGatewayCommand(), newRegistryCommand(), newRegistryAuthCommand(), newVIPCommand(), newEtcdEnvCommand())
 	return root

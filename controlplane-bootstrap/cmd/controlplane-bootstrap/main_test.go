@@ -53,7 +53,14 @@ func cli(t *testing.T, stdin string, args ...string) (string, error) {
 // still running.
 func startForeground(t *testing.T, args ...string) <-chan error {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], append([]string{"init", "--foreground"}, args...)...)
+	return startForegroundCmd(t, append([]string{"init", "--foreground"}, args...)...)
+}
+
+// startForegroundCmd runs the command args (init or join, with --foreground) as
+// startForeground does.
+func startForegroundCmd(t *testing.T, args ...string) <-chan error {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], args...)
 	cmd.Env = append(os.Environ(), runMainEnv+"=1")
 	pr, pw := io.Pipe()
 	cmd.Stdout, cmd.Stderr = pw, pw
@@ -95,11 +102,11 @@ func startForeground(t *testing.T, args ...string) <-chan error {
 	logText := func() string { mu.Lock(); defer mu.Unlock(); return log.String() }
 	select {
 	case line := <-ready:
-		t.Logf("init --foreground: %s", line)
+		t.Logf("%s --foreground: %s", args[0], line)
 	case <-exited:
-		t.Fatalf("init --foreground exited: %v\n%s", waitErr, logText())
+		t.Fatalf("%s --foreground exited: %v\n%s", args[0], waitErr, logText())
 	case <-time.After(4 * time.Minute):
-		t.Fatalf("init --foreground not ready after 4 minutes\n%s", logText())
+		t.Fatalf("%s --foreground not ready after 4 minutes\n%s", args[0], logText())
 	}
 	done := make(chan error, 1)
 	go func() { <-exited; done <- waitErr }()
