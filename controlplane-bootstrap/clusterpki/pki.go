@@ -164,9 +164,9 @@ func EnsureValidity(dir string, cfg *clusterconfig.Config, leafValidity time.Dur
 	return set, nil
 }
 
-// createRoots generates the CAs, the service-account key and the encryption
-// key into a temporary directory and renames it to dir.
-func createRoots(dir string) error {
+// fillThenRename fills a temporary directory beside dir with fill and renames it to
+// dir, so that a failure or an interruption leaves nothing at dir.
+func fillThenRename(dir string, fill func(tmp string) error) error {
 	parent := filepath.Dir(dir)
 	if err := os.MkdirAll(parent, 0o700); err != nil {
 		return fmt.Errorf("cluster PKI: %w", err)
@@ -176,6 +176,21 @@ func createRoots(dir string) error {
 		return fmt.Errorf("cluster PKI: %w", err)
 	}
 	defer os.RemoveAll(tmp) // a no-op after the rename
+	if err := fill(tmp); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, dir); err != nil {
+		return fmt.Errorf("cluster PKI: move %s into place: %w", tmp, err)
+	}
+	return nil
+}
+
+// createRoots generates the CAs, the service-account key and the encryption
+// key into a temporary directory and renames it to dir.
+func createRoots(dir string) error { return fillThenRename(dir, generateRoots) }
+
+// generateRoots writes new roots into tmp.
+func generateRoots(tmp string) error {
 	// The three CAs come from talos machinery's secrets package: the same
 	// constructors its secrets bundle uses (ECDSA P-256, ten years). The
 	// bundle itself is not used because it also makes a Talos OS CA with an
@@ -245,13 +260,7 @@ func createRoots(dir string) error {
 	if err := writeFile(filepath.Join(tmp, SAPub), pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pubDER}), 0o644); err != nil {
 		return err
 	}
-	if err := writeFile(filepath.Join(tmp, EncryptionKey), []byte(base64.StdEncoding.EncodeToString(encKey)+"\n"), 0o600); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, dir); err != nil {
-		return fmt.Errorf("cluster PKI: move %s into place: %w", tmp, err)
-	}
-	return nil
+	return writeFile(filepath.Join(tmp, EncryptionKey), []byte(base64.StdEncoding.EncodeToString(encKey)+"\n"), 0o600)
 }
 
 // Load reads the CAs and keys of an existing PKI directory.

@@ -119,15 +119,11 @@ func WriteRoots(dir string, files map[string][]byte) error {
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("cluster PKI: %w", err)
 	}
-	parent := filepath.Dir(dir)
-	if err := os.MkdirAll(parent, 0o700); err != nil {
-		return fmt.Errorf("cluster PKI: %w", err)
-	}
-	tmp, err := os.MkdirTemp(parent, "."+filepath.Base(dir)+".tmp-*")
-	if err != nil {
-		return fmt.Errorf("cluster PKI: %w", err)
-	}
-	defer os.RemoveAll(tmp) // a no-op after the rename
+	return fillThenRename(dir, func(tmp string) error { return writeShared(tmp, files) })
+}
+
+// writeShared writes files into tmp and checks that they load as a PKI.
+func writeShared(tmp string, files map[string][]byte) error {
 	for _, name := range SharedRoots {
 		b, ok := files[name]
 		if !ok {
@@ -146,9 +142,6 @@ func WriteRoots(dir string, files map[string][]byte) error {
 	}
 	if _, err := Load(tmp); err != nil {
 		return fmt.Errorf("the shared certificates do not make a cluster PKI: %w", err)
-	}
-	if err := os.Rename(tmp, dir); err != nil {
-		return fmt.Errorf("cluster PKI: move %s into place: %w", tmp, err)
 	}
 	return nil
 }
