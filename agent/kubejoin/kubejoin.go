@@ -30,7 +30,6 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -130,6 +129,7 @@ func AgentLabels(imageID, driver, product string, count, replicas int, simulated
 		nodecontract.LabelDriverVersion: SanitizeLabel(driver),
 		nodecontract.LabelGPUProduct:    SanitizeLabel(product),
 		nodecontract.LabelGPUCount:      fmt.Sprint(count),
+		nodecontract.LabelAgent:         "true",
 	}
 	if imageID != "" {
 		l[nodecontract.LabelImage] = SanitizeLabel(imageID)
@@ -179,9 +179,11 @@ func Register(ctx context.Context, client kubernetes.Interface, spec NodeSpec) (
 	if spec.GPUs > 0 {
 		capacity[nodecontract.ResourceGPU] = *resource.NewQuantity(int64(spec.GPUs*replicas), resource.DecimalSI)
 	}
-	// The labels kubelet sets on every Node it registers, which schedulers and Kueue's
-	// topology (the node level, kubernetes.io/hostname) select on.
-	labels := map[string]string{corev1.LabelHostname: spec.Name, corev1.LabelOSStable: "linux", corev1.LabelArchStable: runtime.GOARCH}
+	// kubelet's hostname label, which Kueue's topology (its node level) reads. Not its
+	// kubernetes.io/os and /arch: Deployments that select those (CoreDNS) would then be
+	// placed here, on a node without kubelet, where no pod runs or ends, and no drain
+	// of it finishes.
+	labels := map[string]string{corev1.LabelHostname: spec.Name}
 	maps.Copy(labels, spec.Labels)
 	node := &corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: spec.Name, Labels: labels},

@@ -243,7 +243,10 @@ func TestAgentLabels(t *testing.T) {
 		if l["nvidia.com/gpu.replicas"] != c.replicasL || l["nvidia.com/gpu.sharing-strategy"] != c.sharing || l["gpurack.io/gpu.count"] != fmt.Sprint(c.count) {
 			t.Errorf("%d GPUs, %d replicas: labels %v", c.count, c.replicas, l)
 		}
-		if c.count == 0 && len(l) != 4 {
+		if l["gpurack.io/agent"] != "true" {
+			t.Errorf("%d GPUs: no gpurack.io/agent=true in %v", c.count, l)
+		}
+		if c.count == 0 && len(l) != 5 {
 			t.Errorf("a node without GPUs: labels %v, want only gpurack.io/ ones", l)
 		}
 	}

@@ -10,6 +10,8 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
+
+	"github.com/gpurack/gpurack/internal/nodecontract"
 )
 
 // The job queues' objects (docs/tenants.md "Queues"): made only when the cluster runs
@@ -47,8 +49,9 @@ var (
 	gvrTopology       = kueueGV.WithResource("topologies")
 	queueKinds        = map[schema.GroupVersionResource]string{gvrTopology: "Topology", gvrResourceFlavor: "ResourceFlavor", gvrClusterQueue: "ClusterQueue", gvrLocalQueue: "LocalQueue"}
 	// flavorNodeLabels are FlavorDefault's node labels, which Kueue requires of a
-	// flavor with a topology and adds to its pods' node selectors: one every node has.
-	flavorNodeLabels  = map[string]any{"kubernetes.io/os": "linux"}
+	// flavor with a topology and adds to its pods' node selectors: the one every node
+	// gpuagent runs has, simulated ones included.
+	flavorNodeLabels  = map[string]any{nodecontract.LabelAgent: "true"}
 	ClusterQueueGVR   = gvrClusterQueue
 	LocalQueueGVR     = gvrLocalQueue
 	ResourceFlavorGVR = gvrResourceFlavor

@@ -37,6 +37,10 @@ const (
 	LabelGPUCount      = LabelPrefix + "gpu.count"
 	// LabelSimulated is "true" on a Node whose GPUs are the simulator's.
 	LabelSimulated = LabelPrefix + "simulated"
+	// LabelAgent is "true" on every Node that gpuagent runs (real or simulated): the
+	// node label of the job queues' flavor (decision 0702), which Kueue adds to queued
+	// pods' node selectors.
+	LabelAgent = LabelPrefix + "agent"
 )
 
 // GPU sharing labels, under GPU feature discovery's names so that workloads written

@@ -79,7 +79,7 @@ func (c *cluster) addNodes(t *testing.T, n, gpus int) {
 	for i := range n {
 		names[i] = fmt.Sprintf("sim-%02d", i+1)
 		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: names[i], Labels: map[string]string{
-			corev1.LabelHostname: names[i], corev1.LabelOSStable: "linux", "gpurack.io/simulated": "true"}}}
+			corev1.LabelHostname: names[i], "gpurack.io/agent": "true", "gpurack.io/simulated": "true"}}}
 		if _, err := c.cs.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
 			t.Fatalf("register simulated node %s: %v", names[i], err)
 		}
