@@ -26,6 +26,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/gpurack/gpurack/controlplane-bootstrap/components"
+	"github.com/gpurack/gpurack/controlplane-bootstrap/testcluster/cpbbin"
 	"github.com/gpurack/gpurack/controlplane-bootstrap/vip"
 	"github.com/gpurack/gpurack/internal/netnstest"
 	"github.com/gpurack/gpurack/internal/testreq"
@@ -43,46 +44,10 @@ const (
 // the test instead of skipping it.
 const k8sRequiredEnv = "GPURACK_K8S_REQUIRED"
 
-// The controlplane-bootstrap binary, built once for all tests (cpbBinary) and
-// removed by TestMain.
-var (
-	buildOnce sync.Once
-	buildDir  string
-	buildErr  error
-)
-
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if buildDir != "" {
-		os.RemoveAll(buildDir)
-	}
+	cpbbin.Remove()
 	os.Exit(code)
-}
-
-// cpbBinary builds controlplane-bootstrap from this module once and returns its path.
-// The VIP holders run it as separate processes, as on real hosts.
-func cpbBinary(t *testing.T) string {
-	t.Helper()
-	goTool := testreq.Tool(t, "go", "install Go (the test builds controlplane-bootstrap)")
-	buildOnce.Do(func() {
-		mod, err := exec.Command(goTool, "env", "GOMOD").Output()
-		if err != nil || strings.TrimSpace(string(mod)) == "" {
-			buildErr = fmt.Errorf("go env GOMOD: %v (%q)", err, mod)
-			return
-		}
-		if buildDir, buildErr = os.MkdirTemp("", "vip-test-*"); buildErr != nil {
-			return
-		}
-		cmd := exec.Command(goTool, "build", "-o", filepath.Join(buildDir, "cpb"), "./controlplane-bootstrap/cmd/controlplane-bootstrap")
-		cmd.Dir = filepath.Dir(strings.TrimSpace(string(mod)))
-		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go build controlplane-bootstrap: %v\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return filepath.Join(buildDir, "cpb")
 }
 
 // lab is one test's network: a LAN namespace with a bridge and etcd on it, three
@@ -119,7 +84,7 @@ func newLab(t *testing.T) *lab {
 	if err != nil {
 		testreq.Missing(t, "the pinned etcd binary is not here: "+err.Error(), "run `make k8s-bins`", k8sRequiredEnv)
 	}
-	bin := cpbBinary(t)
+	bin := cpbbin.Path(t)
 	etcdDir := t.TempDir() // before New: its cleanup runs after etcd is killed
 	l := &lab{t: t, env: netnstest.New(t), bin: bin}
 	l.lan = l.env.Namespace()

@@ -29,6 +29,7 @@ import (
 
 	"github.com/gpurack/gpurack/controlplane-bootstrap/clusterconfig"
 	"github.com/gpurack/gpurack/controlplane-bootstrap/components"
+	"github.com/gpurack/gpurack/controlplane-bootstrap/testcluster/cpbbin"
 	"github.com/gpurack/gpurack/internal/netnstest"
 	"github.com/gpurack/gpurack/internal/testreq"
 )
@@ -107,7 +108,7 @@ func newLab(t *testing.T) *lab {
 	if _, err := components.FindBinary(components.BinDir(""), "etcd"); err != nil {
 		testreq.Missing(t, "the pinned Kubernetes binaries are not here: "+err.Error(), "run `make k8s-bins`", k8sReqEnv)
 	}
-	l := &lab{t: t, env: netnstest.New(t), bin: buildCPB(t)}
+	l := &lab{t: t, env: netnstest.New(t), bin: cpbbin.Path(t)}
 	lan := l.env.Namespace()
 	br := l.env.Bridge(lan)
 	l.env.AddAddr(br, subnet+".1/24")
@@ -419,35 +420,8 @@ func (b *syncBuffer) String() string {
 	return b.b.String()
 }
 
-var (
-	buildOnce sync.Once
-	buildDir  string
-	buildErr  error
-)
-
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if buildDir != "" {
-		os.RemoveAll(buildDir)
-	}
+	cpbbin.Remove()
 	os.Exit(code)
-}
-
-// buildCPB builds controlplane-bootstrap once: the hosts run it as separate processes.
-func buildCPB(t *testing.T) string {
-	t.Helper()
-	goTool := testreq.Tool(t, "go", "install Go (the test builds controlplane-bootstrap)")
-	buildOnce.Do(func() {
-		if buildDir, buildErr = os.MkdirTemp("", "cphosts-*"); buildErr != nil {
-			return
-		}
-		cmd := exec.Command(goTool, "build", "-o", filepath.Join(buildDir, "cpb"), "../../controlplane-bootstrap/cmd/controlplane-bootstrap")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go build controlplane-bootstrap: %v\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return filepath.Join(buildDir, "cpb")
 }
