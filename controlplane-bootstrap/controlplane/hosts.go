@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -188,6 +189,9 @@ func JoinControlPlane(ctx context.Context, opts JoinOptions) (*ControlPlane, err
 	if _, err := os.Stat(l.PKIDir()); err == nil {
 		return nil, fmt.Errorf("%s already holds a cluster PKI: this host is a control-plane host already (or was: reset it first)", dir)
 	}
+	if err := checkClock(ctx, opts.Server, time.Now); err != nil {
+		return nil, err
+	}
 	caPEM, err := discoverCA(ctx, opts.Server, opts.Token, opts.CAPin)
 	if err != nil {
 		return nil, err
@@ -249,6 +253,43 @@ func JoinControlPlane(ctx context.Context, opts JoinOptions) (*ControlPlane, err
 		return nil, fmt.Errorf("%w (this host's etcd member was removed again; run reset --dir %s before trying again)", err, dir)
 	}
 	return cp, nil
+}
+
+// maxClockSkew is how far this host's clock may be from the API server's when it joins:
+// less than the backdating of the certificates it issues itself (pki.Backdate), so that
+// the other hosts do not see them as not yet valid, and the token's expiry is judged
+// on one time.
+const maxClockSkew = pki.Backdate - time.Minute
+
+// checkClock compares now with the Date of server's answer (any answer; /healthz is
+// readable without credentials) and refuses a skew beyond maxClockSkew, naming it.
+func checkClock(ctx context.Context, server string, now func() time.Time) error {
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		// Only the Date header is read, before anything about the server is trusted.
+		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, //nolint:gosec
+	}}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+server+"/healthz", nil)
+	if err != nil {
+		return err
+	}
+	sent := now()
+	resp, err := client.Do(req)
+	if err != nil {
+		return fmt.Errorf("reach the API server at %s: %w", server, err)
+	}
+	resp.Body.Close()
+	theirs, err := http.ParseTime(resp.Header.Get("Date"))
+	if err != nil {
+		return nil // no Date to compare with: the certificates' own checks remain
+	}
+	// The server's Date is truncated to the second: compare with the middle of the round trip.
+	ours := sent.Add(now().Sub(sent) / 2)
+	skew := ours.Sub(theirs)
+	if skew < -maxClockSkew-time.Second || skew > maxClockSkew+time.Second {
+		return fmt.Errorf("this host's clock is %s %s the API server's at %s (more than %s): the certificates it issues would not yet be valid, or already expired, for the other hosts; fix its time sync (chrony, systemd-timesyncd) and join again",
+			skew.Abs().Round(time.Second), map[bool]string{true: "ahead of", false: "behind"}[skew > 0], server, maxClockSkew)
+	}
+	return nil
 }
 
 // discoverCA reads kube-public/cluster-info from server without trusting it yet, checks
