@@ -101,6 +101,42 @@ func TestEtcdLeaderLoss(t *testing.T) {
 
 	l.restart(leader)
 	l.waitMembers(3)
+
+	l.replace(l.hosts[2])
+	l.waitMembers(3)
+}
+
+// replace loses h for good (its processes killed, its directory gone, as with a dead
+// disk) and replaces it as docs/ha.md, "Replacing a control-plane host", says: from a
+// host that runs, the lost member is removed with etcdctl (etcd-env's credentials),
+// upload-certs prints a new join command, and the new machine, here the same name and
+// address on an empty directory, joins.
+func (l *lab) replace(h *host) {
+	l.t.Helper()
+	l.killAll(h)
+	if err := os.RemoveAll(h.dir); err != nil {
+		l.t.Fatal(err)
+	}
+	var id string
+	for start := time.Now(); id == "" && time.Since(start) < 30*time.Second; time.Sleep(time.Second) {
+		if m := regexp.MustCompile(`(?m)^` + h.name + `\s+([0-9a-f]+)\s+UNHEALTHY`).FindStringSubmatch(l.status(h)); m != nil {
+			id = m[1]
+		}
+	}
+	if id == "" {
+		l.t.Fatalf("status does not show %s's member UNHEALTHY:\n%s", h.name, l.status(h))
+	}
+	etcdctl, err := components.FindBinary(components.BinDir(""), "etcdctl")
+	if err != nil {
+		l.t.Fatal(err)
+	}
+	first := l.hosts[0]
+	script := fmt.Sprintf(`eval "$(%s etcd-env --dir %s)" && %s member remove %s`, l.bin, first.dir, etcdctl, id)
+	if out, err := l.env.Run(first.ns, "bash", "-c", script); err != nil || !strings.Contains(out, "removed from cluster") {
+		l.t.Fatalf("etcdctl member remove %s: %v\n%s", id, err, out)
+	}
+	l.join(h, l.uploadCerts())
+	l.t.Logf("%s lost for good (member %s removed with etcdctl), and replaced by a new machine that joined", h.name, id)
 }
 
 func newLab(t *testing.T) *lab {
@@ -396,11 +432,11 @@ func (l *lab) waitMembers(n int) {
 	for start := time.Now(); time.Since(start) < time.Minute; time.Sleep(time.Second) {
 		out = l.status(nil)
 		if strings.Contains(out, fmt.Sprintf("etcd: %d member(s)", n)) && strings.Count(out, " healthy ") == n && !strings.Contains(out, "learner") {
-			l.t.Logf("the killed host is back: %d healthy members", n)
+			l.t.Logf("%d healthy voting members", n)
 			return
 		}
 	}
-	l.t.Errorf("not %d healthy members a minute after the killed host started again:\n%s", n, out)
+	l.t.Errorf("not %d healthy voting members a minute after the host started:\n%s", n, out)
 }
 
 type syncBuffer struct {
