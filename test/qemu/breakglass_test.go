@@ -105,7 +105,7 @@ func debugNode(t *testing.T, kc func(string, ...string) (string, error), node st
 func waitPodDone(t *testing.T, r *Rack, pod string) {
 	t.Helper()
 	var p *corev1.Pod
-	waitFor(t, r.ctx, 3*time.Minute, "debug pod "+pod+" ended", func() bool {
+	waitFor(t, r.ctx, 6*time.Minute, "debug pod "+pod+" ended", func() bool {
 		var err error
 		p, err = r.admin.CoreV1().Pods("default").Get(r.ctx, pod, metav1.GetOptions{})
 		return err == nil && (p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed)
