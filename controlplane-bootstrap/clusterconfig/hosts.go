@@ -1,7 +1,6 @@
 package clusterconfig
 
 import (
-	"fmt"
 	"net/url"
 	"strings"
 )
@@ -58,12 +57,4 @@ func (e *EtcdJoin) validate(p *problems, self string) {
 	if !found {
 		p.add("etcd.join.initialCluster", "names no member %q (this host's nodeName)", self)
 	}
-}
-
-// String is "N control-plane host(s)".
-func (c ControlPlane) String() string {
-	if c.Hosts == 1 {
-		return "1 control-plane host"
-	}
-	return fmt.Sprintf("%d control-plane hosts", c.Hosts)
 }

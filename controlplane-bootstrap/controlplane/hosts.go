@@ -3,8 +3,6 @@ package controlplane
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"net"
@@ -316,11 +314,7 @@ func discoverCA(ctx context.Context, server, token, pin string) ([]byte, error) 
 		return nil, fmt.Errorf("cluster-info's kubeconfig: %w", err)
 	}
 	for _, c := range kc.Clusters {
-		block, _ := pem.Decode(c.CertificateAuthorityData)
-		if block == nil {
-			continue
-		}
-		cert, err := x509.ParseCertificate(block.Bytes)
+		cert, err := pki.DecodeCertPEM(c.CertificateAuthorityData)
 		if err != nil {
 			continue
 		}
@@ -376,7 +370,7 @@ func fetchRoots(ctx context.Context, server string, caPEM []byte, token, key str
 // etcdTLSFromRoots is an etcd client credential issued in memory by the shared etcd CA:
 // the joining host checks and changes the membership before it writes anything.
 func etcdTLSFromRoots(roots map[string][]byte) (*tls.Config, error) {
-	caCert, err := parseCertPEM(roots[clusterpki.EtcdCACert])
+	caCert, err := pki.DecodeCertPEM(roots[clusterpki.EtcdCACert])
 	if err != nil {
 		return nil, fmt.Errorf("the shared etcd CA: %w", err)
 	}
@@ -390,14 +384,6 @@ func etcdTLSFromRoots(roots map[string][]byte) (*tls.Config, error) {
 		return nil, err
 	}
 	return &tls.Config{RootCAs: ca.CertPool(), Certificates: []tls.Certificate{kp.TLSCertificate()}, MinVersion: tls.VersionTLS12}, nil
-}
-
-func parseCertPEM(b []byte) (*x509.Certificate, error) {
-	block, _ := pem.Decode(b)
-	if block == nil {
-		return nil, errors.New("no PEM certificate")
-	}
-	return x509.ParseCertificate(block.Bytes)
 }
 
 // checkRoomForMember refuses a member that would risk the cluster: one beyond
