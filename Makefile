@@ -117,7 +117,7 @@ e2e-slow: deps ## build the NVIDIA images with their kernel modules (about 20 mi
 	PATH="$(TOOLS):$$PATH" GPURACK_E2E_SLOW=1 $(GO) test $(TEST_FLAGS) -v -run 'TestNvidiaImages' ./imagebuilder/cmd/gpuimage/
 
 .PHONY: bench
-bench: bench-go bench-pxe bench-image bench-node bench-storage bench-gpu bench-rack bench-etcd bench-doc ## every benchmark; writes docs/benchmarks.md, one section per target
+bench: bench-go bench-pxe bench-image bench-node bench-storage bench-gpu bench-rack bench-etcd bench-inventory bench-doc ## every benchmark; writes docs/benchmarks.md, one section per target
 
 .PHONY: bench-doc
 bench-doc: ## reassemble docs/benchmarks.md from the sections in docs/bench/ (each bench-* target does this too)
@@ -142,6 +142,10 @@ bench-storage: deps ## the QEMU node: a gpurack-local volume against its data di
 .PHONY: bench-etcd
 bench-etcd: deps ## etcd's write latency (p50, p99, Puts/s) with 3 members against 1, fsync on, alternating (about 1 min; ETCD_RUNS=3)
 	PATH="$(TOOLS):$$PATH" test/bench/etcd.sh
+
+.PHONY: bench-inventory
+bench-inventory: deps ## gpuboot's Register into bbolt against the cluster store (Machine objects in a real apiserver), alternating (about 2 min; INVENTORY_RUNS=3)
+	PATH="$(TOOLS):$$PATH" test/bench/inventory.sh
 
 .PHONY: bench-gpu
 bench-gpu: deps ## a withdrawn GPU in the apiserver (kubelet status 1 s against 10 s) and Allocate p99, on a real kubelet (about 3 min)

@@ -38,6 +38,7 @@ import (
 	"github.com/gpurack/gpurack/controlplane-bootstrap/joinconfig"
 	"github.com/gpurack/gpurack/controlplane-bootstrap/localvolumes"
 	"github.com/gpurack/gpurack/internal/atomicfile"
+	"github.com/gpurack/gpurack/pxe/inventory/kubestore"
 )
 
 // Mode is how the components run.
@@ -553,7 +554,7 @@ func (cp *ControlPlane) Clientset() (*kubernetes.Clientset, error) {
 
 // applyJoinMaterial applies joinconfig.Objects, the cluster DNS
 // (clusterdns.Objects) and the node-local volumes' objects
-// (localvolumes.Objects), retrying while the apiserver finishes its own
+// (localvolumes.Objects) and gpuboot's Machine CRD (kubestore.CRD), retrying while the apiserver finishes its own
 // bootstrap (default RBAC, namespaces), and waits until their admission
 // policies are enforced.
 func (cp *ControlPlane) applyJoinMaterial(ctx context.Context) error {
@@ -576,9 +577,17 @@ func (cp *ControlPlane) applyJoinMaterial(ctx context.Context) error {
 	objs = append(objs, dns...)
 	objs = append(objs, localvolumes.Objects()...)
 	objs = append(objs, monitoringObjects(cp.Config)...)
+	crd, err := kubestore.CRD()
+	if err != nil {
+		return err
+	}
+	objs = append(objs, joinconfig.Object{GVR: gvrCRD, Obj: crd})
 	err = applyRetrying(ctx, dyn, objs)
 	if err != nil {
 		return fmt.Errorf("apply join material: %w", err)
+	}
+	if err := waitEstablished(ctx, dyn, kubestore.CRDName); err != nil {
+		return err
 	}
 	if err := joinconfig.WaitEnrollerPolicy(ctx, cfg); err != nil {
 		return err

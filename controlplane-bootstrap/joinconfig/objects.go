@@ -30,6 +30,7 @@ import (
 	"github.com/gpurack/gpurack/controlplane-bootstrap/clusterconfig"
 	"github.com/gpurack/gpurack/controlplane-bootstrap/clusterpki"
 	"github.com/gpurack/gpurack/internal/nodecontract"
+	"github.com/gpurack/gpurack/pxe/inventory/kubestore"
 )
 
 // Well-known names, equal to kubeadm's where kubeadm has one.
@@ -252,7 +253,11 @@ func enrollerObjects() []Object {
 			// gpuboot reads the cluster's networking facts (pod and service subnets,
 			// DNS domain, control-plane endpoint) from the kubeadm-config ConfigMap
 			// and no other (decision 0672).
-			rbacv1.PolicyRule{Verbs: []string{"get"}, APIGroups: []string{""}, Resources: []string{"configmaps"}, ResourceNames: []string{KubeadmConfigMap}}),
+			rbacv1.PolicyRule{Verbs: []string{"get"}, APIGroups: []string{""}, Resources: []string{"configmaps"}, ResourceNames: []string{KubeadmConfigMap}},
+			// Replicas of gpuboot on the cluster store elect the one that runs the
+			// node controller with this Lease (decision 0704).
+			rbacv1.PolicyRule{Verbs: []string{"create"}, APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}},
+			rbacv1.PolicyRule{Verbs: []string{"get", "update"}, APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, ResourceNames: []string{kubestore.LeaseName}}),
 		RoleBinding(metav1.NamespaceSystem, "gpurack:enroller", User(EnrollerUser)),
 		ClusterRole("gpurack:enroller",
 			// gpuboot's node controller watches Nodes, reads one afresh when its
@@ -267,7 +272,12 @@ func enrollerObjects() []Object {
 			// it lists the node's pods and evicts them through the eviction API,
 			// which honours PodDisruptionBudgets; it cannot delete a pod.
 			rbacv1.PolicyRule{Verbs: []string{"list"}, APIGroups: []string{""}, Resources: []string{"pods"}},
-			rbacv1.PolicyRule{Verbs: []string{"create"}, APIGroups: []string{""}, Resources: []string{"pods/eviction"}}),
+			rbacv1.PolicyRule{Verbs: []string{"create"}, APIGroups: []string{""}, Resources: []string{"pods/eviction"}},
+			// gpuboot's inventory on the cluster store (pxe/inventory/kubestore,
+			// decision 0704): Machines are written through their status only; no
+			// delete, so no gpuboot can erase a machine's record.
+			rbacv1.PolicyRule{Verbs: []string{"get", "list", "watch", "create"}, APIGroups: []string{"inventory.gpurack.io"}, Resources: []string{"machines"}},
+			rbacv1.PolicyRule{Verbs: []string{"update"}, APIGroups: []string{"inventory.gpurack.io"}, Resources: []string{"machines/status"}}),
 		ClusterRoleBinding("gpurack:enroller", "gpurack:enroller", User(EnrollerUser)),
 		enrollerPolicy(EnrollerPolicy, []string{"secrets"}, append([]admissionv1.Variable{{
 			Name:       "secret",

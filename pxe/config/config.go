@@ -49,6 +49,7 @@ type Config struct {
 	DefaultRack string            `yaml:"defaultRack"`
 	Selectors   []policy.Selector `yaml:"selectors"`
 	Cluster     Cluster           `yaml:"cluster"`
+	Inventory   Inventory         `yaml:"inventory"`
 	Admin       Admin             `yaml:"admin"`
 	Metrics     Metrics           `yaml:"metrics"`
 	// LogLevel: debug, info (default), warn, error.
@@ -59,6 +60,21 @@ type Config struct {
 	// pos locates fields in Source for Validate's errors; nil for a Config built in code.
 	pos strictyaml.Positions
 }
+
+// Inventory says where gpuboot keeps its machines (docs/contracts.md §21).
+type Inventory struct {
+	// Store: bbolt (default), the file STATEDIR/inventory.db of one gpuboot; or
+	// cluster, Machine objects in the cluster that cluster.kubeconfig reaches, which
+	// several gpuboot replicas share (decision 0704). `gpuboot inventory migrate`
+	// moves a bbolt inventory into the cluster.
+	Store string `yaml:"store"`
+}
+
+// Inventory stores.
+const (
+	InventoryBolt    = "bbolt"
+	InventoryCluster = "cluster"
+)
 
 // Listen are the listener addresses (CONTRACTS §3).
 type Listen struct {
@@ -332,6 +348,9 @@ func (c *Config) applyDefaults() {
 	if c.DefaultRack == "" && len(c.Racks) == 1 {
 		c.DefaultRack = c.Racks[0].Name
 	}
+	if c.Inventory.Store == "" {
+		c.Inventory.Store = InventoryBolt
+	}
 	if c.Cluster.UnhealthyEffect == "" {
 		c.Cluster.UnhealthyEffect = "NoSchedule"
 	}
@@ -381,10 +400,24 @@ func (c *Config) Validate() error {
 	c.validateRacks(bad)
 	c.validateCluster(bad)
 	c.validateMetrics(bad)
+	c.validateInventory(bad)
 	if len(errs) > 0 {
 		return errs.Sorted()
 	}
 	return nil
+}
+
+// validateInventory checks the inventory store: the cluster store needs the cluster.
+func (c *Config) validateInventory(bad badField) {
+	switch c.Inventory.Store {
+	case InventoryBolt:
+	case InventoryCluster:
+		if c.Cluster.Kubeconfig == "" {
+			bad("inventory.store", "cluster needs cluster.kubeconfig (the enroller kubeconfig): the machines are kept in that cluster")
+		}
+	default:
+		bad("inventory.store", "%q: use bbolt (one gpuboot, STATEDIR/inventory.db) or cluster (Machine objects several gpuboot replicas share)", c.Inventory.Store)
+	}
 }
 
 // badField records one problem: the field and what to fix.

@@ -49,7 +49,7 @@ func TestDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.DHCP.Mode != "proxy" || c.Enrollment.UnknownMachines != "discover" || c.Enrollment.Reenroll != "auto" || c.Enrollment.Identity != "mac-uuid-serial" ||
-		c.Policy.Approval != "manual" || c.DefaultRack != "r1" || !c.DHCPEnabled() || c.Admin.TokensFile != "/var/lib/gpuboot/operator-tokens" {
+		c.Policy.Approval != "manual" || c.DefaultRack != "r1" || c.Inventory.Store != InventoryBolt || !c.DHCPEnabled() || c.Admin.TokensFile != "/var/lib/gpuboot/operator-tokens" {
 		t.Fatalf("defaults: %+v", c)
 	}
 }
@@ -101,6 +101,8 @@ func TestErrors(t *testing.T) {
 		{minimal + "cluster: {registry: '10.0.0.2:5000/team'}\n", `g.yaml:6: cluster.registry: "10.0.0.2:5000/team"`},
 		{minimal + "cluster: {apiServers: ['https://10.0.0.3:6443']}\n", `cluster.apiServers[0]: "https://10.0.0.3:6443": give each API server as HOST:PORT`},
 		{minimal + "cluster: {apiServers: ['10.0.0.3:6443', '10.0.0.3:6443']}\n", `cluster.apiServers[1]: "10.0.0.3:6443" is listed twice`},
+		{minimal + "inventory: {store: etcd}\n", `g.yaml:6: inventory.store: "etcd": use bbolt`},
+		{minimal + "inventory: {store: cluster}\n", "g.yaml:6: inventory.store: cluster needs cluster.kubeconfig"},
 	}
 	for _, c := range cases {
 		_, err := Parse("g.yaml", []byte(c.yaml))

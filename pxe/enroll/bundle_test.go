@@ -8,10 +8,13 @@ import (
 	"slices"
 	"testing"
 
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
 
 	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
 	"github.com/gpurack/gpurack/internal/pki"
+	"github.com/gpurack/gpurack/pxe/inventory"
 )
 
 // TestBundleCertificateContent pins the agent certificate a JoinBundle carries
@@ -84,4 +87,38 @@ func TestObservedIPs(t *testing.T) {
 	if got := observedIPs(context.Background()); got != nil {
 		t.Errorf("observedIPs without a peer = %v; want none", got)
 	}
+}
+
+// TestReapproveLostBundle: a bundle released to a key whose answer never arrived (the
+// gpuboot that released it died) leaves the agent with BUNDLE_RELEASED. An operator's
+// approval of the joining machine lets the same key fetch a new bundle with a new
+// token; the first token stays spent.
+func TestReapproveLostBundle(t *testing.T) {
+	e := newEnv(t, nil)
+	mac := "52:54:00:00:00:53"
+	a := e.agent(mac, "SN53")
+	a.mustRegister(bootv1.RegisterStatus_REGISTER_STATUS_PENDING)
+	e.approve(mac)
+	r := a.mustRegister(bootv1.RegisterStatus_REGISTER_STATUS_APPROVED)
+	if _, err := a.bundle(r.Token, r.Challenge); err != nil { // the answer is "lost"
+		t.Fatal(err)
+	}
+	a.mustRegister(bootv1.RegisterStatus_REGISTER_STATUS_BUNDLE_RELEASED)
+	if m := e.approve(mac); m.State != inventory.Approved || m.BoundKey != a.fp() {
+		t.Fatalf("re-approved: %s bound %q, want approved bound to the agent's key", m.State, m.BoundKey)
+	}
+	r2 := a.mustRegister(bootv1.RegisterStatus_REGISTER_STATUS_APPROVED)
+	if r2.Token == r.Token {
+		t.Fatal("re-approval gave the spent token again")
+	}
+	if _, err := a.bundle(r.Token, r.Challenge); status.Code(err) != codes.NotFound {
+		t.Fatalf("the first token after re-approval: %v, want NotFound", err)
+	}
+	if _, err := a.bundle(r2.Token, r2.Challenge); err != nil {
+		t.Fatal(err)
+	}
+	if m := e.machine(mac); m.State != inventory.Joining || len(m.AgentCertSerials) != 2 {
+		t.Fatalf("after the second bundle: %s with %d certificates, want joining with 2", m.State, len(m.AgentCertSerials))
+	}
+	e.checkHistory(mac)
 }

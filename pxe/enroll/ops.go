@@ -64,7 +64,9 @@ type ApproveOptions = machineops.ApproveOptions
 
 // Approve lets a machine join (CONTRACTS §2.4): registered → approved binding the live
 // registration's key; discovered → approved (pre-approval: the first key that
-// registers is bound); rejected → approved.
+// registers is bound); rejected → approved; joining → approved, for an agent whose
+// JoinBundle answer was lost after the release was recorded (its Register answers
+// BUNDLE_RELEASED, decision 0704): the live key may fetch a new bundle, with a new token.
 func (s *Service) Approve(ctx context.Context, ref string, o ApproveOptions) (*inventory.Machine, error) {
 	m, err := s.Resolve(ctx, ref)
 	if err != nil {
@@ -91,12 +93,16 @@ func (s *Service) Approve(ctx context.Context, ref string, o ApproveOptions) (*i
 	return s.update(ctx, m.ID, func(m *inventory.Machine) ([]inventory.Transition, error) {
 		switch m.State {
 		case inventory.Discovered, inventory.Registered, inventory.Rejected:
+		case inventory.Joining:
+			for i := range m.Keys {
+				m.Keys[i].BundleReleased = false
+			}
 		default:
 			hint := ""
 			if m.State == inventory.Decommissioned {
 				hint = " (a decommissioned machine that boots again starts over as discovered: approve it then)"
 			}
-			return nil, fmt.Errorf("%w: machine %s is %s; approve works on discovered, registered or rejected machines%s", ErrPrecondition, m.ID, m.State, hint)
+			return nil, fmt.Errorf("%w: machine %s is %s; approve works on discovered, registered, rejected or joining machines%s", ErrPrecondition, m.ID, m.State, hint)
 		}
 		var live []inventory.Key
 		for _, k := range m.Keys {

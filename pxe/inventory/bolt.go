@@ -113,7 +113,7 @@ func (s *BoltStore) Create(_ context.Context, m *Machine, ts ...Transition) erro
 	if m.ID == "" || m.Identity.MAC == "" {
 		return fmt.Errorf("create machine: id and identity MAC are required")
 	}
-	if err := checkChain(m.ID, None, m.State, ts); err != nil {
+	if err := CheckChain(m.ID, None, m.State, ts); err != nil {
 		return fmt.Errorf("create machine %s: %w", m.ID, err)
 	}
 	err := s.db.Update(func(tx *bolt.Tx) error {
@@ -252,7 +252,7 @@ func (s *BoltStore) Update(_ context.Context, id string, fn func(*Machine) ([]Tr
 		if m.ID != old.ID || m.Identity != old.Identity {
 			return fmt.Errorf("update machine %s: the id and identity of a machine never change", id)
 		}
-		if err := checkChain(id, old.State, m.State, ts); err != nil {
+		if err := CheckChain(id, old.State, m.State, ts); err != nil {
 			return fmt.Errorf("update machine %s: %w", id, err)
 		}
 		if len(ts) == 0 {
@@ -320,22 +320,28 @@ func (s *BoltStore) History(_ context.Context, id string) ([]Transition, error) 
 		return hist.ForEachBucket(func(k []byte) error { return read(hist.Bucket(k)) })
 	})
 	if id == "" {
-		sort.SliceStable(out, func(i, j int) bool {
-			if !out[i].Time.Equal(out[j].Time) {
-				return out[i].Time.Before(out[j].Time)
-			}
-			if out[i].MachineID != out[j].MachineID {
-				return out[i].MachineID < out[j].MachineID
-			}
-			return out[i].Seq < out[j].Seq
-		})
+		SortHistory(out)
 	}
 	return out, err
 }
 
-// checkChain verifies that ts moves a machine from → to through allowed transitions
-// and action records (Transition.legal).
-func checkChain(id string, from, to State, ts []Transition) error {
+// SortHistory orders several machines' transitions by time, then machine id, then
+// sequence: the order History("") returns them in.
+func SortHistory(ts []Transition) {
+	sort.SliceStable(ts, func(i, j int) bool {
+		if !ts[i].Time.Equal(ts[j].Time) {
+			return ts[i].Time.Before(ts[j].Time)
+		}
+		if ts[i].MachineID != ts[j].MachineID {
+			return ts[i].MachineID < ts[j].MachineID
+		}
+		return ts[i].Seq < ts[j].Seq
+	})
+}
+
+// CheckChain verifies that ts moves machine id from → to through allowed transitions
+// and action records (Transition.legal). Every Store checks a write with it.
+func CheckChain(id string, from, to State, ts []Transition) error {
 	cur := from
 	for _, t := range ts {
 		if t.MachineID != id {

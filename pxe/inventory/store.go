@@ -46,6 +46,9 @@ type Store interface {
 	// Update reads the machine with id, calls fn with a copy, and writes the copy
 	// back with the transitions fn returns, atomically. If fn returns an error nothing
 	// is written and Update returns it. The identity of a machine never changes.
+	// A store shared by several gpuboot replicas (kubestore) calls fn again, on a
+	// fresh copy, when another writer changed the machine first: fn changes the copy
+	// and nothing else.
 	Update(ctx context.Context, id string, fn func(*Machine) ([]Transition, error)) (*Machine, error)
 	// History returns the transitions of the machine with id (every machine's when id
 	// is empty), oldest first.

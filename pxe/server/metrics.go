@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/encoding/protowire"
@@ -115,6 +116,27 @@ func (c *countingStore) move(from, to machineClass) {
 	}
 	c.counts[to]++
 }
+
+// recount replaces the counts with a full read of the store. A store other gpuboot
+// replicas write (kubestore) changes behind this one's back, so it is recounted
+// every recountEvery.
+func (c *countingStore) recount(ctx context.Context) error {
+	all, err := c.Store.List(ctx)
+	if err != nil {
+		return fmt.Errorf("count machines by state: %w", err)
+	}
+	counts := map[machineClass]int{}
+	for _, m := range all {
+		counts[classOf(m)]++
+	}
+	c.mu.Lock()
+	c.counts = counts
+	c.mu.Unlock()
+	return nil
+}
+
+// recountEvery is how often a shared store's counts are read again.
+const recountEvery = 30 * time.Second
 
 // byClass returns a copy of the counts.
 func (c *countingStore) byClass() map[machineClass]int {

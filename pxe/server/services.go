@@ -29,6 +29,7 @@ import (
 	"github.com/gpurack/gpurack/pxe/httpboot"
 	"github.com/gpurack/gpurack/pxe/identity"
 	"github.com/gpurack/gpurack/pxe/inventory"
+	"github.com/gpurack/gpurack/pxe/inventory/kubestore"
 	"github.com/gpurack/gpurack/pxe/nodecontrol"
 	"github.com/gpurack/gpurack/pxe/policy"
 	"github.com/gpurack/gpurack/pxe/rollout"
@@ -48,8 +49,10 @@ type gpuboot struct {
 	// `gpuboot certs server` writes (read again when the files change).
 	serverCert *serverCertificate
 	revoked    *pki.RevocationList
-	// inventory
-	store *countingStore
+	// inventory; shared is the cluster store when inventory.store is cluster (other
+	// replicas write it too), nil with bbolt
+	store  *countingStore
+	shared *kubestore.Store
 	// policy
 	policy  policy.Policy
 	ekRoots *enroll.EKRoots
@@ -125,9 +128,14 @@ func (g *gpuboot) startPKI(context.Context) (started, error) {
 	return started{}, nil
 }
 
-// startInventory opens the bbolt inventory; every write goes through the counting
-// store, which keeps the machines-by-state gauge.
+// startInventory opens the inventory: the bbolt file, or the cluster store
+// (inventory.store: cluster). Every write goes through the counting store, which keeps
+// the machines-by-state gauge; a cluster store, which other replicas write too, is
+// recounted every recountEvery.
 func (g *gpuboot) startInventory(ctx context.Context) (started, error) {
+	if g.cfg.Inventory.Store == config.InventoryCluster {
+		return g.startClusterInventory(ctx)
+	}
 	bolt, err := inventory.OpenBolt(g.cfg.InventoryPath())
 	if err != nil {
 		return started{}, err
@@ -137,6 +145,35 @@ func (g *gpuboot) startInventory(ctx context.Context) (started, error) {
 		return started{}, err
 	}
 	return started{release: func() { bolt.Close() }}, nil
+}
+
+func (g *gpuboot) startClusterInventory(ctx context.Context) (started, error) {
+	if _, err := os.Stat(g.cfg.InventoryPath()); err == nil {
+		g.log.Warn("inventory.store is cluster: the bbolt inventory in the state directory is not read (move it with `gpuboot inventory migrate`)", "file", g.cfg.InventoryPath())
+	}
+	ks, err := OpenClusterStore(ctx, g.cfg.Cluster.Kubeconfig)
+	if err != nil {
+		return started{}, err
+	}
+	g.shared = ks
+	if g.store, err = newCountingStore(ctx, ks); err != nil {
+		return started{}, err
+	}
+	recount := func() error {
+		t := time.NewTicker(recountEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-t.C:
+				if err := g.store.recount(ctx); err != nil && ctx.Err() == nil {
+					g.log.Warn("machines by state not recounted", "err", err)
+				}
+			}
+		}
+	}
+	return started{loops: []loop{{name: "inventory recount", run: recount}}}, nil
 }
 
 func (g *gpuboot) startPolicy(context.Context) (started, error) {
@@ -269,9 +306,19 @@ func (g *gpuboot) startNodeController(ctx context.Context) (started, error) {
 	if g.cfg.Cluster.ClearAfter != 0 {
 		g.log.Warn("cluster.clearAfter is ignored: the taint follows GPUHealthy and the agent's --clear-after is the only hysteresis (decision 0205); remove it from the configuration")
 	}
-	ctl := nodecontrol.NewController(g.cluster, g.enroll, nodecontrol.Options{
-		Queue: g.nodes, Effect: corev1Effect(g.cfg.Cluster.UnhealthyEffect), Log: g.log})
-	return started{loops: []loop{{name: "node controller", run: func() error { return ctl.Run(ctx) }}}}, nil
+	newController := func() *nodecontrol.Controller {
+		return nodecontrol.NewController(g.cluster, g.enroll, nodecontrol.Options{
+			Queue: g.nodes, Effect: corev1Effect(g.cfg.Cluster.UnhealthyEffect), Log: g.log})
+	}
+	if g.shared == nil {
+		ctl := newController()
+		return started{loops: []loop{{name: "node controller", run: func() error { return ctl.Run(ctx) }}}}, nil
+	}
+	run, err := g.electedNodeController(ctx, newController)
+	if err != nil {
+		return started{}, err
+	}
+	return started{loops: []loop{{name: "node controller", run: run}}}, nil
 }
 
 func (g *gpuboot) startMetrics(context.Context) (started, error) {

@@ -154,7 +154,7 @@ func newMachinesApproveCommand(f *clientFlags) *cobra.Command {
 	var reason, nodeName, apRack, slot string
 	approve := &cobra.Command{
 		Use:   "approve MACHINE [--reason R] [--node-name N] [--rack R] [--slot S]",
-		Short: "Approve a machine: it gets its JoinBundle once, for the key shown by `machines show`",
+		Short: "Approve a machine: it gets its JoinBundle once, for the key shown by `machines show` (again for a joining machine whose agent lost it)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return f.call(func(ctx context.Context, c bootv1.AdminServiceClient) error {

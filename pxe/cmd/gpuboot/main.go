@@ -32,6 +32,6 @@ certificate required). See docs/enrollment.md.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newInitCommand(), newCertsCommand(), newServeCommand(), newMachinesCommand(), newRackCommand(), newGossipCommand(), newOperatorsCommand(), newConfigCommand(), newRolloutCommand())
+	root.AddCommand(newInitCommand(), newCertsCommand(), newServeCommand(), newMachinesCommand(), newRackCommand(), newGossipCommand(), newOperatorsCommand(), newConfigCommand(), newRolloutCommand(), newInventoryCommand())
 	return root
 }
