@@ -32,9 +32,6 @@ func OpenClusterStore(ctx context.Context, kubeconfig string) (*kubestore.Store,
 		return nil, fmt.Errorf("inventory in the cluster: kubeconfig %s: %w", kubeconfig, err)
 	}
 	cfg.UserAgent = "gpuboot"
-	// Every Register, heartbeat and report is a status update: an enrollment storm of a
-	// rack needs more than client-go's default 5 requests a second.
-	cfg.QPS, cfg.Burst = 200, 400
 	ks, err := kubestore.New(cfg)
 	if err != nil {
 		return nil, err

@@ -113,9 +113,21 @@ type Store struct {
 	writes, conflicts atomic.Uint64
 }
 
-// New returns the store reached with cfg (gpuboot's enroller kubeconfig). It reads
-// nothing; Check does.
+// ClientQPS and ClientBurst bound the requests a store's client sends: a first Register
+// is about four (a read by name, a list by id, the object, its status), and an
+// enrollment storm of a rack of new machines is hundreds a second. client-go's default
+// (5 a second) would queue a rack behind it; the apiserver's priority and fairness
+// still protects it from one gpuboot.
+const (
+	ClientQPS   = 1000
+	ClientBurst = 2000
+)
+
+// New returns the store reached with cfg (gpuboot's enroller kubeconfig), its client
+// bounded to ClientQPS. It reads nothing; Check does.
 func New(cfg *rest.Config) (*Store, error) {
+	cfg = rest.CopyConfig(cfg)
+	cfg.QPS, cfg.Burst = ClientQPS, ClientBurst
 	c, err := dynamic.NewForConfig(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("inventory in the cluster: %w", err)

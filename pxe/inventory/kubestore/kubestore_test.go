@@ -30,7 +30,6 @@ func enrollerStore(t *testing.T) *kubestore.Store {
 	t.Helper()
 	c := testcluster.Shared(t)
 	cfg := testcluster.RESTConfigFrom(t, c.EnrollerKubeconfig)
-	cfg.QPS, cfg.Burst = 200, 400
 	s, err := kubestore.New(cfg)
 	if err != nil {
 		t.Fatal(err)
