@@ -10,11 +10,13 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -32,6 +34,7 @@ import (
 	"github.com/gpurack/gpurack/controlplane-bootstrap/testcluster/cpbbin"
 	"github.com/gpurack/gpurack/internal/netnstest"
 	"github.com/gpurack/gpurack/internal/testreq"
+	"github.com/gpurack/gpurack/test/runbooks"
 )
 
 // The lab's addresses: one /24 on one bridge; host i is .1i, the API's floating
@@ -107,37 +110,74 @@ func TestEtcdLeaderLoss(t *testing.T) {
 }
 
 // replace loses h for good (its processes killed, its directory gone, as with a dead
-// disk) and replaces it as docs/ha.md, "Replacing a control-plane host", says: from a
-// host that runs, the lost member is removed with etcdctl (etcd-env's credentials),
-// upload-certs prints a new join command, and the new machine, here the same name and
-// address on an empty directory, joins.
+// disk) and replaces it by running docs/ha.md's runbook "replace-control-plane-host"
+// as written: its blocks, read from the page, run with bash in the first host's
+// namespace (/var/lib/gpurack/cp standing for its directory), except the join, which
+// runs as the test's stand-in on h (in the foreground, with the arguments the page's
+// upload-certs step printed): a new machine of the same name and address.
 func (l *lab) replace(h *host) {
 	l.t.Helper()
 	l.killAll(h)
 	if err := os.RemoveAll(h.dir); err != nil {
 		l.t.Fatal(err)
 	}
-	var id string
-	for start := time.Now(); id == "" && time.Since(start) < 30*time.Second; time.Sleep(time.Second) {
-		if m := regexp.MustCompile(`(?m)^` + h.name + `\s+([0-9a-f]+)\s+UNHEALTHY`).FindStringSubmatch(l.status(h)); m != nil {
-			id = m[1]
-		}
+	data, err := os.ReadFile(filepath.Join("..", "..", haDoc))
+	if err != nil {
+		l.t.Fatal(err)
 	}
-	if id == "" {
-		l.t.Fatalf("status does not show %s's member UNHEALTHY:\n%s", h.name, l.status(h))
+	rbs, err := runbooks.Parse(string(data))
+	if err != nil {
+		l.t.Fatalf("%s: %v", haDoc, err)
+	}
+	i := slices.IndexFunc(rbs, func(rb runbooks.Runbook) bool { return rb.Name == "replace-control-plane-host" })
+	if i < 0 {
+		l.t.Fatalf("%s tags no runbook replace-control-plane-host", haDoc)
 	}
 	etcdctl, err := components.FindBinary(components.BinDir(""), "etcdctl")
 	if err != nil {
 		l.t.Fatal(err)
 	}
 	first := l.hosts[0]
-	script := fmt.Sprintf(`eval "$(%s etcd-env --dir %s)" && %s member remove %s`, l.bin, first.dir, etcdctl, id)
-	if out, err := l.env.Run(first.ns, "bash", "-c", script); err != nil || !strings.Contains(out, "removed from cluster") {
-		l.t.Fatalf("etcdctl member remove %s: %v\n%s", id, err, out)
+	prelude := "export PATH=" + filepath.Dir(l.bin) + ":" + filepath.Dir(etcdctl) + ":$PATH"
+	values := map[string]string{"LOST": h.name}
+	for _, st := range rbs[i].Steps {
+		if st.Instead == "join-in-the-foreground" {
+			l.join(h, append([]string{"join", "--control-plane"}, strings.Fields(values["JOIN"])...))
+			continue
+		}
+		text := strings.ReplaceAll(runbooks.Substitute(st.Text, values, shellQuote), "/var/lib/gpurack/cp", first.dir)
+		maps.Copy(values, l.runStep(first, st, prelude, text, values))
 	}
-	l.join(h, l.uploadCerts())
-	l.t.Logf("%s lost for good (member %s removed with etcdctl), and replaced by a new machine that joined", h.name, id)
+	l.t.Logf("%s lost for good (member %s removed with etcdctl) and replaced by a new machine, as %s says", h.name, values["ID"], haDoc)
 }
+
+// haDoc is the page whose replacement runbook replace runs.
+const haDoc = "docs/ha.md"
+
+// runStep runs one step of the page in h's namespace until its expectations hold (once,
+// or until its retry= has passed) and returns what it captured.
+func (l *lab) runStep(h *host, st runbooks.Step, prelude, text string, values map[string]string) map[string]string {
+	l.t.Helper()
+	deadline := time.Now().Add(st.Retry)
+	for {
+		out, err := l.env.Run(h.ns, "bash", "-c", runbooks.Script(haDoc, st, prelude, text))
+		exit := 0
+		if err != nil {
+			exit = 1
+		}
+		problems, captured := runbooks.Judge(haDoc, st, out, exit, values)
+		if len(problems) == 0 {
+			return captured
+		}
+		if time.Now().After(deadline) {
+			l.t.Fatalf("%s:%d, as written:\n%s\n%s\n%s", haDoc, st.Line, text, strings.Join(problems, "\n"), out)
+		}
+		time.Sleep(time.Second)
+	}
+}
+
+// shellQuote quotes a value for bash.
+func shellQuote(v string) string { return "'" + strings.ReplaceAll(v, "'", `'\''`) + "'" }
 
 func newLab(t *testing.T) *lab {
 	t.Helper()
