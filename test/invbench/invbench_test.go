@@ -25,6 +25,7 @@ import (
 
 	bootv1 "github.com/gpurack/gpurack/api/boot/v1"
 	machinev1 "github.com/gpurack/gpurack/api/machine/v1"
+	"github.com/gpurack/gpurack/controlplane-bootstrap/clusterconfig"
 	"github.com/gpurack/gpurack/controlplane-bootstrap/testcluster"
 	"github.com/gpurack/gpurack/internal/pki"
 	"github.com/gpurack/gpurack/internal/testreq"
@@ -125,7 +126,11 @@ func pct(lat []time.Duration, p float64) float64 {
 func TestInventoryRegister(t *testing.T) {
 	testreq.OptIn(t, "GPURACK_BENCH_INVENTORY", "a benchmark of a few minutes against a real apiserver; make bench-inventory runs it")
 	runs, n := envInt("INVENTORY_RUNS", 3), envInt("INVENTORY_MACHINES", 300)
-	c := testcluster.Shared(t)
+	// etcd with fsync, as on a control-plane host (testcluster turns it off by default),
+	// so that both stores commit to the disk.
+	c := testcluster.NewWith(t, testcluster.Options{Configure: func(cfg *clusterconfig.Config) {
+		delete(cfg.Etcd.ExtraArgs, "unsafe-no-fsync")
+	}})
 	cfg := testcluster.RESTConfigFrom(t, c.EnrollerKubeconfig)
 	for r := range runs {
 		order := []string{"bbolt", "cluster"}
