@@ -284,8 +284,9 @@ func checkClock(ctx context.Context, server string, now func() time.Time) error 
 	ours := sent.Add(now().Sub(sent) / 2)
 	skew := ours.Sub(theirs)
 	if skew < -maxClockSkew-time.Second || skew > maxClockSkew+time.Second {
-		return fmt.Errorf("this host's clock is %s %s the API server's at %s (more than %s): the certificates it issues would not yet be valid, or already expired, for the other hosts; fix its time sync (chrony, systemd-timesyncd) and join again",
-			skew.Abs().Round(time.Second), map[bool]string{true: "ahead of", false: "behind"}[skew > 0], server, maxClockSkew)
+		// A whole-second Date measures the skew to a second: it is said to 10 s.
+		return fmt.Errorf("this host's clock is about %s %s the API server's at %s (more than %s): the certificates it issues would not yet be valid, or already expired, for the other hosts; fix its time sync (chrony, systemd-timesyncd) and join again",
+			skew.Abs().Round(10*time.Second), map[bool]string{true: "ahead of", false: "behind"}[skew > 0], server, maxClockSkew)
 	}
 	return nil
 }
