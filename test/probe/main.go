@@ -9,10 +9,15 @@
 //	                                the answer has the status and connectMicros)
 //	probe resolve NAME [WANT]       print NAME's addresses; exit 1 if it does not resolve
 //	                                (or, with WANT, if WANT is not among them)
-//	probe fetch URL...              GET each URL, print URL, status and the TCP connect
+//	probe fetch [--patience D] URL...
+//	                                GET each URL, print URL, status and the TCP connect
 //	                                time (the first packet's round trip); exit 1 on no
-//	                                answer. The lines also go to the pod's termination
-//	                                message (/dev/termination-log), for a test to read.
+//	                                answer. With --patience, a URL that does not answer
+//	                                is tried again over a new connection until D has
+//	                                passed since the probe started, and its line says
+//	                                how many tries it took. The lines also go to the
+//	                                pod's termination message (/dev/termination-log),
+//	                                for a test to read.
 //	probe restart UNIT...           restart the host's systemd units through the system
 //	                                bus (a pod that mounts the host's /run/dbus, as
 //	                                root), each waited for; exit 1 if one fails
@@ -161,30 +166,67 @@ func restartCommand(args []string, stdout io.Writer, _ string) error {
 }
 
 func fetchCommand(args []string, stdout io.Writer, termLog string) error {
-	if len(args) == 0 {
-		return errors.New("usage: probe fetch URL [URL]")
+	usage := errors.New("usage: probe fetch [--patience DURATION] URL [URL]")
+	var patience time.Duration
+	if len(args) > 0 && args[0] == "--patience" {
+		if len(args) < 2 {
+			return usage
+		}
+		d, err := time.ParseDuration(args[1])
+		if err != nil || d <= 0 {
+			return fmt.Errorf("probe fetch: --patience %q: want a duration such as 90s", args[1])
+		}
+		patience, args = d, args[2:]
 	}
+	if len(args) == 0 {
+		return usage
+	}
+	until := time.Now().Add(patience)
 	// Every URL is tried, each with its own limit, so that one failure still
 	// says how the others went.
 	var out strings.Builder
 	failed := 0
 	for _, u := range args {
-		// A new client each time: every URL pays its own connect.
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		status, connect, err := fetchTimed(ctx, newClient(serviceAccountCA), u)
-		cancel()
+		status, connect, tries, err := fetchPatiently(u, until)
 		if err != nil {
 			failed++
-			fmt.Fprintf(&out, "%s error: %v\n", u, err)
+			fmt.Fprintf(&out, "%s error: %v%s\n", u, err, triesNote(tries))
 			continue
 		}
-		fmt.Fprintf(&out, "%s %s connect=%s\n", u, status, connect)
+		fmt.Fprintf(&out, "%s %s%s connect=%s\n", u, status, triesNote(tries), connect)
 	}
 	report(stdout, termLog, out.String())
 	if failed > 0 {
 		return fmt.Errorf("%d of %d URLs did not answer", failed, len(args))
 	}
 	return nil
+}
+
+// fetchPatiently fetches u over a new connection (each try pays its own connect),
+// each try limited to 10 s, trying again until one answers or until has passed. It
+// returns the answer of the last try and how many there were.
+func fetchPatiently(u string, until time.Time) (status string, connect time.Duration, tries int, err error) {
+	for {
+		tries++
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		status, connect, err = fetchTimed(ctx, newClient(serviceAccountCA), u)
+		cancel()
+		if err == nil || !time.Now().Before(until) {
+			return status, connect, tries, err
+		}
+		if _, perr := httpURL(u); perr != nil {
+			return status, connect, tries, err
+		}
+		time.Sleep(time.Second)
+	}
+}
+
+// triesNote is what a fetch line says of its tries: nothing for one.
+func triesNote(tries int) string {
+	if tries <= 1 {
+		return ""
+	}
+	return fmt.Sprintf(" (after %d tries)", tries)
 }
 
 func holdCommand(args []string, stdout io.Writer, termLog string) error {

@@ -182,6 +182,56 @@ func TestRunCommands(t *testing.T) {
 	}
 }
 
+// TestFetchPatience: with --patience, a URL whose server starts late is tried again
+// until it answers, and the line says how many tries it took; one that never answers
+// fails once the patience has run out; a bad patience is an error.
+func TestFetchPatience(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})}
+	started := make(chan error, 1)
+	go func() {
+		time.Sleep(1500 * time.Millisecond)
+		l, err := net.Listen("tcp", addr)
+		started <- err
+		if err == nil {
+			srv.Serve(l)
+		}
+	}()
+	defer srv.Close()
+	termLog := filepath.Join(t.TempDir(), "termination-log")
+	var out strings.Builder
+	if err := run([]string{"fetch", "--patience", "30s", "http://" + addr + "/"}, &out, termLog); err != nil {
+		t.Fatalf("probe fetch --patience 30s of a server that starts after 1.5 s: %v (%s)", err, out.String())
+	}
+	if err := <-started; err != nil {
+		t.Fatalf("the late server: %v", err)
+	}
+	if !regexp.MustCompile(`^http://\S+ 200 OK \(after [2-9]\d* tries\) connect=\S+\n$`).MatchString(out.String()) {
+		t.Errorf("probe fetch --patience printed %q, want the answer after 2 or more tries", out.String())
+	}
+	srv.Close()
+
+	out.Reset()
+	start := time.Now()
+	err = run([]string{"fetch", "--patience", "2s", "http://" + addr + "/"}, &out, termLog)
+	if err == nil || !strings.Contains(out.String(), "error: ") || !strings.Contains(out.String(), "tries)") {
+		t.Errorf("probe fetch --patience 2s of a closed port: %v, printed %q; want a failure after several tries", err, out.String())
+	}
+	if took := time.Since(start); took < 2*time.Second {
+		t.Errorf("probe fetch --patience 2s gave up after %s", took)
+	}
+	for _, args := range [][]string{{"fetch", "--patience"}, {"fetch", "--patience", "soon", "http://x/"}, {"fetch", "--patience", "-1s", "http://x/"}, {"fetch", "--patience", "1s"}} {
+		if err := run(args, io.Discard, termLog); err == nil {
+			t.Errorf("probe %q: no error", args)
+		}
+	}
+}
+
 // TestHold: hold passes while one connection carries every request, and fails when
 // the server drops it (here: answers "Connection: close"), or when there is no
 // server.

@@ -108,9 +108,9 @@ func waitPodDone(t *testing.T, r *Rack, pod string) {
 	waitFor(t, r.ctx, 6*time.Minute, "debug pod "+pod+" ended", func() bool {
 		var err error
 		p, err = r.admin.CoreV1().Pods("default").Get(r.ctx, pod, metav1.GetOptions{})
-		return err == nil && (p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed)
+		return err == nil && podEnd(p) != ""
 	})
-	if p.Status.Phase == corev1.PodFailed {
+	if podEnd(p) == corev1.PodFailed {
 		t.Fatalf("debug pod %s failed: %s%s", pod, podStatus(p), podLogs(r.ctx, r.admin, p))
 	}
 }

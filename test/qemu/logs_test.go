@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -167,7 +168,8 @@ while [ "$(journalctl -q -t $tag -o cat --no-pager | wc -l)" -lt $n ]; do sleep 
 t1=$(cut -d' ' -f1 /proc/uptime | tr -d .)
 echo "journald $n $(( (t1 - t0) * 10 ))"`
 
-// benchLogShipping runs journaldScript on node three times, each with its own tag,
+// benchLogShipping runs journaldScript on node once (GPURACK_LOGSHIP_RUNS=N: N times,
+// for figures with a spread), each run with its own tag,
 // while polling the store every 200 ms for that tag's lines: journald's rate (N lines
 // over the time journalctl took to show them all, the node's clock) against the
 // shipper's (N lines over the time from the first of them in the store to the last,
@@ -177,7 +179,15 @@ func benchLogShipping(t *testing.T, r *Rack, node *corev1.Node) {
 	const n = 9000 // under journald's per-unit burst of 10,000 lines in 30 s
 	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DialContext: nsDial(r.ns)}}
 	defer client.CloseIdleConnections()
-	for run := 1; run <= 3; run++ {
+	runs := 1
+	if v := os.Getenv("GPURACK_LOGSHIP_RUNS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 10 {
+			t.Fatalf("GPURACK_LOGSHIP_RUNS=%q: want a count from 1 to 10", v)
+		}
+		runs = n
+	}
+	for run := 1; run <= runs; run++ {
 		tag := fmt.Sprintf("gpurack-logbench-%d-%d", time.Now().Unix(), run)
 		filter := `identifier:="` + tag + `"`
 		var first, full time.Time

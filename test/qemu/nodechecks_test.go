@@ -147,10 +147,10 @@ func restartNodeServices(t *testing.T, ctx context.Context, admin kubernetes.Int
 	var err error
 	waitFor(t, ctx, holdFor+time.Minute, "the hold-connection pod to end", func() bool {
 		held, err = admin.CoreV1().Pods(holder.Namespace).Get(ctx, holder.Name, metav1.GetOptions{})
-		return err == nil && (held.Status.Phase == corev1.PodSucceeded || held.Status.Phase == corev1.PodFailed)
+		return err == nil && podEnd(held) != ""
 	})
 	switch ended := podEnded(held); {
-	case held.Status.Phase != corev1.PodSucceeded:
+	case podEnd(held) != corev1.PodSucceeded:
 		t.Errorf("a pod connection through a ClusterIP Service did not survive the restarts: %s", podStatus(held))
 	case ended.Before(networkUp.Add(-time.Second)): // FinishedAt has whole seconds
 		t.Errorf("the held connection ended at %s, before the pod network was up again (%s): it did not span the restarts; lengthen holdFor",
@@ -479,6 +479,11 @@ func waitPodSucceeded(t *testing.T, ctx context.Context, admin kubernetes.Interf
 
 // runPodToEnd creates pod and waits up to limit for it to succeed. The error says how
 // it failed, or where it stood at the limit, with its last output.
+//
+// A pod that never restarts has ended once every container has exited, even while its
+// phase still says Running: kubelet reports the terminal phase only after it has
+// stopped the pod's sandbox (and released its address), which on a loaded emulated node
+// has taken minutes after the program's exit.
 func runPodToEnd(ctx context.Context, admin kubernetes.Interface, pod *corev1.Pod, limit time.Duration) (*corev1.Pod, error) {
 	if _, err := admin.CoreV1().Pods(pod.Namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 		return nil, err
@@ -487,7 +492,7 @@ func runPodToEnd(ctx context.Context, admin kubernetes.Interface, pod *corev1.Po
 	for deadline := time.Now().Add(limit); ; time.Sleep(2 * time.Second) {
 		if p, err := admin.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{}); err == nil {
 			got = p
-			switch p.Status.Phase {
+			switch podEnd(p) {
 			case corev1.PodSucceeded:
 				return p, nil
 			case corev1.PodFailed:
@@ -499,6 +504,29 @@ func runPodToEnd(ctx context.Context, admin kubernetes.Interface, pod *corev1.Po
 				strings.Join(pod.Spec.Containers[0].Args, " "), journalHint, podStatus(got), podLogs(ctx, admin, got))
 		}
 	}
+}
+
+// podEnd is how pod p ended: its terminal phase, or, for a pod that never restarts
+// whose containers have all exited, Succeeded when each exited 0 and Failed otherwise;
+// "" while it runs.
+func podEnd(p *corev1.Pod) corev1.PodPhase {
+	if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+		return p.Status.Phase
+	}
+	cs := p.Status.ContainerStatuses
+	if p.Spec.RestartPolicy != corev1.RestartPolicyNever || len(cs) == 0 || len(cs) < len(p.Spec.Containers) {
+		return ""
+	}
+	end := corev1.PodSucceeded
+	for _, c := range cs {
+		switch {
+		case c.State.Terminated == nil:
+			return ""
+		case c.State.Terminated.ExitCode != 0:
+			end = corev1.PodFailed
+		}
+	}
+	return end
 }
 
 // podLogs is the tail of a pod's log through the apiserver (which reaches kubelet at

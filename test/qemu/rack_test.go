@@ -115,7 +115,11 @@ func TestRack(t *testing.T) {
 		}
 		crossNodeFetch(t, r.ctx, r.admin, a.node, b.node, "vxlan")
 	})
-	// The two nodes' own checks touch only their own node, so they run at once.
+	// The two nodes' own checks touch only their own node, so they run at once, and
+	// so do B's two branches (TestMain lets three subtests run in parallel): its GPU
+	// checks and its data disks' checks until the latter reach the job queues, which
+	// take B's GPUs and so wait for the GPU checks to end (gpusChecked).
+	gpusChecked := make(chan struct{})
 	t.Run("nodes", func(t *testing.T) {
 		t.Run(a.Node, func(t *testing.T) {
 			t.Parallel()
@@ -142,6 +146,7 @@ func TestRack(t *testing.T) {
 		})
 		t.Run(b.Node+" GPUs", func(t *testing.T) {
 			t.Parallel()
+			defer close(gpusChecked)
 			if os.Getenv("GPURACK_JOIN_IMAGE") != "" {
 				testreq.NotApplicable(t, "GPURACK_JOIN_IMAGE: node B boots that image, not the simulated GPU image built from this tree; unset it to run these checks (make test refuses it)")
 			}
@@ -154,9 +159,14 @@ func TestRack(t *testing.T) {
 				checkLocalVolumes(t, r.ctx, r.admin, b.node, &full)
 				localReady = !t.Failed()
 			})
-			// B's branch ends well before A's: the log shipper's checks on a node run here.
+			// The log shipper's checks on a node run here, beside B's GPU checks.
 			t.Run("a 1 MiB container line in the log store", func(t *testing.T) { checkLongLine(t, r, b.node) })
 			t.Run("the node's API load balancer", func(t *testing.T) { checkNodeAPILB(t, r, b.Node) })
+			select {
+			case <-gpusChecked:
+			case <-r.ctx.Done():
+				t.Fatal(r.ctx.Err())
+			}
 			t.Run("a user's training Job through alpha's queue", func(t *testing.T) {
 				if os.Getenv("GPURACK_JOIN_IMAGE") != "" {
 					testreq.NotApplicable(t, "GPURACK_JOIN_IMAGE: node B boots that image, without the simulated GPUs the Job asks for")

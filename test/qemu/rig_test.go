@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"cmp"
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -15,6 +16,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -604,8 +606,23 @@ func rigBinaries(t *testing.T) joinBinaries {
 // joinBinaries is gpuimage, gpuboot and controlplane-bootstrap built from this tree.
 type joinBinaries struct{ gpuimage, gpuboot, controlplane string }
 
-// TestMain removes the binaries the tests built.
+// rackParallel is how many subtests marked parallel run at once unless -parallel
+// says otherwise: TestRack's three node branches (A's, B's GPUs, B's data disks),
+// which wait on the emulated machines rather than use the host's CPUs, on a host of
+// two (where the default, GOMAXPROCS, held one branch back for the others).
+const rackParallel = 3
+
+// TestMain raises the subtests' parallelism to rackParallel when -parallel was not
+// given, and removes the binaries the tests built.
 func TestMain(m *testing.M) {
+	flag.Parse()
+	given := false
+	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "test.parallel" })
+	if p := flag.Lookup("test.parallel"); !given && p != nil {
+		if n, err := strconv.Atoi(p.Value.String()); err == nil && n < rackParallel {
+			p.Value.Set(strconv.Itoa(rackParallel))
+		}
+	}
 	code := m.Run()
 	rigimage.RemoveBinaries()
 	os.Exit(code)
