@@ -61,7 +61,7 @@ var rackMachines = []MachineSpec{
 //     `controlplane-bootstrap logs`; on B a 1 MiB container line stored cut at 64 KiB,
 //     and journald's rate beside the shipper's (figures);
 //   - then the metrics server that `init` started (monitoring.enabled, scraping every
-//     5 s, Alertmanager routing every alert to a webhook in the namespace): every
+//     15 s, Alertmanager routing every alert to a webhook in the namespace): every
 //     node's gpuagent, node_exporter, kubelet and cAdvisor scraped through the Node
 //     objects with the monitoring certificate, the control plane's jobs,
 //     kube-state-metrics', the log store's, Kueue's and gpuboot's up; the XID 79 that B's GPU
@@ -69,7 +69,7 @@ var rackMachines = []MachineSpec{
 //     Hostname (the node's name) and the runbook link; a gpurack-local volume B's
 //     volume subtest filled to 60 of 64 MiB at the webhook as GpurackVolumeNearlyFull
 //     (its `for: 5m` ran while the node checks did);
-//   - then B's agent's memory: sampled every 5 s through its /metrics from Ready to
+//   - then B's agent's memory: sampled every 15 s through its /metrics from Ready to
 //     here, then read by mapping (probe mem);
 //   - last, B is rolled out to another image (`gpuboot rollout start`: pinned, drained,
 //     power-cycled through its Redfish BMC, whose reset restarts its QEMU, which
@@ -97,7 +97,7 @@ func TestRack(t *testing.T) {
 	t.Logf("timings: power-on -> waiting for approval %s (A, PXE) and %s (B); approve -> Ready %s and %s",
 		a.bootToWait.Round(time.Second), b.bootToWait.Round(time.Second), a.toReady.Round(time.Second), b.toReady.Round(time.Second))
 	// B's agent, every service on, sampled from Ready to the end of the checks.
-	memory, err := startAgentMemory(r.ctx, r.ns, b.IP, r.cp.dir, 5*time.Second)
+	memory, err := startAgentMemory(r.ctx, r.ns, b.IP, r.cp.dir, rackScrape)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -189,7 +189,7 @@ func TestRack(t *testing.T) {
 	})
 	t.Run("a filled volume's alert", func(t *testing.T) { checkVolumeAlert(t, r, full) })
 	// After the volume's alert: the flood it makes loads B, whose kubelet's scrapes
-	// then time out (5 s) and reset the alert's 5 minutes.
+	// then time out (10 s) and reset the alert's 5 minutes.
 	t.Run("log shipping against journald on "+b.Node, func(t *testing.T) { benchLogShipping(t, r, b.node) })
 	t.Run("gpuagent memory on "+b.Node, func(t *testing.T) {
 		summary, err := memory.finish(12)
