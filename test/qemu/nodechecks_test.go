@@ -16,6 +16,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
@@ -245,7 +246,7 @@ func startProbeServer(t *testing.T, ctx context.Context, admin kubernetes.Interf
 	server := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: labels},
 		Spec: corev1.PodSpec{NodeName: node.Name,
-			Containers: []corev1.Container{{Name: "probe", Image: probeImage, ImagePullPolicy: corev1.PullNever,
+			Containers: []corev1.Container{{Name: "probe", Image: probeImage, ImagePullPolicy: corev1.PullNever, Resources: probeResources(),
 				Args: []string{"serve", "-listen", ":8080"}, Ports: []corev1.ContainerPort{{ContainerPort: 8080}}}}},
 	}
 	if _, err := admin.CoreV1().Pods(server.Namespace).Create(ctx, server, metav1.CreateOptions{}); err != nil {
@@ -422,12 +423,22 @@ func probePod(node *corev1.Node, name string, args ...string) *corev1.Pod {
 	return probePodIn(metav1.NamespaceDefault, node, name, args...)
 }
 
+// probeResources are the probe pods' own requests. Without them a tenant's LimitRange
+// gives each its default (500m of the node's 2 CPUs), and kubelet counts a pod whose
+// program has exited as holding its request until it has torn the pod down, which on
+// a loaded emulated node takes minutes: a tenant's next probe pod was then refused
+// (OutOfcpu) while the previous one's sandbox was still being stopped.
+func probeResources() corev1.ResourceRequirements {
+	return corev1.ResourceRequirements{Requests: corev1.ResourceList{
+		corev1.ResourceCPU: resource.MustParse("10m"), corev1.ResourceMemory: resource.MustParse("32Mi")}}
+}
+
 // probePodIn is probePod in namespace ns.
 func probePodIn(ns string, node *corev1.Node, name string, args ...string) *corev1.Pod {
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
 		Spec: corev1.PodSpec{NodeName: node.Name, RestartPolicy: corev1.RestartPolicyNever,
-			Containers: []corev1.Container{{Name: "probe", Image: probeImage, ImagePullPolicy: corev1.PullNever, Args: args,
+			Containers: []corev1.Container{{Name: "probe", Image: probeImage, ImagePullPolicy: corev1.PullNever, Args: args, Resources: probeResources(),
 				TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError}}},
 	}
 }
