@@ -34,11 +34,13 @@ build: ## build the four binaries into ./bin
 test: deps ## install what is missing, then run every test (what CI runs); durations in $(DURATIONS), the slowest printed at the end
 	@# test/qemu is named first: it is the longest package by far (QEMU under TCG), so it
 	@# starts at once and the other packages run beside it, one at a time (-p 2).
+	@# test/runbooks comes next: its rollouts wait minutes for simulated servers' keys to
+	@# go silent, a wait that, left to the end, held a slot after test/qemu had ended.
 	@mkdir -p $(BIN) && rm -f $(DURATIONS) $(DURATIONS).failures && $(GO) build -o $(BIN)/testsummary ./hack/testsummary
 	@# Every reason for a failure is repeated on the last lines, where a log's tail shows it.
 	@set -o pipefail; rc=0; why=; \
-	  echo 'go test -json $(TEST_FLAGS) ./test/qemu/ ./... (the pinned binaries on PATH, GPURACK_NETNS_REQUIRED=1) | testsummary stream'; \
-	  PATH="$(TOOLS):$$PATH" GPURACK_NETNS_REQUIRED=1 $(GO) test -json $(TEST_FLAGS) ./test/qemu/ ./... | $(BIN)/testsummary stream --out $(DURATIONS) || { rc=1; why="$$why; go test ./... failed"; }; \
+	  echo 'go test -json $(TEST_FLAGS) ./test/qemu/ ./test/runbooks/ ./... (the pinned binaries on PATH, GPURACK_NETNS_REQUIRED=1) | testsummary stream'; \
+	  PATH="$(TOOLS):$$PATH" GPURACK_NETNS_REQUIRED=1 $(GO) test -json $(TEST_FLAGS) ./test/qemu/ ./test/runbooks/ ./... | $(BIN)/testsummary stream --out $(DURATIONS) || { rc=1; why="$$why; go test ./... failed"; }; \
 	  echo 'cd images/coredns && $(GO) test -json $(TEST_FLAGS) ./... | testsummary stream'; \
 	  (cd images/coredns && $(GO) test -json $(TEST_FLAGS) ./...) | $(BIN)/testsummary stream --out $(DURATIONS) || { rc=1; why="$$why; go test in images/coredns failed"; }; \
 	  $(BIN)/testsummary report $(DURATIONS) || { rc=1; why="$$why; testsummary report failed"; }; \

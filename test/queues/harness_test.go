@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/retry"
 
 	"github.com/gpurack/gpurack/controlplane-bootstrap/clusterconfig"
 	"github.com/gpurack/gpurack/controlplane-bootstrap/components"
@@ -69,8 +70,12 @@ func newCluster(t *testing.T, nodes, gpus int) *cluster {
 func (c *cluster) addNodes(t *testing.T, n, gpus int) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	t.Cleanup(func() { cancel(); <-done })
+	started := false
+	defer func() {
+		if !started {
+			cancel() // a Fatal before the heartbeat began: nothing to wait for
+		}
+	}()
 	alloc := corev1.ResourceList{
 		corev1.ResourceCPU: resource.MustParse("64"), corev1.ResourceMemory: resource.MustParse("512Gi"),
 		corev1.ResourcePods: resource.MustParse("110"), tenants.GPUResource: *resource.NewQuantity(int64(gpus), resource.DecimalSI),
@@ -84,18 +89,24 @@ func (c *cluster) addNodes(t *testing.T, n, gpus int) {
 			t.Fatalf("register simulated node %s: %v", names[i], err)
 		}
 	}
+	// A node's status is read and written again when the controller-manager wrote the
+	// Node in between (a conflict), as kubelet does.
 	heartbeat := func() error {
 		for _, name := range names {
-			node, err := c.cs.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+			err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
+				node, err := c.cs.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+				if err != nil {
+					return err
+				}
+				now := metav1.Now()
+				node.Status.Capacity, node.Status.Allocatable = alloc, alloc
+				node.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue,
+					Reason: "SimulatedKubeletReady", LastHeartbeatTime: now, LastTransitionTime: now}}
+				_, err = c.cs.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{})
+				return err
+			})
 			if err != nil {
-				return err
-			}
-			now := metav1.Now()
-			node.Status.Capacity, node.Status.Allocatable = alloc, alloc
-			node.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue,
-				Reason: "SimulatedKubeletReady", LastHeartbeatTime: now, LastTransitionTime: now}}
-			if _, err := c.cs.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{}); err != nil {
-				return err
+				return fmt.Errorf("node %s: %w", name, err)
 			}
 		}
 		return nil
@@ -103,6 +114,9 @@ func (c *cluster) addNodes(t *testing.T, n, gpus int) {
 	if err := heartbeat(); err != nil {
 		t.Fatalf("simulated nodes' status: %v", err)
 	}
+	done := make(chan struct{})
+	t.Cleanup(func() { cancel(); <-done })
+	started = true
 	go func() {
 		defer close(done)
 		for {
