@@ -19,13 +19,13 @@ import (
 
 // The rack's metrics server: `controlplane-bootstrap init` starts Prometheus and
 // Alertmanager (monitoring.enabled) in the rack's namespace, on its loopback, scraping
-// every 30 s, the default; Alertmanager sends every alert to alertHook, a webhook in
-// the namespace. Every 5 s was too often for the emulated nodes: a scrape of kubelet's
-// or cAdvisor's metrics took the 5 s limit there (and 2 to 3 s at 15 s), so the scrapes
-// kept the guests' CPUs busy, which are most of the host's while TestRack runs.
+// every 15 s (half the default, for the alerts' waits); Alertmanager sends every alert
+// to alertHook, a webhook in the namespace. Every 5 s was too often for the emulated
+// nodes: a scrape of kubelet's or cAdvisor's metrics took the 5 s limit there, so the
+// scrapes alone kept the guests' CPUs busy and failed.
 const (
 	rackPrometheus = "127.0.0.1:9090"
-	rackScrape     = 30 * time.Second
+	rackScrape     = 15 * time.Second
 )
 
 // alertHook is an Alertmanager webhook receiver listening in the rack's namespace.
