@@ -206,15 +206,15 @@ func fetchCommand(args []string, stdout io.Writer, termLog string) error {
 // each try limited to 10 s, trying again until one answers or until has passed. It
 // returns the answer of the last try and how many there were.
 func fetchPatiently(u string, until time.Time) (status string, connect time.Duration, tries int, err error) {
+	if _, err := httpURL(u); err != nil {
+		return "", 0, 1, err // no try can answer
+	}
 	for {
 		tries++
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		status, connect, err = fetchTimed(ctx, newClient(serviceAccountCA), u)
 		cancel()
 		if err == nil || !time.Now().Before(until) {
-			return status, connect, tries, err
-		}
-		if _, perr := httpURL(u); perr != nil {
 			return status, connect, tries, err
 		}
 		time.Sleep(time.Second)
