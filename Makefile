@@ -118,6 +118,10 @@ e2e: deps ## the end-to-end boots alone: tiny image in QEMU, PXE through SeaBIOS
 e2e-slow: deps ## build the NVIDIA images with their kernel modules (about 20 min cold; outside make test)
 	PATH="$(TOOLS):$$PATH" GPURACK_E2E_SLOW=1 $(GO) test $(TEST_FLAGS) -v -run 'TestNvidiaImages' ./imagebuilder/cmd/gpuimage/
 
+.PHONY: e2e-workloads
+e2e-workloads: deps workload-images ## a tenant user's day with the sample images (notebook, train, serve) on a 20 GiB QEMU node: push, PyTorch training resumed from its checkpoint, 2 serve replicas, notebook through port-forward (about 21 min after the 7-min image builds; outside make test)
+	PATH="$(TOOLS):$$PATH" GPURACK_NETNS_REQUIRED=1 GPURACK_E2E_WORKLOADS=1 GPURACK_WORKLOAD_IMAGES="$(abspath $(BIN))/workloads" $(GO) test -count=1 -timeout 80m -v -run '^TestUserDayImages$$' ./test/qemu/
+
 .PHONY: bench
 bench: bench-go bench-pxe bench-image bench-node bench-storage bench-gpu bench-rack bench-etcd bench-inventory bench-doc ## every benchmark; writes docs/benchmarks.md, one section per target
 

@@ -112,6 +112,11 @@ type MachineSpec struct {
 	// namespace, named in the rack manifest's bmc column: its power actions stop and
 	// start the machine's QEMU (Rack.bmcReset).
 	BMC bool
+	// Memory is the machine's memory in MiB (default 2048, as every node of TestRack).
+	Memory int
+	// CPU is QEMU's CPU model (-cpu; default QEMU's qemu64, which has no SSE4 or AVX):
+	// "max" is every feature TCG emulates, for software built for today's servers.
+	CPU string
 }
 
 // QEMUDisk is one virtio disk of a machine: an image file (qcow2 or raw) and the serial
@@ -286,7 +291,7 @@ func (r *Rack) powerOn(t *testing.T, spec MachineSpec) *RackMachine {
 	m := &RackMachine{MachineSpec: spec, imageID: r.images.ids[spec.Image]}
 	tap := r.env.Tap(r.ns)
 	r.env.Attach(r.bridge, tap)
-	q := qemuMachine{Name: spec.Node, MAC: spec.MAC, Serial: spec.Serial, UUID: spec.UUID, Tap: tap.Name, PXE: spec.PXE, Disks: spec.Disks}
+	q := qemuMachine{Name: spec.Node, MAC: spec.MAC, Serial: spec.Serial, UUID: spec.UUID, Tap: tap.Name, PXE: spec.PXE, Disks: spec.Disks, Memory: spec.Memory, CPU: spec.CPU}
 	if !spec.PXE {
 		q.Kernel, q.Initrd, q.Cmdline = r.g.bootScriptFor(t, r.ctx, spec.MAC, spec.UUID, spec.Serial)
 		q.Cmdline += " gpurack.onfail=poweroff"
@@ -511,14 +516,22 @@ type qemuMachine struct {
 	TPMSocket string
 	// Disks are virtio block devices.
 	Disks []QEMUDisk
+	// Memory is in MiB; 0 is 2048.
+	Memory int
+	// CPU is the -cpu model, or "" for QEMU's default.
+	CPU string
 }
 
 // qemuArgs is the one QEMU command line of the rig: TCG on 2 vCPUs and 2 GiB (as
-// every node of these tests), no display, the serial console on stdout, no reboot
+// every node of TestRack; qemuMachine.Memory gives more), no display, the serial console on stdout, no reboot
 // (a guest that gives up powers off: gpurack.onfail=poweroff), the machine's SMBIOS
 // serial and UUID, a virtio NIC on its tap, a virtio RNG, and its disks.
 func qemuArgs(m qemuMachine) []string {
-	args := []string{"-accel", "tcg,thread=multi", "-m", "2048", "-smp", "2",
+	memory := 2048
+	if m.Memory > 0 {
+		memory = m.Memory
+	}
+	args := []string{"-accel", "tcg,thread=multi", "-m", strconv.Itoa(memory), "-smp", "2",
 		"-display", "none", "-serial", "stdio", "-monitor", "none", "-no-reboot",
 		"-smbios", "type=1,serial=" + m.Serial + ",uuid=" + m.UUID,
 		"-netdev", "tap,id=n0,ifname=" + m.Tap + ",script=no,downscript=no"}
@@ -528,6 +541,9 @@ func qemuArgs(m qemuMachine) []string {
 	} else {
 		args = append(args, "-kernel", m.Kernel, "-initrd", m.Initrd, "-append", m.Cmdline,
 			"-device", "virtio-net-pci,netdev=n0,mac="+m.MAC)
+	}
+	if m.CPU != "" {
+		args = append(args, "-cpu", m.CPU)
 	}
 	args = append(args, "-device", "virtio-rng-pci")
 	if m.TPMSocket != "" {

@@ -116,7 +116,7 @@ func queuedTraining(t *testing.T, r *Rack, b *corev1.Node) {
 		t.Fatalf("ben submits the training Job: %v\n%s", err, out)
 	}
 	defer kc("", "delete", "-n", "alpha", "job/train", "--cascade=foreground", "--wait=false")
-	first := awaitTrainingLine(t, r, kc, "train", "", regexp.MustCompile(`(?m)^epoch [2-9]/\d+ .*checkpoint saved$`))
+	first := awaitTrainingLine(t, r, kc, "train", "", regexp.MustCompile(`(?m)^epoch [2-9]/\d+ .*checkpoint saved$`), 6*time.Minute)
 	t.Logf("train's pod %s has saved its second checkpoint", first)
 	// Deleted mid-run: the Job's next pod goes on from the last checkpoint.
 	if out, err := kc("", "delete", "-n", "alpha", "pod/"+first, "--wait=false"); err != nil {
@@ -132,7 +132,7 @@ func queuedTraining(t *testing.T, r *Rack, b *corev1.Node) {
 	checkQueued(t, r, kc, "train-next")
 	queuedStart := measureQueuedStart(r, "train", "train-next")
 
-	second := awaitTrainingLine(t, r, kc, "train", first, regexp.MustCompile(`(?m)^done: \d+ epochs, computed on the CPU$`))
+	second := awaitTrainingLine(t, r, kc, "train", first, regexp.MustCompile(`(?m)^done: \d+ epochs, computed on the CPU$`), 6*time.Minute)
 	checkResumed(t, kc, first, second)
 	if figure, err := queuedStart(); err != nil {
 		t.Error(err)
@@ -143,11 +143,11 @@ func queuedTraining(t *testing.T, r *Rack, b *corev1.Node) {
 }
 
 // awaitTrainingLine waits until a pod of Job job other than not has printed a line
-// matching re (read with kubectl logs, as ben), and returns the pod's name.
-func awaitTrainingLine(t *testing.T, r *Rack, kc func(string, ...string) (string, error), job, not string, re *regexp.Regexp) string {
+// matching re (read with kubectl logs, as ben) within limit, and returns the pod's name.
+func awaitTrainingLine(t *testing.T, r *Rack, kc func(string, ...string) (string, error), job, not string, re *regexp.Regexp, limit time.Duration) string {
 	t.Helper()
 	var pod, logs string
-	waitFor(t, r.ctx, 6*time.Minute, fmt.Sprintf("a pod of Job %s printing %q", job, re), func() bool {
+	waitFor(t, r.ctx, limit, fmt.Sprintf("a pod of Job %s printing %q", job, re), func() bool {
 		out, err := kc("", "get", "pods", "-n", "alpha", "-l", "job-name="+job, "-o", "jsonpath={range .items[*]}{.metadata.name}{\"\\n\"}{end}")
 		if err != nil {
 			logs = out
