@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -141,9 +142,7 @@ func TestPluginRegistersAndFollowsHealth(t *testing.T) {
 		t.Fatalf("device IDs %v lack gpu3's UUID %s", h, uuid3)
 	}
 
-	if _, err := s.Inject(sim.Fault{Kind: sim.KindXID, GPU: 3, Value: 79}, 0); err != nil {
-		t.Fatal(err)
-	}
+	injectXID79(t, s, 3)
 	await("gpu3 Unhealthy after XID 79", func(h map[string]bool) bool { return len(h) == 8 && countHealthy(h) == 7 && !h[uuid3] })
 
 	// Allocate on the simulator: the GPU as a CDI device (CRI field and annotation),
@@ -272,14 +271,28 @@ func TestPluginTimeSlicing(t *testing.T) {
 		t.Errorf("Allocate of a plain UUID under time-slicing = %v, want InvalidArgument naming the ID form", err)
 	}
 
-	if _, err := s.Inject(sim.Fault{Kind: sim.KindXID, GPU: 3, Value: 79}, 0); err != nil {
-		t.Fatal(err)
-	}
+	injectXID79(t, s, 3)
 	h = awaitList(ctx, t, stream, plugin, "gpu3's replicas Unhealthy after XID 79", func(h map[string]bool) bool { return len(h) == 32 && countHealthy(h) == 28 })
 	for id, ok := range h {
 		if gpu3 := strings.HasPrefix(id, uuid3+"::"); ok == gpu3 {
 			t.Errorf("device %s healthy=%v after XID 79 on gpu3", id, ok)
 		}
+	}
+}
+
+// injectXID79 injects XID 79 on GPU phys once the monitor's NVML event watch has
+// registered for it: the watch starts in its own goroutine, and an XID injected
+// before it registers reaches no one (on a loaded host that took longer than the
+// test's first wait, and the XID was lost).
+func injectXID79(t *testing.T, s *sim.Sim, phys int) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); !s.Watched(phys, nvml.EventTypeXidCriticalError); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no NVML event watch registered for XIDs on gpu%d after 30 s", phys)
+		}
+	}
+	if _, err := s.Inject(sim.Fault{Kind: sim.KindXID, GPU: phys, Value: 79}, 0); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -663,6 +663,23 @@ func (es *eventSet) register(phys int, mask uint64) {
 	es.mu.Unlock()
 }
 
+// Watched reports whether an NVML event set has registered for event type typ on GPU
+// phys: before that, an injected event of that type reaches no one, as with NVML.
+func (s *Sim) Watched(phys int, typ uint64) bool {
+	s.mu.Lock()
+	sets := slices.Clone(s.sets)
+	s.mu.Unlock()
+	for _, es := range sets {
+		es.mu.Lock()
+		want := es.mask[phys]&typ != 0
+		es.mu.Unlock()
+		if want {
+			return true
+		}
+	}
+	return false
+}
+
 // emit delivers an event to every event set that registered for it. A full set drops
 // the event, as NVML's own bounded queue does.
 func (s *Sim) emit(phys int, typ uint64, data uint64) {
