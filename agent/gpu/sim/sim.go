@@ -657,6 +657,13 @@ func (s *Sim) newEventSet() *eventSet {
 	return es
 }
 
+// wants reports whether the set registered for event type typ on GPU phys.
+func (es *eventSet) wants(phys int, typ uint64) bool {
+	es.mu.Lock()
+	defer es.mu.Unlock()
+	return es.mask[phys]&typ != 0
+}
+
 func (es *eventSet) register(phys int, mask uint64) {
 	es.mu.Lock()
 	es.mask[phys] |= mask
@@ -670,10 +677,7 @@ func (s *Sim) Watched(phys int, typ uint64) bool {
 	sets := slices.Clone(s.sets)
 	s.mu.Unlock()
 	for _, es := range sets {
-		es.mu.Lock()
-		want := es.mask[phys]&typ != 0
-		es.mu.Unlock()
-		if want {
+		if es.wants(phys, typ) {
 			return true
 		}
 	}
@@ -687,10 +691,7 @@ func (s *Sim) emit(phys int, typ uint64, data uint64) {
 	sets := slices.Clone(s.sets)
 	s.mu.Unlock()
 	for _, es := range sets {
-		es.mu.Lock()
-		want := es.mask[phys]&typ != 0
-		es.mu.Unlock()
-		if !want {
+		if !es.wants(phys, typ) {
 			continue
 		}
 		select {
