@@ -122,6 +122,9 @@ func simGPUNodeChecks(t *testing.T, ctx context.Context, admin kubernetes.Interf
 	t.Logf("fault cleared -> GPU 3 back (8 allocatable): %s", time.Since(t0).Round(time.Second))
 
 	// kubelet restarts: the device plugin registers again and GPUs are still given out.
+	// The pods of the node's other checks wait meanwhile (kubeletRestart).
+	kubeletRestart.Lock()
+	defer kubeletRestart.Unlock()
 	t0 = time.Now()
 	waitPodSucceeded(t, ctx, admin, restartUnitsPod(node, "restart-kubelet", "kubelet.service"), 4*time.Minute)
 	t.Logf("kubelet.service restarted on %s (%s)", node.Name, time.Since(t0).Round(time.Second))

@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -53,10 +54,26 @@ func volumePod(name, claim string, args ...string) *corev1.Pod {
 	return p
 }
 
+// kubeletRestart keeps the pods of B's data disk checks apart from the kubelet
+// restart of B's GPU checks, which run beside them. A pod whose task kubelet is creating
+// when it restarts fails for good (StartError "failed to create shim task: context
+// canceled", restartPolicy Never): kubelet's behaviour, and nothing to do with what
+// those checks look at. Their pods hold it for reading while they run
+// (runPodBesideRestart); the GPU checks hold it for writing from the restart until a
+// pod has run again.
+var kubeletRestart sync.RWMutex
+
+// runPodBesideRestart is runPodToEnd outside B's kubelet restart (kubeletRestart).
+func runPodBesideRestart(ctx context.Context, admin kubernetes.Interface, p *corev1.Pod, limit time.Duration) (*corev1.Pod, error) {
+	kubeletRestart.RLock()
+	defer kubeletRestart.RUnlock()
+	return runPodToEnd(ctx, admin, p, limit)
+}
+
 // runVolumePod runs p to its end and deletes it; it returns the pod as it ended.
 func runVolumePod(t *testing.T, ctx context.Context, admin kubernetes.Interface, p *corev1.Pod) (*corev1.Pod, error) {
 	t.Helper()
-	got, err := runPodToEnd(ctx, admin, p, 5*time.Minute)
+	got, err := runPodBesideRestart(ctx, admin, p, 5*time.Minute)
 	deletePodsIn(t, ctx, admin, localNS, p.Name)
 	return got, err
 }
@@ -228,7 +245,7 @@ func deleteAndRetain(t *testing.T, ctx context.Context, admin kubernetes.Interfa
 		})
 	}
 	script := fmt.Sprintf("test ! -e %s && test -f %s/x.bin && test -f %s && echo scratch gone, retained kept, keep intact", paths["scratch"], paths["retained"], keep.Spec.Local.Path+"/keep.bin")
-	if p, err := runPodToEnd(ctx, admin, hostRootPod(b, "vol-reclaimed", script), 3*time.Minute); err != nil {
+	if p, err := runPodBesideRestart(ctx, admin, hostRootPod(b, "vol-reclaimed", script), 3*time.Minute); err != nil {
 		t.Errorf("on the node: %v %s", err, terminationMessage(p))
 	} else {
 		t.Logf("on the node: %s", podLog(ctx, admin, p))

@@ -228,7 +228,7 @@ func benchLogShipping(t *testing.T, r *Rack, node *corev1.Node) {
 // records) arrives in the store cut at the agent's 64 KiB bound and marked truncated.
 func checkLongLine(t *testing.T, r *Rack, node *corev1.Node) {
 	p := hostRootPod(node, "one-mib-line", "head -c 1048576 /dev/zero | tr '\\0' x; echo; echo after-the-long-line")
-	got, err := runPodToEnd(r.ctx, r.admin, p, 3*time.Minute)
+	got, err := runPodBesideRestart(r.ctx, r.admin, p, 3*time.Minute)
 	if err != nil {
 		t.Fatalf("the 1 MiB line pod: %v\n%s", err, terminationMessage(got))
 	}
