@@ -77,6 +77,8 @@ type gated struct {
 //	device-plugin   after kubelet joined (unless it runs since the start); not restarted
 //	data-disks      after kubelet joined; restarted 5 s doubling to 1 min (datadisks.go)
 //	local-volumes   after kubelet joined; restarted 5 s doubling to 1 min (localvolumes.go)
+//	shared-volumes  after kubelet joined; restarted 5 s doubling to 1 min (sharedvolumes.go);
+//	                idle without a gpurack-shared class; provisions while elected
 //	node-exporter   after kubelet joined; restarted 5 s doubling to 1 min (metrics.go);
 //	                not with --node-exporter-listen off; no cluster CA in the bundle: failed
 //	log-shipping    after kubelet joined; restarted 5 s doubling to 1 min (logs.go); only
@@ -111,7 +113,8 @@ func (n *node) postJoinServices(bundle *bootv1.JoinBundle) []postJoinService {
 	} else {
 		list = append(list, postJoinService{svc: dd, what: "data disks", startAfter: kubeletJoined, restart: serviceRestart})
 	}
-	list = append(list, postJoinService{svc: n.localVolumes(kubeconfig, name), what: "local volumes", startAfter: kubeletJoined, restart: serviceRestart})
+	list = append(list, postJoinService{svc: n.localVolumes(kubeconfig, name), what: "local volumes", startAfter: kubeletJoined, restart: serviceRestart},
+		postJoinService{svc: n.sharedVolumes(kubeconfig, name), what: "shared volumes", startAfter: kubeletJoined, restart: serviceRestart})
 	switch {
 	case n.cfg.NodeExporterListen == "off":
 	case bundle.GetClusterCaPem() == "":

@@ -190,6 +190,7 @@ func TestPostJoinServices(t *testing.T) {
 		{"device-plugin", kubeletJoined, "", "", false},
 		{"data-disks", kubeletJoined, "", "", true},
 		{"local-volumes", kubeletJoined, "", "", true},
+		{"shared-volumes", kubeletJoined, "", "", true},
 		{"node-exporter", kubeletJoined, "", "", true},
 	}
 	ca, err := pki.NewCA(pki.CARequest{CommonName: "gpurack test CA"})
@@ -206,17 +207,17 @@ func TestPostJoinServices(t *testing.T) {
 		exporter     string // --node-exporter-listen
 		want         []row
 	}{
-		{"kubelet node", &bootv1.JoinBundle{NodeName: "gpu-1", GpurackCaPem: caPEM, ClusterCaPem: caPEM}, false, "", append(all[:7:7], reg)},
-		{"device plugin since the start", &bootv1.JoinBundle{NodeName: "gpu-1", GpurackCaPem: caPEM, ClusterCaPem: caPEM}, true, "", append(all[:3:3], all[4], all[5], all[6], reg)},
+		{"kubelet node", &bootv1.JoinBundle{NodeName: "gpu-1", GpurackCaPem: caPEM, ClusterCaPem: caPEM}, false, "", append(all[:8:8], reg)},
+		{"device plugin since the start", &bootv1.JoinBundle{NodeName: "gpu-1", GpurackCaPem: caPEM, ClusterCaPem: caPEM}, true, "", append(all[:3:3], all[4], all[5], all[6], all[7], reg)},
 		{"bad pod subnet: no kube-proxy", &bootv1.JoinBundle{NodeName: "gpu-1", GpurackCaPem: caPEM, ClusterCaPem: caPEM, PodNetwork: &bootv1.PodNetwork{Subnet: "10.244.0.0"}}, false, "",
-			[]row{{"pod-network", kubeletJoined, "", "", false}, all[2], all[3], all[4], all[5], all[6], reg}},
+			[]row{{"pod-network", kubeletJoined, "", "", false}, all[2], all[3], all[4], all[5], all[6], all[7], reg}},
 		{"no gpurack CA: data disks fail and say so", &bootv1.JoinBundle{NodeName: "gpu-1", ClusterCaPem: caPEM}, false, "",
-			append(all[:4:4], row{"data-disks", kubeletJoined, "", "", false}, all[5], all[6], reg)},
+			append(all[:4:4], row{"data-disks", kubeletJoined, "", "", false}, all[5], all[6], all[7], reg)},
 		{"no cluster CA: node_exporter fails and says so", &bootv1.JoinBundle{NodeName: "gpu-1", GpurackCaPem: caPEM}, false, "",
-			append(all[:6:6], noExporter, reg)},
-		{"node_exporter off", &bootv1.JoinBundle{NodeName: "gpu-1", GpurackCaPem: caPEM, ClusterCaPem: caPEM}, false, "off", append(all[:6:6], reg)},
+			append(all[:7:7], noExporter, reg)},
+		{"node_exporter off", &bootv1.JoinBundle{NodeName: "gpu-1", GpurackCaPem: caPEM, ClusterCaPem: caPEM}, false, "off", append(all[:7:7], reg)},
 		{"logs endpoint: log shipping", &bootv1.JoinBundle{NodeName: "gpu-1", GpurackCaPem: caPEM, ClusterCaPem: caPEM, LogsEndpoint: "10.0.0.2:9428"}, false, "",
-			append(all[:7:7], row{"log-shipping", kubeletJoined, "", "", true}, reg)},
+			append(all[:8:8], row{"log-shipping", kubeletJoined, "", "", true}, reg)},
 	} {
 		cfg := simConfig(t)
 		cfg.DevicePlugin = tc.devicePlugin

@@ -52,6 +52,8 @@ type Config struct {
 	Queues Queues `yaml:"queues"`
 	// Registry is the cluster's image registry (registry.go).
 	Registry Registry `yaml:"registry"`
+	// Storage is the shared storage, an NFS export (storage.go).
+	Storage Storage `yaml:"storage"`
 	// BinDir overrides where the pinned binaries are looked up.
 	BinDir string `yaml:"binDir"`
 }
@@ -240,6 +242,7 @@ func (c *Config) applyDefaults() {
 	c.Monitoring.applyDefaults()
 	c.Queues.applyDefaults()
 	c.Registry.applyDefaults()
+	c.Storage.applyDefaults()
 	c.APIServer.VIP.applyDefaults()
 	// The log gateway serves nodes where the API server does.
 	str(&c.Monitoring.Logs.Gateway.ListenAddress, c.APIServer.BindAddress)
@@ -307,6 +310,7 @@ func (c *Config) Validate() []FieldError {
 	c.Monitoring.validate(&p)
 	c.Queues.validate(&p)
 	c.Registry.validate(&p)
+	c.Storage.validate(&p)
 	if d, err := time.ParseDuration(c.BootstrapTokens.TTL); err != nil || d <= 0 {
 		p.add("bootstrapTokens.ttl", "%q is not a positive duration (for example 24h or 15m)", c.BootstrapTokens.TTL)
 	}

@@ -575,7 +575,7 @@ func (cp *ControlPlane) applyJoinMaterial(ctx context.Context) error {
 		return err
 	}
 	objs = append(objs, dns...)
-	objs = append(objs, localvolumes.Objects()...)
+	objs = append(objs, localvolumes.Objects(cp.Config.Storage.NFS)...)
 	objs = append(objs, monitoringObjects(cp.Config)...)
 	crd, err := kubestore.CRD()
 	if err != nil {

@@ -22,6 +22,9 @@ import (
 // test here; TestMain stops it.
 func TestMain(m *testing.M) { os.Exit(testcluster.Main(m)) }
 
+// testNFS is the shared test cluster's NFS export (testcluster.Config).
+var testNFS = &testcluster.TestNFS
+
 func ctxFor(t *testing.T, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)

@@ -27,8 +27,10 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/gpurack/gpurack/controlplane-bootstrap/clusterconfig"
 	"github.com/gpurack/gpurack/controlplane-bootstrap/joinconfig"
 	"github.com/gpurack/gpurack/internal/localvol"
+	"github.com/gpurack/gpurack/internal/sharedvol"
 )
 
 const (
@@ -48,12 +50,12 @@ var (
 	gvrVAP          = admissionv1.SchemeGroupVersion.WithResource("validatingadmissionpolicies")
 )
 
-// Objects returns what init applies for local volumes, in an order that lets each
-// exist when the next needs it (the namespace before its Role, the policy before
-// its binding).
-func Objects() []joinconfig.Object {
+// Objects returns what init applies for local volumes, and for shared volumes on nfs
+// (nil: none; shared.go), in an order that lets each exist when the next needs it
+// (the namespace before its Role, the policy before its binding).
+func Objects(nfs *clusterconfig.NFS) []joinconfig.Object {
 	nodes := joinconfig.Group(joinconfig.NodesGroup)
-	return []joinconfig.Object{
+	return append([]joinconfig.Object{
 		{GVR: gvrNamespace, Obj: Namespace()},
 		{GVR: gvrCSIDriver, Obj: CSIDriver()},
 		{GVR: gvrStorageClass, Obj: StorageClass()},
@@ -61,9 +63,9 @@ func Objects() []joinconfig.Object {
 		joinconfig.ClusterRoleBinding(Role, Role, nodes),
 		joinconfig.Role(localvol.Namespace, Role, CapacityRules()...),
 		joinconfig.RoleBinding(localvol.Namespace, Role, nodes),
-		{GVR: gvrVAP, Obj: AdmissionPolicy()},
+		{GVR: gvrVAP, Obj: AdmissionPolicy(nfs)},
 		joinconfig.PolicyBinding(Policy),
-	}
+	}, sharedObjects(nfs)...)
 }
 
 // Namespace holds the CSIStorageCapacity objects, one per node and StorageClass.
@@ -178,7 +180,7 @@ func WaitPolicy(ctx context.Context, admin *rest.Config) error {
 //
 // Kubelet, also a node, writes none of these (claims only through status, which the
 // policy does not match), so the policy does not touch its work.
-func AdmissionPolicy() *admissionv1.ValidatingAdmissionPolicy {
+func AdmissionPolicy(nfs *clusterconfig.NFS) *admissionv1.ValidatingAdmissionPolicy {
 	failClosed := admissionv1.Fail
 	rule := func(group string, resource string, ops ...admissionv1.OperationType) admissionv1.NamedRuleWithOperations {
 		return admissionv1.NamedRuleWithOperations{RuleWithOperations: admissionv1.RuleWithOperations{
@@ -204,7 +206,7 @@ func AdmissionPolicy() *admissionv1.ValidatingAdmissionPolicy {
 					joinconfig.NodesGroup, nodeUserPrefix),
 			}},
 			Variables:   policyVariables(),
-			Validations: policyValidations(),
+			Validations: policyValidations(nfs),
 		},
 	}
 }
@@ -253,7 +255,7 @@ func check(resource, expr, message string) admissionv1.Validation {
 
 // policyValidations are AdmissionPolicy's checks, in the order a refusal names
 // the first that fails.
-func policyValidations() []admissionv1.Validation {
+func policyValidations(nfs *clusterconfig.NFS) []admissionv1.Validation {
 	each := func(cond string) string { return "variables.written.all(o, " + cond + ")" }
 	hasEntry := func(m, key, value string) string {
 		return fmt.Sprintf("has(o.metadata.%[1]s) && %[2]q in o.metadata.%[1]s && o.metadata.%[1]s[%[2]q] == %[3]s", m, key, value)
@@ -268,15 +270,16 @@ func policyValidations() []admissionv1.Validation {
 	return []admissionv1.Validation{
 		check("", "variables.node != ''",
 			"a member of "+joinconfig.NodesGroup+" not named "+nodeUserPrefix+"NAME may not write PersistentVolumes, claims or CSIStorageCapacity objects: only a node's own identity may, for itself"),
-		check(pvs, each(hasEntry("annotations", localvol.AnnProvisionedBy, fmt.Sprintf("%q", localvol.Provisioner))),
-			"node {node} may only write PersistentVolumes annotated "+localvol.AnnProvisionedBy+": "+localvol.Provisioner+" (gpurack local volumes)"),
-		check(pvs, each(hasEntry("labels", localvol.LabelNode, "variables.node")),
+		check(pvs, each(isShared("o")+" || "+hasEntry("annotations", localvol.AnnProvisionedBy, fmt.Sprintf("%q", localvol.Provisioner))),
+			"node {node} may only write PersistentVolumes annotated "+localvol.AnnProvisionedBy+": "+localvol.Provisioner+" (gpurack local volumes) or "+sharedvol.Provisioner+" (gpurack shared volumes)"),
+		check(pvs, each(isShared("o")+" || "+hasEntry("labels", localvol.LabelNode, "variables.node")),
 			"node {node} may only write PersistentVolumes labelled "+localvol.LabelNode+": {node} (its own local volumes)"),
 		// The apiserver's validation refuses a local path with a '..' element.
-		check(pvs, each(fmt.Sprintf("has(o.spec.local) && o.spec.local.path.startsWith(%q)", localvol.MountRoot+"/")),
+		check(pvs, each(isShared("o")+" || "+fmt.Sprintf("has(o.spec.local) && o.spec.local.path.startsWith(%q)", localvol.MountRoot+"/")),
 			"node {node} may only write local PersistentVolumes whose spec.local.path lies under "+localvol.MountRoot+"/ (its data disks)"),
-		check(pvs, each(affinity),
+		check(pvs, each(isShared("o")+" || "+affinity),
 			"node {node} may only write PersistentVolumes whose node affinity is the one term "+localvol.TopologyKey+" In [{node}] (volumes on itself)"),
+		check(pvs, each("!"+isShared("o")+" || ("+onExport(nfs)+")"), sharedMessage(nfs)),
 		check(capacities, fmt.Sprintf("request.namespace == %q", localvol.Namespace),
 			"node {node} may only write CSIStorageCapacity objects in namespace "+localvol.Namespace),
 		check(capacities, each(hasEntry("labels", localvol.LabelNode, "variables.node")),

@@ -31,11 +31,13 @@ func TestObjectsStorageClassReadsCapacity(t *testing.T) {
 	var class *storagev1.StorageClass
 	var driver *storagev1.CSIDriver
 	order := map[string]int{}
-	for i, o := range localvolumes.Objects() {
+	for i, o := range localvolumes.Objects(testNFS) {
 		order[o.GVR.Resource] = i
 		switch obj := o.Obj.(type) {
 		case *storagev1.StorageClass:
-			class = obj
+			if obj.Name == localvol.StorageClass {
+				class = obj
+			}
 		case *storagev1.CSIDriver:
 			driver = obj
 		}
@@ -101,7 +103,7 @@ func TestInitAppliesLocalVolumes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := joinconfig.Apply(ctx, dyn, localvolumes.Objects()); err != nil {
+	if err := joinconfig.Apply(ctx, dyn, localvolumes.Objects(testNFS)); err != nil {
 		t.Fatalf("applying the objects again: %v", err)
 	}
 	again, err := cs.StorageV1().StorageClasses().Get(ctx, localvol.StorageClass, metav1.GetOptions{})

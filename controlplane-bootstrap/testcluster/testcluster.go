@@ -213,8 +213,16 @@ func Config() (*clusterconfig.Config, error) {
 	// Tests do not need durability against power loss, and fsync is the
 	// slowest part of etcd on a shared disk.
 	cfg.Etcd.ExtraArgs = map[string]string{"unsafe-no-fsync": "true"}
+	nfs := TestNFS
+	cfg.Storage.NFS = &nfs
 	return &cfg, nil
 }
+
+// TestNFS is the test clusters' NFS export (storage.nfs): an address of TEST-NET-1
+// that serves nothing, so the gpurack-shared class and the admission rules for its
+// volumes exist, and no volume of it can be mounted.
+var TestNFS = clusterconfig.NFS{Server: "192.0.2.10", Share: "/srv/gpurack",
+	MountOptions: clusterconfig.DefaultNFSMountOptions, OnDelete: "archive"}
 
 // FreePorts returns n distinct TCP ports that were free on 127.0.0.1 a
 // moment ago.
