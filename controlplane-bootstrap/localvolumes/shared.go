@@ -54,8 +54,8 @@ func SharedStorageClass(nfs *clusterconfig.NFS) *storagev1.StorageClass {
 	binding := storagev1.VolumeBindingImmediate
 	expand := false
 	return &storagev1.StorageClass{
-		TypeMeta:   metav1.TypeMeta{APIVersion: "storage.k8s.io/v1", Kind: "StorageClass"},
-		ObjectMeta: metav1.ObjectMeta{Name: sharedvol.StorageClass},
+		TypeMeta:    metav1.TypeMeta{APIVersion: "storage.k8s.io/v1", Kind: "StorageClass"},
+		ObjectMeta:  metav1.ObjectMeta{Name: sharedvol.StorageClass},
 		Provisioner: sharedvol.Provisioner,
 		Parameters: map[string]string{sharedvol.ParamServer: nfs.Server, sharedvol.ParamShare: nfs.Share,
 			sharedvol.ParamOnDelete: nfs.OnDelete},

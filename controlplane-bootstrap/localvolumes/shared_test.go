@@ -99,7 +99,9 @@ func TestNodeWritesSharedVolumesOnTheExport(t *testing.T) {
 	if _, err := cms.Create(ctx, record, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatalf("node-a creating the provisioner's election record: %v", err)
 	}
-	t.Cleanup(func() { admin.CoreV1().ConfigMaps(localvol.Namespace).Delete(ctx, sharedvol.Lease, metav1.DeleteOptions{}) })
+	t.Cleanup(func() {
+		admin.CoreV1().ConfigMaps(localvol.Namespace).Delete(ctx, sharedvol.Lease, metav1.DeleteOptions{})
+	})
 	got, err := cms.Get(ctx, sharedvol.Lease, metav1.GetOptions{})
 	if err != nil {
 		t.Fatalf("node-a reading the provisioner's election record: %v", err)
