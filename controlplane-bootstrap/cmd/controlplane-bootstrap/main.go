@@ -37,6 +37,6 @@ See docs/controlplane.md.`,
 	}
 	root.AddCommand(newInitCommand(), newJoinCommand(), newUploadCertsCommand(), newStatusCommand(), newStopCommand(), newResetCommand(),
 		newTokenCommand(), newJoinConfigCommand(), newTenantsCommand(), newUsersCommand(), newCertsCommand(), newAuditCommand(),
-		newLogsCommand(), newLogsGatewayCommand(), newRegistryCommand(), newRegistryAuthCommand(), newVIPCommand(), newEtcdEnvCommand())
+		newLogsCommand(), newLogsGatewayCommand(), newRegistryCommand(), newRegistryAuthCommand(), newVIPCommand(), newEtcdEnvCommand(), newNFSExportsCommand())
 	return root
 }
