@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -401,7 +402,7 @@ func (b *imageBuild) kernel(ctx context.Context) error {
 	if err := deps.ReadSoftdeps(filepath.Join(b.modDir, "modules.softdep"), filepath.Join(b.modDir, "modules.alias")); err != nil {
 		return fmt.Errorf("kernel %s: %w", b.kver, err)
 	}
-	if b.nodeMods, err = deps.Closure(rootfs.NodeModules, builtin); err != nil {
+	if b.nodeMods, err = deps.Closure(append(slices.Clip(rootfs.NodeModules), b.p.Kernel.Modules...), builtin); err != nil {
 		return fmt.Errorf("kernel %s: %w", b.kver, err)
 	}
 	return nil

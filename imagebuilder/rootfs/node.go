@@ -59,6 +59,8 @@ var NodeModules = []string{
 	"nft_fib", "nft_fib_inet", "nft_fib_ipv4", "nft_fib_ipv6", "nft_limit", "nft_hash", "nft_redir", "ip_vs", "ip_vs_rr", "ip_vs_wrr", "ip_vs_sh", "ip_set", "autofs4", "loop", "squashfs",
 	"nf_conntrack_netlink", "nfnetlink_queue", "nft_queue", "virtio_net", "virtio_blk", "virtio_pci", "virtio_console", "tls", "configfs", "efivarfs",
 	"xfs", "nvme", "ahci", "sd_mod", "virtio_scsi",
+	// The NFS client of gpurack-shared volumes (docs/storage.md), v4 and v3.
+	"nfs", "nfsv4", "nfsv3",
 }
 
 // Write lays the node's files out in overlay (copied over the tree by mmdebstrap) and

@@ -81,6 +81,10 @@ type Kernel struct {
 	// Version is the kernel release it installs (`uname -r`, e.g. 6.1.0-50-amd64). It is
 	// required with a GPU driver, because kernel modules are built and checked against it.
 	Version string `yaml:"version,omitempty" json:"version,omitempty"`
+	// Modules are kernel modules the image ships beyond every node's set
+	// (rootfs.NodeModules), with their dependencies: nfsd for an image that serves
+	// NFS, say. Names as modprobe takes them.
+	Modules []string `yaml:"modules,omitempty" json:"modules,omitempty"`
 }
 
 // GPU describes the accelerators and their driver.

@@ -215,6 +215,7 @@ func TestProfileErrors(t *testing.T) {
 		{"bad component", tiny, "  suite: bookworm", "  suite: bookworm\n  components: [main, nonfree]", "base.components[1]", 5, "unknown archive area"},
 		{"meta kernel with GPU", nvidia, "package: linux-image-6.1.0-50-amd64", "package: linux-image-amd64", "kernel.package", 6, "pin a versioned package"},
 		{"kernel mismatch", nvidia, "version: 6.1.0-50-amd64", "version: 6.1.0-57-amd64", "kernel.version", 7, "does not match"},
+		{"bad kernel module", nvidia, "version: 6.1.0-50-amd64", "version: 6.1.0-50-amd64\n  modules: [nfsd, ../evil]", "kernel.modules[1]", 8, "not a kernel module name"},
 		{"bad k8s version", tiny, "v1.34.2", "1.34", "kubernetes.version", 8, "not a Kubernetes release"},
 		{"duplicate key", tiny, "name: tiny", "name: tiny\nname: other", "name", 2, "given twice"},
 		{"bad check id", tiny, "kubernetes:", "checks:\n  gpu.tempreature:\n    warn: 3\nkubernetes:", "checks[gpu.tempreature]", 8, "unknown check id"},

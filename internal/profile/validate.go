@@ -158,6 +158,9 @@ func (v *validator) base(b *Base) {
 	}
 }
 
+// moduleNameRE is a kernel module's name.
+var moduleNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,63}$`)
+
 func (v *validator) kernel(p *Profile) {
 	k := &p.Kernel
 	if !v.required("kernel.package", k.Package, "package: linux-image-amd64") {
@@ -174,6 +177,11 @@ func (v *validator) kernel(p *Profile) {
 			v.fail("kernel.version", "%q is not a kernel release like 6.1.0-50-amd64 (as uname -r prints it)", k.Version)
 		} else if !meta && release != k.Version {
 			v.fail("kernel.version", "%q does not match the package %s, which installs %s", k.Version, k.Package, release)
+		}
+	}
+	for i, m := range k.Modules {
+		if !moduleNameRE.MatchString(m) {
+			v.fail(fmt.Sprintf("kernel.modules[%d]", i), "%q is not a kernel module name (as modprobe takes it: nfsd, xt_conntrack)", m)
 		}
 	}
 	if p.HasDriver() {
