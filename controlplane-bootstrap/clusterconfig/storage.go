@@ -31,14 +31,17 @@ type NFS struct {
 	OnDelete string `yaml:"onDelete"`
 }
 
-// DefaultNFSMountOptions: NFS 4.1 over TCP; hard, so a server that stops answering
-// makes I/O wait rather than fail (no silent half-written checkpoints), with each
-// try 60 s (timeo=600) and 2 retransmissions before the kernel says "server not
-// responding" in the node's log; noresvport, so a reconnect after the server's
-// restart takes any source port. What a pod sees while the server is down is in
-// docs/storage.md: its I/O waits, its mount (a new pod) fails with kubelet's
-// event after mount.nfs's retries.
-var DefaultNFSMountOptions = []string{"nfsvers=4.1", "hard", "timeo=600", "retrans=2", "noresvport"}
+// DefaultNFSMountOptions: NFS 4.1 over TCP (one port, 2049; no rpcbind or statd);
+// soft, with each try 10 s (timeo=100) and 2 retransmissions, so a server that stops
+// answering fails a pod's I/O with EIO after about a minute (10 + 20 + 30 s) instead
+// of leaving it, kubelet's volume statistics and the provisioner hung for as long as
+// the server is down; noresvport, so a reconnect after the server's restart takes any
+// source port. The cost of soft: a write the server never acknowledged fails rather
+// than waits, so a job must check its writes (fsync, close) to know its checkpoint is
+// whole, as the test probe's training does (write, fsync, rename). A new pod's mount
+// fails after mount.nfs's own retries (2 minutes) with kubelet's FailedMount event,
+// and kubelet tries again with backoff. docs/storage.md, decision 0677.
+var DefaultNFSMountOptions = []string{"nfsvers=4.1", "soft", "timeo=100", "retrans=2", "noresvport"}
 
 func (s *Storage) applyDefaults() {
 	if s.NFS == nil {

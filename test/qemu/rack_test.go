@@ -143,6 +143,8 @@ func TestRack(t *testing.T) {
 				t.Run("registry pull", func(t *testing.T) { registryPull(t, r.ctx, r.env, r.ns, r.bins.controlplane, r.cp, r.admin, a.node) })
 			})
 			t.Run("logs, exec and break-glass", func(t *testing.T) { checkLogsExecAndBreakGlass(t, r, a.node) })
+			// Node A serves the NFS export; pods on both nodes use it.
+			t.Run("gpurack-shared volumes", func(t *testing.T) { checkSharedVolumes(t, r, a.node, b.node) })
 		})
 		t.Run(b.Node+" GPUs", func(t *testing.T) {
 			t.Parallel()

@@ -235,8 +235,10 @@ func startRack(t *testing.T, opts RackOptions) *Rack {
 		r.alerts = startAlertHook(t, r.ns)
 		// The image registry and its token issuer (registry.enabled) on the advertise
 		// address; gpuboot names it to the nodes (cluster.registry). Kueue, the
-		// tenants' job queues (queues.enabled).
-		r.cp = startNamespacedControlPlane(t, r.env, r.ns, r.bins.controlplane, monitoringConfig(t, r.alerts)+"registry: {enabled: true}\nqueues: {enabled: true}\n")
+		// tenants' job queues (queues.enabled). gpurack-shared on machine A's export,
+		// which TestRack's shared-volume checks serve there (storage.nfs).
+		r.cp = startNamespacedControlPlane(t, r.env, r.ns, r.bins.controlplane, monitoringConfig(t, r.alerts)+"registry: {enabled: true}\nqueues: {enabled: true}\n"+
+			"storage: {nfs: {server: "+poweronNodeIP+", share: "+sharedShare+"}}\n")
 		r.admin = r.cp.clientset(t, r.ns)
 		enroller = r.cp.enroller
 		set.logsEndpoint = joinHost + ":9428" // monitoring.logs' gateway, on by default with monitoring

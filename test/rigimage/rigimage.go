@@ -236,6 +236,10 @@ func Profile(t testing.TB, root, gpuimage, name, section string) string {
 	// Data disks: every virtio disk (test/qemu's machines have none but those a test
 	// gives them, MachineSpec.Disks), XFS from the image's xfsprogs (docs/storage.md).
 	src = strings.Replace(src, "  - ca-certificates\n", "  - ca-certificates\n  - xfsprogs\n", 1)
+	// An NFS server, for TestRack's node A to play the storage host of gpurack-shared
+	// (test/qemu/shared_test.go): Debian's nfs-kernel-server and the kernel's nfsd.
+	src = strings.Replace(src, "  - ca-certificates\n", "  - ca-certificates\n  - nfs-kernel-server\n", 1)
+	src = strings.Replace(src, "  package: linux-image-amd64\n", "  package: linux-image-amd64\n  modules: [nfsd]\n", 1)
 	src += "storage:\n  dataDisks:\n    - transport: virtio\n"
 	prof := filepath.Join(tmp, name+".yaml")
 	if err := os.WriteFile(prof, []byte(src), 0o644); err != nil {
