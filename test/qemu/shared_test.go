@@ -50,7 +50,9 @@ func nodeScript(t *testing.T, ctx context.Context, admin kubernetes.Interface, n
 // serveExport makes node a the storage host: a tmpfs at sharedShare (the node's root
 // is an overlay, which nfsd exports only with options gpurack does not set) and the
 // exports file that `controlplane-bootstrap nfs-exports --dry-run` prints, loaded by
-// the node's own nfs-server.service and exportfs.
+// the node's own nfs-server.service and exportfs. The NFSv4 grace period after each
+// start of the server, in which clients may not open new files, is cut from 90 s to
+// 15 s (nfs.conf's grace-time), a test's setting only.
 func serveExport(t *testing.T, r *Rack, a *corev1.Node) {
 	out, err := exec.CommandContext(r.ctx, r.bins.controlplane, "nfs-exports", "--share", sharedShare, "--clients", sharedClients, "--fsid", "1", "--dry-run").CombinedOutput()
 	if err != nil {
@@ -62,9 +64,10 @@ func serveExport(t *testing.T, r *Rack, a *corev1.Node) {
 	}
 	script := fmt.Sprintf(`mkdir -p %[1]s
 mountpoint -q %[1]s || mount -t tmpfs -o size=256m,mode=0755 gpurack-export %[1]s
-mkdir -p %[1]s/volumes %[1]s/archived /etc/exports.d
+mkdir -p %[1]s/volumes %[1]s/archived /etc/exports.d /etc/nfs.conf.d
 cat > /etc/exports.d/gpurack.exports <<'EOF'
 %[2]sEOF
+printf '[nfsd]\ngrace-time=15\n' > /etc/nfs.conf.d/gpurack-test.conf
 systemctl restart nfs-server.service
 exportfs -ra
 exportfs -v`, sharedShare, file)
