@@ -111,13 +111,13 @@ func userClient(t *testing.T, ctx context.Context, c *testcluster.Cluster, admin
 	if err != nil {
 		t.Fatal(err)
 	}
-	kc, cred, err := tenantusers.Add(ctx, admin, set, store, tenantusers.AddOptions{
+	issued, err := tenantusers.Add(ctx, admin, set, store, tenantusers.AddOptions{
 		User: name, Tenant: tenant, Role: role, TTL: time.Hour, ClusterName: "testcluster", Server: c.Server,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	rc, err := clientcmd.RESTConfigFromKubeConfig(kc)
+	rc, err := clientcmd.RESTConfigFromKubeConfig(issued.Kubeconfig)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,7 +125,7 @@ func userClient(t *testing.T, ctx context.Context, c *testcluster.Cluster, admin
 	if err != nil {
 		t.Fatal(err)
 	}
-	return cs, cred
+	return cs, &issued.Credential
 }
 
 // eventually retries f until it returns nil: RBAC, quota status and
@@ -493,4 +493,58 @@ func TestStorageClassQuotaWithARealAPIServer(t *testing.T) {
 		}
 		return errors.New("no zeta in the status")
 	})
+}
+
+// volumePod is a pod with an emptyDir and a volume named data of source v.
+func volumePod(v corev1.VolumeSource) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "mounts"},
+		Spec: corev1.PodSpec{
+			Containers: []corev1.Container{{Name: "c", Image: "registry.invalid/none:1"}},
+			Volumes: []corev1.Volume{
+				{Name: "scratch", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+				{Name: "data", VolumeSource: v},
+			},
+		},
+	}
+}
+
+// A tenant's pod may not mount the NFS export itself, which would show it
+// every tenant's gpurack-shared volumes; a claim is how it gets one. Pods
+// elsewhere are not the policy's business.
+func TestTenantPodsMayNotMountNFS(t *testing.T) {
+	c := testcluster.Shared(t)
+	ctx := ctxFor(t, 3*time.Minute)
+	admin := c.Clientset(t)
+	dyn, err := dynamic.NewForConfig(c.RESTConfig(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	applyKeepingOthers(t, ctx, dyn, "apiVersion: gpurack.io/v1alpha1\nkind: TenantList\ntenants:\n- name: eta\n")
+	dryRun := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
+	nfs := corev1.VolumeSource{NFS: &corev1.NFSVolumeSource{Server: testcluster.TestNFS.Server, Path: testcluster.TestNFS.Share}}
+	const want = "pods in tenant namespaces may not mount NFS directly (volume data): use a PersistentVolumeClaim of gpurack-shared"
+	// Until the namespace's default ServiceAccount and the policy are in
+	// the apiserver's caches, the answer is another refusal, or none.
+	eventually(t, ctx, "the admission policy refuses an nfs volume in eta", func() error {
+		_, err := admin.CoreV1().Pods("eta").Create(ctx, volumePod(nfs), dryRun)
+		if err == nil {
+			return errors.New("admitted")
+		}
+		if !strings.Contains(err.Error(), want) {
+			return err
+		}
+		return nil
+	})
+	_, err = admin.CoreV1().Pods("eta").Create(ctx, volumePod(nfs), dryRun)
+	wantForbidden(t, "an inline nfs volume in a tenant namespace", err, tenants.VolumePolicy)
+	t.Logf("refused: %v", err)
+
+	claim := corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "work-ann"}}
+	if _, err := admin.CoreV1().Pods("eta").Create(ctx, volumePod(claim), dryRun); err != nil {
+		t.Errorf("a claim in a tenant namespace: %v", err)
+	}
+	if _, err := admin.CoreV1().Pods(metav1.NamespaceDefault).Create(ctx, volumePod(nfs), dryRun); err != nil {
+		t.Errorf("an inline nfs volume outside the tenants' namespaces: %v", err)
+	}
 }

@@ -53,6 +53,7 @@ func TestExampleParses(t *testing.T) {
 		"resourcequotas vision/gpurack-tier-inference", "resourcequotas nlp/gpurack-tier-training",
 		"networkpolicies nlp/gpurack-tenant-isolation", "rolebindings vision/gpurack-tenant-admins",
 		"clusterrolebindings gpurack:tenant:nlp:admins", "validatingadmissionpolicies " + PriorityPolicy,
+		"validatingadmissionpolicies " + VolumePolicy, "validatingadmissionpolicybindings " + VolumePolicy,
 	} {
 		if !seen[want] {
 			t.Errorf("no %s among the objects", want)

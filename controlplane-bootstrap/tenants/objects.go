@@ -16,6 +16,8 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/gpurack/gpurack/internal/sharedvol"
 )
 
 // Labels, annotations and names of the objects a tenant gets.
@@ -47,6 +49,12 @@ const (
 	// PriorityPolicy is the ValidatingAdmissionPolicy (and binding) that
 	// keeps a tenant's pods to the tenant's own PriorityClasses.
 	PriorityPolicy = "gpurack-tenant-priority-classes"
+	// VolumePolicy is the ValidatingAdmissionPolicy (and binding) that refuses
+	// a tenant's pods inline nfs volumes: gpurack-shared volumes are
+	// directories of one export, mounted with no_root_squash, so a pod that
+	// mounts the export itself could read every tenant's volumes. Pod
+	// Security baseline (the tenants' default) allows nfs volumes.
+	VolumePolicy = "gpurack-tenant-volumes"
 
 	// GPUResource is the extended resource the NVIDIA device plugin
 	// advertises; quota counts requests of it.
@@ -247,9 +255,10 @@ func adminRules() []rbacv1.PolicyRule {
 	)
 }
 
+// sharedObjects are the cluster-wide objects every tenant shares: the
+// tenant-admin ClusterRole and the admission policies for tenant pods.
 func sharedObjects() []runtime.Object {
-	failClosed := admissionv1.Fail
-	return []runtime.Object{
+	objs := []runtime.Object{
 		&rbacv1.ClusterRole{
 			ObjectMeta: objectMeta("", "", ClusterRoleAdmin),
 			Rules: []rbacv1.PolicyRule{
@@ -257,8 +266,35 @@ func sharedObjects() []runtime.Object {
 				{APIGroups: []string{"scheduling.k8s.io"}, Resources: []string{"priorityclasses"}, Verbs: readVerbs},
 			},
 		},
+	}
+	objs = append(objs, podPolicy(PriorityPolicy, admissionv1.Validation{
+		Expression: fmt.Sprintf(`!has(object.spec.priorityClassName) || object.spec.priorityClassName == "" || `+
+			`(has(namespaceObject.metadata.annotations) && %[1]q in namespaceObject.metadata.annotations && `+
+			`namespaceObject.metadata.annotations[%[1]q].split(",").exists(c, c == object.spec.priorityClassName))`, AnnotationPriorityClasses),
+		MessageExpression: fmt.Sprintf(`"priorityClassName " + object.spec.priorityClassName + " is not one of this tenant's tiers; `+
+			`use one of: " + (has(namespaceObject.metadata.annotations) && %[1]q in namespaceObject.metadata.annotations ? `+
+			`namespaceObject.metadata.annotations[%[1]q] : "none")`, AnnotationPriorityClasses),
+		Reason: ptr(metav1.StatusReasonForbidden),
+	})...)
+	// Only pods: controllers make pods from templates, and a pod's volumes
+	// cannot change after it is created.
+	objs = append(objs, podPolicy(VolumePolicy, admissionv1.Validation{
+		Expression: `!has(object.spec.volumes) || object.spec.volumes.all(v, !has(v.nfs))`,
+		MessageExpression: fmt.Sprintf(`"pods in tenant namespaces may not mount NFS directly (volume " + `+
+			`object.spec.volumes.filter(v, has(v.nfs))[0].name + "): use a PersistentVolumeClaim of %s"`, sharedvol.StorageClass),
+		Reason: ptr(metav1.StatusReasonForbidden),
+	})...)
+	return objs
+}
+
+// podPolicy is a ValidatingAdmissionPolicy named name, and its binding, that
+// checks v on every pod created in a tenant's namespaces. It fails closed: a
+// pod the policy cannot be evaluated for is refused.
+func podPolicy(name string, v admissionv1.Validation) []runtime.Object {
+	failClosed := admissionv1.Fail
+	return []runtime.Object{
 		&admissionv1.ValidatingAdmissionPolicy{
-			ObjectMeta: objectMeta("", "", PriorityPolicy),
+			ObjectMeta: objectMeta("", "", name),
 			Spec: admissionv1.ValidatingAdmissionPolicySpec{
 				FailurePolicy: &failClosed,
 				MatchConstraints: &admissionv1.MatchResources{
@@ -272,21 +308,13 @@ func sharedObjects() []runtime.Object {
 						},
 					}},
 				},
-				Validations: []admissionv1.Validation{{
-					Expression: fmt.Sprintf(`!has(object.spec.priorityClassName) || object.spec.priorityClassName == "" || `+
-						`(has(namespaceObject.metadata.annotations) && %[1]q in namespaceObject.metadata.annotations && `+
-						`namespaceObject.metadata.annotations[%[1]q].split(",").exists(c, c == object.spec.priorityClassName))`, AnnotationPriorityClasses),
-					MessageExpression: fmt.Sprintf(`"priorityClassName " + object.spec.priorityClassName + " is not one of this tenant's tiers; `+
-						`use one of: " + (has(namespaceObject.metadata.annotations) && %[1]q in namespaceObject.metadata.annotations ? `+
-						`namespaceObject.metadata.annotations[%[1]q] : "none")`, AnnotationPriorityClasses),
-					Reason: ptr(metav1.StatusReasonForbidden),
-				}},
+				Validations: []admissionv1.Validation{v},
 			},
 		},
 		&admissionv1.ValidatingAdmissionPolicyBinding{
-			ObjectMeta: objectMeta("", "", PriorityPolicy),
+			ObjectMeta: objectMeta("", "", name),
 			Spec: admissionv1.ValidatingAdmissionPolicyBindingSpec{
-				PolicyName:        PriorityPolicy,
+				PolicyName:        name,
 				ValidationActions: []admissionv1.ValidationAction{admissionv1.Deny},
 			},
 		},

@@ -11,6 +11,10 @@
 // new credential does not bring an old certificate back. See
 // docs/tenants.md.
 //
+// Each user also gets a work directory (work.go): a claim of the
+// gpurack-shared StorageClass in the tenant's namespace, which outlives the
+// user's credentials.
+//
 // It does not make the tenants' Roles (package tenants) and keeps its
 // records in a JSON file in the cluster directory.
 package tenantusers
@@ -33,6 +37,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	rbacapply "k8s.io/client-go/applyconfigurations/rbac/v1"
@@ -150,38 +155,64 @@ type AddOptions struct {
 	// ClusterName and Server go into the kubeconfig.
 	ClusterName, Server string
 	Now                 time.Time
+	// WorkSize is the size of the user's work directory (WorkClaimName); zero
+	// makes none.
+	WorkSize resource.Quantity
+	// WorkClass is the work directory's StorageClass; empty means
+	// sharedvol.StorageClass (gpurack-shared).
+	WorkClass string
+}
+
+// Issued is what Add made: the kubeconfig, the credential it holds, and what
+// became of the user's work directory.
+type Issued struct {
+	Kubeconfig []byte
+	Credential Credential
+	Work       WorkDir
 }
 
 // Add issues a credential: a client certificate from the cluster CA for
 // opts.User with a new credential group, and bindings of that group to the
 // tenant's Role in each of the tenant's namespaces (and, for admins, to the
-// tenant-admin ClusterRole). It records the credential in s (the caller
-// saves s) and returns the kubeconfig. It refuses a user who holds an active
-// credential.
-func Add(ctx context.Context, client kubernetes.Interface, set *clusterpki.Set, s *Store, opts AddOptions) ([]byte, *Credential, error) {
+// tenant-admin ClusterRole). Before that it makes the user's work directory
+// (makeWorkDir), unless it is there already. It records the credential in s
+// (the caller saves s) and returns the kubeconfig. It refuses a user who
+// holds an active credential.
+func Add(ctx context.Context, client kubernetes.Interface, set *clusterpki.Set, s *Store, opts AddOptions) (*Issued, error) {
 	if !userName.MatchString(opts.User) || len(opts.User) > 63 {
-		return nil, nil, fmt.Errorf("user name %q: use lowercase letters, digits, '-' and '.', at most 63", opts.User)
+		return nil, fmt.Errorf("user name %q: use lowercase letters, digits, '-' and '.', at most 63", opts.User)
 	}
 	if opts.Role != RoleUser && opts.Role != RoleAdmin {
-		return nil, nil, fmt.Errorf("role %q: use %s or %s", opts.Role, RoleUser, RoleAdmin)
+		return nil, fmt.Errorf("role %q: use %s or %s", opts.Role, RoleUser, RoleAdmin)
 	}
 	if opts.TTL <= 0 {
-		return nil, nil, fmt.Errorf("ttl %v: give a positive duration such as 720h", opts.TTL)
+		return nil, fmt.Errorf("ttl %v: give a positive duration such as 720h", opts.TTL)
+	}
+	if opts.WorkSize.Sign() < 0 {
+		return nil, fmt.Errorf("work size %s: give a size such as %s, or 0 for no work directory", opts.WorkSize.String(), DefaultWorkSize)
 	}
 	if opts.Now.IsZero() {
 		opts.Now = time.Now()
 	}
 	if act := s.Active(opts.User, opts.Now); len(act) > 0 {
-		return nil, nil, fmt.Errorf("user %s already holds credential %s (tenant %s, until %s); revoke it first with `users revoke %s`",
+		return nil, fmt.Errorf("user %s already holds credential %s (tenant %s, until %s); revoke it first with `users revoke %s`",
 			opts.User, act[0].ID, act[0].Tenant, act[0].NotAfter.Format(time.RFC3339), opts.User)
 	}
 	nss, err := TenantNamespaces(ctx, client, opts.Tenant)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
+	}
+	// The work directory comes before the credential: when quota refuses the
+	// claim, nothing has been issued or bound, and users add, run again once
+	// the quota is raised, does the whole thing. A claim made before a later
+	// step fails is no harm: the next run finds it and keeps it.
+	work, err := makeWorkDir(ctx, client, opts, nss)
+	if err != nil {
+		return nil, err
 	}
 	id, err := newID(s)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	groups := []string{CredentialGroup(opts.User, id), MemberGroup(opts.Tenant, opts.Role)}
 	kp, err := set.CA.Issue(pki.CertRequest{
@@ -189,7 +220,7 @@ func Add(ctx context.Context, client kubernetes.Interface, set *clusterpki.Set, 
 		Validity: opts.TTL, NotBefore: opts.Now,
 	})
 	if err != nil {
-		return nil, nil, fmt.Errorf("issue the certificate of %s: %w", opts.User, err)
+		return nil, fmt.Errorf("issue the certificate of %s: %w", opts.User, err)
 	}
 	cred := Credential{
 		User: opts.User, Tenant: opts.Tenant, Role: opts.Role, ID: id,
@@ -197,14 +228,14 @@ func Add(ctx context.Context, client kubernetes.Interface, set *clusterpki.Set, 
 		IssuedAt: opts.Now.UTC(), NotAfter: kp.Cert.NotAfter.UTC(),
 	}
 	if err := bind(ctx, client, cred, nss); err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	s.Credentials = append(s.Credentials, cred)
 	kc, err := clusterpki.KubeconfigBytes(opts.ClusterName, opts.Server, set.CACertPEM(), opts.User, kp)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	return kc, &cred, nil
+	return &Issued{Kubeconfig: kc, Credential: cred, Work: work}, nil
 }
 
 func newID(s *Store) (string, error) {
@@ -302,7 +333,8 @@ func Rebind(ctx context.Context, client kubernetes.Interface, s *Store, now time
 // gpurack credential (labeled with the user, or naming one of the user's
 // credential groups, wherever it is), marks the user's credentials revoked
 // in s (the caller saves s), and waits until the apiserver's authorizer
-// denies the revoked identities. It returns the bindings it deleted.
+// denies the revoked identities. It returns the bindings it deleted. The
+// user's work directory stays, with its data (WorkClaims lists it).
 func Revoke(ctx context.Context, client kubernetes.Interface, s *Store, user string, now time.Time) ([]string, error) {
 	known := slices.ContainsFunc(s.Credentials, func(c Credential) bool { return c.User == user })
 	prefix := "gpurack:user:" + user + ":"

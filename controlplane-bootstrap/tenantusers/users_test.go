@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"k8s.io/apimachinery/pkg/api/resource"
 )
 
 func TestStoreRoundTripAndStates(t *testing.T) {
@@ -51,14 +53,35 @@ func TestAddRefusesBadInputBeforeTouchingTheCluster(t *testing.T) {
 		{AddOptions{User: "bob", Tenant: "a", Role: "root", TTL: time.Hour}, `role "root": use user or admin`},
 		{AddOptions{User: "bob", Tenant: "a", Role: RoleUser}, "ttl 0s: give a positive duration"},
 		{AddOptions{User: "ann", Tenant: "a", Role: RoleUser, TTL: time.Hour, Now: now}, "already holds credential 1"},
+		{AddOptions{User: "bob", Tenant: "a", Role: RoleUser, TTL: time.Hour, WorkSize: resource.MustParse("-1Gi")}, "work size -1Gi: give a size such as 50Gi"},
 	} {
 		// A nil client and PKI: Add must fail before it needs them.
-		_, _, err := Add(t.Context(), nil, nil, s, tc.opts)
+		_, err := Add(t.Context(), nil, nil, s, tc.opts)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%+v: %v; want %q", tc.opts, err, tc.want)
 		}
 	}
 	if got := CredentialGroup("ann", "0a1b2c3d"); got != "gpurack:user:ann:0a1b2c3d" {
 		t.Errorf("credential group %s", got)
+	}
+}
+
+func TestWorkNamespaceAndLines(t *testing.T) {
+	for _, tc := range []struct {
+		tenant string
+		nss    []string
+		want   string
+	}{
+		{"vision", []string{"vision", "vision-dev"}, "vision"},
+		{"vision", []string{"a-vision", "vision"}, "vision"},
+		{"vision", []string{"cv-dev", "cv-prod"}, "cv-dev"},
+	} {
+		if got := workNamespace(tc.tenant, tc.nss); got != tc.want {
+			t.Errorf("workNamespace(%s, %v) = %s; want %s", tc.tenant, tc.nss, got, tc.want)
+		}
+	}
+	w := WorkDir{State: WorkMade, Namespace: "vision", Claim: WorkClaimName("ann"), Class: "gpurack-shared", Size: resource.MustParse(DefaultWorkSize)}
+	if got, want := w.String(), "work directory: PVC vision/work-ann (gpurack-shared, 50Gi); mount it in a pod as claimName: work-ann"; got != want {
+		t.Errorf("line %q; want %q", got, want)
 	}
 }

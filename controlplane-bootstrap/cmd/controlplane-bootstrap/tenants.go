@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
@@ -245,10 +246,10 @@ func userStorePath(cp *controlplane.ControlPlane) string {
 }
 
 func newUsersAddCommand() *cobra.Command {
-	var dir, tenant, role, out, registry string
+	var dir, tenant, role, out, registry, workSize string
 	var ttl time.Duration
 	cmd := &cobra.Command{
-		Use:   "add --dir DIR NAME --tenant T --role user|admin [--ttl 720h] [--out FILE] [--registry HOST:PORT]",
+		Use:   "add --dir DIR NAME --tenant T --role user|admin [--ttl 720h] [--out FILE] [--registry HOST:PORT] [--work-size 50Gi]",
 		Short: "Write a kubeconfig for NAME with a client certificate that has tenant T's role",
 		Long: `add issues a client certificate from the cluster CA (CN NAME, groups
 gpurack:user:NAME:ID and gpurack:tenant-cert:T:users|admins), binds the credential's own group
@@ -257,9 +258,20 @@ writes the kubeconfig to --out (default NAME.kubeconfig). With the registry (clu
 registry.enabled, or --registry) it also issues
 the credential a password for the image registry (stored only as a hash) and writes it
 beside the kubeconfig as NAME.registry-auth.json, a containers auth file for
-skopeo --authfile. See docs/tenants.md.`,
+skopeo --authfile.
+
+When the cluster has the gpurack-shared StorageClass (storage.nfs in cluster.yaml),
+NAME also gets a work directory: the PersistentVolumeClaim work-NAME (gpurack-shared,
+ReadWriteMany, --work-size, labelled gpurack.io/tenant and gpurack.io/user) in the
+tenant's namespace named like the tenant, or else its first by name. It counts against
+the tenant's storage quota. A claim of that name that is there already is left as it
+is; users revoke keeps it, with its data. --work-size 0 makes none. See docs/tenants.md.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			size, err := resource.ParseQuantity(workSize)
+			if err != nil {
+				return fmt.Errorf("--work-size %q: give a size such as %s, or 0 for no work directory", workSize, tenantusers.DefaultWorkSize)
+			}
 			cp, cs, _, err := adminClients(dir)
 			if err != nil {
 				return err
@@ -272,13 +284,15 @@ skopeo --authfile. See docs/tenants.md.`,
 			if err != nil {
 				return err
 			}
-			kc, cred, err := tenantusers.Add(cmd.Context(), cs, cp.PKI, store, tenantusers.AddOptions{
+			issued, err := tenantusers.Add(cmd.Context(), cs, cp.PKI, store, tenantusers.AddOptions{
 				User: args[0], Tenant: tenant, Role: role, TTL: ttl,
 				ClusterName: cp.Config.ClusterName, Server: cp.Config.EndpointURL(),
+				WorkSize: size,
 			})
 			if err != nil {
 				return err
 			}
+			kc, cred := issued.Kubeconfig, &issued.Credential
 			if out == "" {
 				out = args[0] + ".kubeconfig"
 			}
@@ -300,6 +314,7 @@ skopeo --authfile. See docs/tenants.md.`,
 				fmt.Fprintf(cmd.OutOrStdout(), "wrote %s: %s's password for the registry %s, under %s/ (skopeo --authfile %s)\n",
 					authFile, cred.User, reg, cred.Tenant, authFile)
 			}
+			fmt.Fprintln(cmd.OutOrStdout(), issued.Work.String())
 			return nil
 		},
 	}
@@ -309,6 +324,7 @@ skopeo --authfile. See docs/tenants.md.`,
 	cmd.Flags().StringVar(&role, "role", tenantusers.RoleUser, "user or admin")
 	cmd.Flags().DurationVar(&ttl, "ttl", tenantusers.DefaultTTL, "how long the certificate is valid")
 	cmd.Flags().StringVar(&out, "out", "", "where to write the kubeconfig (default NAME.kubeconfig)")
+	cmd.Flags().StringVar(&workSize, "work-size", tenantusers.DefaultWorkSize, "size of NAME's work directory, the gpurack-shared claim work-NAME; 0 for none")
 	registryFlag(cmd, &registry)
 	return cmd
 }
@@ -350,7 +366,11 @@ func newUsersRevokeCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "revoke --dir DIR NAME",
 		Short: "Remove every binding of NAME's credentials; waits until the apiserver denies them",
-		Args:  cobra.ExactArgs(1),
+		Long: `revoke deletes every RoleBinding and ClusterRoleBinding that grants NAME's
+credentials anything, marks them revoked in DIR/users/credentials.json and waits until
+the apiserver denies them. NAME's work directory (the claim work-NAME that users add
+made) is kept, with its data: delete it with kubectl delete pvc once its data is saved.`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cp, cs, _, err := adminClients(dir)
 			if err != nil {
@@ -371,6 +391,14 @@ func newUsersRevokeCommand() *cobra.Command {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "revoked %s: its certificates still authenticate but are granted nothing\n", args[0])
+			work, err := tenantusers.WorkClaims(cmd.Context(), cs, args[0])
+			if err != nil {
+				return err
+			}
+			for _, w := range work {
+				ns, name, _ := strings.Cut(w, "/")
+				fmt.Fprintf(cmd.OutOrStdout(), "%s kept; delete it with kubectl delete pvc -n %s %s once its data is saved\n", name, ns, name)
+			}
 			return nil
 		},
 	}

@@ -60,6 +60,9 @@ func TestCLITenantsAndUsers(t *testing.T) {
 		!strings.Contains(out, "user of tenant gamma") || !strings.Contains(out, "wrote "+filepath.Join(work, "carol.registry-auth.json")) {
 		t.Fatalf("users add: %v", err)
 	}
+	if !strings.Contains(out, "work directory: PVC gamma/work-carol (gpurack-shared, 50Gi); mount it in a pod as claimName: work-carol") {
+		t.Errorf("users add does not name carol's work directory:\n%s", out)
+	}
 	issuer := startIssuerProcess(t, c)
 	carolAuth := filepath.Join(work, "carol.registry-auth.json")
 	if code, body := issuer.token(t, carolAuth, "repository:gamma/train:pull,push"); code != 200 {
@@ -91,6 +94,12 @@ func TestCLITenantsAndUsers(t *testing.T) {
 	}
 	if out, err = cli(t, "", "users", "revoke", "--dir", c.Dir, "carol"); err != nil || !strings.Contains(out, "deleted rolebinding gamma/gpurack-user-carol") {
 		t.Fatalf("users revoke: %v", err)
+	}
+	if !strings.Contains(out, "work-carol kept; delete it with kubectl delete pvc -n gamma work-carol once its data is saved") {
+		t.Errorf("users revoke does not say carol's work directory is kept:\n%s", out)
+	}
+	if _, err := c.Clientset(t).CoreV1().PersistentVolumeClaims("gamma").Get(ctx, "work-carol", metav1.GetOptions{}); err != nil {
+		t.Errorf("carol's work directory after revoke: %v", err)
 	}
 	if _, err = carol.CoreV1().Pods("gamma").List(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
 		t.Errorf("carol's kubeconfig after revoke: %v; want Forbidden", err)
