@@ -142,7 +142,7 @@ bench-node: deps ## the QEMU node: Node Ready, pod start, the Service's first pa
 	PATH="$(TOOLS):$$PATH" test/bench/node.sh
 
 .PHONY: bench-storage
-bench-storage: deps ## the QEMU node: a gpurack-local volume against its data disk mounted directly (O_DIRECT write and read), claim to volume (about 25 min; RUNS=1)
+bench-storage: deps ## the QEMU node: a gpurack-local volume against its data disk mounted directly, a gpurack-shared volume against its NFS export mounted directly (O_DIRECT write and read), claim to volume (about 30 min; RUNS=1)
 	PATH="$(TOOLS):$$PATH" test/bench/storage.sh
 
 .PHONY: bench-etcd

@@ -7,7 +7,9 @@
 # (sequential, 1 MiB requests, fsync after the writes) through a gpurack-local volume
 # and through a directory on the same data disk (a hostPath, the peer), alternating,
 # three times each (`probe bench`); and the claim's time from its first pod's creation
-# to its volume's. Then it writes the "storage" section of docs/benchmarks.md.
+# to its volume's; and, at the end of node A's branch, the same through a gpurack-shared
+# volume against the NFS export mounted directly (shared_test.go). Then it writes the
+# "storage" section of docs/benchmarks.md.
 #
 #   test/bench/storage.sh                one TestRack run (RUNS=1): 3 alternating samples a side
 #   RUNS=3 test/bench/storage.sh         three runs, 9 samples a side
@@ -76,6 +78,28 @@ section=$(mktemp)
   echo "scheduling with the published capacity, the controller-manager's hand-off to the"
   echo "provisioner, and the agent's directory, project quota and PersistentVolume, at the"
   echo "apiserver's one-second timestamps."
+  echo
+  echo "### gpurack-shared (NFS) against the same export mounted directly"
+  echo
+  echo "In the same run, node A (the rig's storage host: nfs-kernel-server and the kernel's"
+  echo "nfsd in A's image, exporting a tmpfs, sync) serves the export; a pod on node B runs"
+  echo "\`probe bench /data /direct 3 64\`: 64 MiB written with O_DIRECT in 1 MiB requests and"
+  echo "fsynced, then read back with O_DIRECT, through a gpurack-shared volume (A) and through a"
+  echo "directory of the same export that the test mounts on B with the class's mount options"
+  echo "(B, the peer), alternately, three times each per run. Both sides cross the same"
+  echo "emulated network from B to A: only the ratio means something."
+  echo
+  echo "| figure | MiB/s |"
+  echo "|---|---|"
+  for kind in write read; do
+    echo "| $kind through the gpurack-shared volume | $(cell "storage-shared-$kind") |"
+    echo "| $kind through the export mounted directly (peer) | $(cell "storage-nfsdirect-$kind") |"
+    echo "| $kind: volume / direct (medians) | $(bench_ratio "$(median "storage-shared-$kind")" "$(median "storage-nfsdirect-$kind")") |"
+  done
+  echo
+  echo "| figure | seconds |"
+  echo "|---|---|"
+  echo "| claim -> volume: claim created -> PersistentVolume created (Immediate; the elected agent mounts the export on its first claim) | $(cell storage-shared-bound) |"
 } >"$section"
 if [ -n "$OUT" ]; then
   cat "$section" >"$OUT"

@@ -5,6 +5,7 @@ package qemu
 import (
 	"context"
 	"fmt"
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -63,7 +64,7 @@ func serveExport(t *testing.T, r *Rack, a *corev1.Node) {
 		t.Fatalf("controlplane-bootstrap nfs-exports --dry-run printed no exports file:\n%s", out)
 	}
 	script := fmt.Sprintf(`mkdir -p %[1]s
-mountpoint -q %[1]s || mount -t tmpfs -o size=256m,mode=0755 gpurack-export %[1]s
+mountpoint -q %[1]s || mount -t tmpfs -o size=768m,mode=0755 gpurack-export %[1]s
 mkdir -p %[1]s/volumes %[1]s/archived /etc/exports.d /etc/nfs.conf.d
 cat > /etc/exports.d/gpurack.exports <<'EOF'
 %[2]sEOF
@@ -176,7 +177,56 @@ func checkSharedVolumes(t *testing.T, r *Rack, a, b *corev1.Node) {
 		t.Errorf("on the storage host, archived/%s.*: %q; want both files", dir, listing)
 	}
 	t.Logf("claims deleted: %s moved to %s/archived/ with its files (%s)", dir, sharedShare, strings.Join(strings.Fields(listing), " "))
+	if figures := os.Getenv("GPURACK_STORAGE_FIGURES"); figures != "" {
+		benchSharedVolume(t, r, a, b, figures)
+	}
 	serverDown(t, r, a, b)
+}
+
+// benchSharedVolume (make bench-storage): on B, 64 MiB written and read with O_DIRECT
+// through a gpurack-shared volume (A) and through a directory of the same export that
+// the test mounts on B directly with the class's mount options (B, the peer),
+// alternating, three times each; and the claim's time to its volume (Immediate).
+func benchSharedVolume(t *testing.T, r *Rack, a, b *corev1.Node, figures string) {
+	claims := r.admin.CoreV1().PersistentVolumeClaims(sharedNS)
+	c, err := claims.Create(r.ctx, sharedClaimIn("bench", corev1.ReadWriteMany, ""), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pv := awaitBound(t, r, "bench")
+	bound := pv.CreationTimestamp.Sub(c.CreationTimestamp.Time).Seconds()
+	direct := "/mnt/gpurack-bench-nfs"
+	nodeScript(t, r.ctx, r.admin, b, "nfs-bench-mount", fmt.Sprintf("mkdir -p %[1]s; mountpoint -q %[1]s || mount -t nfs -o %[2]s %[3]s:%[4]s %[1]s; mkdir -p %[1]s/bench-direct",
+		direct, strings.Join(pv.Spec.MountOptions, ","), pv.Spec.NFS.Server, sharedShare))
+	defer nodeScript(t, r.ctx, r.admin, b, "nfs-bench-umount", "umount "+direct)
+	p := sharedPod(b, "shared-bench", "bench", "bench", "/data", "/direct", "3", "64")
+	dir := corev1.HostPathDirectory
+	p.Spec.Volumes = append(p.Spec.Volumes, corev1.Volume{Name: "direct", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: direct + "/bench-direct", Type: &dir}}})
+	p.Spec.Containers[0].VolumeMounts = append(p.Spec.Containers[0].VolumeMounts, corev1.VolumeMount{Name: "direct", MountPath: "/direct"})
+	privileged, root := true, int64(0) // the directory on the export is root's
+	p.Spec.Containers[0].SecurityContext = &corev1.SecurityContext{Privileged: &privileged, RunAsUser: &root}
+	out := runSharedPod(t, r, p, "")
+	t.Logf("shared storage bench on %s (A: gpurack-shared volume %s, B: the export mounted directly at %s; MiB/s, O_DIRECT, NFS from %s):\n%s\nclaim to volume: %.0f s",
+		b.Name, pv.Name, direct, a.Name, out, bound)
+	var rows []string
+	for _, line := range strings.Split(out, "\n") {
+		var side, kind string
+		var run int
+		var v float64
+		if n, _ := fmt.Sscanf(line, "bench %s %s %d %f", &side, &kind, &run, &v); n == 4 {
+			rows = append(rows, fmt.Sprintf("storage-%s-%s\t%.1f", map[string]string{"A": "shared", "B": "nfsdirect"}[side], kind, v))
+		}
+	}
+	if len(rows) != 12 {
+		t.Fatalf("shared storage bench: %d figures in the output, want 12", len(rows))
+	}
+	rows = append(rows, fmt.Sprintf("storage-shared-bound\t%.0f", bound))
+	if err := appendFigures(figures, rows); err != nil {
+		t.Error(err)
+	}
+	if err := claims.Delete(r.ctx, "bench", metav1.DeleteOptions{}); err != nil {
+		t.Error(err)
+	}
 }
 
 // serverDown stops nfs-server on the storage host: a new pod on B with a bound
