@@ -190,6 +190,10 @@ func (n *Node) hookCommands() []string {
 		// opens only this directory of /etc for writing, which must then exist.
 		"install -d -m 0755 \"$1/etc/cni/net.d\"",
 		"systemctl --root=\"$1\" enable " + strings.Join(enable, " "),
+		// nfs-common brings rpcbind, enabled, listening on port 111: an NFS v4 client
+		// (gpurack-shared's mounts) needs no portmapper, so a node that is not an NFS
+		// server does not run one.
+		"[ -e \"$1/usr/lib/systemd/system/nfs-server.service\" ] || [ ! -e \"$1/usr/lib/systemd/system/rpcbind.socket\" ] || systemctl --root=\"$1\" mask rpcbind.service rpcbind.socket",
 		"printf 'IMAGE_ID=gpurack\\nIMAGE_VERSION=" + n.ImageID + "\\nDEFAULT_HOSTNAME=gpurack\\n' >> \"$1/usr/lib/os-release\"",
 		"rm -f \"$1/etc/apt/sources.list\" && rm -rf \"$1\"/var/lib/apt/lists/* \"$1\"/var/cache/apt/*.bin",
 		// No static hostname: hostnamed lets a static one override the transient
