@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/sig-storage-lib-external-provisioner/v13/controller"
 
 	"github.com/gpurack/gpurack/internal/localvol"
+	"github.com/gpurack/gpurack/internal/volclaim"
 )
 
 // defaultDirectoryMode is a new volume's directory mode without the directoryMode
@@ -143,11 +144,11 @@ func classMode(class string, params map[string]string) (os.FileMode, error) {
 			unknown = append(unknown, k)
 			continue
 		}
-		n, err := strconv.ParseUint(v, 8, 32)
-		if err != nil || n > 0o7777 || !strings.HasPrefix(v, "0") {
-			return 0, fmt.Errorf("StorageClass %s: parameter %s=%q is not an octal mode such as \"0770\"", class, k, v)
+		m, err := volclaim.ParseMode(class, k, v)
+		if err != nil {
+			return 0, err
 		}
-		mode = os.FileMode(n) & os.ModePerm
+		mode = m
 	}
 	if len(unknown) > 0 {
 		slices.Sort(unknown)
@@ -159,22 +160,12 @@ func classMode(class string, params map[string]string) (os.FileMode, error) {
 
 // checkClaim refuses what a directory on one node cannot be.
 func checkClaim(c *corev1.PersistentVolumeClaim) error {
-	if c.Spec.VolumeMode != nil && *c.Spec.VolumeMode == corev1.PersistentVolumeBlock {
-		return fmt.Errorf("claim %s/%s asks for a block volume; gpurack-local volumes are directories (volumeMode: Filesystem)", c.Namespace, c.Name)
-	}
 	for _, m := range c.Spec.AccessModes {
 		if m != corev1.ReadWriteOnce && m != corev1.ReadWriteOncePod {
 			return fmt.Errorf("claim %s/%s asks for %s; a gpurack-local volume lives on one node (ReadWriteOnce or ReadWriteOncePod); for sharing use gpurack-shared", c.Namespace, c.Name, m)
 		}
 	}
-	if c.Spec.Selector != nil {
-		return fmt.Errorf("claim %s/%s has a selector; gpurack-local makes new volumes and cannot match one", c.Namespace, c.Name)
-	}
-	req, ok := c.Spec.Resources.Requests[corev1.ResourceStorage]
-	if !ok || req.Value() <= 0 {
-		return fmt.Errorf("claim %s/%s requests no storage; set resources.requests.storage", c.Namespace, c.Name)
-	}
-	return nil
+	return volclaim.CheckDirectoryClaim(c, localvol.StorageClass)
 }
 
 func quoteAll(s []string) []string {

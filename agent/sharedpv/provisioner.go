@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/sig-storage-lib-external-provisioner/v13/controller"
 
 	"github.com/gpurack/gpurack/internal/sharedvol"
+	"github.com/gpurack/gpurack/internal/volclaim"
 )
 
 // annOnDelete, on a volume this provisioner made, keeps the class's onDelete: the
@@ -59,7 +60,7 @@ func (p *Provisioner) Provision(ctx context.Context, o controller.ProvisionOptio
 		return nil, controller.ProvisioningFinished, err
 	}
 	claim := o.PVC
-	if err := checkClaim(claim); err != nil {
+	if err := volclaim.CheckDirectoryClaim(claim, sharedvol.StorageClass); err != nil {
 		return nil, controller.ProvisioningFinished, err
 	}
 	if src := claim.Annotations[sharedvol.AnnViewOf]; src != "" {
@@ -206,28 +207,13 @@ func parseClass(name string, params map[string]string) (class, error) {
 		c.onDelete = v
 	}
 	if v, ok := params[sharedvol.ParamDirectoryMode]; ok {
-		n, err := strconv.ParseUint(v, 8, 32)
-		if err != nil || n > 0o7777 || !strings.HasPrefix(v, "0") {
-			return c, fmt.Errorf("StorageClass %s: parameter %s=%q is not an octal mode such as \"0770\"", name, sharedvol.ParamDirectoryMode, v)
+		m, err := volclaim.ParseMode(name, sharedvol.ParamDirectoryMode, v)
+		if err != nil {
+			return c, err
 		}
-		c.mode = os.FileMode(n) & os.ModePerm
+		c.mode = m
 	}
 	return c, nil
-}
-
-// checkClaim refuses what a directory on an NFS export cannot be.
-func checkClaim(c *corev1.PersistentVolumeClaim) error {
-	if c.Spec.VolumeMode != nil && *c.Spec.VolumeMode == corev1.PersistentVolumeBlock {
-		return fmt.Errorf("claim %s/%s asks for a block volume; gpurack-shared volumes are directories (volumeMode: Filesystem)", c.Namespace, c.Name)
-	}
-	if c.Spec.Selector != nil {
-		return fmt.Errorf("claim %s/%s has a selector; gpurack-shared makes new volumes and cannot match one", c.Namespace, c.Name)
-	}
-	req, ok := c.Spec.Resources.Requests[corev1.ResourceStorage]
-	if !ok || req.Value() <= 0 {
-		return fmt.Errorf("claim %s/%s requests no storage; set resources.requests.storage (the tenant's storage quota counts it; NFS does not enforce it)", c.Namespace, c.Name)
-	}
-	return nil
 }
 
 // onlyReadOnly: the claim asks for ReadOnlyMany and nothing else.

@@ -316,19 +316,7 @@ func benchLocalVolume(t *testing.T, ctx context.Context, admin kubernetes.Interf
 	}
 	out := terminationMessage(got)
 	t.Logf("storage bench on %s (A: gpurack-local volume %s, B: %s/bench-direct; MiB/s, O_DIRECT):\n%s\nclaim to volume: %.0f s", b.Name, pv.Name, disk, out, bound)
-	var rows []string
-	for _, line := range strings.Split(out, "\n") {
-		var side, kind string
-		var run int
-		var v float64
-		if n, _ := fmt.Sscanf(line, "bench %s %s %d %f", &side, &kind, &run, &v); n == 4 {
-			name := map[string]string{"A": "local", "B": "direct"}[side]
-			rows = append(rows, fmt.Sprintf("storage-%s-%s\t%.1f", name, kind, v))
-		}
-	}
-	if len(rows) != 12 {
-		t.Fatalf("storage bench: %d figures in the output, want 12", len(rows))
-	}
+	rows := benchRows(t, out, "local", "direct")
 	rows = append(rows, fmt.Sprintf("storage-claim-bound\t%.0f", bound))
 	if err := appendFigures(figures, rows); err != nil {
 		t.Error(err)
@@ -336,4 +324,24 @@ func benchLocalVolume(t *testing.T, ctx context.Context, admin kubernetes.Interf
 	if err := admin.CoreV1().PersistentVolumeClaims(localNS).Delete(ctx, "bench", metav1.DeleteOptions{}); err != nil {
 		t.Error(err)
 	}
+}
+
+// benchRows are the figures of `probe bench DIR-A DIR-B 3 MIB` in out, as
+// "storage-<a or b>-<write or read>\tMiB/s" rows for appendFigures (A's named a, B's
+// b); fewer than the 12 three runs make fails t.
+func benchRows(t *testing.T, out, a, b string) []string {
+	t.Helper()
+	var rows []string
+	for _, line := range strings.Split(out, "\n") {
+		var side, kind string
+		var run int
+		var v float64
+		if n, _ := fmt.Sscanf(line, "bench %s %s %d %f", &side, &kind, &run, &v); n == 4 {
+			rows = append(rows, fmt.Sprintf("storage-%s-%s\t%.1f", map[string]string{"A": a, "B": b}[side], kind, v))
+		}
+	}
+	if len(rows) != 12 {
+		t.Fatalf("storage bench: %d figures in the output, want 12", len(rows))
+	}
+	return rows
 }

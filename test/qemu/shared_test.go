@@ -208,19 +208,7 @@ func benchSharedVolume(t *testing.T, r *Rack, a, b *corev1.Node, figures string)
 	out := runSharedPod(t, r, p, "")
 	t.Logf("shared storage bench on %s (A: gpurack-shared volume %s, B: the export mounted directly at %s; MiB/s, O_DIRECT, NFS from %s):\n%s\nclaim to volume: %.0f s",
 		b.Name, pv.Name, direct, a.Name, out, bound)
-	var rows []string
-	for _, line := range strings.Split(out, "\n") {
-		var side, kind string
-		var run int
-		var v float64
-		if n, _ := fmt.Sscanf(line, "bench %s %s %d %f", &side, &kind, &run, &v); n == 4 {
-			rows = append(rows, fmt.Sprintf("storage-%s-%s\t%.1f", map[string]string{"A": "shared", "B": "nfsdirect"}[side], kind, v))
-		}
-	}
-	if len(rows) != 12 {
-		t.Fatalf("shared storage bench: %d figures in the output, want 12", len(rows))
-	}
-	rows = append(rows, fmt.Sprintf("storage-shared-bound\t%.0f", bound))
+	rows := append(benchRows(t, out, "shared", "nfsdirect"), fmt.Sprintf("storage-shared-bound\t%.0f", bound))
 	if err := appendFigures(figures, rows); err != nil {
 		t.Error(err)
 	}
