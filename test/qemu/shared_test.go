@@ -125,7 +125,9 @@ func awaitBound(t *testing.T, r *Rack, name string) *corev1.PersistentVolume {
 		}
 		pv, err = r.admin.CoreV1().PersistentVolumes().Get(r.ctx, c.Spec.VolumeName, metav1.GetOptions{})
 		return err == nil
-	}, func() string { return "events: " + eventMessages(r.ctx, r.admin, sharedNS, "PersistentVolumeClaim", name, "") })
+	}, func() string {
+		return "events: " + eventMessages(r.ctx, r.admin, sharedNS, "PersistentVolumeClaim", name, "")
+	})
 	return pv
 }
 
