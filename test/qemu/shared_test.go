@@ -227,7 +227,8 @@ func serverDown(t *testing.T, r *Rack, a, b *corev1.Node) {
 	if _, err := claims.Create(r.ctx, sharedClaimIn("steady", corev1.ReadWriteMany, ""), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	awaitBound(t, r, "steady")
+	steady := awaitBound(t, r, "steady")
+	io := writeUntilFailure(t, r, b, steady)
 	nodeScript(t, r.ctx, r.admin, a, "nfs-stop", "systemctl stop nfs-server.service; exportfs -v || true")
 	down := time.Now()
 	p := sharedPod(b, "shared-server-down", "steady", "write", "/data/after.bin", "1")
@@ -240,6 +241,16 @@ func serverDown(t *testing.T, r *Rack, a, b *corev1.Node) {
 		return ev != ""
 	})
 	t.Logf("nfs-server stopped -> pod %s on %s: FailedMount after %s: %s", p.Name, b.Name, time.Since(down).Round(time.Second), firstLine(ev))
+	select {
+	case res := <-io:
+		if res.err != nil || !strings.Contains(res.out, "write failed") || !strings.Contains(strings.ToLower(res.out), "i/o error") {
+			t.Errorf("writes on %s with the class's mount options while nfs-server is stopped: %v %q; want one to fail with EIO (Input/output error)", b.Name, res.err, res.out)
+		} else {
+			t.Logf("nfs-server stopped -> a write on %s (the export mounted with the class's options %v) %s", b.Name, steady.Spec.MountOptions, strings.TrimSpace(res.out))
+		}
+	case <-time.After(time.Until(down.Add(5 * time.Minute))):
+		t.Errorf("writes on %s still hang or succeed 5 minutes after nfs-server stopped; want EIO within about a minute (soft mount)", b.Name)
+	}
 	nodeScript(t, r.ctx, r.admin, a, "nfs-start", "systemctl start nfs-server.service; exportfs -ra")
 	up := time.Now()
 	waitFor(t, r.ctx, 6*time.Minute, p.Name+" ran once nfs-server is back", func() bool {
@@ -251,6 +262,49 @@ func serverDown(t *testing.T, r *Rack, a, b *corev1.Node) {
 	})
 	t.Logf("nfs-server started again -> %s succeeded %s later (kubelet retries the mount with backoff)", p.Name, time.Since(up).Round(time.Second))
 	deletePodsIn(t, r.ctx, r.admin, sharedNS, p.Name)
+}
+
+// ioResult is what writeUntilFailure's pod printed, or its error.
+type ioResult struct {
+	out string
+	err error
+}
+
+// writeUntilFailure mounts pv's export on node (its server and share, the volume's
+// mount options) and writes 64 KiB with fsync every 2 s, in the background, until a
+// write fails; the result says how long after the last good write it failed and
+// with what. The writes go on the node itself, so a hung one would show as a pod
+// that never ends.
+func writeUntilFailure(t *testing.T, r *Rack, node *corev1.Node, pv *corev1.PersistentVolume) <-chan ioResult {
+	dir := "/mnt/gpurack-io-bound"
+	script := fmt.Sprintf(`d=%[1]s; mkdir -p $d; mountpoint -q $d || mount -t nfs -o %[2]s %[3]s:%[4]s $d
+last=$(date +%%s); i=0
+while [ $i -lt 200 ]; do
+  if ! out=$(dd if=/dev/zero of=$d/io-bound bs=64k count=1 conv=fsync 2>&1); then
+    echo "write failed $(( $(date +%%s) - last )) s after the last good one: $(echo "$out" | head -1)"; umount -l $d; exit 0
+  fi
+  last=$(date +%%s); i=$((i+1)); [ $i = 1 ] && echo "first write ok"; sleep 2
+done
+echo "no write failed in 400 s"; umount -l $d`, dir, strings.Join(pv.Spec.MountOptions, ","), pv.Spec.NFS.Server, sharedShare)
+	p := hostRootPod(node, "nfs-io-bound", "nsenter -t 1 -m -- sh -ec '"+strings.ReplaceAll(script, "'", `'"'"'`)+"'")
+	p.Spec.HostNetwork, p.Spec.HostPID = true, true
+	done := make(chan ioResult, 1)
+	go func() {
+		got, err := runPodToEnd(r.ctx, r.admin, p, 9*time.Minute)
+		res := ioResult{err: err}
+		if got != nil {
+			res.out = podLog(r.ctx, r.admin, got)
+		}
+		// Not deletePodsIn: t may have ended by now.
+		_ = r.admin.CoreV1().Pods(p.Namespace).Delete(context.WithoutCancel(r.ctx), p.Name, metav1.DeleteOptions{})
+		done <- res
+	}()
+	// The loop has mounted and written once before the server stops.
+	waitFor(t, r.ctx, 3*time.Minute, p.Name+"'s first write on "+node.Name, func() bool {
+		got, err := r.admin.CoreV1().Pods(p.Namespace).Get(r.ctx, p.Name, metav1.GetOptions{})
+		return err == nil && strings.Contains(podLog(r.ctx, r.admin, got), "first write ok")
+	})
+	return done
 }
 
 // firstLine is s up to its first newline.
