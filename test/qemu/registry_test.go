@@ -2,7 +2,6 @@ package qemu
 
 import (
 	"context"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -14,7 +13,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/gpurack/gpurack/internal/netnstest"
-	"github.com/gpurack/gpurack/internal/testreq"
 )
 
 // rackRegistry is the cluster registry's address as the rack names it: the control
@@ -33,38 +31,18 @@ const rackRegistry = joinHost + ":5000"
 func registryPull(t *testing.T, ctx context.Context, env *netnstest.Env, ns, bin string, cp *namespacedControlPlane,
 	admin kubernetes.Interface, node *corev1.Node) {
 	t.Helper()
-	skopeo := testreq.Tool(t, "skopeo", "apt-get install skopeo (hack/deps.sh installs it)")
-	dir := t.TempDir()
-	if out, err := env.Run(ns, bin, "users", "add", "--dir", cp.dir, "ada", "--tenant", "alpha", "--role", "user",
-		"--out", filepath.Join(dir, "ada.kubeconfig")); err != nil || !strings.Contains(out, "ada.registry-auth.json") {
-		t.Fatalf("users add ada: %v\n%s", err, out)
-	}
-	certs := filepath.Join(dir, "certs")
-	ca, err := os.ReadFile(filepath.Join(cp.dir, "pki", "ca.crt"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.MkdirAll(certs, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(certs, "ca.crt"), ca, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	archive := filepath.Join(dir, "probe.tar")
+	ada := addRackUser(t, env, ns, bin, cp, "ada", "alpha")
+	archive := filepath.Join(t.TempDir(), "probe.tar")
 	if out, err := exec.Command(filepath.Join(repoRoot(t), "hack", "probe-image.sh"), archive).CombinedOutput(); err != nil {
 		t.Fatalf("hack/probe-image.sh: %v\n%s", err, out)
 	}
 	ref := rackRegistry + "/alpha/probe:v1"
-	t0 := time.Now()
-	if out, err := env.Run(ns, skopeo, "copy", "--authfile", filepath.Join(dir, "ada.registry-auth.json"), "--dest-cert-dir", certs,
-		"docker-archive:"+archive, "docker://"+ref); err != nil {
-		t.Fatalf("ada pushes %s: %v\n%s", ref, err, out)
-	}
-	t.Logf("ada (tenant alpha) pushed %s with skopeo in %s", ref, time.Since(t0).Round(time.Millisecond))
+	took := ada.push(t, "docker-archive:"+archive, ref)
+	t.Logf("ada (tenant alpha) pushed %s with skopeo in %s", ref, took.Round(time.Millisecond))
 
 	pod := probePodIn("alpha", node, "registry-pull", "resolve", "kubernetes.default")
 	pod.Spec.Containers[0].Image, pod.Spec.Containers[0].ImagePullPolicy = ref, corev1.PullAlways
-	t0 = time.Now()
+	t0 := time.Now()
 	if p, err := runPodToEnd(ctx, admin, pod, 3*time.Minute); err != nil {
 		t.Fatalf("a pod in alpha running %s: %v\nevents: %s\n%s", ref, err, eventMessages(ctx, admin, "alpha", "Pod", pod.Name, ""), terminationMessage(p))
 	}

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/gpurack/gpurack/controlplane-bootstrap/tenants"
+	"github.com/gpurack/gpurack/internal/netnstest"
 	"github.com/gpurack/gpurack/internal/testreq"
 )
 
@@ -90,7 +91,11 @@ func TestUserDayImages(t *testing.T) {
 	node := r.Machines[0].Node
 	cleo := newRackUser(t, r, "cleo", userDayTenants)
 	for _, name := range []string{"notebook", "train", "serve"} {
-		cleo.push(t, archives[name], rackRegistry+"/alpha/"+name+":1.0")
+		ref := rackRegistry + "/alpha/" + name + ":1.0"
+		took := cleo.push(t, "oci-archive:"+archives[name], ref)
+		if st, err := os.Stat(archives[name]); err == nil {
+			t.Logf("cleo pushed %s (%d MB archive) with skopeo in %s", ref, st.Size()/1e6, took.Round(time.Second))
+		}
 	}
 	kc := userKubectl(t, r, cleo.kubeconfig)
 	if out, err := kc(userDayClaims, "apply", "-f", "-"); err != nil {
@@ -128,7 +133,8 @@ func workloadArchives(t *testing.T) map[string]string {
 // rackUser is a tenant user as `users add` made them: a kubeconfig, registry
 // credentials and the cluster CA for skopeo.
 type rackUser struct {
-	r                    *Rack
+	env                  *netnstest.Env
+	ns                   string
 	name                 string
 	kubeconfig, authfile string
 	certs                string
@@ -137,21 +143,29 @@ type rackUser struct {
 // newRackUser applies tenantsYAML and adds name as a user of its first tenant.
 func newRackUser(t *testing.T, r *Rack, name, tenantsYAML string) *rackUser {
 	t.Helper()
-	dir := t.TempDir()
-	file := filepath.Join(dir, "tenants.yaml")
+	file := filepath.Join(t.TempDir(), "tenants.yaml")
 	if err := os.WriteFile(file, []byte(tenantsYAML), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if out, err := r.env.Run(r.ns, r.bins.controlplane, "tenants", "apply", "--dir", r.cp.dir, file); err != nil {
 		t.Fatalf("tenants apply: %v\n%s", err, out)
 	}
-	u := &rackUser{r: r, name: name, kubeconfig: filepath.Join(dir, name+".kubeconfig"),
+	return addRackUser(t, r.env, r.ns, r.bins.controlplane, r.cp, name, "alpha")
+}
+
+// addRackUser runs `users add NAME --tenant TENANT` with controlplane-bootstrap bin in
+// namespace ns and keeps what it gave, with the cluster CA for registry clients in
+// certs/ (skopeo's --dest-cert-dir), as the user would.
+func addRackUser(t *testing.T, env *netnstest.Env, ns, bin string, cp *namespacedControlPlane, name, tenant string) *rackUser {
+	t.Helper()
+	dir := t.TempDir()
+	u := &rackUser{env: env, ns: ns, name: name, kubeconfig: filepath.Join(dir, name+".kubeconfig"),
 		authfile: filepath.Join(dir, name+".registry-auth.json"), certs: filepath.Join(dir, "certs")}
-	if out, err := r.env.Run(r.ns, r.bins.controlplane, "users", "add", "--dir", r.cp.dir, name, "--tenant", "alpha", "--role", "user",
+	if out, err := env.Run(ns, bin, "users", "add", "--dir", cp.dir, name, "--tenant", tenant, "--role", "user",
 		"--out", u.kubeconfig); err != nil || !strings.Contains(out, filepath.Base(u.authfile)) {
 		t.Fatalf("users add %s: %v\n%s", name, err, out)
 	}
-	ca, err := os.ReadFile(filepath.Join(r.cp.dir, "pki", "ca.crt"))
+	ca, err := os.ReadFile(filepath.Join(cp.dir, "pki", "ca.crt"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,20 +178,16 @@ func newRackUser(t *testing.T, r *Rack, name, tenantsYAML string) *rackUser {
 	return u
 }
 
-// push copies an OCI archive to ref with skopeo, as the user.
-func (u *rackUser) push(t *testing.T, archive, ref string) {
+// push copies the image at src (a skopeo source: oci-archive:FILE, docker-archive:FILE)
+// to ref with skopeo, as the user, and returns how long it took.
+func (u *rackUser) push(t *testing.T, src, ref string) time.Duration {
 	t.Helper()
 	skopeo := testreq.Tool(t, "skopeo", "apt-get install skopeo (hack/deps.sh installs it)")
-	st, err := os.Stat(archive)
-	if err != nil {
-		t.Fatal(err)
-	}
 	t0 := time.Now()
-	if out, err := u.r.env.Run(u.r.ns, skopeo, "copy", "--authfile", u.authfile, "--dest-cert-dir", u.certs,
-		"oci-archive:"+archive, "docker://"+ref); err != nil {
+	if out, err := u.env.Run(u.ns, skopeo, "copy", "--authfile", u.authfile, "--dest-cert-dir", u.certs, src, "docker://"+ref); err != nil {
 		t.Fatalf("%s pushes %s: %v\n%s", u.name, ref, err, out)
 	}
-	t.Logf("%s pushed %s (%d MB archive) with skopeo in %s", u.name, ref, st.Size()/1e6, time.Since(t0).Round(time.Second))
+	return time.Since(t0)
 }
 
 // userDayClaims are cleo's gpurack-local claims: her work directory and the
