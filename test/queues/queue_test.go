@@ -29,7 +29,8 @@ tenants:
 // (a) a Job within alpha's quota is admitted; (c) alpha borrows beta's idle GPUs;
 // (b) a Job over what alpha may use waits, its Workload pending with a reason naming the
 // GPUs, the Job suspended, not refused; (d) when beta submits, Kueue preempts alpha's
-// borrowing Job and admits beta's, and alpha's Job within its own quota keeps running.
+// borrowing Job and admits beta's, and alpha's Job within its own quota keeps running;
+// (e) beta's next Job, over its quota with nothing left to borrow, waits as alpha's did.
 func TestQueuesAdmitBorrowAndReclaim(t *testing.T) {
 	c := newCluster(t, 2, 4)
 	ctx := ctxFor(t, 4*time.Minute)
@@ -75,20 +76,7 @@ func TestQueuesAdmitBorrowAndReclaim(t *testing.T) {
 	}
 
 	c.submit(t, ctx, gpuJob("alpha", "a3", 1))
-	eventually(t, ctx, "a3 pending with a reason", func() (bool, string) {
-		wl, err := c.workload(ctx, "alpha", "a3")
-		if err != nil || wl == nil {
-			return false, fmt.Sprintf("no Workload (%v)", err)
-		}
-		ok, msg := condition(wl, "QuotaReserved")
-		return !ok && strings.Contains(msg, string(tenants.GPUResource)), msg
-	})
-	wl, _ := c.workload(ctx, "alpha", "a3")
-	_, why := condition(wl, "QuotaReserved")
-	if !c.suspended(t, ctx, "alpha", "a3") {
-		t.Error("a3 is over alpha's quota and what it may borrow, yet its Job is not suspended")
-	}
-	t.Logf("(b) alpha's a3 (1 GPU over) waits, Job suspended: %s", why)
+	t.Logf("(b) alpha's a3 (1 GPU over) waits, Job suspended: %s", c.waitsQueued(t, ctx, "alpha", "a3"))
 
 	c.submit(t, ctx, gpuJob("beta", "b1", 4))
 	c.waitAdmitted(t, ctx, "beta", "b1")
@@ -100,7 +88,7 @@ func TestQueuesAdmitBorrowAndReclaim(t *testing.T) {
 		evicted, msg := condition(wl, "Evicted")
 		return evicted && c.suspended(t, ctx, "alpha", "a2"), msg
 	})
-	wl, _ = c.workload(ctx, "alpha", "a2")
+	wl, _ := c.workload(ctx, "alpha", "a2")
 	_, ev := condition(wl, "Evicted")
 	if ok, msg := c.admitted(ctx, "alpha", "a1"); !ok {
 		t.Errorf("a1, within alpha's own quota, is no longer running after beta reclaimed its GPUs: %s", msg)
@@ -114,6 +102,36 @@ func TestQueuesAdmitBorrowAndReclaim(t *testing.T) {
 		return use == "GPUs used 4, borrowed 0", use
 	})
 	t.Logf("(d) beta's b1 admitted; alpha's borrowing a2 preempted (%s); a1 kept; alpha: %s", ev, use)
+
+	// Both tenants over their quotas at once: beta's next Job queues too (the cohort's 8
+	// GPUs are all in use at the tenants' own quotas), and neither queue takes from the
+	// other's nominal quota.
+	c.submit(t, ctx, gpuJob("beta", "b2", 1))
+	t.Logf("(e) beta's b2 (1 GPU over) waits too, Job suspended: %s", c.waitsQueued(t, ctx, "beta", "b2"))
+	if ok, msg := c.admitted(ctx, "alpha", "a1"); !ok {
+		t.Errorf("a1 lost its admission when beta went over its quota: %s", msg)
+	}
+}
+
+// waitsQueued waits until Job name in ns is pending in its queue, its Workload's
+// QuotaReserved false with a reason naming the GPUs, and fails t unless the Job is
+// suspended (queued, not refused); it returns the reason.
+func (c *cluster) waitsQueued(t *testing.T, ctx context.Context, ns, name string) string {
+	t.Helper()
+	why := ""
+	eventually(t, ctx, name+" pending with a reason", func() (bool, string) {
+		wl, err := c.workload(ctx, ns, name)
+		if err != nil || wl == nil {
+			return false, fmt.Sprintf("no Workload (%v)", err)
+		}
+		ok, msg := condition(wl, "QuotaReserved")
+		why = msg
+		return !ok && strings.Contains(msg, string(tenants.GPUResource)), msg
+	})
+	if !c.suspended(t, ctx, ns, name) {
+		t.Errorf("%s/%s is over its tenant's quota and what it may borrow, yet its Job is not suspended", ns, name)
+	}
+	return why
 }
 
 // bigger: a Job whose pod asks for 5 GPUs, within what alpha may use (4 and 4 to
