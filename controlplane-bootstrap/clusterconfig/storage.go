@@ -35,13 +35,13 @@ type NFS struct {
 // soft, with each try 10 s (timeo=100) and 2 retransmissions, so a server that stops
 // answering fails a pod's I/O with EIO after about a minute (10 + 20 + 30 s) instead
 // of leaving it, kubelet's volume statistics and the provisioner hung for as long as
-// the server is down; noresvport, so a reconnect after the server's restart takes any
-// source port. The cost of soft: a write the server never acknowledged fails rather
+// the server is down. Not noresvport: the client keeps a reserved source port, which a
+// Debian server's exports require by default (`secure`). The cost of soft: a write the server never acknowledged fails rather
 // than waits, so a job must check its writes (fsync, close) to know its checkpoint is
 // whole, as the test probe's training does (write, fsync, rename). A new pod's mount
 // fails after mount.nfs's own retries (2 minutes) with kubelet's FailedMount event,
 // and kubelet tries again with backoff. docs/storage.md, decision 0677.
-var DefaultNFSMountOptions = []string{"nfsvers=4.1", "soft", "timeo=100", "retrans=2", "noresvport"}
+var DefaultNFSMountOptions = []string{"nfsvers=4.1", "soft", "timeo=100", "retrans=2"}
 
 func (s *Storage) applyDefaults() {
 	if s.NFS == nil {

@@ -21,14 +21,16 @@ import (
 
 // The gpurack-shared checks (docs/storage.md) run at the end of node A's branch of
 // TestRack. Node A plays the storage host: its image (the rig's, rigimage) carries
-// Debian's nfs-kernel-server and the nfsd module, and it exports a tmpfs at
-// sharedShare with the exports file `controlplane-bootstrap nfs-exports` writes. The
+// Debian's nfs-kernel-server and the nfsd module, and it exports a tmpfs that clients
+// mount as sharedShare, with the line `controlplane-bootstrap nfs-exports` writes. The
 // rig's cluster.yaml names that export (storage.nfs), so init made gpurack-shared,
 // and the agents elected one of themselves to provision it.
 
 const (
 	sharedShare = "/srv/gpurack"
 	sharedNS    = "shared-test"
+	// sharedRoot is where the storage host keeps the NFSv4 root (serveExport).
+	sharedRoot = "/nfsroot"
 	// sharedClients is the rig's boot network, which both nodes are on.
 	sharedClients = "10.0.2.0/24"
 )
@@ -48,31 +50,40 @@ func nodeScript(t *testing.T, ctx context.Context, admin kubernetes.Interface, n
 	return podLog(ctx, admin, got)
 }
 
-// serveExport makes node a the storage host: a tmpfs at sharedShare (the node's root
-// is an overlay, which nfsd exports only with options gpurack does not set) and the
-// exports file that `controlplane-bootstrap nfs-exports --dry-run` prints, loaded by
-// the node's own nfs-server.service and exportfs. The NFSv4 grace period after each
-// start of the server, in which clients may not open new files, is cut from 90 s to
-// 15 s (nfs.conf's grace-time), a test's setting only.
+// serveExport makes node a the storage host. The node's root is an overlay, which nfsd
+// cannot export, and NFSv4 clients reach an export through its parent directories: on
+// a host with a disk-backed root nfsd makes those parents a read-only pseudo
+// filesystem by itself, but on this one it cannot, and mounts fail with "No such file
+// or directory". So the test gives the server an explicit NFSv4 root (fsid=0) on a
+// tmpfs at sharedRoot, a test-only line; the share is a second tmpfs at sharedRoot +
+// sharedShare, so that clients mount sharedShare as a site's do, exported with the
+// line `controlplane-bootstrap nfs-exports --dry-run` prints. Both are loaded by the
+// node's own nfs-server.service and exportfs. The NFSv4 grace period after each start
+// of the server, in which clients may not open new files, is cut from 90 s to 15 s
+// (nfs.conf's grace-time), a test's setting only.
 func serveExport(t *testing.T, r *Rack, a *corev1.Node) {
-	out, err := exec.CommandContext(r.ctx, r.bins.controlplane, "nfs-exports", "--share", sharedShare, "--clients", sharedClients, "--fsid", "1", "--dry-run").CombinedOutput()
+	served := sharedRoot + sharedShare
+	out, err := exec.CommandContext(r.ctx, r.bins.controlplane, "nfs-exports", "--share", served, "--clients", sharedClients, "--fsid", "1", "--dry-run").CombinedOutput()
 	if err != nil {
 		t.Fatalf("controlplane-bootstrap nfs-exports --dry-run: %v\n%s", err, out)
 	}
 	_, file, ok := strings.Cut(string(out), ":\n")
-	if !ok || !strings.Contains(file, sharedShare+" "+sharedClients+"(") {
+	if !ok || !strings.Contains(file, served+" "+sharedClients+"(") {
 		t.Fatalf("controlplane-bootstrap nfs-exports --dry-run printed no exports file:\n%s", out)
 	}
 	script := fmt.Sprintf(`mkdir -p %[1]s
-mountpoint -q %[1]s || mount -t tmpfs -o size=768m,mode=0755 gpurack-export %[1]s
-mkdir -p %[1]s/volumes %[1]s/archived /etc/exports.d /etc/nfs.conf.d
+mountpoint -q %[1]s || mount -t tmpfs -o size=1m,mode=0755 gpurack-nfs-root %[1]s
+mkdir -p %[2]s
+mountpoint -q %[2]s || mount -t tmpfs -o size=768m,mode=0755 gpurack-export %[2]s
+mkdir -p %[2]s/volumes %[2]s/archived /etc/exports.d /etc/nfs.conf.d
+printf '%%s\n' '%[1]s %[3]s(ro,fsid=0,no_subtree_check,sec=sys)' > /etc/exports.d/gpurack-test-root.exports
 cat > /etc/exports.d/gpurack.exports <<'EOF'
-%[2]sEOF
+%[4]sEOF
 printf '[nfsd]\ngrace-time=15\n' > /etc/nfs.conf.d/gpurack-test.conf
 systemctl restart nfs-server.service
 exportfs -ra
-exportfs -v`, sharedShare, file)
-	t.Logf("node %s exports (nfs-kernel-server, the file nfs-exports writes):\n%s", a.Name, strings.TrimSpace(nodeScript(t, r.ctx, r.admin, a, "nfs-serve", script)))
+exportfs -v`, sharedRoot, served, sharedClients, file)
+	t.Logf("node %s exports (nfs-kernel-server; the share's line is the one nfs-exports writes):\n%s", a.Name, strings.TrimSpace(nodeScript(t, r.ctx, r.admin, a, "nfs-serve", script)))
 }
 
 // sharedClaimIn is a claim of gpurack-shared in sharedNS.
@@ -174,7 +185,7 @@ func checkSharedVolumes(t *testing.T, r *Rack, a, b *corev1.Node) {
 		_, err := r.admin.CoreV1().PersistentVolumes().Get(r.ctx, pv.Name, metav1.GetOptions{})
 		return err != nil
 	})
-	listing := nodeScript(t, r.ctx, r.admin, a, "nfs-archived", fmt.Sprintf("test ! -e %[1]s/volumes/%[2]s; ls %[1]s/archived/%[2]s.*/", sharedShare, dir))
+	listing := nodeScript(t, r.ctx, r.admin, a, "nfs-archived", fmt.Sprintf("test ! -e %[1]s/volumes/%[2]s; ls %[1]s/archived/%[2]s.*/", sharedRoot+sharedShare, dir))
 	if !strings.Contains(listing, "from-a.bin") || !strings.Contains(listing, "from-b.bin") {
 		t.Errorf("on the storage host, archived/%s.*: %q; want both files", dir, listing)
 	}
