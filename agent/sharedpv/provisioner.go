@@ -114,13 +114,17 @@ func (p *Provisioner) volume(o controller.ProvisionOptions, server, nfsPath stri
 	if o.StorageClass.ReclaimPolicy != nil {
 		reclaim = *o.StorageClass.ReclaimPolicy
 	}
+	opts := o.StorageClass.MountOptions
+	if readOnly {
+		opts = readOnlyOptions(opts)
+	}
 	return &corev1.PersistentVolume{
 		ObjectMeta: metav1.ObjectMeta{Name: o.PVName},
 		Spec: corev1.PersistentVolumeSpec{
 			Capacity:                      corev1.ResourceList{corev1.ResourceStorage: o.PVC.Spec.Resources.Requests[corev1.ResourceStorage]},
 			AccessModes:                   o.PVC.Spec.AccessModes,
 			PersistentVolumeReclaimPolicy: reclaim,
-			MountOptions:                  o.StorageClass.MountOptions,
+			MountOptions:                  opts,
 			VolumeMode:                    &fs,
 			PersistentVolumeSource:        corev1.PersistentVolumeSource{NFS: &corev1.NFSVolumeSource{Server: server, Path: nfsPath, ReadOnly: readOnly}},
 		},
@@ -214,6 +218,21 @@ func parseClass(name string, params map[string]string) (class, error) {
 		c.mode = m
 	}
 	return c, nil
+}
+
+// readOnlyOptions is opts with "ro" in place of any "rw". kubelet mounts an nfs volume
+// read-only only when the pod's claim reference says readOnly; it does not read the
+// volume's nfs.readOnly, so a read-only volume carries "ro" in its mount options, and
+// every pod's mount of it is read-only (a mount of its own: the kernel does not share
+// an NFS superblock between ro and rw mounts).
+func readOnlyOptions(opts []string) []string {
+	out := make([]string, 0, len(opts)+1)
+	for _, o := range opts {
+		if o != "rw" && o != "ro" {
+			out = append(out, o)
+		}
+	}
+	return append(out, "ro")
 }
 
 // onlyReadOnly: the claim asks for ReadOnlyMany and nothing else.

@@ -135,6 +135,14 @@ func TestProvisionAndArchive(t *testing.T) {
 	if vpv.Spec.NFS.Path != pv.Spec.NFS.Path || !vpv.Spec.NFS.ReadOnly || vpv.Labels[sharedvol.LabelView] != "pvc-a1" {
 		t.Errorf("view: %+v labels %v; want the same path, read-only, labelled", vpv.Spec.NFS, vpv.Labels)
 	}
+	// kubelet reads a pod's claim reference for read-only, not nfs.readOnly: the mount
+	// options carry it.
+	if got := strings.Join(vpv.Spec.MountOptions, ","); got != "nfsvers=4.1,hard,ro" {
+		t.Errorf("view's mount options %s; want the class's and ro", got)
+	}
+	if got := strings.Join(readOnlyOptions([]string{"rw", "soft", "ro"}), ","); got != "soft,ro" {
+		t.Errorf("readOnlyOptions(rw, soft, ro) = %s; want soft,ro", got)
+	}
 	if err := r.p.Delete(context.Background(), pv); err == nil || !strings.Contains(err.Error(), "pvc-a2") {
 		t.Errorf("deleting a volume with a view: %v; want an error naming the view", err)
 	}
