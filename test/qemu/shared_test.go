@@ -254,7 +254,7 @@ func serverDown(t *testing.T, r *Rack, a, b *corev1.Node) {
 	t.Logf("nfs-server stopped -> pod %s on %s: FailedMount after %s: %s", p.Name, b.Name, time.Since(down).Round(time.Second), firstLine(ev))
 	select {
 	case res := <-io:
-		if res.err != nil || !strings.Contains(res.out, "write failed") || !strings.Contains(strings.ToLower(res.out), "i/o error") {
+		if res.err != nil || !strings.Contains(res.out, "write failed") || !strings.Contains(res.out, "Input/output error") {
 			t.Errorf("writes on %s with the class's mount options while nfs-server is stopped: %v %q; want one to fail with EIO (Input/output error)", b.Name, res.err, res.out)
 		} else {
 			t.Logf("nfs-server stopped -> a write on %s (the export mounted with the class's options %v) %s", b.Name, steady.Spec.MountOptions, strings.TrimSpace(res.out))
