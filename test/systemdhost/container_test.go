@@ -30,10 +30,14 @@ const containerPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/
 // would look for GPUs and gpuboot), the container runtime, the kubelet and the image
 // import they serve, and networkd (the test sets the container's addresses itself;
 // nspawn gives the container no CAP_NET_ADMIN, so networkd would be skipped anyway,
-// and masking it keeps network-online.target from waiting on any host).
+// and masking it keeps network-online.target from waiting on any host). The rig's
+// image also serves NFS (nfs-kernel-server, for TestRack's storage host), whose
+// filesystems a container cannot mount (nfsd's control filesystem, rpc_pipefs): the
+// server and both mounts are masked.
 var maskedUnits = []string{
 	"gpuagent.service", "containerd.service", "gpurack-images.service", "kubelet.service", "kube-proxy.service",
 	"systemd-networkd.service", "systemd-networkd.socket", "systemd-networkd-wait-online.service",
+	"nfs-server.service", "proc-fs-nfsd.mount", "run-rpc_pipefs.mount",
 }
 
 // bootSpec is what a container boots.
