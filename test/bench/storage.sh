@@ -41,6 +41,22 @@ cell() { # NAME -> "median (min–max), n=N"
   if [ "$n" = 1 ]; then echo "$1, n=1"; else echo "$1 ($2–$3), n=$n"; fi
 }
 median() { awk -F'\t' -v n="$1" '$1 == n { print $2 }' "$figures" | bench_spread | cut -d' ' -f1; }
+# tables A A-TEXT B B-TEXT CLAIM-TEXT CLAIM-FIGURE: the MiB/s table of volume A
+# against its peer B (figures storage-A-write and so on) and the claim's seconds.
+tables() {
+  local kind
+  echo "| figure | MiB/s |"
+  echo "|---|---|"
+  for kind in write read; do
+    echo "| $kind $2 | $(cell "storage-$1-$kind") |"
+    echo "| $kind $4 | $(cell "storage-$3-$kind") |"
+    echo "| $kind: volume / direct (medians) | $(bench_ratio "$(median "storage-$1-$kind")" "$(median "storage-$3-$kind")") |"
+  done
+  echo
+  echo "| figure | seconds |"
+  echo "|---|---|"
+  echo "| claim -> volume: $5 | $(cell "$6") |"
+}
 section=$(mktemp)
 {
   echo "## Storage: a gpurack-local volume against its data disk mounted directly"
@@ -55,17 +71,8 @@ section=$(mktemp)
   echo "(B, the peer), alternately, three times each per run. Emulated CPUs and a file-backed"
   echo "disk: the rates are not a real NVMe's; only the ratio within a run means something."
   echo
-  echo "| figure | MiB/s |"
-  echo "|---|---|"
-  for kind in write read; do
-    echo "| $kind through the gpurack-local volume | $(cell "storage-local-$kind") |"
-    echo "| $kind in the data disk's directory (peer) | $(cell "storage-direct-$kind") |"
-    echo "| $kind: volume / direct (medians) | $(bench_ratio "$(median "storage-local-$kind")" "$(median "storage-direct-$kind")") |"
-  done
-  echo
-  echo "| figure | seconds |"
-  echo "|---|---|"
-  echo "| claim -> volume: first pod created -> PersistentVolume created (WaitForFirstConsumer) | $(cell storage-claim-bound) |"
+  tables local "through the gpurack-local volume" direct "in the data disk's directory (peer)" \
+    "first pod created -> PersistentVolume created (WaitForFirstConsumer)" storage-claim-bound
   echo
   echo "The reads spread most: QEMU opens the qcow2 file with its default cache (writeback),"
   echo "so the guest's O_DIRECT reads may still be served from the host's page cache, by luck"
@@ -89,17 +96,8 @@ section=$(mktemp)
   echo "(B, the peer), alternately, three times each per run. Both sides cross the same"
   echo "emulated network from B to A: only the ratio means something."
   echo
-  echo "| figure | MiB/s |"
-  echo "|---|---|"
-  for kind in write read; do
-    echo "| $kind through the gpurack-shared volume | $(cell "storage-shared-$kind") |"
-    echo "| $kind through the export mounted directly (peer) | $(cell "storage-nfsdirect-$kind") |"
-    echo "| $kind: volume / direct (medians) | $(bench_ratio "$(median "storage-shared-$kind")" "$(median "storage-nfsdirect-$kind")") |"
-  done
-  echo
-  echo "| figure | seconds |"
-  echo "|---|---|"
-  echo "| claim -> volume: claim created -> PersistentVolume created (Immediate; the elected agent mounts the export on its first claim) | $(cell storage-shared-bound) |"
+  tables shared "through the gpurack-shared volume" nfsdirect "through the export mounted directly (peer)" \
+    "claim created -> PersistentVolume created (Immediate; the elected agent mounts the export on its first claim)" storage-shared-bound
 } >"$section"
 if [ -n "$OUT" ]; then
   cat "$section" >"$OUT"
