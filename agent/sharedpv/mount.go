@@ -79,14 +79,15 @@ func (m *Mounter) UnmountAll(log *slog.Logger) {
 }
 
 // provisionerOptions are the class's mount options with "hard" made "soft" (and
-// "soft" added when neither is there).
+// "soft" added when neither is there), and without "ro": a read-only volume's options
+// carry it (Delete mounts with the volume's options), but the provisioner writes.
 func provisionerOptions(class []string) []string {
 	var out []string
 	soft := false
 	for _, o := range class {
 		for _, part := range strings.Split(o, ",") {
 			switch part {
-			case "", "hard":
+			case "", "hard", "ro":
 				continue
 			case "soft", "softerr":
 				soft = true

@@ -235,9 +235,11 @@ func TestDeleteRefusesForeignPaths(t *testing.T) {
 	}
 }
 
-// TestProvisionerOptions: the provisioner's own mount is soft whatever the class says.
+// TestProvisionerOptions: the provisioner's own mount is soft and writable whatever the
+// class or a read-only volume says.
 func TestProvisionerOptions(t *testing.T) {
-	for in, want := range map[string]string{"": "soft", "nfsvers=4.1,hard": "nfsvers=4.1,soft", "softerr,timeo=50": "softerr,timeo=50"} {
+	for in, want := range map[string]string{"": "soft", "nfsvers=4.1,hard": "nfsvers=4.1,soft", "softerr,timeo=50": "softerr,timeo=50",
+		"nfsvers=4.1,soft,ro": "nfsvers=4.1,soft"} {
 		var opts []string
 		if in != "" {
 			opts = []string{in}
